@@ -1,0 +1,69 @@
+"""One place that builds SparkSessions, so jobs, tests and benchmarks configure Spark the same way.
+
+A session costs seconds to start; callers share one. Java 17 is checked first because PySpark's own
+error for a missing JVM is a long, unhelpful stack trace.
+"""
+
+from __future__ import annotations
+
+import os
+import re
+import shutil
+import subprocess
+import sys
+
+from pyspark.sql import SparkSession
+
+
+class JavaMissingError(RuntimeError):
+    """Spark needs a Java 17 runtime and none was found."""
+
+
+def check_java() -> str:
+    """Return the Java version string, or raise JavaMissingError with a message that says what to install."""
+    java = shutil.which("java", path=os.path.join(os.environ["JAVA_HOME"], "bin") if "JAVA_HOME" in os.environ else None)
+    java = java or shutil.which("java")
+    if not java:
+        raise JavaMissingError(
+            "Spark needs Java 17 and no `java` was found on PATH or in $JAVA_HOME. "
+            "Install it (Debian/Ubuntu: `apt-get install openjdk-17-jre-headless`) and retry."
+        )
+    out = subprocess.run([java, "-version"], capture_output=True, text=True).stderr
+    m = re.search(r'version "(\d+)', out)
+    major = int(m.group(1)) if m else 0
+    if major < 17:
+        raise JavaMissingError(f"Spark 4 needs Java 17 or newer; `{java} -version` says: {out.strip()!r}")
+    return out.splitlines()[0] if out else "java"
+
+
+def get_session(master: str | None = None, app_name: str = "tidegauge", conf: dict[str, str] | None = None) -> SparkSession:
+    """Get or create the process-wide SparkSession.
+
+    `master` defaults to `local[*]`, or to whatever `spark-submit` already configured. Extra `conf` entries are
+    applied verbatim (e.g. from the `spark:` section of a tidegauge YAML file).
+    """
+    check_java()
+    # Executors run our Python code; they must use the same interpreter (and so the same packages) as the driver.
+    os.environ.setdefault("PYSPARK_PYTHON", sys.executable)
+    os.environ.setdefault("PYSPARK_DRIVER_PYTHON", sys.executable)
+    builder = SparkSession.builder.appName(app_name)
+    active = SparkSession.getActiveSession()
+    if master:
+        builder = builder.master(master)
+    elif active is None and "SPARK_SUBMIT" not in os.environ and not os.environ.get("SPARK_MASTER"):
+        builder = builder.master("local[*]")
+    defaults = {
+        "spark.sql.execution.arrow.pyspark.enabled": "true",
+        "spark.sql.session.timeZone": "UTC",
+        "spark.ui.enabled": "false",
+        "spark.ui.showConsoleProgress": "false",
+        # Small local runs: the default 200 shuffle partitions mostly cost task overhead.
+        "spark.sql.shuffle.partitions": "8",
+        "spark.sql.adaptive.enabled": "true",
+        "spark.driver.memory": "2g",
+    }
+    for k, v in {**defaults, **(conf or {})}.items():
+        builder = builder.config(k, v)
+    spark = builder.getOrCreate()
+    spark.sparkContext.setLogLevel("WARN")
+    return spark

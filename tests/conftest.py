@@ -1,0 +1,28 @@
+"""Shared fixtures: one SparkSession per test run, the embedded Kafka cluster, and paths to reference data."""
+
+from __future__ import annotations
+
+import pathlib
+
+import pytest
+
+REPO = pathlib.Path(__file__).resolve().parent.parent
+SHARED = REPO.parent / "shared"
+
+
+@pytest.fixture(scope="session")
+def shared_dir() -> pathlib.Path:
+    """`../shared`: reference schemas and notes. Tests may read it; the product never does."""
+    if not SHARED.exists():
+        pytest.skip("../shared (reference schemas) is not present next to this checkout")
+    return SHARED
+
+
+@pytest.fixture(scope="session")
+def spark():
+    """The one SparkSession of this test run (a session costs ~7 s to start)."""
+    from pipelines.spark_session import get_session
+
+    session = get_session("local[2]", app_name="tidegauge-tests", conf={"spark.sql.shuffle.partitions": "4"})
+    yield session
+    session.stop()
