@@ -1,0 +1,77 @@
+"""The `tidegauge` command: one console script, one subcommand per job.
+
+Each job module exposes `register(subparsers)`, which adds its parser and sets `func` (a callable taking the
+parsed arguments and returning the exit code). Exit codes are the contract of DESIGN.md: 0 clean, 1 findings,
+2 bad usage or unreadable input, 3 partial.
+"""
+
+from __future__ import annotations
+
+import argparse
+import importlib
+import logging
+import sys
+
+EXIT_CLEAN, EXIT_FINDINGS, EXIT_USAGE, EXIT_PARTIAL = 0, 1, 2, 3
+
+# module path, in the order `--help` lists them
+_JOBS = [
+    "pipelines.simulate_cmd",
+    "pipelines.lag_cmd",
+    "pipelines.leapfrog_cmd",
+    "pipelines.div_cmd",
+    "pipelines.report_cmd",
+    "pipelines.demo_cmd",
+]
+
+
+class UsageError(Exception):
+    """Bad command-line input; the message names the offending flag or value. Exit code 2."""
+
+
+def build_parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(
+        prog="tidegauge",
+        description=(
+            "Measure how far the replicas of an active/active Venice-style store have come (high-water marks), "
+            "whether they agree (Leap Frog) and whether their logs are whole (DIV)."
+        ),
+        epilog="Exit codes: 0 clean, 1 findings, 2 bad usage or unreadable input, 3 partial. "
+        "Run `tidegauge demo` for a first look.",
+    )
+    parser.add_argument("-v", "--verbose", action="store_true", help="log debug details to stderr")
+    sub = parser.add_subparsers(dest="command", metavar="COMMAND")
+    for mod in _JOBS:
+        try:
+            module = importlib.import_module(mod)
+        except ModuleNotFoundError as exc:  # a job not built yet must not break the others
+            if exc.name != mod:
+                raise
+            continue
+        module.register(sub)
+    return parser
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = build_parser()
+    args = parser.parse_args(argv)
+    logging.basicConfig(
+        level=logging.DEBUG if args.verbose else logging.INFO,
+        format="%(asctime)s %(levelname)s %(name)s: %(message)s",
+        stream=sys.stderr,
+    )
+    if not getattr(args, "func", None):
+        parser.print_help()
+        return EXIT_USAGE
+    try:
+        return int(args.func(args))
+    except UsageError as exc:
+        print(f"tidegauge {args.command}: error: {exc}", file=sys.stderr)
+        return EXIT_USAGE
+    except KeyboardInterrupt:
+        print("interrupted", file=sys.stderr)
+        return 130
+
+
+if __name__ == "__main__":
+    sys.exit(main())
