@@ -1,0 +1,264 @@
+"""Kafka values as Venice writes them: magic 23, protocol version, Avro `KafkaMessageEnvelope` (notes §1.3).
+
+Decoded envelopes are plain dicts in fastavro's shape with record unions as `(full name, dict)` tuples, so the
+payload kind is always read from the union branch *name* — never from `messageType`, whose numbering differs from
+the branch order (Put=0, Update=1, Delete=2, ControlMessage=3 vs PUT=0, DELETE=1, CONTROL_MESSAGE=2, UPDATE=3).
+
+Two decoders give identical dicts: cavro (about 3× faster here) and fastavro (the reference). Both run on parsed
+schemas. Older protocol versions are resolved against our v14 reader schema; versions we do not ship are learnt
+from the `vtp` header (the writer's schema as JSON), as Venice does.
+"""
+
+from __future__ import annotations
+
+import io
+import json
+import os
+import threading
+from collections.abc import Iterable
+from typing import Any
+
+import fastavro
+
+from . import schemas
+
+MAGIC = 23
+CURRENT_VERSION = 14
+NS = "com.linkedin.venice.kafka.protocol."
+PUT, UPDATE, DELETE, CONTROL = NS + "Put", NS + "Update", NS + "Delete", NS + "ControlMessage"
+LEADER_METADATA = NS + "LeaderMetadata"
+PAYLOAD_KIND = {PUT: "PUT", UPDATE: "UPDATE", DELETE: "DELETE", CONTROL: "CONTROL"}
+MESSAGE_TYPE = {"PUT": 0, "DELETE": 1, "CONTROL": 2, "UPDATE": 3}
+
+# controlMessageType ints; the controlMessageUnion branch order equals them (notes §0).
+START_OF_PUSH, END_OF_PUSH, START_OF_SEGMENT, END_OF_SEGMENT = 0, 1, 2, 3
+START_OF_BUFFER_REPLAY, START_OF_INCREMENTAL_PUSH, END_OF_INCREMENTAL_PUSH = 4, 5, 6
+TOPIC_SWITCH, VERSION_SWAP = 7, 8
+CONTROL_RECORD_NAMES = [
+    NS + n
+    for n in (
+        "StartOfPush", "EndOfPush", "StartOfSegment", "EndOfSegment", "StartOfBufferReplay",
+        "StartOfIncrementalPush", "EndOfIncrementalPush", "TopicSwitch", "VersionSwap",
+    )
+]
+CONTROL_NAMES = [n.rsplit(".", 1)[1] for n in CONTROL_RECORD_NAMES]
+
+
+class UndecodableError(ValueError):
+    """A value that cannot be decoded as a Venice envelope; the message says why (for UNDECODABLE rows)."""
+
+
+def _header(headers: Iterable[tuple[str, bytes]] | None, name: str) -> bytes | None:
+    if not headers:
+        return None
+    for item in headers:
+        k, v = (item["key"], item["value"]) if isinstance(item, dict) else item
+        if k == name:
+            return v
+    return None
+
+
+class EnvelopeCodec:
+    """Encodes v14 envelopes and decodes every known version; learns unknown versions from `vtp` headers.
+
+    One instance per thread or task: it caches decoders and learnt schemas.
+    """
+
+    def __init__(self, backend: str | None = None) -> None:
+        backend = backend or os.environ.get("TIDEGAUGE_DECODER", "auto")
+        if backend == "auto":
+            try:
+                import cavro  # noqa: F401
+
+                backend = "cavro"
+            except ImportError:
+                backend = "fastavro"
+        if backend not in ("cavro", "fastavro"):
+            raise ValueError(f"unknown decoder backend {backend!r} (use cavro or fastavro)")
+        self.backend = backend
+        self._reader_json = schemas.load_json("KafkaMessageEnvelope.v14.avsc")
+        self._reader = fastavro.parse_schema(self._reader_json)
+        self._writer_json: dict[int, Any] = {}
+        self._decoders: dict[int, Any] = {}
+        self._lock = threading.Lock()
+        self._encoder = self._make_encoder()
+
+    # -- schemas ---------------------------------------------------------------------------------
+    def known_versions(self) -> list[int]:
+        return sorted(set(schemas.envelope_versions()) | set(self._writer_json))
+
+    def learn(self, version: int, writer_schema_json: str | bytes | dict) -> None:
+        """Register the writer schema of protocol `version` (e.g. from a `vtp` header)."""
+        schema = json.loads(writer_schema_json) if isinstance(writer_schema_json, (str, bytes)) else writer_schema_json
+        try:
+            fastavro.parse_schema(schema, _force=True)
+        except Exception as exc:  # a garbage vtp must not poison the cache
+            raise UndecodableError(f"vtp header for protocol version {version} is not a valid Avro schema: {exc}") from exc
+        with self._lock:
+            self._writer_json[version] = schema
+            self._decoders.pop(version, None)
+
+    def _writer_schema(self, version: int) -> Any | None:
+        if version in self._writer_json:
+            return self._writer_json[version]
+        return schemas.envelope_writer_schema(version)
+
+    def _decoder_for(self, version: int):
+        dec = self._decoders.get(version)
+        if dec is not None:
+            return dec
+        writer = self._writer_schema(version)
+        if writer is None:
+            return None
+        same = version == CURRENT_VERSION and version not in self._writer_json
+        if self.backend == "cavro":
+            dec = self._cavro_decoder(writer, same)
+        else:
+            parsed_writer = fastavro.parse_schema(writer, _force=True)
+            reader = None if same else self._reader
+            schemaless_reader = fastavro.schemaless_reader
+
+            def dec(buf: bytes, _w=parsed_writer, _r=reader):
+                return schemaless_reader(io.BytesIO(buf), _w, _r, return_record_name=True)
+
+        self._decoders[version] = dec
+        return dec
+
+    def _cavro_decoder(self, writer: Any, same: bool):
+        import cavro
+
+        opts = cavro.Options(record_decodes_to_dict=True, union_decodes_to=cavro.UnionDecodeOption.TYPE_TUPLE_IF_RECORD)
+        reader = cavro.Schema(self._reader_json, options=opts)
+        if same:
+            return reader.binary_decode
+        resolved = reader.reader_for_writer(cavro.Schema(writer, options=opts))
+        return resolved.binary_decode
+
+    def _make_encoder(self):
+        parsed = self._reader
+        writer = fastavro.schemaless_writer
+
+        def enc(env: dict) -> bytes:
+            buf = io.BytesIO()
+            buf.write(bytes([MAGIC, CURRENT_VERSION]))
+            writer(buf, parsed, env)
+            return buf.getvalue()
+
+        return enc
+
+    # -- public ----------------------------------------------------------------------------------
+    def encode(self, envelope: dict) -> bytes:
+        """Frame and encode a v14 envelope (record unions given as `(full name, dict)` tuples)."""
+        return self._encoder(envelope)
+
+    def decode(self, value: bytes | None, headers: Iterable | None = None) -> dict:
+        """Decode a Kafka value; raises UndecodableError with the reason (bad magic, unknown version, truncated)."""
+        if value is None or len(value) < 3:
+            raise UndecodableError("value is empty or shorter than the 2-byte Venice framing")
+        if value[0] != MAGIC:
+            raise UndecodableError(f"bad magic byte {value[0]} (Venice values start with {MAGIC})")
+        version = value[1]
+        if version > 127:
+            version -= 256
+        dec = self._decoder_for(version)
+        if dec is None:
+            vtp = _header(headers, "vtp")
+            if vtp is None:
+                raise UndecodableError(f"unknown protocol version {version} and no vtp header to learn it from")
+            self.learn(version, vtp)
+            dec = self._decoder_for(version)
+        try:
+            env = dec(value[2:])
+        except Exception as exc:  # truncated / corrupt Avro
+            raise UndecodableError(f"Avro decode of protocol version {version} failed: {type(exc).__name__}: {exc}") from None
+        kind = PAYLOAD_KIND.get(env["payloadUnion"][0]) if isinstance(env.get("payloadUnion"), tuple) else None
+        if kind is None or MESSAGE_TYPE[kind] != env["messageType"] and not (kind == "PUT" and env["messageType"] == 4):
+            raise UndecodableError(
+                f"messageType {env.get('messageType')} does not match payload branch "
+                f"{env.get('payloadUnion', ('?',))[0].rsplit('.', 1)[-1]}"
+            )
+        return env
+
+
+# -- small accessors shared by every reader ---------------------------------------------------------
+def payload_kind(env: dict) -> str:
+    """'PUT', 'UPDATE', 'DELETE' or 'CONTROL', from the union branch name."""
+    return PAYLOAD_KIND[env["payloadUnion"][0]]
+
+
+def payload(env: dict) -> dict:
+    return env["payloadUnion"][1]
+
+
+def control_type(env: dict) -> int | None:
+    name, body = env["payloadUnion"]
+    return body["controlMessageType"] if name == CONTROL else None
+
+
+def control_body(env: dict) -> dict:
+    """The StartOfSegment/EndOfSegment/... record inside a control message."""
+    return env["payloadUnion"][1]["controlMessageUnion"][1]
+
+
+def footer(env: dict) -> dict | None:
+    f = env.get("leaderMetadataFooter")
+    if f is None:
+        return None
+    return f[1] if isinstance(f, tuple) else f
+
+
+# -- builders (writers use these so every envelope has Venice's exact field set) -------------------
+def default_footer(host_name: str) -> tuple[str, dict]:
+    """Footer of a plain producer: writer id and the -1 / EARLIEST sentinels (notes §2.6)."""
+    from .positions import EARLIEST_BLOB
+
+    return (
+        LEADER_METADATA,
+        {
+            "hostName": host_name,
+            "upstreamOffset": -1,
+            "upstreamKafkaClusterId": -1,
+            "upstreamPubSubPosition": EARLIEST_BLOB,
+            "termId": -1,
+            "upstreamMessageTimestamp": -1,
+        },
+    )
+
+
+def leader_footer(host_name: str, upstream_offset: int, upstream_cluster_id: int, term_id: int = -1,
+                  upstream_timestamp: int = -1) -> tuple[str, dict]:
+    """Footer of a leader-produced record: the RT position it came from and the region (cluster id)."""
+    from .positions import encode_offset
+
+    return (
+        LEADER_METADATA,
+        {
+            "hostName": host_name,
+            "upstreamOffset": upstream_offset,
+            "upstreamKafkaClusterId": upstream_cluster_id,
+            "upstreamPubSubPosition": encode_offset(upstream_offset),
+            "termId": term_id,
+            "upstreamMessageTimestamp": upstream_timestamp,
+        },
+    )
+
+
+def producer_metadata(guid: bytes, segment: int, sequence: int, timestamp: int, logical_timestamp: int = -1) -> dict:
+    return {
+        "producerGUID": guid,
+        "segmentNumber": segment,
+        "messageSequenceNumber": sequence,
+        "messageTimestamp": timestamp,
+        "logicalTimestamp": logical_timestamp,
+    }
+
+
+def control_message(control_type_: int, body: dict, debug_info: dict[str, str] | None = None) -> tuple[str, dict]:
+    return (
+        CONTROL,
+        {
+            "controlMessageType": control_type_,
+            "debugInfo": debug_info or {},
+            "controlMessageUnion": (CONTROL_RECORD_NAMES[control_type_], body),
+        },
+    )
