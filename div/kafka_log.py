@@ -1,0 +1,270 @@
+"""Reading a live Kafka cluster as Arrow batches in the archive schema.
+
+Jobs read either an archive or a cluster and must give the same answer for the same records, so this module
+returns exactly what `div.archive` stores: raw key/value bytes, headers, offsets, and timestamps converted
+from Kafka's milliseconds to the archive's microseconds. Reads are bounded by an end offset the caller fixes
+up front (a nightly job must not chase a growing topic), use assign + seek (no consumer-group membership, no
+commits), and tolerate offsets missing from compacted topics.
+
+Client settings the caller passes (security.protocol, sasl.*, ssl.*, ...) go to librdkafka untouched and are
+never logged or put into error messages: they may hold credentials.
+"""
+
+from __future__ import annotations
+
+import logging
+import time
+from collections.abc import Iterator, Mapping
+from urllib.parse import urlsplit
+
+import numpy as np
+import pyarrow as pa
+from confluent_kafka import OFFSET_BEGINNING, Consumer, KafkaError, KafkaException, Message, TopicPartition
+from confluent_kafka.admin import AdminClient, ConfigResource
+
+from div.archive import KAFKA_ARROW_SCHEMA, empty_batch
+
+log = logging.getLogger(__name__)
+
+_HEADERS_TYPE = KAFKA_ARROW_SCHEMA.field("headers").type
+_TS_TYPE = KAFKA_ARROW_SCHEMA.field("timestamp").type
+# Message.timestamp() types are librdkafka's (0 none, 1 CreateTime, 2 LogAppendTime); Spark's Kafka source
+# uses Kafka's own ids (-1 none, 0 CreateTime, 1 LogAppendTime): subtract one.
+_TS_TYPE_SHIFT = 1
+
+
+class KafkaLogError(Exception):
+    """A Kafka source could not be parsed, reached or read."""
+
+
+def parse_kafka_uri(uri: str) -> str:
+    """`kafka://host:port[,host:port...]` -> the bootstrap.servers string `host:port,...`."""
+    if not isinstance(uri, str) or not uri.startswith("kafka://"):
+        raise KafkaLogError(f"not a Kafka source URI (expected kafka://host:port[,host:port...]): {uri!r}")
+    rest = uri[len("kafka://"):].rstrip("/")
+    servers = [s.strip() for s in rest.split(",")]
+    if not rest or any(not s for s in servers):
+        raise KafkaLogError(f"Kafka source URI names no broker: {uri!r}")
+    for s in servers:
+        parsed = urlsplit("//" + s)
+        try:
+            port = parsed.port
+        except ValueError:
+            port = None
+        if not parsed.hostname or port is None or parsed.path or parsed.query or "@" in s:
+            raise KafkaLogError(f"Kafka source URI {uri!r}: {s!r} is not host:port")
+    return ",".join(servers)
+
+
+def bootstrap_of(source: str) -> str:
+    """Accept either a kafka:// URI or a bare bootstrap.servers string."""
+    return parse_kafka_uri(source) if source.startswith("kafka://") else source
+
+
+def consumer_config(bootstrap: str, conf: Mapping[str, object] | None = None) -> dict[str, object]:
+    """Settings for a reading consumer: the caller's `conf` wins over our defaults, except bootstrap.servers."""
+    base: dict[str, object] = {
+        # Required by librdkafka even without group membership; we never subscribe nor commit.
+        "group.id": "tidegauge-reader",
+        "enable.auto.commit": False,
+        "enable.auto.offset.store": False,
+        "auto.offset.reset": "earliest",
+        "enable.partition.eof": True,
+        "fetch.wait.max.ms": 10,
+        "queued.min.messages": 200000,
+    }
+    base.update(dict(conf or {}))
+    base["bootstrap.servers"] = bootstrap_of(bootstrap)
+    return base
+
+
+def _client_error(what: str, e: BaseException) -> KafkaLogError:
+    # KafkaError text comes from librdkafka and names brokers and error codes, never configuration values.
+    return KafkaLogError(f"{what}: {e}")
+
+
+class KafkaLog:
+    """Metadata of one cluster: topics, partitions, watermarks. Holds one consumer; close() it (or use `with`)."""
+
+    def __init__(self, bootstrap: str, conf: Mapping[str, object] | None = None, timeout_s: float = 10.0) -> None:
+        self.bootstrap = bootstrap_of(bootstrap)
+        self.timeout_s = timeout_s
+        try:
+            self._consumer = Consumer(consumer_config(self.bootstrap, conf))
+        except (KafkaException, ValueError) as e:
+            raise _client_error(f"cannot create a Kafka client for {self.bootstrap}", e) from e
+
+    def __enter__(self) -> KafkaLog:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
+
+    def close(self) -> None:
+        if self._consumer is not None:
+            self._consumer.close()
+            self._consumer = None
+
+    def _metadata(self, topic: str | None = None):
+        try:
+            return self._consumer.list_topics(topic, timeout=self.timeout_s)
+        except KafkaException as e:
+            raise _client_error(f"cannot read metadata from {self.bootstrap}", e) from e
+
+    def topics(self, include_internal: bool = False) -> list[str]:
+        """Topic names, sorted; Kafka's internal `__*` topics only if asked."""
+        names = self._metadata().topics.keys()
+        return sorted(n for n in names if include_internal or not n.startswith("__"))
+
+    def partitions(self, topic: str) -> list[int]:
+        md = self._metadata(topic).topics.get(topic)
+        if md is None or md.error is not None and md.error.code() == KafkaError.UNKNOWN_TOPIC_OR_PART:
+            raise KafkaLogError(f"topic {topic!r} does not exist on {self.bootstrap}")
+        if md.error is not None:
+            raise KafkaLogError(f"topic {topic!r} on {self.bootstrap}: {md.error}")
+        return sorted(md.partitions)
+
+    def watermarks(self, topic: str, partition: int) -> tuple[int, int]:
+        """(low, high): the first offset still stored and the offset the next record will get."""
+        try:
+            low, high = self._consumer.get_watermark_offsets(
+                TopicPartition(topic, int(partition)), timeout=self.timeout_s, cached=False)
+        except KafkaException as e:
+            raise _client_error(f"cannot read watermarks of {topic}[{partition}] on {self.bootstrap}", e) from e
+        return int(low), int(high)
+
+
+def list_topics(bootstrap: str, conf: Mapping[str, object] | None = None, include_internal: bool = False) -> list[str]:
+    with KafkaLog(bootstrap, conf) as kl:
+        return kl.topics(include_internal=include_internal)
+
+
+def messages_to_batch(msgs: list[Message]) -> pa.RecordBatch:
+    """Data messages (no error events) -> one RecordBatch in the archive schema, built column by column."""
+    if not msgs:
+        return empty_batch()
+    ts = np.array([m.timestamp() for m in msgs], dtype=np.int64).reshape(len(msgs), 2)
+    arrays = [
+        pa.array([m.key() for m in msgs], pa.binary()),
+        pa.array([m.value() for m in msgs], pa.binary()),
+        pa.array([m.topic() for m in msgs], pa.string()),
+        pa.array([m.partition() for m in msgs], pa.int32()),
+        pa.array([m.offset() for m in msgs], pa.int64()),
+        pa.array(ts[:, 1] * 1000, _TS_TYPE),
+        pa.array(ts[:, 0] - _TS_TYPE_SHIFT, pa.int32()),
+        pa.array([m.headers() for m in msgs], _HEADERS_TYPE),
+    ]
+    return pa.RecordBatch.from_arrays(arrays, schema=KAFKA_ARROW_SCHEMA)
+
+
+def split_messages(msgs: list[Message]) -> tuple[list[Message], list[Message]]:
+    """(data messages, error/event messages) from one consume() call."""
+    errors = [m.error() for m in msgs]
+    if not any(errors):
+        return msgs, []
+    data = [m for m, e in zip(msgs, errors, strict=True) if e is None]
+    events = [m for m, e in zip(msgs, errors, strict=True) if e is not None]
+    return data, events
+
+
+def raise_on_fatal(events: list[Message], where: str) -> None:
+    """Partition EOF and transient errors are expected; anything librdkafka marks fatal or non-retriable is not."""
+    for m in events:
+        err = m.error()
+        if err.code() == KafkaError._PARTITION_EOF:
+            continue
+        if err.fatal() or (not err.retriable() and err.code() not in _TRANSIENT):
+            raise KafkaLogError(f"{where}: {err}")
+        log.warning("%s: %s (retrying)", where, err)
+
+
+_TRANSIENT = {KafkaError._TRANSPORT, KafkaError._ALL_BROKERS_DOWN, KafkaError._TIMED_OUT,
+              KafkaError._MSG_TIMED_OUT, KafkaError._RESOLVE, KafkaError.NOT_LEADER_FOR_PARTITION,
+              KafkaError.LEADER_NOT_AVAILABLE, KafkaError.REQUEST_TIMED_OUT}
+
+
+def iter_partition(
+    bootstrap: str,
+    conf: Mapping[str, object] | None,
+    topic: str,
+    partition: int,
+    start: int,
+    end: int,
+    batch_size: int = 65536,
+    stall_timeout_s: float = 60.0,
+) -> Iterator[pa.RecordBatch]:
+    """Yield records of `topic[partition]` with offsets in [start, end) as archive-schema batches.
+
+    `end` is fixed by the caller (usually the high watermark when the job was planned): records appended later
+    are not read. Offsets missing inside the range (compaction, transaction markers) are skipped; a `start`
+    below the low watermark starts at the low watermark (auto.offset.reset=earliest). If the log ends below
+    `end` and nothing new arrives for `stall_timeout_s`, KafkaLogError is raised.
+    """
+    if batch_size < 1:
+        raise ValueError(f"batch_size must be positive, got {batch_size}")
+    start = max(int(start), 0) if start is not None and start >= 0 else None
+    if start is not None and start >= end:
+        return
+    where = f"{topic}[{partition}] on {bootstrap_of(bootstrap)}"
+    try:
+        consumer = Consumer(consumer_config(bootstrap, conf))
+    except (KafkaException, ValueError) as e:
+        raise _client_error(f"cannot create a Kafka client for {bootstrap_of(bootstrap)}", e) from e
+    try:
+        consumer.assign([TopicPartition(topic, int(partition), OFFSET_BEGINNING if start is None else start)])
+        next_offset = -1 if start is None else start
+        last_progress = time.monotonic()
+        while True:
+            # Ask for no more than the range still holds: consume() waits until it has that many messages or
+            # times out, so over-asking would stall on the last batch.
+            want = batch_size if next_offset < 0 else max(1, min(batch_size, end - next_offset))
+            msgs = consumer.consume(want, timeout=0.5)
+            data, events = split_messages(msgs)
+            raise_on_fatal(events, where)
+            done = False
+            if data:
+                last_progress = time.monotonic()
+                offsets = [m.offset() for m in data]
+                if offsets[-1] >= end:
+                    cut = int(np.searchsorted(np.asarray(offsets), end))
+                    data = data[:cut]
+                    done = True
+                if data:
+                    next_offset = data[-1].offset() + 1
+                    for i in range(0, len(data), batch_size):
+                        yield messages_to_batch(data[i:i + batch_size])
+                if next_offset >= end:
+                    done = True
+            for m in events:
+                if m.error().code() == KafkaError._PARTITION_EOF:
+                    if m.offset() >= end:
+                        done = True
+                    elif m.offset() > next_offset:
+                        # Compacted away or never written: nothing to read up to the log end.
+                        next_offset = m.offset()
+            if done:
+                return
+            if time.monotonic() - last_progress > stall_timeout_s:
+                raise KafkaLogError(f"{where}: no records for {stall_timeout_s:.0f} s at offset {next_offset}, "
+                                    f"before the requested end offset {end}")
+    finally:
+        consumer.close()
+
+
+def topic_config(bootstrap: str, conf: Mapping[str, object] | None, topic: str, name: str,
+                 timeout_s: float = 3.0) -> str | None:
+    """A topic's configuration value (e.g. `cleanup.policy`), or None when the cluster cannot tell us
+    (librdkafka's mock cluster does not implement DescribeConfigs)."""
+    admin_conf = dict(conf or {})
+    admin_conf["bootstrap.servers"] = bootstrap_of(bootstrap)
+    try:
+        admin = AdminClient(admin_conf)
+        futures = admin.describe_configs([ConfigResource(ConfigResource.Type.TOPIC, topic)],
+                                         request_timeout=timeout_s)
+        for fut in futures.values():
+            entries = fut.result(timeout=timeout_s + 1.0)
+            entry = entries.get(name)
+            return None if entry is None else entry.value
+    except Exception as e:  # noqa: BLE001 - any failure means "unknown", which callers must handle anyway
+        log.info("cannot describe topic %s on %s: %s", topic, bootstrap_of(bootstrap), type(e).__name__)
+    return None
