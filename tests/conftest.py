@@ -26,3 +26,16 @@ def spark():
     session = get_session("local[2]", app_name="tidegauge-tests", conf={"spark.sql.shuffle.partitions": "4"})
     yield session
     session.stop()
+
+
+@pytest.fixture(scope="session")
+def embedded_kafka():
+    """One librdkafka mock cluster (1 broker) for the test run; tests create their own uniquely named topics.
+
+    Tests that take brokers down or inject errors must start their own `sim.embedded_kafka.EmbeddedKafka`.
+    """
+    from sim.embedded_kafka import EmbeddedKafka
+
+    cluster = EmbeddedKafka(brokers=1)
+    yield cluster
+    cluster.close()
