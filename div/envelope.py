@@ -79,7 +79,8 @@ class EnvelopeCodec:
         self._reader_json = schemas.load_json("KafkaMessageEnvelope.v14.avsc")
         self._reader = fastavro.parse_schema(self._reader_json)
         self._writer_json: dict[int, Any] = {}
-        self._decoders: dict[int, Any] = {}
+        self._decoders: dict[int, Any] = {}  # by protocol version
+        self._by_byte: dict[int, Any] = {}  # by the raw version byte: the per-record lookup
         self._lock = threading.Lock()
         self._encoder = self._make_encoder()
 
@@ -97,6 +98,7 @@ class EnvelopeCodec:
         with self._lock:
             self._writer_json[version] = schema
             self._decoders.pop(version, None)
+            self._by_byte.pop(version & 0xFF, None)
 
     def _writer_schema(self, version: int) -> Any | None:
         if version in self._writer_json:
@@ -118,8 +120,12 @@ class EnvelopeCodec:
             reader = None if same else self._reader
             schemaless_reader = fastavro.schemaless_reader
 
-            def dec(buf: bytes, _w=parsed_writer, _r=reader):
-                return schemaless_reader(io.BytesIO(buf), _w, _r, return_record_name=True)
+            if same:
+                def dec(buf: bytes, _w=parsed_writer):
+                    return schemaless_reader(io.BytesIO(buf), _w, None, return_record_name=True)
+            else:
+                def dec(buf: bytes, _w=parsed_writer, _r=reader):
+                    return _bytes_defaults(schemaless_reader(io.BytesIO(buf), _w, _r, return_record_name=True))
 
         self._decoders[version] = dec
         return dec
@@ -158,8 +164,21 @@ class EnvelopeCodec:
         if value[0] != MAGIC:
             raise UndecodableError(f"bad magic byte {value[0]} (Venice values start with {MAGIC})")
         version = value[1]
-        if version > 127:
-            version -= 256
+        dec = self._by_byte.get(version)
+        if dec is None:
+            dec = self._decoder_or_learn(version if version < 128 else version - 256, headers)
+        try:
+            env = dec(value[2:])
+        except Exception as exc:  # truncated / corrupt Avro
+            raise UndecodableError(f"Avro decode of protocol version {version} failed: {type(exc).__name__}: {exc}") from None
+        name = env["payloadUnion"][0]
+        expected = _MESSAGE_TYPE_OF_BRANCH.get(name)
+        if expected != env["messageType"] and not (expected == 0 and env["messageType"] == 4):
+            raise UndecodableError(
+                f"messageType {env.get('messageType')} does not match payload branch {name.rsplit('.', 1)[-1]}")
+        return env
+
+    def _decoder_or_learn(self, version: int, headers):
         dec = self._decoder_for(version)
         if dec is None:
             vtp = _header(headers, "vtp")
@@ -167,17 +186,23 @@ class EnvelopeCodec:
                 raise UndecodableError(f"unknown protocol version {version} and no vtp header to learn it from")
             self.learn(version, vtp)
             dec = self._decoder_for(version)
-        try:
-            env = dec(value[2:])
-        except Exception as exc:  # truncated / corrupt Avro
-            raise UndecodableError(f"Avro decode of protocol version {version} failed: {type(exc).__name__}: {exc}") from None
-        kind = PAYLOAD_KIND.get(env["payloadUnion"][0]) if isinstance(env.get("payloadUnion"), tuple) else None
-        if kind is None or MESSAGE_TYPE[kind] != env["messageType"] and not (kind == "PUT" and env["messageType"] == 4):
-            raise UndecodableError(
-                f"messageType {env.get('messageType')} does not match payload branch "
-                f"{env.get('payloadUnion', ('?',))[0].rsplit('.', 1)[-1]}"
-            )
-        return env
+        self._by_byte[version & 0xFF] = dec
+        return dec
+
+
+def _bytes_defaults(env: dict) -> dict:
+    """fastavro fills a reader-side `bytes` default as the str '' when resolving older versions; cavro gives
+    b''. Normalise so both decoders return identical envelopes."""
+    body = env["payloadUnion"][1]
+    if body.get("replicationMetadataPayload") == "":
+        body["replicationMetadataPayload"] = b""
+    f = env.get("leaderMetadataFooter")
+    if isinstance(f, tuple) and f[1].get("upstreamPubSubPosition") == "":
+        f[1]["upstreamPubSubPosition"] = b""
+    return env
+
+
+_MESSAGE_TYPE_OF_BRANCH = {branch: MESSAGE_TYPE[kind] for branch, kind in PAYLOAD_KIND.items()}
 
 
 # -- small accessors shared by every reader ---------------------------------------------------------

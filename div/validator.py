@@ -24,9 +24,11 @@ header 8) are validated like PUTs. Compaction tolerance (§3.4 #2) applies to ve
 
 from __future__ import annotations
 
+import struct
 from collections.abc import Callable
 from dataclasses import dataclass
 from typing import NamedTuple
+from zlib import crc32
 
 from . import checksum as cks
 from . import envelope as E
@@ -40,6 +42,13 @@ DATA_AFTER_SEGMENT_END = "DATA_AFTER_SEGMENT_END"
 UNDECODABLE = "UNDECODABLE"
 FINDING_TYPES = (UNREGISTERED_PRODUCER, MISSING, CORRUPT, DUPLICATE, DATA_AFTER_SEGMENT_END, UNDECODABLE)
 FATAL_KINDS = frozenset({UNREGISTERED_PRODUCER, MISSING, CORRUPT, DATA_AFTER_SEGMENT_END, UNDECODABLE})
+
+_FAST_KIND = {E.PUT: 1, E.DELETE: 2}
+_MASK64 = 0xFFFFFFFFFFFFFFFF
+_INT4 = struct.Struct(">i")
+_CRC_INT = {n: crc32(_INT4.pack(n)) for n in range(-64, 256)}  # CRC32 of small ints (message types, schema ids)
+_NO_FINDINGS: list = []
+_CHECKPOINT_BYTES = 32 * 1024 * 1024  # Venice syncs offsets and DIV state every 32 MiB processed
 
 # segmentStatus of ProducerPartitionState
 NOT_STARTED, IN_PROGRESS, END_OF_INTERMEDIATE_SEGMENT, END_OF_FINAL_SEGMENT = 0, 1, 2, 3
@@ -67,7 +76,7 @@ class Segment:
 
     __slots__ = (
         "number", "sequence", "checksum", "debug_info", "aggregates", "registered", "started", "ended", "final",
-        "new_segment", "last_offset", "last_producer_ts", "last_broker_ts",
+        "new_segment", "last_producer_ts", "fast", "adhash",
     )
 
     def __init__(self, number: int, sequence: int, checksum: cks.Checksum) -> None:
@@ -81,9 +90,16 @@ class Segment:
         self.ended = False
         self.final = False
         self.new_segment = True
-        self.last_offset = -1
         self.last_producer_ts = -1
-        self.last_broker_ts = -1
+        self.fast = False  # the validator's fast path may decide this segment's next data record
+        self.adhash = False
+
+    def refresh_fast(self) -> None:
+        """Recompute the fast-path flags after anything but a fast-path record changed this segment."""
+        ck = self.checksum
+        self.adhash = ck.type == cks.ADHASH
+        self.fast = (self.registered and self.started and not self.ended and not ck.finalized
+                     and ck.type in (cks.ADHASH, cks.NONE))
 
     @property
     def status(self) -> int:
@@ -122,15 +138,15 @@ class Segment:
         seg.debug_info = dict(state.get("debugInfo") or {})
         if seg.ended:  # quirk decision 3: an ended segment stays ended after a restore
             seg.checksum.finalize()
+        seg.refresh_fast()
         return seg
 
     def copy(self) -> Segment:
         seg = Segment.from_state(self.to_state())
         seg.new_segment = self.new_segment
-        seg.last_offset = self.last_offset
-        seg.last_broker_ts = self.last_broker_ts
         if not self.checksum.finalized and seg.checksum.finalized:
             seg.checksum = self.checksum.copy()
+        seg.refresh_fast()
         return seg
 
 
@@ -163,7 +179,9 @@ class PartitionValidator:
         self.segments: dict[bytes, Segment] = {}
         self._clock = clock
         self._bytes_since_checkpoint = 0
-        self.records = 0
+        self.records = 0  # counted by the caller (per batch) to keep the per-record path short
+        # Checkpoints only matter for max-age expiry; without it, skip the per-record byte accounting.
+        self._track_bytes = self.config.max_age_ms is not None and self.config.max_age_ms >= 0
 
     # -- state ------------------------------------------------------------------------------------
     def producer_states(self) -> dict[bytes, dict]:
@@ -203,8 +221,42 @@ class PartitionValidator:
     # -- classification ---------------------------------------------------------------------------
     def process(self, offset: int, key: bytes, env: dict, broker_ts: int | None = None,
                 value_size: int = 0) -> list[Finding]:
-        """Validate one decoded record; returns its findings (usually none)."""
-        self.records += 1
+        """Validate one decoded record; returns its findings (usually none; never mutate the returned list)."""
+        pm = env["producerMetadata"]
+        seg = self.segments.get(pm["producerGUID"])
+        if seg is not None and seg.fast and pm["messageSequenceNumber"] == seg.sequence + 1 \
+                and pm["segmentNumber"] == seg.number:
+            name, body = env["payloadUnion"]
+            fast_kind = _FAST_KIND.get(name)
+            if fast_kind is not None:
+                # The common case, decided exactly as the full procedure would: the next sequence number of a
+                # known producer's open, registered ADHASH/NONE segment. Anything else takes the full path.
+                if seg.adhash:
+                    mt = env["messageType"]
+                    crc = _CRC_INT.get(mt) or crc32(_INT4.pack(mt))
+                    crc += crc32(key[1:])
+                    if fast_kind == 1:
+                        sid = body["schemaId"]
+                        crc += (_CRC_INT.get(sid) or crc32(_INT4.pack(sid))) + crc32(body["putValue"])
+                    ck = seg.checksum
+                    ck._adhash = (ck._adhash + crc) & _MASK64
+                seg.sequence += 1
+                seg.last_producer_ts = pm["messageTimestamp"]
+                if self._track_bytes:
+                    self._count_bytes(value_size)
+                return _NO_FINDINGS
+        findings = self._process_slow(offset, key, env, broker_ts, value_size)
+        seg = self.segments.get(pm["producerGUID"])
+        if seg is not None:
+            seg.refresh_fast()
+        return findings
+
+    def _count_bytes(self, value_size: int) -> None:
+        self._bytes_since_checkpoint += value_size
+        if self._bytes_since_checkpoint >= _CHECKPOINT_BYTES:
+            self.checkpoint()
+
+    def _process_slow(self, offset: int, key: bytes, env: dict, broker_ts: int | None, value_size: int) -> list[Finding]:
         if keys.is_div_exempt(key):
             return []
         kind = E.payload_kind(env)
@@ -227,9 +279,8 @@ class PartitionValidator:
                     self.eop_offset = offset
             if ctype not in (E.START_OF_SEGMENT, E.END_OF_SEGMENT):
                 self.checkpoint()  # Venice syncs offsets and DIV state after other control messages
-        self._bytes_since_checkpoint += value_size
-        if self._bytes_since_checkpoint >= 32 * 1024 * 1024:
-            self.checkpoint()
+        if self._track_bytes:
+            self._count_bytes(value_size)
         return findings
 
     def checkpoint(self) -> None:
@@ -275,8 +326,6 @@ class PartitionValidator:
         seg = self._track_segment(seg, guid, pm, env, kind, ctype, eop, tolerate)
         self._track_sequence(seg, pm, eop, had_prev, tolerate)
         self._track_checksum(seg, key, env, kind, ctype, tolerate)
-        seg.last_offset = offset
-        seg.last_broker_ts = broker_ts if broker_ts is not None else -1
         seg.new_segment = False
 
     def _track_segment(self, seg, guid, pm, env, kind, ctype, eop, tolerate) -> Segment:

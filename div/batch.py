@@ -1,0 +1,182 @@
+"""Validating one topic partition fed as Arrow record batches: the one implementation every engine runs.
+
+The single-process `div validate` and its Spark twin both hand each partition's records, in offset order and in
+the archive schema (Spark's Kafka schema), to a `PartitionRun`. It decodes each value, runs DIV and then the
+configured record validators, and turns every problem into an error row; a record that cannot be decoded is an
+UNDECODABLE row and the run goes on.
+"""
+
+from __future__ import annotations
+
+from collections import Counter
+from dataclasses import dataclass, field
+from typing import Any
+
+import pyarrow as pa
+import pyarrow.compute as pc
+
+from . import envelope as E
+from . import keys
+from .keys import KNOWN_HEADERS
+from .validator import (
+    FATAL_KINDS,
+    UNDECODABLE,
+    Finding,
+    PartitionValidator,
+    ValidatorConfig,
+)
+
+ERROR_COLUMNS = [
+    ("region", pa.int32()),
+    ("topic", pa.string()),
+    ("partition", pa.int32()),
+    ("offset", pa.int64()),
+    ("producer_guid", pa.string()),
+    ("segment", pa.int32()),
+    ("sequence", pa.int32()),
+    ("type", pa.string()),
+    ("fatal", pa.bool_()),
+    ("detail", pa.string()),
+]
+ERROR_SCHEMA = pa.schema(ERROR_COLUMNS)
+
+
+def is_realtime_topic(topic: str) -> bool:
+    """RT topics: `<store>_rt`, `<store>_rt_v<N>`, and their `_sep` variants (notes §1.1)."""
+    base = topic[:-4] if topic.endswith("_sep") else topic
+    if base.endswith("_rt"):
+        return True
+    head, _, tail = base.rpartition("_rt_v")
+    return bool(head) and tail.isdigit()
+
+
+@dataclass
+class PartitionSummary:
+    region: int
+    topic: str
+    partition: int
+    records: int = 0
+    first_offset: int | None = None
+    last_offset: int | None = None
+    eop_offset: int | None = None
+    producers_tracked: int = 0
+    findings: Counter = field(default_factory=Counter)
+    fatal_findings: int = 0
+    start_offset: int | None = None
+    restored_from_heartbeat: int | None = None
+
+    def to_json(self) -> dict[str, Any]:
+        return {
+            "region": self.region, "topic": self.topic, "partition": self.partition, "records": self.records,
+            "first_offset": self.first_offset, "last_offset": self.last_offset, "eop_offset": self.eop_offset,
+            "producers_tracked": self.producers_tracked, "findings": dict(sorted(self.findings.items())),
+            "fatal_findings": self.fatal_findings,
+            "start": {"offset": self.start_offset, "restored_from_heartbeat": self.restored_from_heartbeat},
+        }
+
+
+class StopRun(Exception):
+    """Raised by `feed` when `fail_fast` is set and a fatal finding was produced."""
+
+
+class PartitionRun:
+    """DIV (and record validators) over one partition's records, batch by batch, in offset order."""
+
+    def __init__(self, region: int, topic: str, partition: int, *, config: ValidatorConfig | None = None,
+                 codec: E.EnvelopeCodec | None = None, validator: PartitionValidator | None = None,
+                 record_validators: list | None = None, fail_fast: bool = False) -> None:
+        self.region, self.topic, self.partition = region, topic, partition
+        self.codec = codec or E.EnvelopeCodec()
+        self.validator = validator or PartitionValidator(is_realtime=is_realtime_topic(topic), config=config)
+        self.record_validators = record_validators or []
+        self.fail_fast = fail_fast
+        self.summary = PartitionSummary(region, topic, partition)
+        self.rows: list[tuple] = []
+        self.stopped: str | None = None  # set when fail_fast stopped the run
+
+    def _row(self, f: Finding) -> tuple:
+        guid = f.producer_guid.hex() if f.producer_guid else ""
+        self.summary.findings[f.type] += 1
+        if f.fatal:
+            self.summary.fatal_findings += 1
+        return (self.region, self.topic, self.partition, f.offset, guid, f.segment, f.sequence, f.type, f.fatal,
+                f.detail)
+
+    def feed(self, batch: pa.RecordBatch | pa.Table) -> None:
+        """Validate a batch of records (archive schema). Appends error rows to `self.rows`."""
+        n = batch.num_rows
+        if n == 0:
+            return
+        cols = batch.schema.names
+        key_col = batch.column(cols.index("key")).to_pylist()
+        val_col = batch.column(cols.index("value")).to_pylist()
+        off_col = batch.column(cols.index("offset")).to_pylist()
+        ts_col = pc.divide(batch.column(cols.index("timestamp")).cast(pa.int64()), 1000).to_pylist()  # → ms
+        hdr_col = batch.column(cols.index("headers")).to_pylist() if "headers" in cols else [None] * n
+        s = self.summary
+        if s.first_offset is None:
+            s.first_offset = off_col[0]
+        s.records += n
+        s.last_offset = off_col[-1]
+        self.validator.records += n
+        validator = self.validator
+        process = validator.process
+        decode = self.codec.decode
+        rows = self.rows
+        known = KNOWN_HEADERS
+        undecodable = E.UndecodableError
+        has_chain = bool(self.record_validators)
+        for key, value, offset, broker_ms, headers in zip(key_col, val_col, off_col, ts_col, hdr_col, strict=True):
+            if not key or key[0] not in known:
+                rows.append(self._undecodable(offset, _key_problem(key)))
+                continue
+            try:
+                env = decode(value, headers)
+            except undecodable as exc:
+                rows.append(self._undecodable(offset, str(exc)))
+                continue
+            findings = process(offset, key, env, broker_ms, len(value))
+            if findings:
+                for f in findings:
+                    rows.append(self._row(f))
+                    if f.fatal and self.fail_fast:
+                        raise StopRun(f"fatal {f.type} at {self.topic}/{self.partition}@{offset}")
+            if has_chain:
+                self._run_record_validators(offset, key, value, headers, env, broker_ms)
+        s.eop_offset = validator.eop_offset
+
+    def _undecodable(self, offset: int, detail: str) -> tuple:
+        fatal = UNDECODABLE in FATAL_KINDS and not self.validator.end_of_push
+        row = self._row(Finding(offset, None, -1, -1, UNDECODABLE, fatal, detail))
+        if fatal and self.fail_fast:
+            self.rows.append(row)
+            raise StopRun(f"fatal UNDECODABLE at {self.topic}/{self.partition}@{offset}")
+        return row
+
+    def _run_record_validators(self, offset, key, value, headers, env, broker_ms) -> None:
+        from .record_validators import run_chain
+
+        for f in run_chain(self.record_validators, self.topic, self.partition, offset, key, value, headers, env,
+                           broker_ms):
+            self.rows.append(self._row(f))
+
+    def finish(self) -> PartitionSummary:
+        self.summary.producers_tracked = len(self.validator.segments)
+        self.summary.eop_offset = self.validator.eop_offset
+        return self.summary
+
+    def table(self) -> pa.Table:
+        return rows_to_table(self.rows)
+
+
+def _key_problem(key: bytes | None) -> str:
+    try:
+        keys.split_key(key)
+    except keys.KeyError_ as exc:
+        return str(exc)
+    return "bad key"
+
+
+def rows_to_table(rows: list[tuple]) -> pa.Table:
+    cols = list(zip(*rows, strict=True)) if rows else [[] for _ in ERROR_COLUMNS]
+    return pa.table({name: pa.array(col, type=t) for (name, t), col in zip(ERROR_COLUMNS, cols, strict=True)})

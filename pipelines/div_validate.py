@@ -1,0 +1,156 @@
+"""`tidegauge div validate`: DIV over whole topics, each partition independently.
+
+The local engine runs partitions one after another in this process; the Spark engine (pipelines.div_spark) runs
+them in parallel. Both feed each partition to `div.batch.PartitionRun`, so they share every rule.
+"""
+
+from __future__ import annotations
+
+import logging
+import time
+from collections import Counter
+from dataclasses import dataclass, field
+from typing import Any
+
+import pyarrow as pa
+import pyarrow.parquet as pq
+
+from div.batch import PartitionRun, PartitionSummary, StopRun, is_realtime_topic, rows_to_table
+from div.validator import ValidatorConfig
+
+from .output import OutputDir
+from .sources import Source, SourceError, SourceSpec, open_source
+
+log = logging.getLogger("tidegauge.div")
+EXIT_CLEAN, EXIT_FINDINGS, EXIT_USAGE, EXIT_PARTIAL = 0, 1, 2, 3
+
+
+@dataclass
+class ValidateOptions:
+    sources: list[SourceSpec]
+    out: str
+    topics: list[str] = field(default_factory=list)
+    min_compaction_lag_ms: int | None = None
+    now_ms: int | None = None
+    max_age_ms: int = -1
+    fail_fast: bool = False
+    kafka_conf: dict[int, dict[str, Any]] = field(default_factory=dict)
+    record_validators: list[dict[str, Any]] = field(default_factory=list)
+    restore_at: int | None = None
+    engine: str = "local"
+
+
+@dataclass
+class PartitionTask:
+    """One (source, topic, partition) to validate, with the tolerances that apply to it."""
+
+    region: int
+    topic: str
+    partition: int
+    config: ValidatorConfig
+
+
+def plan(opts: ValidateOptions, opened: list[Source]) -> list[PartitionTask]:
+    now_ms = opts.now_ms if opts.now_ms is not None else int(time.time() * 1000)
+    tasks = []
+    for src in opened:
+        available = src.topics()
+        topics = opts.topics or available
+        for topic in topics:
+            if topic not in available:
+                raise SourceError(f"source {src.region}={src.uri}: no topic {topic!r} (it has: "
+                                  f"{', '.join(available) or 'no topics'})")
+            lag = opts.min_compaction_lag_ms
+            if lag is None and not is_realtime_topic(topic):
+                lag = src.min_compaction_lag_ms(topic)
+            cfg = ValidatorConfig(min_compaction_lag_ms=lag, now_ms=now_ms, max_age_ms=opts.max_age_ms)
+            for p in src.partitions(topic):
+                tasks.append(PartitionTask(src.region, topic, p, cfg))
+    return tasks
+
+
+def validate_partition(src: Source, task: PartitionTask, opts: ValidateOptions) -> PartitionRun:
+    """Run DIV (and record validators) over one partition; returns the finished run.
+
+    With --fail-fast the run stops at its first fatal finding; `run.stopped` then says where.
+    """
+    from div.record_validators import build_chain
+
+    run = PartitionRun(task.region, task.topic, task.partition, config=task.config, fail_fast=opts.fail_fast,
+                       record_validators=build_chain(opts.record_validators))
+    start = None
+    if opts.restore_at is not None:
+        from .div_restore import restore_validator
+
+        start = restore_validator(src, task.topic, task.partition, opts.restore_at, run)
+    try:
+        for batch in src.iter_partition(task.topic, task.partition, start=start):
+            run.feed(batch)
+    except StopRun as stop:
+        run.stopped = str(stop)
+    run.finish()
+    return run
+
+
+def summarize(out: OutputDir, summaries: list[PartitionSummary], failed: list[dict], exit_code: int,
+              sources: dict[int, str], engine: str) -> dict[str, Any]:
+    by_type: Counter = Counter()
+    for s in summaries:
+        by_type.update(s.findings)
+    return {
+        **out.common_fields("div validate", exit_code, sources),
+        "engine": engine,
+        "records_read": sum(s.records for s in summaries),
+        "findings": sum(by_type.values()),
+        "fatal_findings": sum(s.fatal_findings for s in summaries),
+        "findings_by_type": dict(sorted(by_type.items())),
+        "producers_tracked": sum(s.producers_tracked for s in summaries),
+        "partitions": [s.to_json() for s in summaries],
+        "failed_partitions": failed,
+    }
+
+
+def exit_code_for(summaries: list[PartitionSummary], failed: list[dict]) -> int:
+    if any(s.fatal_findings for s in summaries):
+        return EXIT_FINDINGS
+    return EXIT_PARTIAL if failed else EXIT_CLEAN
+
+
+def write_errors(out: OutputDir, table: pa.Table) -> None:
+    d = out.file("errors")
+    d.mkdir(exist_ok=True)
+    pq.write_table(table, d / "part-00000.parquet")
+
+
+def run_local(opts: ValidateOptions) -> int:
+    """Validate every partition in this process. Returns the exit code; writes errors/ and summary.json."""
+    opened = [open_source(s, opts.kafka_conf.get(s.region)) for s in opts.sources]
+    by_region = {s.region: s for s in opened}
+    tasks = plan(opts, opened)
+    summaries: list[PartitionSummary] = []
+    failed: list[dict] = []
+    rows: list[tuple] = []
+    t0 = time.time()
+    with OutputDir(opts.out) as out:
+        for i, task in enumerate(tasks, 1):
+            try:
+                run = validate_partition(by_region[task.region], task, opts)
+            except (SourceError, OSError) as exc:
+                failed.append({"region": task.region, "topic": task.topic, "partition": task.partition,
+                               "error": str(exc)})
+                log.error("region %d %s[%d] could not be validated: %s", task.region, task.topic, task.partition, exc)
+                continue
+            summaries.append(run.summary)
+            rows.extend(run.rows)
+            rate = sum(s.records for s in summaries) / max(time.time() - t0, 1e-9)
+            log.info("[%d/%d] region %d %s[%d]: %d records, %d findings (%.0f records/s so far)", i, len(tasks),
+                     task.region, task.topic, task.partition, run.summary.records,
+                     sum(run.summary.findings.values()), rate)
+            if run.stopped:
+                log.warning("--fail-fast: stopped at %s", run.stopped)
+                break
+        code = exit_code_for(summaries, failed)
+        write_errors(out, rows_to_table(rows))
+        out.write_json("summary.json", summarize(out, summaries, failed, code,
+                                                 {s.region: s.uri for s in opts.sources}, "local"))
+    return code

@@ -1,0 +1,168 @@
+"""Where records come from: `--source ID=URI`, an archive directory or a live Kafka cluster.
+
+Every job reads either kind through the same small interface (topics, partitions, planned bounds, ordered Arrow
+batches in the archive schema), so a job gives the same answer for the same records wherever they live.
+Kafka client settings (security.protocol, sasl.*, ssl.*) come from configuration and go to librdkafka untouched;
+they are never printed.
+"""
+
+from __future__ import annotations
+
+import os
+import re
+from collections.abc import Iterator, Mapping
+from dataclasses import dataclass, field
+from typing import Any
+
+import pyarrow as pa
+
+from div import archive, kafka_log
+
+
+class SourceError(Exception):
+    """A source that cannot be parsed or read; the message names it (exit code 2)."""
+
+
+@dataclass(frozen=True)
+class SourceSpec:
+    region: int
+    uri: str
+
+    @property
+    def is_kafka(self) -> bool:
+        return self.uri.startswith("kafka://")
+
+
+def parse_source(text: str) -> SourceSpec:
+    """`ID=URI` → SourceSpec. ID is a region id (0..N-1); URI an archive directory or kafka://host:port,..."""
+    m = re.fullmatch(r"\s*(\d+)\s*=\s*(\S.*?)\s*", text or "")
+    if not m:
+        raise SourceError(f"--source {text!r}: expected ID=URI, e.g. 0=out/archive/dc-0 or 1=kafka://host:9092")
+    return SourceSpec(int(m.group(1)), m.group(2))
+
+
+def check_unique(specs: list[SourceSpec]) -> None:
+    seen: dict[int, str] = {}
+    for s in specs:
+        if s.region in seen:
+            raise SourceError(f"region {s.region} is given twice ({seen[s.region]!r} and {s.uri!r})")
+        seen[s.region] = s.uri
+
+
+@dataclass
+class Source:
+    """An opened source. `bounds` are fixed when first asked (the job's planned snapshot)."""
+
+    spec: SourceSpec
+    kafka_conf: Mapping[str, Any] = field(default_factory=dict)
+    _bounds: dict[tuple[str, int], tuple[int, int]] = field(default_factory=dict)
+
+    def __post_init__(self) -> None:
+        """Subclasses open the source here (the dataclass __init__ calls it)."""
+
+    @property
+    def region(self) -> int:
+        return self.spec.region
+
+    @property
+    def uri(self) -> str:
+        return self.spec.uri
+
+    def topics(self) -> list[str]:
+        raise NotImplementedError
+
+    def partitions(self, topic: str) -> list[int]:
+        raise NotImplementedError
+
+    def bounds(self, topic: str, partition: int) -> tuple[int, int]:
+        """(first offset, end offset exclusive) of the planned snapshot of this partition."""
+        raise NotImplementedError
+
+    def iter_partition(self, topic: str, partition: int, start: int | None = None, end: int | None = None,
+                       columns: list[str] | None = None, batch_size: int = 65536) -> Iterator[pa.RecordBatch]:
+        raise NotImplementedError
+
+    def min_compaction_lag_ms(self, topic: str) -> int | None:
+        """The topic's min.compaction.lag.ms when it is compacted and the source can tell; else None."""
+        return None
+
+
+class ArchiveSource(Source):
+    def __post_init__(self) -> None:
+        path = self.uri[len("file://"):] if self.uri.startswith("file://") else self.uri
+        if not os.path.isdir(path):
+            raise SourceError(f"source {self.region}={self.uri}: no such archive directory")
+        self.path = path
+        try:
+            self._info = {(i.topic, i.partition): i for i in archive.describe(path)}
+        except archive.ArchiveError as exc:
+            raise SourceError(f"source {self.region}={self.uri}: {exc}") from exc
+
+    def topics(self) -> list[str]:
+        return sorted({t for t, _ in self._info})
+
+    def partitions(self, topic: str) -> list[int]:
+        return sorted(p for t, p in self._info if t == topic)
+
+    def bounds(self, topic: str, partition: int) -> tuple[int, int]:
+        info = self._info.get((topic, partition))
+        if info is None:
+            return (0, 0)
+        return (info.first_offset, info.last_offset + 1)
+
+    def iter_partition(self, topic, partition, start=None, end=None, columns=None, batch_size=65536):
+        try:
+            yield from archive.iter_partition(self.path, topic, partition, start, end, columns, batch_size)
+        except archive.ArchiveError as exc:
+            raise SourceError(f"source {self.region}={self.uri}: {exc}") from exc
+
+
+class KafkaSource(Source):
+    def __post_init__(self) -> None:
+        try:
+            self.bootstrap = kafka_log.parse_kafka_uri(self.uri)
+            self._log = kafka_log.KafkaLog(self.bootstrap, self.kafka_conf)
+            self._topics = self._log.topics()
+        except kafka_log.KafkaLogError as exc:
+            raise SourceError(f"source {self.region}={self.uri}: {exc}") from exc
+
+    def topics(self) -> list[str]:
+        return list(self._topics)
+
+    def partitions(self, topic: str) -> list[int]:
+        try:
+            return self._log.partitions(topic)
+        except kafka_log.KafkaLogError as exc:
+            raise SourceError(f"source {self.region}={self.uri}: {exc}") from exc
+
+    def bounds(self, topic: str, partition: int) -> tuple[int, int]:
+        key = (topic, partition)
+        if key not in self._bounds:
+            self._bounds[key] = self._log.watermarks(topic, partition)
+        return self._bounds[key]
+
+    def iter_partition(self, topic, partition, start=None, end=None, columns=None, batch_size=65536):
+        low, high = self.bounds(topic, partition)
+        start = low if start is None else max(start, low)
+        end = high if end is None else min(end, high)
+        if start >= end:
+            return
+        for batch in kafka_log.iter_partition(self.bootstrap, self.kafka_conf, topic, partition, start, end,
+                                              batch_size):
+            yield batch.select(columns) if columns else batch
+
+    def min_compaction_lag_ms(self, topic: str) -> int | None:
+        policy = kafka_log.topic_config(self.bootstrap, self.kafka_conf, topic, "cleanup.policy")
+        if policy is None or "compact" not in policy:
+            return None
+        lag = kafka_log.topic_config(self.bootstrap, self.kafka_conf, topic, "min.compaction.lag.ms")
+        return int(lag) if lag is not None else 0
+
+    def close(self) -> None:
+        self._log.close()
+
+
+def open_source(spec: SourceSpec, kafka_conf: Mapping[str, Any] | None = None) -> Source:
+    if spec.is_kafka:
+        return KafkaSource(spec, dict(kafka_conf or {}))
+    return ArchiveSource(spec)
