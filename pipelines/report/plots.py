@@ -1,0 +1,210 @@
+"""Draw the report's plots as inline SVG with matplotlib, so the page needs no network and no image files.
+
+Figures are built with `matplotlib.figure.Figure`, never pyplot: no GUI backend is touched and no global
+figure state leaks between plots or into a caller's process. Text stays text in the SVG (searchable,
+readable by screen readers); matplotlib escapes it as XML, so data strings cannot inject markup.
+Every function returns an `<svg>` element as a string, or None when there is nothing to draw.
+"""
+
+from __future__ import annotations
+
+import io
+import re
+from collections.abc import Sequence
+from typing import Any
+
+import matplotlib
+import numpy as np
+import pandas as pd
+from matplotlib.figure import Figure
+from matplotlib.ticker import MaxNLocator
+
+_COLORS = ["#1f77b4", "#d62728", "#2ca02c", "#9467bd", "#ff7f0e", "#8c564b", "#e377c2", "#17becf"]
+_MAX_POINTS_PER_LINE = 400
+
+
+def _to_svg(fig: Figure, name: str, label: str) -> str:
+    """Serialise `fig`; ids inside the SVG are salted with `name` so several plots can share one page."""
+    buf = io.StringIO()
+    with matplotlib.rc_context({"svg.fonttype": "none", "svg.hashsalt": f"tidegauge-{name}"}):
+        fig.savefig(buf, format="svg", metadata={"Date": None, "Creator": None})
+    svg = buf.getvalue()
+    svg = svg[svg.index("<svg"):]  # drop the XML prolog and DOCTYPE, which are invalid inside HTML
+    svg = re.sub(r"<metadata>.*?</metadata>", "", svg, count=1, flags=re.S)
+    # scale down with the page but never beyond the drawn size (small plots would get giant letters)
+    svg = re.sub(r'<svg([^>]*?) width="([0-9.]+)pt" height="[^"]*"',
+                 lambda m: f'<svg{m.group(1)} class="plot" role="img" data-plot="{name}" '
+                           f'style="max-width: {float(m.group(2)) * 4 / 3:.0f}px"', svg, count=1)
+    label = label.replace("&", "&amp;").replace('"', "&quot;").replace("<", "&lt;").replace(">", "&gt;")
+    return svg.replace("<svg", f'<svg aria-label="{label}"', 1)
+
+
+def _figure(width: float, height: float) -> Figure:
+    fig = Figure(figsize=(width, height), dpi=100, layout="constrained")
+    fig.set_facecolor("white")
+    return fig
+
+
+def _style(ax) -> None:
+    ax.spines["top"].set_visible(False)
+    ax.spines["right"].set_visible(False)
+    ax.grid(axis="y", color="#dddddd", linewidth=0.6)
+    ax.set_axisbelow(True)
+
+
+def _time_axis(ax, ms: np.ndarray) -> None:
+    """Label an epoch-ms x axis in UTC clock time (or dates, for spans over two days)."""
+    span = float(ms.max() - ms.min()) if len(ms) else 0.0
+    ticks = np.linspace(ms.min(), ms.max(), 6) if span > 0 else ms[:1]
+    fmt = "%m-%d %H:%M" if span > 2 * 86_400_000 or span == 0 else "%H:%M"
+    ax.set_xticks(ticks)
+    ax.set_xticklabels([pd.Timestamp(int(t), unit="ms", tz="UTC").strftime(fmt) for t in ticks])
+    ax.set_xlabel("time (UTC)")
+
+
+def lag_over_time(heartbeats: pd.DataFrame, max_lag_ms: float | None = None) -> str | None:
+    """Heartbeat delay (VT write time minus origin time) per VT region over time: the worst partition and
+    source region in each time slice, so a single stuck partition shows."""
+    if heartbeats is None or not len(heartbeats):
+        return None
+    frame = pd.DataFrame({
+        "region": heartbeats["vt_region"].astype("int64"),
+        "t": pd.to_numeric(heartbeats["vt_timestamp_ms"], errors="coerce"),
+        "delay_s": pd.to_numeric(heartbeats["delay_ms"], errors="coerce") / 1000.0,
+    }).dropna()
+    if not len(frame):
+        return None
+    t0, t1 = frame["t"].min(), frame["t"].max()
+    width = max((t1 - t0) / _MAX_POINTS_PER_LINE, 1.0)
+    frame["slice"] = ((frame["t"] - t0) // width).astype("int64")
+    worst = frame.groupby(["region", "slice"]).agg(t=("t", "max"), delay_s=("delay_s", "max")).reset_index()
+    fig = _figure(9, 3.2)
+    ax = fig.add_subplot()
+    for i, (region, group) in enumerate(worst.groupby("region")):
+        ax.plot(group["t"], group["delay_s"], label=f"region {region}", color=_COLORS[i % len(_COLORS)],
+                linewidth=1.4, marker="o" if len(group) < 40 else None, markersize=3)
+    if max_lag_ms is not None:
+        ax.axhline(max_lag_ms / 1000.0, color="#b00020", linestyle="--", linewidth=1)
+        ax.annotate(f"limit {max_lag_ms / 1000.0:g} s", (0.995, max_lag_ms / 1000.0),
+                    xycoords=("axes fraction", "data"), ha="right", va="bottom", color="#b00020", fontsize=8)
+    top = max(worst["delay_s"].max(), (max_lag_ms or 0) / 1000.0)
+    if top > 0 and worst["delay_s"].max() > 0 and top / max(worst["delay_s"].median(), 1e-3) > 100:
+        ax.set_yscale("symlog", linthresh=1.0)
+    ax.set_ylabel("heartbeat delay (s)")
+    _time_axis(ax, worst["t"].to_numpy())
+    ax.set_ylim(bottom=0)
+    fig.legend(loc="outside upper left", frameon=False, ncols=min(len(worst["region"].unique()), 8))
+    _style(ax)
+    return _to_svg(fig, "lag", "Heartbeat delay per region over time, in seconds")
+
+
+def divergences_heatmap(pairs: pd.DataFrame) -> str | None:
+    """Divergent keys per region pair (rows) and partition (columns)."""
+    if pairs is None or not len(pairs) or int(pairs["divergences"].sum()) == 0:
+        return None
+    grid = pairs.pivot_table(index=["region_a", "region_b"], columns="partition", values="divergences",
+                             aggfunc="sum", fill_value=0)
+    labels = [f"{a} ↔ {b}" for a, b in grid.index]
+    parts = [str(p) for p in grid.columns]
+    values = grid.to_numpy()
+    fig = _figure(min(2.0 + 0.5 * len(parts), 10), 1.2 + 0.4 * len(labels))
+    ax = fig.add_subplot()
+    shown = np.where(values > 0, values, np.nan)
+    ax.imshow(shown, cmap="Reds", aspect="auto", vmin=0, vmax=max(values.max(), 1) * 1.25)
+    ax.set_facecolor("#f3f3f3")
+    for (i, j), v in np.ndenumerate(values):
+        ax.text(j, i, f"{v:,}" if v else "·", ha="center", va="center", fontsize=9,
+                color="white" if v > values.max() * 0.6 else "black")
+    ax.set_title("divergent keys (empty cell: none)", fontsize=9)
+    ax.set_yticks(range(len(labels)), labels)
+    ax.set_xticks(range(len(parts)), parts)
+    ax.set_xlabel("partition")
+    ax.set_ylabel("region pair")
+    return _to_svg(fig, "divergences", "Divergent keys per region pair and partition")
+
+
+def div_findings_by_type(errors: pd.DataFrame) -> str | None:
+    """DIV findings per type, fatal and warning stacked."""
+    if errors is None or not len(errors):
+        return None
+    fatal = errors["fatal"].fillna(False).astype(bool)
+    counts = pd.DataFrame({"type": errors["type"].astype(str), "fatal": fatal})
+    table = counts.groupby(["type", "fatal"]).size().unstack(fill_value=0)
+    for col in (True, False):
+        if col not in table.columns:
+            table[col] = 0
+    table = table.loc[(table[True] + table[False]).sort_values().index]
+    labels = [t if len(t) <= 40 else t[:39] + "…" for t in table.index]
+    fig = _figure(8, 0.9 + 0.35 * len(labels))
+    ax = fig.add_subplot()
+    y = np.arange(len(labels))
+    ax.barh(y, table[True], color="#b00020", label="fatal")
+    ax.barh(y, table[False], left=table[True], color="#f0a030", label="warning (not fatal)")
+    for i, (f, w) in enumerate(zip(table[True], table[False], strict=True)):
+        ax.text(f + w, i, f"  {f + w:,}", va="center", fontsize=8)
+    ax.set_yticks(y, labels)
+    ax.set_xlabel("findings")
+    ax.xaxis.set_major_locator(MaxNLocator(integer=True))
+    ax.set_xlim(0, (table[True] + table[False]).max() * 1.15)
+    fig.legend(loc="outside upper right", frameon=False, ncols=2)
+    _style(ax)
+    ax.grid(axis="y", visible=False)
+    ax.grid(axis="x", color="#dddddd", linewidth=0.6)
+    return _to_svg(fig, "div", "DIV findings per type, fatal and warnings")
+
+
+def coverage(pairs: pd.DataFrame, max_pending_percent: float | None = None) -> str | None:
+    """Pending keys (not yet comparable) per region pair and partition, as a percent of its keys."""
+    if pairs is None or not len(pairs):
+        return None
+    labels = [f"{a} ↔ {b} p{p}" for a, b, p in zip(pairs["region_a"], pairs["region_b"], pairs["partition"],
+                                                      strict=True)]
+    values = pairs["pending_percent"].to_numpy(dtype=float)
+    fig = _figure(8, 0.9 + 0.28 * len(labels))
+    ax = fig.add_subplot()
+    y = np.arange(len(labels))
+    over = values > (max_pending_percent if max_pending_percent is not None else np.inf)
+    ax.barh(y, values, color=np.where(over, "#b00020", "#4a90d9"))
+    for i, (v, n) in enumerate(zip(values, pairs["pending_keys"], strict=True)):
+        ax.text(v, i, f"  {v:.1f} % ({n:,} keys)", va="center", fontsize=8)
+    if max_pending_percent is not None:
+        ax.axvline(max_pending_percent, color="#b00020", linestyle="--", linewidth=1)
+    ax.set_yticks(y, labels)
+    ax.invert_yaxis()
+    ax.set_xlabel("keys pending (% of the pair's keys)")
+    ax.set_xlim(0, max(values.max() if len(values) else 0, max_pending_percent or 0, 1) * 1.35)
+    _style(ax)
+    ax.grid(axis="y", visible=False)
+    return _to_svg(fig, "coverage", "Keys still pending per region pair and partition, in percent")
+
+
+def trends(runs: Sequence[Any]) -> str | None:
+    """Counts across report runs (history): findings, worst lag, pending keys. Needs two runs or more."""
+    if len(runs) < 2:
+        return None
+    when = np.array([int(r.run_at.timestamp() * 1000) for r in runs])
+    fig = _figure(9, 3.0)
+    axes = fig.subplots(1, 3)
+    series = [
+        (axes[0], "findings", [("divergences", [r.divergences for r in runs], "#d62728"),
+                               ("fatal DIV findings", [r.fatal_div_findings for r in runs], "#8c1c13"),
+                               ("DIV warnings", [r.div_warnings for r in runs], "#f0a030")]),
+        (axes[1], "worst lag (s)", [("lag", [np.nan if r.max_lag_ms is None else r.max_lag_ms / 1000.0
+                                             for r in runs], "#1f77b4")]),
+        (axes[2], "keys pending", [("pending keys", [r.pending_keys for r in runs], "#4a90d9")]),
+    ]
+    for ax, title, lines in series:
+        for label, values, color in lines:
+            ax.plot(when, values, marker="o", markersize=3, linewidth=1.3, color=color, label=label)
+        ax.set_title(title, fontsize=9)
+        ax.set_ylim(bottom=0)
+        ax.yaxis.set_major_locator(MaxNLocator(integer=True))
+        _style(ax)
+        span = when.max() - when.min()
+        ticks = np.linspace(when.min(), when.max(), 3)
+        ax.set_xticks(ticks)
+        ax.set_xticklabels([pd.Timestamp(int(t), unit="ms", tz="UTC").strftime("%m-%d" if span > 2 * 86_400_000
+                                                                                 else "%m-%d %H:%M")
+                            for t in ticks], fontsize=7)
+    axes[0].legend(loc="upper left", frameon=False, fontsize=7)
+    return _to_svg(fig, "trends", "Findings, worst lag and pending keys across report runs")

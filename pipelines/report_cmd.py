@@ -1,0 +1,96 @@
+"""`tidegauge report`: the command-line face of `pipelines.report`.
+
+Kept apart from the package so `tidegauge --help` stays fast: Great Expectations and matplotlib are imported
+only when a report is actually made.
+"""
+
+from __future__ import annotations
+
+import argparse
+import pathlib
+
+from pipelines.cli import EXIT_USAGE, UsageError
+
+DESCRIPTION = """\
+Make the morning report from the outputs of the nightly jobs: run the Great Expectations suites of
+conf/expectations.yaml over them, write one self-contained HTML page (no network needed to view it) and
+its JSON twin, and remember the run so the next report can say what is new, still present or healed.
+
+What each flag reads:
+  --leapfrog DIR      the output of `tidegauge leapfrog --out DIR`: summary.json and inconsistencies/
+                      (divergences between regions, coverage, heartbeats per partition, undecodable records)
+  --div DIR           the output of `tidegauge div validate --out DIR`: summary.json and errors/
+                      (DIV findings: gaps, corruption, duplicates; fatal or not)
+  --lag DIR           optional: the output of `tidegauge lag --out DIR`: lag.json, lag/ and heartbeats/
+                      (how far behind each region is); without it, lag is reported as not measured
+  --history DIR       optional: a directory of earlier runs (Parquet, one file per run, created if absent);
+                      this run is added to it
+  --expectations FILE optional: YAML read on top of conf/expectations.yaml; its thresholds and suites
+                      replace those of the same name (e.g. `thresholds: {max_lag_ms: 60000}`)
+  --out DIR           where report.html and report.json are written (created if absent)
+"""
+
+EPILOG = """\
+exit codes:
+  0  every expectation passed
+  1  at least one expectation failed (divergence, fatal DIV finding, lag over the limit, missing heartbeats,
+     too many pending keys, undecodable records): read report.html
+  2  bad usage, or an input is missing or unreadable (the message names it); nothing is written
+
+example:
+  tidegauge report --leapfrog out/leapfrog --div out/div --lag out/lag \\
+      --history reports/history --out reports/2026-09-21
+  then open reports/2026-09-21/report.html in a browser.
+"""
+
+
+def register(subparsers: argparse._SubParsersAction) -> None:
+    parser = subparsers.add_parser(
+        "report",
+        help="HTML + JSON data-quality report (Great Expectations) over the job outputs",
+        description=DESCRIPTION,
+        epilog=EPILOG,
+        formatter_class=argparse.RawDescriptionHelpFormatter,
+    )
+    parser.add_argument("--leapfrog", required=True, metavar="DIR", help="output directory of `tidegauge leapfrog`")
+    parser.add_argument("--div", required=True, metavar="DIR", help="output directory of `tidegauge div validate`")
+    parser.add_argument("--lag", metavar="DIR", help="output directory of `tidegauge lag` (optional)")
+    parser.add_argument("--history", metavar="DIR", help="history of earlier runs; this run is appended (optional)")
+    parser.add_argument("--out", required=True, metavar="DIR", help="where report.html and report.json go")
+    parser.add_argument("--expectations", metavar="FILE",
+                        help="YAML overriding thresholds or suites of conf/expectations.yaml (optional)")
+    parser.set_defaults(func=run)
+
+
+def _check_dir(flag: str, value: str | None) -> None:
+    if value is not None and not pathlib.Path(value).is_dir():
+        raise UsageError(f"{flag} {value}: no such directory")
+
+
+def run(args: argparse.Namespace) -> int:
+    for flag, value in (("--leapfrog", args.leapfrog), ("--div", args.div), ("--lag", args.lag)):
+        _check_dir(flag, value)
+    if args.expectations is not None and not pathlib.Path(args.expectations).is_file():
+        raise UsageError(f"--expectations {args.expectations}: no such file")
+    if args.history is not None and pathlib.Path(args.history).exists() and not pathlib.Path(args.history).is_dir():
+        raise UsageError(f"--history {args.history}: exists and is not a directory")
+
+    from pipelines.report import ExpectationsConfigError, InputError, run_report
+
+    try:
+        result = run_report(args.leapfrog, args.div, args.out, lag_dir=args.lag, history_dir=args.history,
+                            expectations_file=args.expectations)
+    except (InputError, ExpectationsConfigError) as exc:
+        raise UsageError(str(exc)) from exc
+    v = result.verdict
+    lines = [f"{v['overall']}: {v['checks_failed']} of {v['checks_evaluated']} checks failed",
+             f"regions: {v['regions']['status']} ({v['regions']['divergences']} divergent keys)",
+             f"logs: {v['logs']['status']} ({v['logs']['fatal_findings']} fatal DIV findings)"]
+    if v["lag"]["measured"]:
+        lines.append("lag: " + ", ".join(
+            f"region {r['region']} {'unknown' if r['max_time_lag_ms'] is None else str(r['max_time_lag_ms']) + ' ms'}"
+            for r in v["lag"]["by_region"]))
+    lines += [f"failed: {name}" for name in result.failed_checks]
+    lines.append(f"report: {result.html_path}")
+    print("\n".join(lines))
+    return result.exit_code if result.exit_code in (0, 1) else EXIT_USAGE
