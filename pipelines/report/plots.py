@@ -31,6 +31,10 @@ def _to_svg(fig: Figure, name: str, label: str) -> str:
     svg = buf.getvalue()
     svg = svg[svg.index("<svg"):]  # drop the XML prolog and DOCTYPE, which are invalid inside HTML
     svg = re.sub(r"<metadata>.*?</metadata>", "", svg, count=1, flags=re.S)
+    # matplotlib numbers its ids per figure (figure_1, axes_1, ...): prefix them, one page holds several plots
+    svg = re.sub(r'\bid="', f'id="{name}-', svg)
+    svg = re.sub(r'(xlink:href|href)="#', lambda m: f'{m.group(1)}="#{name}-', svg)
+    svg = svg.replace("url(#", f"url(#{name}-")
     # scale down with the page but never beyond the drawn size (small plots would get giant letters)
     svg = re.sub(r'<svg([^>]*?) width="([0-9.]+)pt" height="[^"]*"',
                  lambda m: f'<svg{m.group(1)} class="plot" role="img" data-plot="{name}" '
@@ -110,14 +114,18 @@ def divergences_heatmap(pairs: pd.DataFrame) -> str | None:
     fig = _figure(min(2.0 + 0.5 * len(parts), 10), 1.2 + 0.4 * len(labels))
     ax = fig.add_subplot()
     shown = np.where(values > 0, values, np.nan)
-    ax.imshow(shown, cmap="Reds", aspect="auto", vmin=0, vmax=max(values.max(), 1) * 1.25)
+    # pcolormesh, not imshow: cells stay vectors (imshow would embed a bitmap in the SVG)
+    ax.pcolormesh(np.ma.masked_invalid(shown), cmap="Reds", vmin=0, vmax=max(values.max(), 1) * 1.25,
+                  edgecolors="white", linewidth=1)
+    ax.set_xlim(0, len(parts))
+    ax.set_ylim(len(labels), 0)
     ax.set_facecolor("#f3f3f3")
     for (i, j), v in np.ndenumerate(values):
-        ax.text(j, i, f"{v:,}" if v else "·", ha="center", va="center", fontsize=9,
+        ax.text(j + 0.5, i + 0.5, f"{v:,}" if v else "·", ha="center", va="center", fontsize=9,
                 color="white" if v > values.max() * 0.6 else "black")
     ax.set_title("divergent keys (empty cell: none)", fontsize=9)
-    ax.set_yticks(range(len(labels)), labels)
-    ax.set_xticks(range(len(parts)), parts)
+    ax.set_yticks(np.arange(len(labels)) + 0.5, labels)
+    ax.set_xticks(np.arange(len(parts)) + 0.5, parts)
     ax.set_xlabel("partition")
     ax.set_ylabel("region pair")
     return _to_svg(fig, "divergences", "Divergent keys per region pair and partition")
