@@ -427,10 +427,31 @@ def _index_file(path: str) -> list[_Chunk]:
     return chunks
 
 
+# Footers parsed before, by (path, size, mtime): reading one partition of a long archive must not re-read the
+# footers of every file each time. Files are never rewritten in place, so a changed file gets a new key.
+_FOOTER_CACHE: dict[tuple[str, int, int], list[_Chunk]] = {}
+_FOOTER_CACHE_MAX = 20000
+
+
+def _index_file_cached(path: str) -> list[_Chunk]:
+    try:
+        st = os.stat(path)
+    except OSError as e:
+        raise ArchiveError(f"{path}: cannot stat: {e}") from e
+    key = (path, st.st_size, st.st_mtime_ns)
+    chunks = _FOOTER_CACHE.get(key)
+    if chunks is None:
+        chunks = _index_file(path)
+        if len(_FOOTER_CACHE) >= _FOOTER_CACHE_MAX:
+            _FOOTER_CACHE.clear()
+        _FOOTER_CACHE[key] = chunks
+    return chunks
+
+
 def _index(directory: str | os.PathLike) -> dict[tuple[str, int], list[_Chunk]]:
     by_tp: dict[tuple[str, int], list[_Chunk]] = defaultdict(list)
     for path in _list_files(os.fspath(directory)):
-        for c in _index_file(path):
+        for c in _index_file_cached(path):
             by_tp[(c.topic, c.partition)].append(c)
     for chunks in by_tp.values():
         chunks.sort(key=lambda c: (c.min_offset, c.max_offset, c.path, c.row_group))

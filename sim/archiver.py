@@ -54,7 +54,7 @@ class Archiver:
         out_dir: str,
         topics: Iterable[str] | None = None,
         discover_interval_s: float = 1.0,
-        flush_interval_s: float = 5.0,
+        flush_interval_s: float = 10.0,
         consume_batch: int = 20000,
         row_group_size: int = 65536,
         start: bool = True,
