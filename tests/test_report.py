@@ -314,3 +314,17 @@ def test_gx_import_survives_python_dash_c(tmp_path):
     code = "from pipelines.report.expectations import _import_gx; _import_gx(); print('alive')"
     proc = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120)
     assert proc.returncode == 0 and "alive" in proc.stdout, proc.stderr
+
+
+def test_a_summary_that_disagrees_with_its_rows_is_flagged(tmp_path):
+    outputs = build_outputs(tmp_path / "in", ["divergence"])
+    summary_path = outputs.leapfrog / "summary.json"
+    summary = json.loads(summary_path.read_text())
+    summary["by_pair"][0]["findings"]["VALUE_MISMATCH"] += 5
+    summary_path.write_text(json.dumps(summary))
+    result = run_report(outputs.leapfrog, outputs.div, tmp_path / "out")
+    report = json.loads(result.json_path.read_text())
+    assert report["summary"]["divergences"]["total"] == 2  # the rows, which the page can show
+    assert report["summary"]["divergences"]["summary_total"] == 7
+    assert any("holds 2 rows" in w for w in report["warnings"])
+    assert "holds 2 rows" in result.html_path.read_text(encoding="utf-8")

@@ -133,6 +133,20 @@ def _record(run_at: dt.datetime, inputs: Inputs, numbers: dict[str, Any], verdic
     )
 
 
+def _consistency_warnings(inputs: Inputs, numbers: dict[str, Any]) -> list[str]:
+    """Say so when a job's summary disagrees with its own finding rows: the report counts the rows."""
+    out = []
+    d = numbers["divergences"]
+    if d["summary_total"] != d["total"]:
+        out.append(f"{inputs.leapfrog.path / 'summary.json'} counts {d['summary_total']} findings in by_pair but "
+                   f"{inputs.leapfrog.path / 'inconsistencies'} holds {d['total']} rows; this report counts the rows.")
+    claimed = inputs.div.summary.get("findings")
+    if isinstance(claimed, int) and claimed != numbers["div"]["findings"]:
+        out.append(f"{inputs.div.path / 'summary.json'} counts {claimed} findings but {inputs.div.path / 'errors'} "
+                   f"holds {numbers['div']['findings']} rows; this report counts the rows.")
+    return out
+
+
 def _sources(inputs: Inputs) -> dict[str, str]:
     merged: dict[str, str] = {}
     for summary in (inputs.leapfrog.summary, inputs.div.summary, inputs.lag.summary if inputs.lag else {}):
@@ -203,7 +217,7 @@ def run_report(
     t = time.perf_counter()
     from pipelines.report import html
 
-    warnings_shown = list(history_warnings)
+    warnings_shown = list(history_warnings) + _consistency_warnings(inputs, numbers)
     page = html.Page(
         inputs=inputs, tables=tables, numbers=numbers, validation=validation, verdict=verdict,
         thresholds=config.thresholds, expectations_files=config.files, trend=trend,

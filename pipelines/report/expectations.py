@@ -114,7 +114,8 @@ class ValidationRun:
 
 def _read_yaml(path: pathlib.Path) -> dict[str, Any]:
     if not path.is_file():
-        raise ExpectationsConfigError(f"expectations file {path} not found")
+        hint = " (conf/ comes with the source tree)" if path == DEFAULT_EXPECTATIONS else ""
+        raise ExpectationsConfigError(f"expectations file {path} not found{hint}")
     try:
         data = yaml.safe_load(path.read_text(encoding="utf-8"))
     except (OSError, UnicodeDecodeError, yaml.YAMLError) as exc:

@@ -68,6 +68,11 @@ def _n(value: Any) -> str:
     return f"{int(value):,}"
 
 
+def _plural(count: int, word: str, plural: str | None = None) -> str:
+    """`1 partition`, `3 partitions`."""
+    return f"{_n(count)} {word if count == 1 else (plural or word + 's')}"
+
+
 def fmt_ms(ms: Any) -> str:
     """A duration in the unit a person reads fastest: 850 ms, 12.3 s, 4.2 min, 3.1 h, 2.0 days."""
     if ms is None or (isinstance(ms, float) and math.isnan(ms)):
@@ -199,17 +204,17 @@ def _verdict(page: Page) -> str:
 
     consistent = regions["status"] == "CONSISTENT"
     sub = ("No divergent keys in any region pair." if consistent else
-           f"{_n(regions['divergences'])} divergent keys in {regions['pairs_with_divergences']} of "
-           f"{regions['pairs']} region pairs.")
+           f"{_plural(regions['divergences'], 'divergent key')} in {regions['pairs_with_divergences']} of "
+           f"{_plural(regions['pairs'], 'region pair')}.")
     sub += f" {_n(n['coverage']['keys'])} keys compared; {n['coverage']['pending_percent']:.1f} % still pending."
     tiles.append(_tile("Are the regions consistent?", regions["status"], consistent, sub, "#divergences"))
 
     whole = logs["status"] == "LOGS WHOLE"
-    parts = [f"{_n(logs['fatal_findings'])} fatal DIV findings", f"{_n(logs['warnings'])} warnings (not fatal)"]
+    parts = [_plural(logs["fatal_findings"], "fatal DIV finding"), _plural(logs["warnings"], "warning") + " (not fatal)"]
     if logs["undecodable"]:
-        parts.append(f"{_n(logs['undecodable'])} undecodable records")
+        parts.append(_plural(logs["undecodable"], "undecodable record"))
     if logs["unread_partitions"]:
-        parts.append(f"{_n(logs['unread_partitions'])} partitions not read")
+        parts.append(_plural(logs["unread_partitions"], "partition") + " not read")
     parts.append(f"{_n(page.numbers['div']['records_read'])} records checked")
     tiles.append(_tile("Are the logs whole?", logs["status"], whole, "; ".join(parts) + ".", "#div"))
 
@@ -248,8 +253,9 @@ def _verdict(page: Page) -> str:
     hb, cov = v["heartbeats"], v["coverage"]
     others.append(f'<li>{_badge(hb["ok"], "OK", "MISSING")} Heartbeats: '
                   + ("every partition of every region holds heartbeats from every region."
-                     if hb["missing"] == 0 else f'{_n(hb["missing"])} region partitions lack heartbeats from some '
-                     'region (<a href="#heartbeats">which</a>).') + "</li>")
+                     if hb["missing"] == 0 else f'{_plural(hb["missing"], "region partition")} lack'
+                     f'{"s" if hb["missing"] == 1 else ""} heartbeats from some region (<a href="#heartbeats">which</a>).')
+                  + "</li>")
     others.append(f'<li>{_badge(cov["ok"], "OK", "LOW")} Coverage: {_n(cov["pending_keys"])} keys pending '
                   f'({cov["pending_percent"]:.1f} % of {_n(cov["keys"])}); worst region pair and partition '
                   f'{cov["worst_pending_percent"]:.1f} % (limit {_e(_fmt_threshold(page.thresholds, "max_pending_percent", "%"))}).'
@@ -259,11 +265,13 @@ def _verdict(page: Page) -> str:
         others.append("<li>Failed checks: " + ", ".join(
             f'<a href="#check-{_e(s.name)}">{_e(s.name)}</a>' for s in failed_suites) + "</li>")
     cls = "pass" if v["overall"] == "PASS" else "fail"
+    warn = "".join(f'<p class="warn">Warning: {_e(w)}</p>' for w in page.warnings)
     return f"""
 <section id="verdict" class="verdict {cls}" data-verdict="{_e(v['overall'])}">
   <h1><span class="overall">{_e(v['overall'])}</span> {_e(headline)}</h1>
   <div class="tiles">{''.join(tiles)}</div>
   <ul class="also">{''.join(others)}</ul>
+  {warn}
 </section>"""
 
 
@@ -413,11 +421,10 @@ def _changes(page: Page) -> str:
     if trend is None:
         return head + "<p>No history directory was given (<code>--history DIR</code>), so this run is not compared " \
                       "with earlier ones.</p></section>"
-    warn = "".join(f'<p class="warn">{_e(w)}</p>' for w in trend.warnings)
     plot = _figure(plots.trends(trend.runs), "Findings, worst lag and pending keys across runs (oldest left).",
                    "Trends appear from the second run on.")
     if trend.previous is None:
-        return head + warn + f"<p>This is the first run of store <code>{_e(page.numbers['store'])}</code> in " \
+        return head + f"<p>This is the first run of store <code>{_e(page.numbers['store'])}</code> in " \
                              f"<code>{_e(page.history_dir)}</code>; nothing to compare with yet.</p>{plot}</section>"
     blocks = []
     for kind, label, changes, anchors in (
@@ -440,7 +447,7 @@ def _changes(page: Page) -> str:
         body = _table(["", "finding"], rows, "changes") if rows else '<p class="empty">None in either run.</p>'
         blocks.append(f"<h3>{_e(label)}: {_e(summary)}</h3>{body}")
     prev = trend.previous
-    return head + warn + f"""
+    return head + f"""
   <p>Compared with the run of <b>{_e(fmt_time(prev.run_at))}</b> (result then: {_e('PASS' if prev.success else 'FAIL')},
   {_n(prev.divergences)} divergences, {_n(prev.fatal_div_findings)} fatal DIV findings). <b>New</b>: found now, not
   then. <b>Still</b>: found in both runs. <b>Healed</b>: found then, gone now.</p>
@@ -703,12 +710,10 @@ def _about(page: Page) -> str:
                               f"{inp.div.summary.get('started_at', '?')}"),
              ("Great Expectations", page.validation.gx_version),
              ("report timings", ", ".join(f"{k} {v:.2f} s" for k, v in page.timings.items()))]
-    warn = "".join(f'<p class="warn">{_e(w)}</p>' for w in page.warnings)
     rows = [f"<tr><th>{_e(k)}</th><td>{_e(v)}</td></tr>" for k, v in items]
     return f"""
 <section id="about">
   <h2>About this report</h2>
-  {warn}
   <div class="scroll"><table class="about"><tbody>{"".join(rows)}</tbody></table></div>
   <p class="muted">Exit code of <code>tidegauge report</code>: 0 when every check passed, 1 when any failed.
   The same numbers are in <code>report.json</code> next to this page.</p>
