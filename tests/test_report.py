@@ -328,3 +328,18 @@ def test_a_summary_that_disagrees_with_its_rows_is_flagged(tmp_path):
     assert report["summary"]["divergences"]["summary_total"] == 7
     assert any("holds 2 rows" in w for w in report["warnings"])
     assert "holds 2 rows" in result.html_path.read_text(encoding="utf-8")
+
+
+def test_leapfrog_failed_partitions_fail_the_heartbeat_check_of_the_right_region(tmp_path):
+    outputs = build_outputs(tmp_path / "in")
+    summary_path = outputs.leapfrog / "summary.json"
+    summary = json.loads(summary_path.read_text())
+    summary["by_region"] = [e for e in summary["by_region"] if (e["region"], e["partition"]) != (2, 1)]
+    summary["failed_partitions"] = [{"partition": 1, "regions": [2], "error": "partition 1 has no records in [2]"}]
+    summary_path.write_text(json.dumps(summary))
+    result = run_report(outputs.leapfrog, outputs.div, tmp_path / "out")
+    report = json.loads(result.json_path.read_text())
+    assert _failed_suites(report) == {"heartbeats"}
+    [exp] = next(s for s in report["expectations"]["suites"] if s["name"] == "heartbeats")["expectations"]
+    assert [(r["region"], r["partition"]) for r in exp["unexpected_rows"]] == [(2, 1)]
+    assert "has no records in [2]" in result.html_path.read_text(encoding="utf-8")

@@ -126,8 +126,12 @@ def heartbeat_grid(lf: LeapfrogOutput) -> pd.DataFrame:
     that vanished from the output fails the check instead of passing unseen.
     """
     by_key = {(_int(e.get("region")), _int(e.get("partition"))): e for e in lf.summary.get("by_region") or []}
-    failed = {(_int(e.get("region")), _int(e.get("partition"))): str(e.get("error", ""))
-              for e in lf.summary.get("failed_partitions") or []}
+    failed: dict[tuple[int, int], str] = {}
+    for e in lf.summary.get("failed_partitions") or []:
+        # docs/outputs.md names one `region`; the leapfrog job also writes `regions` (every region it lacked)
+        regions = e.get("regions") if isinstance(e.get("regions"), list) else [e.get("region")]
+        for region in regions:
+            failed[(_int(region), _int(e.get("partition")))] = str(e.get("error", ""))
     rows = []
     for region in lf.regions:
         for partition in _partitions(lf):
