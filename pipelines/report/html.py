@@ -386,7 +386,9 @@ def _observed(suite: SuiteOutcome, exp: ExpectationOutcome, page: Page) -> str:
     if exp.exception:
         return f'<span class="bad">GX could not evaluate it: {_e(exp.exception)}</span>'
     if exp.unexpected_count is not None and exp.element_count is not None:
-        text = f"{_n(exp.unexpected_count)} of {_n(exp.element_count)} rows break it"
+        if exp.unexpected_count == 0:
+            return f"all {_plural(exp.element_count, 'row')} within it" if exp.element_count else "no rows to check"
+        text = f"{_n(exp.unexpected_count)} of {_plural(exp.element_count, 'row')} break it"
         if exp.unexpected_rows:
             links = []
             for row in exp.unexpected_rows:
