@@ -1,0 +1,219 @@
+"""Version-topic records → the narrow rows Leap Frog needs, decoded in Arrow batches (inside `mapInArrow`).
+
+Each VT record becomes one row: what it is (data, heartbeat, End/Start of Push, chunk, manifest, other,
+undecodable), its key content, a 64-bit hash of its value, the footer's upstream region and RT offset, the
+heartbeat's `hbw` vector and the RMD checkpoint vector when present. Values are never carried further than this
+stage (chunks excepted: their payloads are needed to hash chunked values through their manifests).
+"""
+
+from __future__ import annotations
+
+import pyarrow as pa
+import xxhash
+
+from div import envelope as E
+from div import keys as K
+from div.positions import offset_with_fallback
+
+DATA, HEARTBEAT, END_OF_PUSH, START_OF_PUSH, OTHER, UNDECODABLE, CHUNK, MANIFEST, BAD_FOOTER = range(9)
+KIND_NAMES = ["DATA", "HEARTBEAT", "END_OF_PUSH", "START_OF_PUSH", "OTHER", "UNDECODABLE", "CHUNK", "MANIFEST",
+              "BAD_FOOTER"]
+CHUNK_SCHEMA_ID, MANIFEST_SCHEMA_ID = -10, -20
+
+DECODED_SCHEMA = pa.schema([
+    ("region", pa.int32()),
+    ("partition", pa.int32()),
+    ("offset", pa.int64()),
+    ("kind", pa.int8()),
+    ("key", pa.binary()),
+    ("value_hash", pa.int64()),
+    ("deleted", pa.bool_()),
+    ("src", pa.int32()),
+    ("src_offset", pa.int64()),
+    ("hbw", pa.list_(pa.int64())),
+    ("rmd", pa.list_(pa.int64())),
+    ("chunked", pa.bool_()),
+    ("chunk_keys", pa.list_(pa.binary())),
+    ("payload", pa.binary()),
+])
+DECODED_DDL = ("region int, partition int, offset long, kind byte, key binary, value_hash long, deleted boolean, "
+               "src int, src_offset long, hbw array<long>, rmd array<long>, chunked boolean, "
+               "chunk_keys array<binary>, payload binary")
+
+
+def value_hash(value: bytes) -> int:
+    """64-bit hash of value bytes (xxh3), as a signed long."""
+    h = xxhash.xxh3_64_intdigest(value)
+    return h - (1 << 64) if h >= 1 << 63 else h
+
+
+def chunked_value_hash(payloads: list[bytes]) -> int:
+    """The hash of a chunked value: xxh3 over its chunk payloads in manifest order (= the whole value's hash)."""
+    h = xxhash.xxh3_64()
+    for p in payloads:
+        h.update(p)
+    v = h.intdigest()
+    return v - (1 << 64) if v >= 1 << 63 else v
+
+
+def _header(headers, name: str) -> bytes | None:
+    if headers:
+        for h in headers:
+            if h["key"] == name:
+                return h["value"]
+    return None
+
+
+def _rmd_vector(body: dict) -> list[int] | None:
+    if body.get("replicationMetadataVersionId", -1) < 1:
+        return None
+    payload = body.get("replicationMetadataPayload") or b""
+    if not payload:
+        return None
+    from div.rmd import RmdDecodeError, decode_rmd_vector
+
+    try:
+        vec = decode_rmd_vector(payload)
+    except (RmdDecodeError, ValueError):
+        return None
+    return vec or None
+
+
+class VtDecoder:
+    """Turns archive-schema batches of one or more VT partitions into DECODED_SCHEMA batches."""
+
+    def __init__(self, region_of_row=None) -> None:
+        self.codec = E.EnvelopeCodec()
+        self._manifest_schema = None
+
+    def _manifest_keys(self, value: bytes) -> list[bytes] | None:
+        import io
+
+        import fastavro
+
+        from div import schemas
+
+        if self._manifest_schema is None:
+            self._manifest_schema = fastavro.parse_schema(schemas.load_json("ChunkedValueManifest.avsc"))
+        try:
+            manifest = fastavro.schemaless_reader(io.BytesIO(value), self._manifest_schema, None)
+        except Exception:
+            return None
+        return [bytes(k) for k in manifest["keysWithChunkIdSuffix"]]
+
+    def decode(self, batch: pa.RecordBatch, region: int | None = None) -> pa.RecordBatch:
+        names = batch.schema.names
+        n = batch.num_rows
+        keys_in = batch.column(names.index("key")).to_pylist()
+        values = batch.column(names.index("value")).to_pylist()
+        headers = batch.column(names.index("headers")).to_pylist() if "headers" in names else [None] * n
+        if region is None:
+            regions = batch.column(names.index("region")).to_pylist()
+        else:
+            regions = [region] * n
+        kind = [OTHER] * n
+        key_out: list = [None] * n
+        vhash: list = [None] * n
+        deleted: list = [None] * n
+        src: list = [None] * n
+        src_off: list = [None] * n
+        hbw: list = [None] * n
+        rmd: list = [None] * n
+        chunked: list = [None] * n
+        chunk_keys: list = [None] * n
+        payload: list = [None] * n
+        decode = self.codec.decode
+        for i in range(n):
+            key = keys_in[i]
+            if not key:
+                kind[i] = UNDECODABLE
+                continue
+            header = key[0]
+            if header == K.HEADER_PUT_OR_DELETE:
+                try:
+                    env = decode(values[i], headers[i])
+                except E.UndecodableError:
+                    kind[i] = UNDECODABLE
+                    continue
+                name, body = env["payloadUnion"]
+                content = key[1:]
+                key_out[i] = content
+                if name == E.PUT:
+                    sid = body["schemaId"]
+                    if sid == CHUNK_SCHEMA_ID:
+                        kind[i] = CHUNK
+                        payload[i] = body["putValue"]
+                        continue
+                    if sid == MANIFEST_SCHEMA_ID:
+                        ks = self._manifest_keys(body["putValue"])
+                        if ks is None:
+                            kind[i] = UNDECODABLE
+                            continue
+                        kind[i] = MANIFEST
+                        chunk_keys[i] = ks
+                    else:
+                        kind[i] = DATA
+                        vhash[i] = value_hash(body["putValue"])
+                    deleted[i] = False
+                elif name == E.DELETE:
+                    kind[i] = DATA
+                    deleted[i] = True
+                else:
+                    continue  # an UPDATE in a VT: not a replicated value
+                f = env["leaderMetadataFooter"]
+                if f is None:
+                    kind[i] = BAD_FOOTER
+                    continue
+                f = f[1]
+                src[i] = f["upstreamKafkaClusterId"]
+                src_off[i] = offset_with_fallback(f["upstreamPubSubPosition"], f["upstreamOffset"])
+                rmd[i] = _rmd_vector(body)
+            elif header == K.HEADER_CONTROL_MESSAGE:
+                try:
+                    env = decode(values[i], headers[i])
+                except E.UndecodableError:
+                    kind[i] = UNDECODABLE
+                    continue
+                if key == K.HEARTBEAT_KEY:
+                    kind[i] = HEARTBEAT
+                    f = E.footer(env)
+                    if f is not None:
+                        src[i] = f["upstreamKafkaClusterId"]
+                        src_off[i] = offset_with_fallback(f["upstreamPubSubPosition"], f["upstreamOffset"])
+                    raw = _header(headers[i], "hbw")
+                    if raw is not None:
+                        hbw[i] = _decode_hbw(raw)
+                    continue
+                ctype = E.control_type(env)
+                if ctype == E.END_OF_PUSH:
+                    kind[i] = END_OF_PUSH
+                elif ctype == E.START_OF_PUSH:
+                    kind[i] = START_OF_PUSH
+                    chunked[i] = bool(E.control_body(env).get("chunked"))
+            elif header not in K.KNOWN_HEADERS:
+                kind[i] = UNDECODABLE
+        return pa.RecordBatch.from_arrays([
+            pa.array(regions, pa.int32()),
+            batch.column(names.index("partition")).cast(pa.int32()),
+            batch.column(names.index("offset")).cast(pa.int64()),
+            pa.array(kind, pa.int8()),
+            pa.array(key_out, pa.binary()),
+            pa.array(vhash, pa.int64()),
+            pa.array(deleted, pa.bool_()),
+            pa.array(src, pa.int32()),
+            pa.array(src_off, pa.int64()),
+            pa.array(hbw, pa.list_(pa.int64())),
+            pa.array(rmd, pa.list_(pa.int64())),
+            pa.array(chunked, pa.bool_()),
+            pa.array(chunk_keys, pa.list_(pa.binary())),
+            pa.array(payload, pa.binary()),
+        ], schema=DECODED_SCHEMA)
+
+
+def _decode_hbw(raw: bytes) -> list[int] | None:
+    from heartbeat.codecs import HeaderError, decode_hbw
+
+    try:
+        return list(decode_hbw(raw).high_watermarks)
+    except HeaderError:
+        return None
