@@ -170,12 +170,17 @@ def lily_pad_walk(
     ``a`` and ``b`` hold real records only (no prefix), each ``high_watermark`` being the point-in-time mark
     ``hw_at``. ``*_final_hw`` are the regions' final marks, used when one history is empty;
     ``*_known_absent`` says whether that region's scan started where the key was known to be absent (EOP).
-    Counters: each comparable step counts one comparable pair, each non-comparable step one skipped pair.
+    Counters: each comparable step counts one comparable pair, each non-comparable step one skipped pair
+    (with one side empty: the MISSING check is one step). Pending: the two last records are not comparable
+    by their ``hw_at``; with one side empty, the other's last record is not covered by the empty side's final
+    mark, or that side's earlier state is unknown.
     """
     _check_order(a, "A")
     _check_order(b, "B")
     if any(r.absent for r in (*a, *b)):
-        raise ValueError("lily_pad_walk takes real records only; the absent prefix is implied by *_known_absent")
+        raise ValueError(
+            "lily_pad_walk takes real records only; the absent prefix is implied by *_known_absent"
+        )
     if not a and not b:
         return KeyVerdict(None, 0, 0, False)
     if not a:
@@ -193,7 +198,9 @@ def lily_pad_walk(
         if a_covers_b and b_covers_a:
             comparable_steps += 1
             if ra.value_hash != rb.value_hash:
-                return KeyVerdict(KeyFinding(VALUE_MISMATCH, ra, rb), comparable_steps, skipped_steps, pending)
+                return KeyVerdict(
+                    KeyFinding(VALUE_MISMATCH, ra, rb), comparable_steps, skipped_steps, pending
+                )
             next_a_ok = i + 1 < len(a) and covers(rb.high_watermark, a[i + 1].vector)
             if next_a_ok and a[i + 1].value_hash != rb.value_hash:
                 finding = KeyFinding(VALUE_MISMATCH, a[i + 1], rb)

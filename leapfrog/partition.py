@@ -62,7 +62,8 @@ def check_partition(
         raise ValueError(f"pairs {pair_list} differ from the carried state's {state.pairs}")
 
     scans = {
-        x: RegionScan(x, logs[x], n, mode, state.regions[x] if state is not None else None) for x in sorted(logs)
+        x: RegionScan(x, logs[x], n, mode, state.regions[x] if state is not None else None)
+        for x in sorted(logs)
     }
     findings: list[Finding] = []
     counters: dict[tuple[int, int], PairCounters] = {}
@@ -142,7 +143,9 @@ def _resumed_state(logs: Mapping[int, RegionLog], mode: str, partition: int) -> 
     return state
 
 
-def _pairs(logs: Mapping[int, RegionLog], pairs: Iterable[tuple[int, int]] | None) -> tuple[tuple[int, int], ...]:
+def _pairs(
+    logs: Mapping[int, RegionLog], pairs: Iterable[tuple[int, int]] | None
+) -> tuple[tuple[int, int], ...]:
     if pairs is None:
         return tuple(combinations(sorted(logs), 2))
     out: list[tuple[int, int]] = []
@@ -158,7 +161,10 @@ def _pairs(logs: Mapping[int, RegionLog], pairs: Iterable[tuple[int, int]] | Non
 
 
 def _previously_comparable(
-    a: Sequence[KeyRecord], a_marks: Sequence[Vector | None], b: Sequence[KeyRecord], b_marks: Sequence[Vector | None]
+    a: Sequence[KeyRecord],
+    a_marks: Sequence[Vector | None],
+    b: Sequence[KeyRecord],
+    b_marks: Sequence[Vector | None],
 ) -> int:
     """Pairs of records the previous run already had and already found comparable (counted there)."""
     count = 0

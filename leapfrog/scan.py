@@ -149,7 +149,9 @@ class RegionScan:
                         entry.rmd_vector, n_regions, f"region {region}: rmd_vector at {entry.vt_offset}"
                     )
                 last_vector[entry.key] = vector
-                self.new[entry.key].append(ScannedRecord(entry.vt_offset, entry.value_hash, vector, before, hw))
+                self.new[entry.key].append(
+                    ScannedRecord(entry.vt_offset, entry.value_hash, vector, before, hw)
+                )
             elif isinstance(entry, HeartbeatEntry):
                 if not 0 <= entry.origin_region < n_regions:
                     out_of_range.append(entry.vt_offset)
@@ -167,12 +169,17 @@ class RegionScan:
             self.gaps.append(Gap(prev + 1, self.last_offset, hw))
         self.final_hw = hw
         self._gap_firsts = [g.first for g in self.gaps]
+        self._histories: dict[bytes, list[KeyRecord]] = {}
         # The mark before the first gap since the (first) scan began freezes every absent prefix.
         if carried is not None and carried.gap_hw is not None:
             self.gap_hw: Vector | None = carried.gap_hw
         else:
             self.gap_hw = self.gaps[0].hw_before if self.gaps else None
-        first = self.first_offset if self.first_offset is not None else (entries[0].vt_offset if entries else None)
+        first = (
+            self.first_offset
+            if self.first_offset is not None
+            else (entries[0].vt_offset if entries else None)
+        )
         self.facts = RegionFacts(
             region=region,
             records=records,
@@ -221,6 +228,11 @@ class RegionScan:
     def history(self, key: bytes) -> list[KeyRecord]:
         """The key's records in VT order: heartbeat mode with the known prefix and standing marks,
         footer/rmd mode real records with their point-in-time marks."""
+        if key not in self._histories:
+            self._histories[key] = self._history(key)
+        return self._histories[key]
+
+    def _history(self, key: bytes) -> list[KeyRecord]:
         new = self.new.get(key, [])
         if self.mode != "heartbeat":
             return [KeyRecord(r.value_hash, r.vector, r.hw_at, r.vt_offset) for r in new]
@@ -250,7 +262,9 @@ class RegionScan:
             marks.extend(r.high_watermark for r in carried.records)
         elif self.prefix_known:
             if self.carried is not None:
-                marks.append(self.carried.gap_hw if self.carried.gap_hw is not None else self.carried.final_hw)
+                marks.append(
+                    self.carried.gap_hw if self.carried.gap_hw is not None else self.carried.final_hw
+                )
             else:
                 marks.append(None)
         marks.extend([None] * len(new))

@@ -70,7 +70,9 @@ class IncrementalState:
 def carry_state(result: PartitionResult) -> IncrementalState:
     """The state to resume from after ``result`` (a heartbeat-mode run of ``check_partition``)."""
     if result.mode != "heartbeat":
-        raise ValueError(f"incremental state exists for heartbeat mode only, this run used mode {result.mode!r}")
+        raise ValueError(
+            f"incremental state exists for heartbeat mode only, this run used mode {result.mode!r}"
+        )
     scans = result.scans
     partners: dict[int, set[int]] = {x: set() for x in scans}
     for x, y in result.pairs:

@@ -253,7 +253,9 @@ class _Leader:
             self.vt.append(OtherEntry(len(self.vt)))
         else:
             source = self.rng.choice([-1, self.n])
-            self.vt.append(DataEntry(len(self.vt), b"chunk", self.rng.randint(1, 9), source, self.rng.randint(0, 5)))
+            self.vt.append(
+                DataEntry(len(self.vt), b"chunk", self.rng.randint(1, 9), source, self.rng.randint(0, 5))
+            )
 
     def _emit(self, write: Write, value: int | None) -> None:
         vec = self.rmd.setdefault(write.key, [])
@@ -372,7 +374,9 @@ def generate(seed: int, mix: Mix) -> History:
         vt=vt,
         logs=logs,
         diverged={ld.region: ld.diverged for ld in leaders},
-        final_value={ld.region: {k: (ld.state[k][1] if k in ld.state else None) for k in keys} for ld in leaders},
+        final_value={
+            ld.region: {k: (ld.state[k][1] if k in ld.state else None) for k in keys} for ld in leaders
+        },
         removed=removed,
         start_heartbeat=start_heartbeat,
         term_starts={ld.region: ld.term_starts for ld in leaders},

@@ -66,17 +66,31 @@ def test_the_generated_histories_exercise_every_fault():
         seen["compacted"] += any(h.removed.values())
         seen["midstream"] += any(h.midstream(x) for x in h.logs)
         seen["4 regions"] += h.n_regions == 4
-        seen["rmd"] += any(isinstance(e, DataEntry) and e.rmd_vector for log in h.logs.values() for e in log.entries)
+        seen["rmd"] += any(
+            isinstance(e, DataEntry) and e.rmd_vector for log in h.logs.values() for e in log.entries
+        )
         seen["out of range"] += any(
             isinstance(e, DataEntry) and not 0 <= e.source_region < h.n_regions
             for log in h.logs.values()
             for e in log.entries
         )
         seen["lagging"] += any(
-            not h.covers_writes(h.shown_hw(x), k) for x in h.logs for k in h.keys if h.final_value[x][k] is not None
+            not h.covers_writes(h.shown_hw(x), k)
+            for x in h.logs
+            for k in h.keys
+            if h.final_value[x][k] is not None
         )
     assert len(hs) == SEEDS_PER_MIX * len(MIXES)
-    for what in ("diverged", "failover", "duplicates", "compacted", "midstream", "4 regions", "rmd", "lagging"):
+    for what in (
+        "diverged",
+        "failover",
+        "duplicates",
+        "compacted",
+        "midstream",
+        "4 regions",
+        "rmd",
+        "lagging",
+    ):
         assert seen[what] >= len(hs) // 20, (what, seen)
     assert seen["out of range"] > 0
 
@@ -103,7 +117,11 @@ def test_generated_heartbeats_keep_the_heartbeat_invariant():
                     if isinstance(later, HeartbeatEntry):
                         assert covers(later.watermarks, e.watermarks), (h.seed, h.mix.name, x)
                     elif isinstance(later, DataEntry) and 0 <= later.source_region < h.n_regions:
-                        assert later.source_offset > e.watermarks[later.source_region], (h.seed, h.mix.name, x)
+                        assert later.source_offset > e.watermarks[later.source_region], (
+                            h.seed,
+                            h.mix.name,
+                            x,
+                        )
     assert checked > 1000
 
 
@@ -171,7 +189,11 @@ def test_heartbeat_mode_leaves_no_more_keys_pending_than_footer_mode():
         if not plain(h):
             continue
         for pair, counters in hb.pair_counters.items():
-            assert counters.pending_keys <= footer.pair_counters[pair].pending_keys, (h.mix.name, h.seed, pair)
+            assert counters.pending_keys <= footer.pair_counters[pair].pending_keys, (
+                h.mix.name,
+                h.seed,
+                pair,
+            )
             if h.mix.quiet:
                 quiet_hb += counters.pending_keys
                 quiet_footer += footer.pair_counters[pair].pending_keys

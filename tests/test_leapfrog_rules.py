@@ -87,6 +87,13 @@ def test_gaps_are_missing_offsets_from_scan_start_to_last_offset():
     assert facts.records == 2 and facts.first_offset == 1 and facts.last_offset == 10
 
 
+def test_heartbeats_from_out_of_range_origins_are_counted_and_ignored():
+    log = eop_log(hb(1, (4, 4), 7, 9), OtherEntry(2))
+    facts = check_partition({0: log, 1: eop_log()}).regions[0]
+    assert (facts.heartbeats, facts.out_of_range, facts.out_of_range_offsets) == (0, 1, [1])
+    assert facts.final_high_watermark == (-1, -1) and facts.gaps == []
+
+
 def test_no_leading_gap_when_the_start_offset_is_unknown():
     log = RegionLog([put(3, 7, 0, 1)], FromEndOfPush())
     assert check_partition({0: log, 1: eop_log()}).regions[0].gaps == []
@@ -121,7 +128,9 @@ def test_rmd_mode_takes_the_rmd_vector_padded_with_minus_one():
 
 
 def test_a_record_stands_until_the_next_record_of_its_key():
-    log = eop_log(put(1, 7, 0, 1), put(2, 5, 0, 2, key=b"x"), hb(3, (4, 4), 1, 4), put(4, 8, 0, 5), hb(5, (6, 6), 0, 6))
+    log = eop_log(
+        put(1, 7, 0, 1), put(2, 5, 0, 2, key=b"x"), hb(3, (4, 4), 1, 4), put(4, 8, 0, 5), hb(5, (6, 6), 0, 6)
+    )
     history = check_partition({0: log, 1: eop_log()}).scans[0].history(K)
     prefix, first, last = history
     assert prefix.absent and prefix.high_watermark == (-1, -1)  # superseded at once by the first record
@@ -152,7 +161,10 @@ def test_a_tombstone_matches_an_absent_key_but_a_put_does_not():
 
 
 def test_put_against_tombstone_reports_deleted_side():
-    logs = {0: eop_log(put(1, 7, 0, 1), hb(2, (1, 1), 1, 1)), 1: eop_log(delete(1, 0, 1), hb(2, (1, 1), 0, 1))}
+    logs = {
+        0: eop_log(put(1, 7, 0, 1), hb(2, (1, 1), 1, 1)),
+        1: eop_log(delete(1, 0, 1), hb(2, (1, 1), 0, 1)),
+    }
     f = only(check_partition(logs))
     assert f.type == VALUE_MISMATCH and f.a_deleted is False and f.b_deleted is True
     assert f.a_high_watermark == (1, 1) and f.b_high_watermark == (1, 1)
