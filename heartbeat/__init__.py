@@ -30,12 +30,13 @@ acknowledged watermark tracker, pure logic), `leader` (HeartbeatLeader), `lag` (
 """
 
 from .codecs import DivState, HeaderError, Watermarks, decode_hbd, decode_hbw, encode_hbd, encode_hbw
+from .lag import LagMonitor, LagRow
 from .leader import HeartbeatLeader, LeaderBrokenError, LeaderStats, LeaderUsageError, RtRecord
 from .records import VtHeartbeat, parse_vt_heartbeat, rt_heartbeat, vt_heartbeat
 from .watermarks import WatermarkTracker
 
 __all__ = [
-    "DivState", "HeaderError", "HeartbeatLeader", "LeaderBrokenError", "LeaderStats", "LeaderUsageError",
-    "RtRecord", "VtHeartbeat", "WatermarkTracker", "Watermarks", "decode_hbd", "decode_hbw", "encode_hbd",
+    "DivState", "HeaderError", "HeartbeatLeader", "LagMonitor", "LagRow", "LeaderBrokenError", "LeaderStats",
+    "LeaderUsageError", "RtRecord", "VtHeartbeat", "WatermarkTracker", "Watermarks", "decode_hbd", "decode_hbw", "encode_hbd",
     "encode_hbw", "parse_vt_heartbeat", "rt_heartbeat", "vt_heartbeat",
 ]

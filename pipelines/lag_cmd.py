@@ -1,0 +1,299 @@
+"""`tidegauge lag`: replication lag per VT region, partition and source region, read from VT heartbeats.
+
+Each region's VT is read once, in offset order, through `heartbeat.LagMonitor`; RT end offsets (for offset lag)
+come from `--rt-source`, or from the region's own source when it holds the store's RT topic (a Kafka cluster,
+or an archive of it). Outputs follow docs/outputs.md: `lag/` and `heartbeats/` Parquet and `lag.json`.
+"""
+
+from __future__ import annotations
+
+import argparse
+import datetime as dt
+import logging
+import re
+import textwrap
+import time
+from typing import Any
+
+import pyarrow as pa
+import pyarrow.parquet as pq
+
+from div import envelope as E
+from div.batch import is_realtime_topic
+from heartbeat.lag import LagMonitor, LagRow
+
+from . import config as cfg
+from .cli import UsageError
+from .output import OutputDir
+from .sources import Source, SourceError, SourceSpec, check_unique, open_source, parse_source
+
+log = logging.getLogger("tidegauge.lag")
+EXIT_CLEAN, EXIT_USAGE, EXIT_PARTIAL = 0, 2, 3
+
+LAG_SCHEMA = pa.schema([
+    ("vt_region", pa.int32()), ("partition", pa.int32()), ("source_region", pa.int32()),
+    ("heartbeats", pa.int64()), ("last_heartbeat_vt_offset", pa.int64()), ("last_heartbeat_origin_ms", pa.int64()),
+    ("time_lag_ms", pa.int64()), ("watermark", pa.int64()), ("rt_end_offset", pa.int64()),
+    ("offset_lag", pa.int64()),
+])
+HEARTBEAT_SCHEMA = pa.schema([
+    ("vt_region", pa.int32()), ("partition", pa.int32()), ("vt_offset", pa.int64()), ("origin_region", pa.int32()),
+    ("origin_ms", pa.int64()), ("vt_timestamp_ms", pa.int64()), ("delay_ms", pa.int64()),
+    ("watermarks", pa.list_(pa.int64())),
+])
+
+HELP = textwrap.dedent("""\
+    How far behind is each region? For every VT region, partition and source region: when the newest
+    heartbeat from that source was emitted (time lag = now minus that origin time) and which RT offset of the
+    source the VT is known to reflect (the watermark: the heartbeats' hbw vector, or for plain Venice
+    heartbeats the highest footer offset), and how many RT records are not yet reflected
+    (offset lag = RT end offset - watermark - 1; needs the source's RT end offsets).
+
+    Leaders write heartbeats even when a region has no traffic, so a quiet region keeps a small time lag and
+    an offset lag of 0; a region whose replication is stuck shows both growing.
+
+    Writes, with --out: OUT/lag/ (one row per VT region, partition, source region), OUT/heartbeats/ (one
+    row per heartbeat, for plots) and OUT/lag.json. Always prints a table.
+
+    Exit codes: 0 measured, 2 bad usage or unreadable source, 3 some partitions could not be read.""")
+
+EPILOG = textwrap.dedent("""\
+    examples:
+      tidegauge lag --source 0=out/archive/dc-0 --source 1=out/archive/dc-1 --store s --version 1 --out out/lag
+      tidegauge lag --source 0=kafka://dc0:9092 --source 1=kafka://dc1:9092 --store s --version 1
+      tidegauge lag --source 0=out/archive/dc-0 --rt-source 1=out/archive/rt-dc-1 --now-ms 1700000000000""")
+
+
+def register(sub) -> None:
+    p = sub.add_parser("lag", help="replication lag per region from VT heartbeats (time and offsets)",
+                       description=HELP, epilog=EPILOG, formatter_class=argparse.RawDescriptionHelpFormatter)
+    p.add_argument("--source", action="append", metavar="ID=URI", default=[],
+                   help="a region's version topics: archive directory or kafka://host:port[,...]. Repeatable, "
+                        "one per VT region. A Kafka source also gives that region's RT end offsets.")
+    p.add_argument("--rt-source", action="append", metavar="ID=URI", default=[],
+                   help="where region ID's real-time topic <store>_rt can be read for its end offsets "
+                        "(archive or kafka). Repeatable. Default: region ID's --source when it has that topic.")
+    p.add_argument("--store", metavar="S",
+                   help="store name: reads topic <S>_v<N> (default: the one store whose *_v<N> topics the "
+                        "sources hold)")
+    p.add_argument("--version", type=int, metavar="N",
+                   help="store version N (default: the one version present)")
+    p.add_argument("--now-ms", type=int, metavar="T",
+                   help="the time (epoch ms) time lag is measured against, so a run on archives is repeatable "
+                        "(default: now)")
+    p.add_argument("--out", metavar="DIR",
+                   help="output directory (replaced atomically): lag/, heartbeats/ and lag.json")
+    p.add_argument("--conf", metavar="FILE",
+                   help="YAML configuration (sources, rt_sources, kafka settings, store, version); flags "
+                        "override it (default: conf/tidegauge.yaml when present)")
+    p.set_defaults(func=run)
+
+
+# -- planning --------------------------------------------------------------------------------------------
+_VT_TOPIC = re.compile(r"^(?P<store>.+)_v(?P<version>\d+)$")
+
+
+def select_topic(opened: list[Source], store: str | None, version: int | None) -> str:
+    """The one VT topic to measure: <store>_v<version>, completing whatever was not given from the sources."""
+    candidates: set[str] = set()
+    for src in opened:
+        for topic in src.topics():
+            m = _VT_TOPIC.match(topic)
+            if not m or is_realtime_topic(topic):
+                continue
+            if store is not None and m.group("store") != store:
+                continue
+            if version is not None and int(m.group("version")) != version:
+                continue
+            candidates.add(topic)
+    if store is not None and version is not None:
+        return f"{store}_v{version}"
+    if not candidates:
+        wanted = f"{store or '*'}_v{version if version is not None else 'N'}"
+        raise UsageError(f"no version topic {wanted} in the sources; give --store and --version")
+    if len(candidates) > 1:
+        raise UsageError(f"several version topics match ({', '.join(sorted(candidates))}): choose one with "
+                         f"--store and --version (lag is measured for one store version at a time)")
+    return candidates.pop()
+
+
+def rt_topic_of(vt_topic: str) -> str:
+    m = _VT_TOPIC.match(vt_topic)
+    return f"{m.group('store') if m else vt_topic}_rt"
+
+
+def rt_end_offsets(rt_by_region: dict[int, Source], rt_topic: str, partitions: set[int]) -> dict[int, dict[int, int]]:
+    """{source region: {partition: RT end offset}} for the regions whose RT can be read."""
+    ends: dict[int, dict[int, int]] = {}
+    for region, src in rt_by_region.items():
+        if rt_topic not in src.topics():
+            log.info("region %d: no %s in %s; offset lag unknown", region, rt_topic, src.uri)
+            continue
+        have = set(src.partitions(rt_topic))
+        ends[region] = {p: src.bounds(rt_topic, p)[1] for p in sorted(partitions & have)}
+    return ends
+
+
+# -- reading ---------------------------------------------------------------------------------------------
+def monitor_partition(src: Source, topic: str, partition: int, n_regions: int) -> LagMonitor:
+    """Read one VT partition into a LagMonitor (undecodable records are counted and skipped)."""
+    codec = E.EnvelopeCodec()
+    mon = LagMonitor(vt_region=src.region, partition=partition, n_regions=n_regions)
+    undecodable = 0
+    for batch in src.iter_partition(topic, partition, columns=["key", "value", "headers", "offset", "timestamp"]):
+        ts = batch.column("timestamp").cast(pa.int64()).to_pylist()  # microseconds
+        rows = zip(batch.column("key").to_pylist(), batch.column("value").to_pylist(),
+                   batch.column("headers").to_pylist(), batch.column("offset").to_pylist(), ts, strict=True)
+        for key, value, headers, offset, us in rows:
+            try:
+                env = codec.decode(value, headers)
+            except E.UndecodableError:
+                undecodable += 1
+                continue
+            mon.feed(key, env, headers, offset, None if us is None else us // 1000)
+    if undecodable:
+        log.warning("region %d %s[%d]: %d undecodable records skipped", src.region, topic, partition, undecodable)
+    return mon
+
+
+# -- output ----------------------------------------------------------------------------------------------
+def _fmt_ms(ms: int | None) -> str:
+    if ms is None:
+        return "-"
+    return dt.datetime.fromtimestamp(ms / 1000, dt.UTC).strftime("%Y-%m-%d %H:%M:%S")
+
+
+def _fmt_lag(ms: int | None) -> str:
+    if ms is None:
+        return "never"
+    s = ms / 1000
+    if abs(s) < 120:
+        return f"{s:.1f} s"
+    if abs(s) < 7200:
+        return f"{s / 60:.1f} min"
+    return f"{s / 3600:.1f} h"
+
+
+def format_table(rows: list[LagRow]) -> str:
+    head = ("vt", "part", "src", "heartbeats", "last heartbeat (UTC)", "time lag", "watermark", "rt end",
+            "offset lag")
+    body = [(str(r.vt_region), str(r.partition), str(r.source_region), str(r.heartbeats),
+             _fmt_ms(r.last_heartbeat_origin_ms), _fmt_lag(r.time_lag_ms), str(r.watermark),
+             "-" if r.rt_end_offset is None else str(r.rt_end_offset),
+             "-" if r.offset_lag is None else str(r.offset_lag)) for r in rows]
+    widths = [max(len(h), *(len(b[i]) for b in body)) if body else len(h) for i, h in enumerate(head)]
+    lines = ["  ".join(h.rjust(w) for h, w in zip(head, widths, strict=True))]
+    lines += ["  ".join(c.rjust(w) for c, w in zip(b, widths, strict=True)) for b in body]
+    return "\n".join(lines)
+
+
+def lag_table(rows: list[LagRow]) -> pa.Table:
+    cols = {name: [getattr(r, name) for r in rows] for name in LAG_SCHEMA.names}
+    return pa.table(cols, schema=LAG_SCHEMA)
+
+
+def heartbeat_table(monitors: list[LagMonitor]) -> pa.Table:
+    rows = [(m.vt_region, m.partition, h) for m in monitors for h in m.series]
+    return pa.table({
+        "vt_region": [r for r, _, _ in rows], "partition": [p for _, p, _ in rows],
+        "vt_offset": [h.vt_offset for _, _, h in rows], "origin_region": [h.origin_region for _, _, h in rows],
+        "origin_ms": [h.origin_ms for _, _, h in rows], "vt_timestamp_ms": [h.vt_timestamp_ms for _, _, h in rows],
+        "delay_ms": [h.delay_ms for _, _, h in rows], "watermarks": [h.watermarks for _, _, h in rows],
+    }, schema=HEARTBEAT_SCHEMA)
+
+
+def _write_dataset(out: OutputDir, name: str, table: pa.Table) -> None:
+    d = out.file(name)
+    d.mkdir(exist_ok=True)
+    pq.write_table(table, d / "part-00000.parquet")
+
+
+# -- the command -----------------------------------------------------------------------------------------
+def _specs(flag: str, texts: list[str], from_conf: dict | None) -> list[SourceSpec]:
+    specs: dict[int, SourceSpec] = {}
+    for region, uri in (from_conf or {}).items():
+        try:
+            specs[int(region)] = SourceSpec(int(region), str(uri))
+        except ValueError:
+            raise UsageError(f"configuration {flag}: region id {region!r} is not an integer") from None
+    try:
+        given = [parse_source(t) for t in texts]
+        check_unique(given)
+    except SourceError as exc:
+        raise UsageError(str(exc).replace("--source", f"--{flag}")) from None
+    for s in given:
+        specs[s.region] = s
+    return [specs[r] for r in sorted(specs)]
+
+
+def run(args) -> int:
+    conf = cfg.load(args.conf)
+    specs = cfg.sources(args.source, conf)
+    if not specs:
+        raise UsageError("no source given: use --source ID=URI (or `sources:` in --conf)")
+    rt_specs = _specs("rt-source", args.rt_source, conf.get("rt_sources"))
+    store = args.store if args.store is not None else conf.get("store")
+    version = args.version if args.version is not None else conf.get("version")
+    now_ms = args.now_ms if args.now_ms is not None else int(time.time() * 1000)
+    opened: list[Source] = []
+    to_close: list[Source] = []
+    try:
+        for s in specs:
+            opened.append(open_source(s, cfg.kafka_conf(conf, s.region)))
+        to_close += opened
+        topic = select_topic(opened, store, None if version is None else int(version))
+        for src in opened:
+            if topic not in src.topics():
+                raise UsageError(f"source {src.region}={src.uri} has no topic {topic!r}")
+        rt_by_region: dict[int, Source] = {s.region: s for s in opened}
+        for s in rt_specs:
+            rt_by_region[s.region] = open_source(s, cfg.kafka_conf(conf, s.region))
+            to_close.append(rt_by_region[s.region])
+        n_regions = max([s.region for s in specs] + [s.region for s in rt_specs]) + 1
+        partitions = {p for src in opened for p in src.partitions(topic)}
+        ends = rt_end_offsets(rt_by_region, rt_topic_of(topic), partitions)
+        return _measure(args, opened, topic, ends, n_regions, now_ms, {s.region: s.uri for s in specs})
+    except SourceError as exc:
+        raise UsageError(str(exc)) from None
+    finally:
+        for src in to_close:
+            close = getattr(src, "close", None)
+            if close is not None:
+                close()
+
+
+def _measure(args, opened: list[Source], topic: str, ends: dict[int, dict[int, int]], n_regions: int,
+             now_ms: int, sources: dict[int, str]) -> int:
+    monitors: list[LagMonitor] = []
+    rows: list[LagRow] = []
+    failed: list[dict[str, Any]] = []
+    for src in opened:
+        for p in src.partitions(topic):
+            try:
+                mon = monitor_partition(src, topic, p, n_regions)
+            except (SourceError, OSError) as exc:
+                failed.append({"region": src.region, "topic": topic, "partition": p, "error": str(exc)})
+                log.error("region %d %s[%d]: %s", src.region, topic, p, exc)
+                continue
+            n_regions = max([n_regions, *(r + 1 for r in mon.regions())])
+            monitors.append(mon)
+    for mon in monitors:
+        mon.n_regions = n_regions
+        rows += mon.rows(now_ms, {r: e[mon.partition] for r, e in ends.items() if mon.partition in e})
+    exit_code = EXIT_PARTIAL if failed else EXIT_CLEAN
+    print(f"lag of {topic} at {_fmt_ms(now_ms)} UTC (now_ms={now_ms})")
+    print(format_table(rows))
+    if failed:
+        print(f"{len(failed)} partition(s) could not be read: see the log")
+    if args.out:
+        with OutputDir(args.out) as out:
+            _write_dataset(out, "lag", lag_table(rows))
+            _write_dataset(out, "heartbeats", heartbeat_table(monitors))
+            out.write_json("lag.json", {
+                **out.common_fields("lag", exit_code, sources),
+                "now_ms": now_ms,
+                "topic": topic,
+                "lag": [r.__dict__ for r in rows],
+                "failed_partitions": failed,
+            })
+    return exit_code
