@@ -3,7 +3,10 @@
 The single-process `div validate` and its Spark twin both hand each partition's records, in offset order and in
 the archive schema (Spark's Kafka schema), to a `PartitionRun`. It decodes each value, runs DIV and then the
 configured record validators, and turns every problem into an error row; a record that cannot be decoded is an
-UNDECODABLE row and the run goes on.
+UNDECODABLE row and the run goes on. Record validators see every record, undecodable ones included (with no
+envelope): an archive's offsets and timestamps can be checked whatever its values hold.
+
+A run's results do not depend on how its records are cut into batches, so engines may batch as they like.
 """
 
 from __future__ import annotations
@@ -18,6 +21,7 @@ import pyarrow.compute as pc
 from . import envelope as E
 from . import keys
 from .keys import KNOWN_HEADERS
+from .record_validators import Chain, PartitionContext, Record
 from .validator import (
     FATAL_KINDS,
     UNDECODABLE,
@@ -76,7 +80,11 @@ class PartitionSummary:
 
 
 class StopRun(Exception):
-    """Raised by `feed` when `fail_fast` is set and a fatal finding was produced."""
+    """Raised by `feed` when `fail_fast` is set and a fatal finding was produced (at record `offset`)."""
+
+    def __init__(self, message: str, offset: int | None = None) -> None:
+        super().__init__(message)
+        self.offset = offset
 
 
 class PartitionRun:
@@ -88,7 +96,12 @@ class PartitionRun:
         self.region, self.topic, self.partition = region, topic, partition
         self.codec = codec or E.EnvelopeCodec()
         self.validator = validator or PartitionValidator(is_realtime=is_realtime_topic(topic), config=config)
-        self.record_validators = record_validators or []
+        chain = record_validators if isinstance(record_validators, Chain) else Chain(list(record_validators or []))
+        self.record_validators = chain
+        if chain:
+            lag = self.validator.config.min_compaction_lag_ms
+            chain.reset(PartitionContext(region, topic, partition, realtime=self.validator.is_realtime,
+                                         compacted=lag is not None and lag >= 0 and not self.validator.is_realtime))
         self.fail_fast = fail_fast
         self.summary = PartitionSummary(region, topic, partition)
         self.rows: list[tuple] = []
@@ -126,23 +139,41 @@ class PartitionRun:
         known = KNOWN_HEADERS
         undecodable = E.UndecodableError
         has_chain = bool(self.record_validators)
-        for key, value, offset, broker_ms, headers in zip(key_col, val_col, off_col, ts_col, hdr_col, strict=True):
-            if not key or key[0] not in known:
-                rows.append(self._undecodable(offset, _key_problem(key)))
-                continue
-            try:
-                env = decode(value, headers)
-            except undecodable as exc:
-                rows.append(self._undecodable(offset, str(exc)))
-                continue
-            findings = process(offset, key, env, broker_ms, len(value))
-            if findings:
-                for f in findings:
-                    rows.append(self._row(f))
-                    if f.fatal and self.fail_fast:
-                        raise StopRun(f"fatal {f.type} at {self.topic}/{self.partition}@{offset}")
-            if has_chain:
-                self._run_record_validators(offset, key, value, headers, env, broker_ms)
+        try:
+            for key, value, offset, broker_ms, headers in zip(key_col, val_col, off_col, ts_col, hdr_col,
+                                                              strict=True):
+                if not key or key[0] not in known:
+                    reason = _key_problem(key)
+                    rows.append(self._undecodable(offset, reason))
+                    if has_chain:
+                        self._run_record_validators(offset, key, value, headers, None, broker_ms, reason)
+                    continue
+                try:
+                    env = decode(value, headers)
+                except undecodable as exc:
+                    reason = str(exc)
+                    rows.append(self._undecodable(offset, reason))
+                    if has_chain:
+                        self._run_record_validators(offset, key, value, headers, None, broker_ms, reason)
+                    continue
+                findings = process(offset, key, env, broker_ms, len(value))
+                if findings:
+                    for f in findings:
+                        rows.append(self._row(f))
+                        if f.fatal and self.fail_fast:
+                            raise StopRun(f"fatal {f.type} at {self.topic}/{self.partition}@{offset}", offset)
+                if has_chain:
+                    self._run_record_validators(offset, key, value, headers, env, broker_ms, None)
+        except StopRun as stop:
+            # The records after the stopping one were not processed: the summary must not count them, so that
+            # where a run stops does not depend on how its records were batched.
+            i = off_col.index(stop.offset)
+            unprocessed = n - i - 1
+            s.records -= unprocessed
+            validator.records -= unprocessed
+            s.last_offset = off_col[i]
+            s.eop_offset = validator.eop_offset
+            raise
         s.eop_offset = validator.eop_offset
 
     def _undecodable(self, offset: int, detail: str) -> tuple:
@@ -150,14 +181,13 @@ class PartitionRun:
         row = self._row(Finding(offset, None, -1, -1, UNDECODABLE, fatal, detail))
         if fatal and self.fail_fast:
             self.rows.append(row)
-            raise StopRun(f"fatal UNDECODABLE at {self.topic}/{self.partition}@{offset}")
+            raise StopRun(f"fatal UNDECODABLE at {self.topic}/{self.partition}@{offset}", offset)
         return row
 
-    def _run_record_validators(self, offset, key, value, headers, env, broker_ms) -> None:
-        from .record_validators import run_chain
-
-        for f in run_chain(self.record_validators, self.topic, self.partition, offset, key, value, headers, env,
-                           broker_ms):
+    def _run_record_validators(self, offset, key, value, headers, env, broker_ms, undecodable) -> None:
+        record = Record(self.region, self.topic, self.partition, offset, key, value, headers, env, broker_ms,
+                        undecodable)
+        for f in self.record_validators.run(record):
             self.rows.append(self._row(f))
 
     def finish(self) -> PartitionSummary:

@@ -64,13 +64,18 @@ def register(sub) -> None:
     v.add_argument("--fail-fast", action="store_true",
                    help="stop at the first fatal finding (exit 1) instead of validating everything")
     v.add_argument("--engine", choices=["local", "spark"], default="local",
-                   help="local: one process, partitions in turn (default); spark: partitions in parallel")
+                   help="local: one process, partitions in turn (default); spark: partitions in parallel, same "
+                        "findings and summary (executors must be able to import tidegauge: install the wheel "
+                        "there or pass it with spark-submit --py-files)")
     v.add_argument("--master", metavar="URL", help="Spark master for --engine spark (default local[*])")
     v.add_argument("--restore-at", type=int, metavar="O",
                    help="start every partition at offset O with the DIV state restored from the last heartbeat "
                         "at or before O (as a follower does after a restart), instead of from offset 0")
     v.add_argument("--validator", action="append", metavar="MODULE:CLASS", default=[],
-                   help="record validator to run after DIV, in order (repeatable; also `validators:` in --conf)")
+                   help="record validator to run after DIV, in order (repeatable). Built-ins: "
+                        "builtin:offsets_increasing, builtin:timestamp_drift, builtin:key_present, "
+                        "builtin:schema_ids. Parameters go in --conf under `validators:` "
+                        "(see docs/validators.md); rows are typed VALIDATOR:<name>")
     _add_common(v)
     v.set_defaults(func=run_validate)
 
@@ -86,6 +91,8 @@ def register(sub) -> None:
 
 
 def run_validate(args) -> int:
+    from div.record_validators import ValidatorSpecError, build_chain
+
     from .div_validate import ValidateOptions, run_local
 
     conf = cfg.load(args.conf)
@@ -93,6 +100,10 @@ def run_validate(args) -> int:
     if not specs:
         raise UsageError("no source given: use --source ID=URI (or `sources:` in --conf)")
     validators = list(conf.get("validators") or []) + [{"class": v} for v in args.validator]
+    try:  # a bad validator entry is bad usage (exit 2), found before any partition is read
+        build_chain(validators)
+    except ValidatorSpecError as exc:
+        raise UsageError(str(exc)) from None
     opts = ValidateOptions(
         sources=specs, out=args.out, topics=args.topic, min_compaction_lag_ms=args.min_compaction_lag_ms,
         now_ms=args.now_ms, max_age_ms=args.max_age_ms, fail_fast=args.fail_fast,
