@@ -89,16 +89,33 @@ class EnvelopeCodec:
         return sorted(set(schemas.envelope_versions()) | set(self._writer_json))
 
     def learn(self, version: int, writer_schema_json: str | bytes | dict) -> None:
-        """Register the writer schema of protocol `version` (e.g. from a `vtp` header)."""
-        schema = json.loads(writer_schema_json) if isinstance(writer_schema_json, (str, bytes)) else writer_schema_json
+        """Register the writer schema of protocol `version` (e.g. from a `vtp` header).
+
+        Raises UndecodableError, and keeps nothing, when the header is not JSON, not an Avro schema, or a schema
+        our decoder cannot resolve against the v14 reader: a garbage vtp must not poison the cache nor stop a run.
+        """
         try:
+            schema = (json.loads(writer_schema_json) if isinstance(writer_schema_json, (str, bytes))
+                      else writer_schema_json)
             fastavro.parse_schema(schema, _force=True)
-        except Exception as exc:  # a garbage vtp must not poison the cache
-            raise UndecodableError(f"vtp header for protocol version {version} is not a valid Avro schema: {exc}") from exc
+        except Exception as exc:
+            raise UndecodableError(f"vtp header for protocol version {version} is not a valid Avro schema: "
+                                   f"{type(exc).__name__}: {exc}") from None
         with self._lock:
+            previous = self._writer_json.get(version)
             self._writer_json[version] = schema
             self._decoders.pop(version, None)
             self._by_byte.pop(version & 0xFF, None)
+            try:
+                self._decoder_for(version)
+            except Exception as exc:
+                if previous is None:
+                    del self._writer_json[version]
+                else:
+                    self._writer_json[version] = previous
+                self._decoders.pop(version, None)
+                raise UndecodableError(f"vtp header for protocol version {version} is not a KafkaMessageEnvelope "
+                                       f"schema we can resolve: {type(exc).__name__}: {exc}") from None
 
     def _writer_schema(self, version: int) -> Any | None:
         if version in self._writer_json:

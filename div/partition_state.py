@@ -37,7 +37,10 @@ def guid_to_key(guid: bytes) -> str:
 
 
 def key_to_guid(key: str) -> bytes:
-    guid = key.encode("latin-1")
+    try:
+        guid = key.encode("latin-1")
+    except UnicodeEncodeError:
+        raise PartitionStateError(f"producerStates key {key!r} is not a GUID (characters beyond Latin-1)") from None
     if len(guid) != 16:
         raise PartitionStateError(f"producerStates key is not a 16-byte GUID ({len(guid)} bytes)")
     return guid
