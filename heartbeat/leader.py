@@ -18,7 +18,11 @@ region's RT DIV state at V[region]. Sends are acknowledged before H is produced,
 sends of records beyond V are never claimed. Faults only delay heartbeats: a broker outage holds acks back,
 and H waits. A send that fails for good breaks the leader (`LeaderBrokenError` from then on): it must not
 claim anything past the failure, and must be restarted with a new term (term_id + 1, fresh GUID) from the last
-VT heartbeat.
+VT heartbeat. A heartbeat that fails to send is only counted and logged (it claims nothing; the next one claims
+at least as much), as are failed RT heartbeats (Venice only logs those too).
+
+Records are Venice's byte for byte: data records carry termId -1 in their footer as Venice writes them; the
+term lives in `hbw.termId` and in the fresh GUID of each term.
 
 The Kafka producer should keep per-partition order across retries: when this class builds the producer from a
 configuration dict it sets `enable.idempotence=true` (the caller's settings win).
@@ -164,7 +168,9 @@ class HeartbeatLeader:
         if isinstance(producer_or_conf, Mapping):
             from confluent_kafka import Producer
 
-            conf = {"enable.idempotence": True, "linger.ms": 5}
+            # Idempotence keeps order across retries without duplicates; a heartbeat must fit in one message.
+            conf = {"enable.idempotence": True, "linger.ms": 5,
+                    "message.max.bytes": max(1_000_000, hbd_max_bytes + 100_000)}
             conf.update(producer_or_conf)
             self.producer = Producer(conf)
         else:
