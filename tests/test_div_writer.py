@@ -339,3 +339,21 @@ def test_a_retry_resends_identical_bytes_and_a_consumer_drops_it_as_one_duplicat
     v = PartitionValidator()
     findings = [f for i, r in enumerate(log) for f in v.process(i, r.key, codec.decode(r.value, r.headers), T0)]
     assert [(f.offset, f.type, f.fatal) for f in findings] == [(2, "DUPLICATE", False)]
+
+
+@pytest.mark.parametrize("ctype", [cks.ADHASH, cks.MD5], ids=["ADHASH", "MD5"])
+def test_simulated_multi_producer_traffic_validates_clean(ctype):
+    from sim.div_traffic import TrafficSpec, generate
+
+    spec = TrafficSpec(partitions=3, producers=4, records=1500, batch_records=50, keys=40, segment_every=200,
+                       checksum_type=ctype)
+    validators = {p: PartitionValidator() for p in range(spec.partitions)}
+    codec = E.EnvelopeCodec("fastavro")
+    findings = []
+    for r in generate(spec):
+        findings += validators[r.partition].process(r.offset, r.key, codec.decode(r.value, r.headers),
+                                                    r.timestamp_ms)
+    assert findings == []
+    # Per partition: the push job's SOS, SOP, the batch records, then EOP.
+    assert {v.eop_offset for v in validators.values()} == {spec.batch_records + 2}
+    assert all(len(v.segments) == 1 + spec.producers for v in validators.values())
