@@ -1,0 +1,223 @@
+"""A region's partition leader: consume every region's RT partition, resolve conflicts, write the local VT.
+
+Everything that must be right for readers to trust heartbeats is done by `heartbeat.HeartbeatLeader` (VT DIV,
+leader footers, RT DIV per region, acknowledged watermarks, `hbw`/`hbd` heartbeats); this module decides *what*
+to write and *when*:
+
+* when: a record of RT[r] written at simulated time t is processed at t + lag(r → this region); records of the
+  N regions are merged in (arrival time, region, offset) order, so the outcome does not depend on Kafka timing.
+* what: DCR (`sim.dcr`) picks winners; losers and DIV duplicates are dropped; the RMD payload carries the
+  write's timestamp and, in legacy mode, Venice's per-key offset vector (`div.rmd.encode_value_level_rmd`).
+* heartbeats: before handing an RT heartbeat to the library the leader flushes its producer, so every VT send
+  before it is acknowledged and the watermark vector is exactly "everything processed so far" — deterministic,
+  and never more than what Kafka has acknowledged (DESIGN.md rule 3).
+
+Faults that act inside a leader (a write dropped or poisoned in this region) are looked up by the RT
+coordinates of the record, so a successor after a failover repeats them instead of healing them.
+"""
+
+from __future__ import annotations
+
+import bisect
+from collections import Counter
+from collections.abc import Callable
+from dataclasses import dataclass, field
+
+from div import keys
+from div.rmd import RMD_PROTOCOL_VERSION, encode_value_level_rmd
+from div.validator import Finding
+from heartbeat import HeartbeatLeader
+
+from .cluster import RegionProducer, SimClock
+from .dcr import ReplicaStore
+from .traffic import poison
+
+VALUE_SCHEMA_ID = 1
+
+
+class RtBuffer:
+    """RT records of one region's partition as consumed from Kafka, shared by every region's leader of that
+    partition (one consumption, many readers). Offsets are contiguous from `base`; timestamps (the simulated
+    write time) never decrease."""
+
+    __slots__ = ("base", "ts", "keys", "values", "headers")
+
+    def __init__(self) -> None:
+        self.base = 0
+        self.ts: list[int] = []
+        self.keys: list[bytes] = []
+        self.values: list[bytes] = []
+        self.headers: list = []
+
+    @property
+    def end(self) -> int:
+        return self.base + len(self.ts)
+
+    def extend(self, msgs: list) -> None:
+        self.ts.extend(m.timestamp()[1] for m in msgs)
+        self.keys.extend(m.key() for m in msgs)
+        self.values.extend(m.value() for m in msgs)
+        self.headers.extend(m.headers() for m in msgs)
+
+    def trim(self, upto: int) -> None:
+        """Forget records below offset `upto` (every leader has processed them)."""
+        n = upto - self.base
+        if n > 0:
+            del self.ts[:n], self.keys[:n], self.values[:n], self.headers[:n]
+            self.base = upto
+
+
+@dataclass
+class LeaderFaults:
+    """Leader-side faults of one region's partition: RT coordinates (source region, offset) of writes it must
+    drop or poison, and of writes whose VT offsets the truth file wants (reported through `on_watch`).
+    They belong to the partition, not to a leader, so a successor after a failover repeats them."""
+
+    drop: set[tuple[int, int]] = field(default_factory=set)
+    poison: set[tuple[int, int]] = field(default_factory=set)
+    watch: set[tuple[int, int]] = field(default_factory=set)
+
+
+@dataclass
+class LeaderStats:
+    rt_records: int = 0
+    vt_writes: int = 0
+    dcr_losers: int = 0
+    div_duplicates: int = 0
+    dropped_by_fault: int = 0
+    poisoned_by_fault: int = 0
+    heartbeats: int = 0
+    reapplied: int = 0  # writes a successor applied again after a failover
+
+
+class SimLeader:
+    """Leader of VT partition `partition` of region `region` for one term."""
+
+    def __init__(self, *, region: int, partition: int, term: int, host: str, n_regions: int, vt_topic: str,
+                 rt_topic: str, lags: list[int], producer: RegionProducer, clock: SimClock, store: ReplicaStore,
+                 faults: LeaderFaults, guid: bytes, segment_max_age_ms: int,
+                 on_watch: Callable[[int, int, int, int], None] | None = None) -> None:
+        self.region = region
+        self.partition = partition
+        self.term = term
+        self.n_regions = n_regions
+        self.host = host
+        self.on_watch = on_watch
+        self.lags = lags
+        self.producer = producer
+        self.clock = clock
+        self.store = store
+        self.faults = faults
+        self.hl = HeartbeatLeader(producer, vt_topic=vt_topic, rt_topic=rt_topic, partition=partition, region=region,
+                                  n_regions=n_regions, host=self.host, term_id=term, interval_ms=0, clock=clock,
+                                  guid=guid, max_segment_age_ms=segment_max_age_ms)
+        self.cursor = [0] * n_regions  # next offset of each region's shared RT buffer to process
+        self.backlog: list[list[tuple]] = [[] for _ in range(n_regions)]  # re-read at takeover
+        self.reprocess_below = [0] * n_regions  # RT offsets a predecessor already handled
+        self.resume_ms = 0
+        self.alive = True
+        self.stats = LeaderStats()
+        self.findings: list[tuple[int, Finding]] = []  # (source region, finding)
+        self.finding_counts: Counter = Counter()
+
+    def events_until(self, t_end: int, buffers: list[RtBuffer]) -> list[tuple]:
+        """RT records whose arrival time is before `t_end`, in processing order:
+        (arrival, region, offset, key, value, headers, write ts)."""
+        events: list[tuple] = []
+        for r in range(self.n_regions):
+            lag = self.lags[r]
+            if self.backlog[r]:
+                events.extend((ts + lag, r, off, k, v, h, ts) for off, k, v, h, ts in self.backlog[r])
+                self.backlog[r] = []
+            buf = buffers[r]
+            i = self.cursor[r] - buf.base
+            if i < 0:
+                raise RuntimeError(f"leader {self.host}: RT buffer of region {r} was trimmed past its position "
+                                   f"{self.cursor[r]} (base {buf.base})")
+            j = bisect.bisect_left(buf.ts, t_end - lag, lo=i)
+            if j > i:
+                base = buf.base
+                ts = buf.ts[i:j]
+                events.extend(zip([t + lag for t in ts], [r] * (j - i), range(base + i, base + j),
+                                  buf.keys[i:j], buf.values[i:j], buf.headers[i:j], ts, strict=True))
+                self.cursor[r] = base + j
+        events.sort(key=_order)
+        return events
+
+    def process(self, events: list[tuple]) -> None:
+        """Handle RT records in order: DIV, DCR, VT writes, heartbeats."""
+        hl = self.hl
+        clock = self.clock
+        store = self.store
+        stats = self.stats
+        drop, poison_set, watch = self.faults.drop, self.faults.poison, self.faults.watch
+        producer = self.producer
+        hb_key = keys.HEARTBEAT_KEY
+        resume = self.resume_ms
+        reprocess_below = self.reprocess_below
+        on_rt_record, put, delete, done = hl.on_rt_record, hl.put, hl.delete, hl.done
+        for arrival, r, off, key, value, headers, ts in events:
+            clock.now = arrival if arrival > resume else resume
+            stats.rt_records += 1
+            if key == hb_key:
+                hl.flush()  # every VT send so far acknowledged: the vector is exactly what was processed
+                rec = on_rt_record(r, off, key, value, headers, ts)
+                if rec.is_heartbeat:
+                    if hl.pending_heartbeats:
+                        raise RuntimeError(f"leader {self.host}: VT heartbeat for RT[{r}] offset {off} is still "
+                                           f"waiting for acknowledgements after a flush")
+                    stats.heartbeats += 1
+                    continue
+            else:
+                rec = on_rt_record(r, off, key, value, headers, ts)
+            if rec.findings:
+                for f in rec.findings:
+                    self.findings.append((r, f))
+                    self.finding_counts[(r, f.type)] += 1
+            if rec.is_data:
+                if rec.is_duplicate:
+                    stats.div_duplicates += 1
+                elif (r, off) in drop:
+                    stats.dropped_by_fault += 1
+                else:
+                    env = rec.env
+                    pm = env["producerMetadata"]
+                    lts = pm["logicalTimestamp"]
+                    wts = lts if lts >= 0 else pm["messageTimestamp"]
+                    vector = store.resolve(rec.key, wts, r, off)
+                    if vector is None:
+                        stats.dcr_losers += 1
+                    else:
+                        rmd = encode_value_level_rmd(wts, vector) if vector else _empty_rmd(wts)
+                        body = env["payloadUnion"][1]
+                        if rec.kind == "PUT":
+                            v = body["putValue"]
+                            if (r, off) in poison_set:
+                                v = poison(v)
+                                stats.poisoned_by_fault += 1
+                            put(rec.key, v, VALUE_SCHEMA_ID, rmd_version=RMD_PROTOCOL_VERSION, rmd_payload=rmd)
+                        else:
+                            delete(rec.key, VALUE_SCHEMA_ID, rmd_version=RMD_PROTOCOL_VERSION, rmd_payload=rmd)
+                        stats.vt_writes += 1
+                        if off < reprocess_below[r]:
+                            stats.reapplied += 1
+                        if watch and (r, off) in watch and self.on_watch is not None:
+                            self.on_watch(self.partition, r, off, producer.last_offset)
+            done()
+
+
+def _order(e: tuple) -> tuple:
+    return e[0], e[1], e[2]
+
+
+_EMPTY_RMD_CACHE: dict[int, bytes] = {}
+
+
+def _empty_rmd(ts: int) -> bytes:
+    """`encode_value_level_rmd(ts, [])`, memoised for the last timestamps (writes often share a millisecond)."""
+    b = _EMPTY_RMD_CACHE.get(ts)
+    if b is None:
+        if len(_EMPTY_RMD_CACHE) > 4096:
+            _EMPTY_RMD_CACHE.clear()
+        b = _EMPTY_RMD_CACHE[ts] = encode_value_level_rmd(ts, [])
+    return b
