@@ -1,0 +1,110 @@
+"""Benchmark: `div validate --engine spark` on 2 cores vs the local engine, same archive, same run.
+
+Builds (or reuses) a realistic archive — a push job, online producers, rolling segments, 2M records in 4
+partitions — then alternates the two engines and reports the best wall time of each; `ratio` = local / spark
+(goal ≥ 1.5). To say where Spark's time goes it also times, on the same session: reading the columns the job
+uses (`read_s`), reading + joining + shuffling + sorting + handing the Arrow batches to a Python worker that
+drops them (`shuffle_sort_s`), and the whole job. Prints one JSON object.
+Usage: python bench/bench_div_spark.py [--records N] [--dir DIR] [--master local[2]] [--repeat 2]
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import logging
+import os
+import shutil
+import sys
+import time
+
+from div.archive import ArchiveWriter
+from pipelines.div_spark import plan_tasks, run_spark, sorted_records
+from pipelines.div_validate import ValidateOptions, run_local
+from pipelines.sources import SourceSpec, open_source
+from sim.div_traffic import TrafficSpec, generate
+
+
+def build(path: str, records: int) -> float:
+    t = time.perf_counter()
+    spec = TrafficSpec(records=records, partitions=4, producers=8, keys=200_000, segment_every=20_000)
+    with ArchiveWriter(path) as w:
+        for r in generate(spec):
+            w.append_record(spec.topic, r.partition, r.offset, r.key, r.value, r.timestamp_ms, 0,
+                            list(r.headers) or None)
+    return time.perf_counter() - t
+
+
+def _drop(batches):
+    for _ in batches:
+        pass
+    return iter(())
+
+
+def stages(spark, opts: ValidateOptions) -> dict[str, float]:
+    from pyspark.sql import functions as F
+
+    from pipelines.archive_source import read_archive
+
+    t = time.perf_counter()
+    read_archive(spark, opts.sources[0].uri).agg(
+        F.sum(F.length("key")), F.sum(F.length("value")), F.sum("offset"), F.max("timestamp"),
+        F.sum(F.size("headers"))).collect()
+    read_s = time.perf_counter() - t
+    opened = [open_source(s) for s in opts.sources]
+    tasks, sizes, partitions_of = plan_tasks(opts, opened)
+    t = time.perf_counter()
+    sorted_records(spark, opts, tasks, list(range(len(tasks))), sizes, partitions_of) \
+        .mapInArrow(_drop, "x int").collect()
+    return {"read_s": round(read_s, 2), "shuffle_sort_s": round(time.perf_counter() - t, 2)}
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--records", type=int, default=2_000_000)
+    ap.add_argument("--dir", default="/tmp/tidegauge-bench-div")
+    ap.add_argument("--master", default="local[2]")
+    ap.add_argument("--repeat", type=int, default=2, help="alternate the two engines this many times")
+    args = ap.parse_args()
+    logging.basicConfig(level=logging.WARNING)
+    path = os.path.join(args.dir, f"archive-{args.records}")
+    build_s = None
+    if not os.path.isdir(path):
+        build_s = build(path, args.records)
+    out = os.path.join(args.dir, "out")
+    opts = ValidateOptions(sources=[SourceSpec(0, path)], out=out)
+
+    from pipelines.spark_session import get_session
+
+    t = time.perf_counter()
+    spark = get_session(args.master, app_name="bench-div-spark")
+    session_s = time.perf_counter() - t
+    local, remote = [], []
+    for _ in range(args.repeat):  # alternate so machine noise hits both equally
+        t = time.perf_counter()
+        run_local(opts)
+        local.append(time.perf_counter() - t)
+        with open(os.path.join(out, "summary.json")) as f:
+            local_summary = json.load(f)
+        t = time.perf_counter()
+        run_spark(opts, args.master)
+        remote.append(time.perf_counter() - t)
+        with open(os.path.join(out, "summary.json")) as f:
+            spark_summary = json.load(f)
+    same = all(local_summary[k] == spark_summary[k] for k in ("records_read", "findings", "partitions"))
+    breakdown = stages(spark, opts)
+    shutil.rmtree(out, ignore_errors=True)
+    records = local_summary["records_read"]
+    result = {
+        "benchmark": "div_spark", "records": records, "partitions": len(local_summary["partitions"]),
+        "master": args.master, "build_s": build_s, "session_start_s": round(session_s, 2),
+        "local_s": round(min(local), 2), "spark_s": round(min(remote), 2),
+        "local_records_per_s": round(records / min(local)), "spark_records_per_s": round(records / min(remote)),
+        "ratio": round(min(local) / min(remote), 3), "goal": "ratio >= 1.5", "same_results": same,
+        **breakdown, "python": sys.version.split()[0],
+    }
+    print(json.dumps(result))
+
+
+if __name__ == "__main__":
+    main()
