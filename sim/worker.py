@@ -87,8 +87,12 @@ class RegionWorker:
         self.retired: list[SimLeader] = []
         self.failovers: dict[int, dict] = {}
         self._successors: dict[int, SimLeader] = {}
-        self.leaders = [self._make_leader(q, 1) for q in range(p)]
         self._push(spec.push_records)
+        # First leaders start after End of Push with the VT DIV state a follower holds there (the push job's
+        # producer), so that their heartbeats' hbd.vtProducerStates is the complete state before each heartbeat.
+        self.leaders = [self._make_leader(q, 1) for q in range(p)]
+        for q, leader in enumerate(self.leaders):
+            leader.hl.take_over(self.followers[q].validator.producer_states())
 
     def _handler(self, r: int):
         rt_topic = self.cfg.rt_topic
