@@ -124,8 +124,14 @@ class Region:
             return
         from confluent_kafka.admin import AdminClient, NewTopic
 
+        existing = self._existing_topics()
+        for name in [n for n in names if n in existing]:
+            self._check_empty(name, partitions)  # created beforehand (e.g. by an operator): use it if empty
+        missing = [n for n in names if n not in existing]
+        if not missing:
+            return
         admin = AdminClient({**self.conf, "bootstrap.servers": self.bootstrap})
-        futures = admin.create_topics([NewTopic(n, partitions) for n in names], request_timeout=30)
+        futures = admin.create_topics([NewTopic(n, partitions) for n in missing], request_timeout=30)
         for name, fut in futures.items():
             try:
                 fut.result(timeout=60)
@@ -137,10 +143,19 @@ class Region:
                 raise ClusterError(f"region {self.region}: cannot create topic {name} on {self.bootstrap}: "
                                    f"{exc}") from None
 
+    def _existing_topics(self) -> set[str]:
+        c = Consumer(consumer_config(self.bootstrap, self.conf))
+        try:
+            return set(c.list_topics(timeout=30).topics)  # all topics: asking for one could auto-create it
+        except KafkaException as exc:
+            raise ClusterError(f"region {self.region}: cannot read the topics of {self.bootstrap}: {exc}") from None
+        finally:
+            c.close()
+
     def _check_empty(self, topic: str, partitions: int) -> None:
         c = Consumer(consumer_config(self.bootstrap, self.conf))
         try:
-            md = c.list_topics(topic, timeout=10).topics.get(topic)
+            md = c.list_topics(timeout=10).topics.get(topic)
             if md is None or len(md.partitions) != partitions:
                 raise ClusterError(f"region {self.region}: topic {topic} exists on {self.bootstrap} with "
                                    f"{0 if md is None else len(md.partitions)} partitions, not {partitions}")

@@ -501,3 +501,34 @@ def test_legacy_rmd_vectors_and_their_cost(tmp_path, venice):
     assert pm["footer_bytes"] == lm["footer_bytes"]
     assert lm["rmd_bytes"] > pm["rmd_bytes"] + 2 * lm["vt_data_records"]
     assert pm["per_record"]["rmd"] == 10.0  # version id, length, timestamp branch, 6-byte timestamp, empty array
+
+
+# ---------------------------------------------------------------------------------------- given clusters
+def test_runs_against_given_clusters_with_existing_empty_topics(tmp_path):
+    """The --kafka REGION=BOOTSTRAP path: clusters the simulator did not start, topics created beforehand (the
+    mock cluster refuses AdminClient topic creation, so this also covers "use an existing empty topic")."""
+    from sim.cluster import ClusterError
+    from sim.embedded_kafka import EmbeddedKafka
+
+    clusters = [EmbeddedKafka() for _ in range(2)]
+    try:
+        for k in clusters:
+            k.create_topic("given_rt", 2)
+            k.create_topic("given_v1", 2)
+        boots = {i: k.bootstrap_servers for i, k in enumerate(clusters)}
+        result = run(small_config(tmp_path / "given", store="given", regions=2, records=1200, lag_ms={}, quiet=[],
+                                  faults={"broker": 1, "dropped": 1}, kafka=boots,
+                                  kafka_conf={"client.id": "tidegauge-sim-test"}, workers="inline"))
+        truth = result.truth
+        assert truth["run"]["kafka"] == {str(i): b for i, b in boots.items()}
+        broker = next(f for f in truth["faults"] if f["kind"] == "broker")
+        assert "skipped" in broker["detail"]  # cannot take a broker of someone else's cluster down
+        assert result.summary["archive"]["complete"] is True
+        assert all(v > 1000 for v in result.summary["vt_records_per_region"].values())
+        # a second run on the same, now non-empty, topics is refused: offsets could not be predicted
+        with pytest.raises(ClusterError, match="given_rt .* is not empty"):
+            run(small_config(tmp_path / "again", store="given", regions=2, records=100, lag_ms={}, quiet=[],
+                             faults={}, kafka=boots, workers="inline"))
+    finally:
+        for k in clusters:
+            k.close()
