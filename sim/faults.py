@@ -226,8 +226,12 @@ def plan_faults(cfg: SimConfig, schedule: Schedule, keyspace_keys: list[bytes], 
     for _ in range(cfg.faults.get("broker", 0)):
         x = int(rng.integers(cfg.regions))
         new("broker", region=x, time_ms=start + int(rng.uniform(0.2, 0.8) * span))
+    # Compaction removes superseded records, among them the duplicates a failover leaves: keep it off the
+    # failed-over partitions when there is a choice, so each fault stays visible on its own.
+    failed = {(f.region, f.partition) for f in plan.faults if f.kind == "failover"}
+    spare = [pair for pair in pairs if pair not in failed] or pairs
     for _ in range(cfg.faults.get("compaction", 0)):
-        x, p = pairs[int(rng.integers(len(pairs)))]
+        x, p = spare[int(rng.integers(len(spare)))]
         new("compaction", region=x, partition=p, detail={"range_fraction": [0.3, 0.33]})
     return plan
 
