@@ -3,8 +3,11 @@
 Builds (or reuses) a realistic archive — a push job, online producers, rolling segments, 2M records in 4
 partitions — then alternates the two engines and reports the best wall time of each; `ratio` = local / spark
 (goal ≥ 1.5). To say where Spark's time goes it also times, on the same session: reading the columns the job
-uses (`read_s`), reading + joining + shuffling + sorting + handing the Arrow batches to a Python worker that
-drops them (`shuffle_sort_s`), and the whole job. Prints one JSON object.
+uses (`read_s`); reading + joining + shuffling + sorting + handing the Arrow batches to a Python worker that
+drops them (`shuffle_sort_s`); the job without writing outputs, with the time each Python worker spent
+computing (`python_busy_s`, per shuffle partition); and, for comparison, an alternative design without the
+shuffle, where each Spark task reads its partitions with the local engine's reader
+(`direct_read_alternative_s`). Prints one JSON object.
 Usage: python bench/bench_div_spark.py [--records N] [--dir DIR] [--master local[2]] [--repeat 2]
 """
 
@@ -18,9 +21,18 @@ import shutil
 import sys
 import time
 
+import pyarrow as pa
+
 from div.archive import ArchiveWriter
-from pipelines.div_spark import plan_tasks, run_spark, sorted_records
-from pipelines.div_validate import ValidateOptions, run_local
+from pipelines.div_spark import (
+    OUT_ARROW_SCHEMA,
+    OUT_DDL,
+    ValidateTasks,
+    plan_tasks,
+    run_spark,
+    sorted_records,
+)
+from pipelines.div_validate import ValidateOptions, run_local, validate_partition
 from pipelines.sources import SourceSpec, open_source
 from sim.div_traffic import TrafficSpec, generate
 
@@ -41,6 +53,47 @@ def _drop(batches):
     return iter(())
 
 
+class TimedValidate(ValidateTasks):
+    """ValidateTasks that also reports, per Spark partition, how long its Python worker computed (as opposed to
+    waiting for Spark to hand it batches): one extra row with task -1 and {"busy_s": ...} as its summary."""
+
+    def __call__(self, batches):
+        wait = 0.0
+        start = time.perf_counter()
+
+        def timed():
+            nonlocal wait
+            it = iter(batches)
+            while True:
+                t = time.perf_counter()
+                try:
+                    b = next(it)
+                except StopIteration:
+                    wait += time.perf_counter() - t
+                    return
+                wait += time.perf_counter() - t
+                yield b
+
+        yield from super().__call__(timed())
+        busy = time.perf_counter() - start - wait
+        row = {name: None for name in OUT_ARROW_SCHEMA.names}
+        row.update(task=-1, summary=json.dumps({"busy_s": busy}))
+        yield pa.RecordBatch.from_pylist([row], schema=OUT_ARROW_SCHEMA)
+
+
+def _direct(tasks, opts):
+    """The alternative without a shuffle: each Spark task reads its partitions itself, as the local engine does."""
+
+    def fn(batches):
+        for b in batches:
+            for tid in b.column("tid").to_pylist():
+                task = tasks[tid]
+                src = open_source(next(s for s in opts.sources if s.region == task.region))
+                run = validate_partition(src, task, opts)
+                yield pa.RecordBatch.from_pylist([{"records": run.summary.records}])
+    return fn
+
+
 def stages(spark, opts: ValidateOptions) -> dict[str, float]:
     from pyspark.sql import functions as F
 
@@ -53,10 +106,21 @@ def stages(spark, opts: ValidateOptions) -> dict[str, float]:
     read_s = time.perf_counter() - t
     opened = [open_source(s) for s in opts.sources]
     tasks, sizes, partitions_of = plan_tasks(opts, opened)
+    records = sorted_records(spark, opts, tasks, list(range(len(tasks))), sizes, partitions_of)
     t = time.perf_counter()
-    sorted_records(spark, opts, tasks, list(range(len(tasks))), sizes, partitions_of) \
-        .mapInArrow(_drop, "x int").collect()
-    return {"read_s": round(read_s, 2), "shuffle_sort_s": round(time.perf_counter() - t, 2)}
+    records.mapInArrow(_drop, "x int").collect()
+    shuffle_sort_s = time.perf_counter() - t
+    t = time.perf_counter()
+    rows = records.mapInArrow(TimedValidate(tasks, opts), OUT_DDL).where(F.col("task") == -1).collect()
+    timed_job_s = time.perf_counter() - t
+    busy = [json.loads(r["summary"])["busy_s"] for r in rows]
+    t = time.perf_counter()
+    spark.sparkContext.parallelize([(i,) for i in range(len(tasks))], len(tasks)).toDF("tid int") \
+        .mapInArrow(_direct(tasks, opts), "records long").collect()
+    direct_s = time.perf_counter() - t
+    return {"read_s": round(read_s, 2), "shuffle_sort_s": round(shuffle_sort_s, 2),
+            "job_without_output_s": round(timed_job_s, 2), "python_busy_s": [round(b, 2) for b in busy],
+            "direct_read_alternative_s": round(direct_s, 2)}
 
 
 def main() -> None:

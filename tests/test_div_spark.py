@@ -326,3 +326,18 @@ def test_same_on_a_live_cluster_with_an_empty_partition(spark, embedded_kafka, t
         (0, len(a[0])), (1, len(a[1])), (2, len(a[2])), (3, 0)]
     assert {(e["partition"], e["type"], e["fatal"]) for e in errors if e["fatal"]} == {(1, "MISSING", True)}
     assert any(e["partition"] == 2 and e["type"] == "UNDECODABLE" for e in errors)
+
+
+def test_cli_engine_spark(spark, archives, tmp_path):
+    from pipelines.cli import main
+
+    out = tmp_path / "out"
+    code = main(["div", "validate", "--engine", "spark", "--source", f"1={archives[1]}", "--out", str(out),
+                 "--min-compaction-lag-ms", str(LAG_MS), "--now-ms", str(NOW_MS),
+                 "--validator", "builtin:offsets_increasing"])
+    with open(out / "summary.json") as f:
+        summary = json.load(f)
+    assert (code, summary["engine"], summary["exit_code"]) == (0, "spark", 0)  # region 1 has no fatal finding
+    assert summary["findings_by_type"]["MISSING"] == 1
+    assert main(["div", "validate", "--engine", "spark", "--source", f"1={archives[1]}", "--out", str(out),
+                 "--validator", "builtin:nope"]) == 2
