@@ -26,6 +26,7 @@ settings ⇒ identical archives (offsets, keys, values, headers, timestamps).
 from __future__ import annotations
 
 import datetime as _dt
+import gc
 import hashlib
 import json
 import logging
@@ -137,6 +138,10 @@ class _Simulation:
         for x in range(n):
             conf = dict(cfg.kafka_conf)
             conf.update(cfg.kafka_conf_by_region.get(x, {}))
+            if cfg.kafka is None:
+                # Embedded brokers go down on purpose (broker faults) and at the end of the run: keep
+                # librdkafka's connection-refused/disconnected lines off stderr unless the caller asks.
+                conf.setdefault("log_level", 2)
             confs[x] = conf
             region = Region(x, None if cfg.kafka is None else cfg.kafka[x], conf, self.clock)
             self.regions.append(region)
@@ -649,6 +654,9 @@ class _Simulation:
                 prod.flush(10)
             except Exception:  # noqa: BLE001
                 pass
+        # Drop every client before the embedded clusters stop, so none of them sees its brokers vanish.
+        self.workers, self.producers = [], []
+        gc.collect()
         for region in self.regions:
             try:
                 if region.embedded is not None:
