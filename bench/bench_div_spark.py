@@ -1,13 +1,13 @@
 """Benchmark: `div validate --engine spark` on 2 cores vs the local engine, same archive, same run.
 
 Builds (or reuses) a realistic archive — a push job, online producers, rolling segments, 2M records in 4
-partitions — then alternates the two engines and reports the best wall time of each; `ratio` = local / spark
-(goal ≥ 1.5). To say where Spark's time goes it also times, on the same session: reading the columns the job
-uses (`read_s`); reading + joining + shuffling + sorting + handing the Arrow batches to a Python worker that
+partitions — then alternates the local engine and the Spark engine's two plans (shuffle, the default, and
+direct, see pipelines.div_spark) and reports the best wall time of each; `ratio` = local / spark shuffle
+(goal ≥ 1.5), `ratio_direct` the same for the direct plan. To say where Spark's time goes it also times, on
+the same session: reading the columns the job uses (`read_s`); reading + joining + shuffling + sorting + handing the Arrow batches to a Python worker that
 drops them (`shuffle_sort_s`); the job without writing outputs, with the time each Python worker spent
-computing (`python_busy_s`, per shuffle partition); and, for comparison, an alternative design without the
-shuffle, where each Spark task reads its partitions with the local engine's reader
-(`direct_read_alternative_s`). Prints one JSON object.
+computing (`python_busy_s`, per shuffle partition), and the CPU seconds of the Python workers and of the JVM
+during that job (`job_cpu_s`). Prints one JSON object.
 Usage: python bench/bench_div_spark.py [--records N] [--dir DIR] [--master local[2]] [--repeat 2]
 """
 
@@ -32,7 +32,7 @@ from pipelines.div_spark import (
     run_spark,
     sorted_records,
 )
-from pipelines.div_validate import ValidateOptions, run_local, validate_partition
+from pipelines.div_validate import ValidateOptions, run_local
 from pipelines.sources import SourceSpec, open_source
 from sim.div_traffic import TrafficSpec, generate
 
@@ -60,6 +60,7 @@ class TimedValidate(ValidateTasks):
     def __call__(self, batches):
         wait = 0.0
         start = time.perf_counter()
+        cpu = time.process_time()
 
         def timed():
             nonlocal wait
@@ -77,21 +78,16 @@ class TimedValidate(ValidateTasks):
         yield from super().__call__(timed())
         busy = time.perf_counter() - start - wait
         row = {name: None for name in OUT_ARROW_SCHEMA.names}
-        row.update(task=-1, summary=json.dumps({"busy_s": busy}))
+        row.update(task=-1, summary=json.dumps({"busy_s": busy, "cpu_s": time.process_time() - cpu}))
         yield pa.RecordBatch.from_pylist([row], schema=OUT_ARROW_SCHEMA)
 
 
-def _direct(tasks, opts):
-    """The alternative without a shuffle: each Spark task reads its partitions itself, as the local engine does."""
-
-    def fn(batches):
-        for b in batches:
-            for tid in b.column("tid").to_pylist():
-                task = tasks[tid]
-                src = open_source(next(s for s in opts.sources if s.region == task.region))
-                run = validate_partition(src, task, opts)
-                yield pa.RecordBatch.from_pylist([{"records": run.summary.records}])
-    return fn
+def _jvm_cpu_s(spark) -> float:
+    """CPU seconds the Spark JVM (driver and, in local mode, executors) has used so far."""
+    pid = spark.sparkContext._jvm.java.lang.ProcessHandle.current().pid()
+    with open(f"/proc/{pid}/stat") as f:
+        fields = f.read().rsplit(")", 1)[1].split()
+    return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
 
 
 def stages(spark, opts: ValidateOptions) -> dict[str, float]:
@@ -111,16 +107,20 @@ def stages(spark, opts: ValidateOptions) -> dict[str, float]:
     records.mapInArrow(_drop, "x int").collect()
     shuffle_sort_s = time.perf_counter() - t
     t = time.perf_counter()
+    jvm = _jvm_cpu_s(spark)
     rows = records.mapInArrow(TimedValidate(tasks, opts), OUT_DDL).where(F.col("task") == -1).collect()
+    jvm_cpu_s = _jvm_cpu_s(spark) - jvm
     timed_job_s = time.perf_counter() - t
     busy = [json.loads(r["summary"])["busy_s"] for r in rows]
-    t = time.perf_counter()
-    spark.sparkContext.parallelize([(i,) for i in range(len(tasks))], len(tasks)).toDF("tid int") \
-        .mapInArrow(_direct(tasks, opts), "records long").collect()
-    direct_s = time.perf_counter() - t
+    python_cpu_s = sum(json.loads(r["summary"])["cpu_s"] for r in rows)
     return {"read_s": round(read_s, 2), "shuffle_sort_s": round(shuffle_sort_s, 2),
             "job_without_output_s": round(timed_job_s, 2), "python_busy_s": [round(b, 2) for b in busy],
-            "direct_read_alternative_s": round(direct_s, 2)}
+            "job_cpu_s": {"python_workers": round(python_cpu_s, 2), "jvm": round(jvm_cpu_s, 2)}}
+
+
+def _summary(out: str) -> dict:
+    with open(os.path.join(out, "summary.json")) as f:
+        return json.load(f)
 
 
 def main() -> None:
@@ -143,29 +143,32 @@ def main() -> None:
     t = time.perf_counter()
     spark = get_session(args.master, app_name="bench-div-spark")
     session_s = time.perf_counter() - t
-    local, remote = [], []
-    for _ in range(args.repeat):  # alternate so machine noise hits both equally
-        t = time.perf_counter()
+    local, shuffle, direct = [], [], []
+    same = True
+    for _ in range(args.repeat):  # alternate so machine noise hits all equally
+        t, cpu = time.perf_counter(), time.process_time()
         run_local(opts)
         local.append(time.perf_counter() - t)
-        with open(os.path.join(out, "summary.json")) as f:
-            local_summary = json.load(f)
-        t = time.perf_counter()
-        run_spark(opts, args.master)
-        remote.append(time.perf_counter() - t)
-        with open(os.path.join(out, "summary.json")) as f:
-            spark_summary = json.load(f)
-    same = all(local_summary[k] == spark_summary[k] for k in ("records_read", "findings", "partitions"))
+        local_cpu = time.process_time() - cpu
+        local_summary = _summary(out)
+        for read, times in (("shuffle", shuffle), ("direct", direct)):
+            t = time.perf_counter()
+            run_spark(opts, args.master, read=read)
+            times.append(time.perf_counter() - t)
+            same = same and all(local_summary[k] == _summary(out)[k]
+                                for k in ("records_read", "findings", "partitions"))
     breakdown = stages(spark, opts)
     shutil.rmtree(out, ignore_errors=True)
     records = local_summary["records_read"]
     result = {
         "benchmark": "div_spark", "records": records, "partitions": len(local_summary["partitions"]),
         "master": args.master, "build_s": build_s, "session_start_s": round(session_s, 2),
-        "local_s": round(min(local), 2), "spark_s": round(min(remote), 2),
-        "local_records_per_s": round(records / min(local)), "spark_records_per_s": round(records / min(remote)),
-        "ratio": round(min(local) / min(remote), 3), "goal": "ratio >= 1.5", "same_results": same,
-        **breakdown, "python": sys.version.split()[0],
+        "local_s": round(min(local), 2), "local_cpu_s": round(local_cpu, 2),
+        "spark_shuffle_s": round(min(shuffle), 2), "spark_direct_s": round(min(direct), 2),
+        "local_records_per_s": round(records / min(local)),
+        "ratio": round(min(local) / min(shuffle), 3), "ratio_direct": round(min(local) / min(direct), 3),
+        "goal": "ratio >= 1.5", "same_results": same,
+        **breakdown, "load_average": os.getloadavg()[0], "python": sys.version.split()[0],
     }
     print(json.dumps(result))
 

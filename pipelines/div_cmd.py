@@ -66,7 +66,8 @@ def register(sub) -> None:
     v.add_argument("--engine", choices=["local", "spark"], default="local",
                    help="local: one process, partitions in turn (default); spark: partitions in parallel, same "
                         "findings and summary (executors must be able to import tidegauge: install the wheel "
-                        "there or pass it with spark-submit --py-files)")
+                        "there or pass it with spark-submit --py-files; the Spark setting tidegauge.div.read = "
+                        "auto|shuffle|direct chooses how records reach them)")
     v.add_argument("--master", metavar="URL", help="Spark master for --engine spark (default local[*])")
     v.add_argument("--restore-at", type=int, metavar="O",
                    help="start every partition at offset O with the DIV state restored from the last heartbeat "

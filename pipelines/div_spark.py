@@ -13,6 +13,17 @@ cluster. Both run `div.batch.PartitionRun` per partition, so they share every ru
 4. the driver collects the summary rows, writes `errors/` from the same (cached) output and `summary.json` with
    the local engine's `summarize` and `exit_code_for`.
 
+That is the "shuffle" plan: it reads any archive at one pass over the data whatever its layout. Its price is the
+JVM's share of the work (read, shuffle, sort, hand-over to Python), which bench/bench_div_spark.py measures at
+about 80% of the CPU of the Python validation itself, so on 2 cores it is no faster than the local engine. The
+"direct" plan skips it: Spark only distributes the task list, and each task reads its partition with the local
+engine's reader (`pipelines.sources`) — about 1.7x the local engine on 2 cores. Every executor must then reach the
+sources (a shared filesystem for archives, the brokers for Kafka, as with the shuffle plan). It is cheap for
+live clusters and for archives whose row groups each hold one partition (what tidegauge writes); in a foreign
+archive that mixes partitions in its row groups every task would read the whole archive. The Spark setting
+`tidegauge.div.read` chooses: `auto` (default: direct unless an archive mixes partitions in a row group),
+`shuffle` or `direct`.
+
 Differences that do not change results: records an archive holds twice reach Spark twice and are dropped here
 (the local reader drops them too); a task whose partition is empty never reaches an executor and is finished on
 the driver. `--fail-fast` is best effort in Spark: every partition stops at its own first fatal finding while
@@ -34,6 +45,7 @@ import dataclasses
 import importlib.util
 import json
 import logging
+import os
 import time
 from collections import Counter
 from collections.abc import Iterator
@@ -44,6 +56,7 @@ from typing import Any
 
 import numpy as np
 import pyarrow as pa
+import pyarrow.parquet as pq
 
 from div.archive import KAFKA_ARROW_SCHEMA
 from div.batch import ERROR_COLUMNS, PartitionRun, PartitionSummary, StopRun, rows_to_table
@@ -61,6 +74,7 @@ OUT_ARROW_SCHEMA = pa.schema(OUT_COLUMNS)
 _SPARK_TYPES = {pa.int32(): "int", pa.int64(): "long", pa.string(): "string", pa.bool_(): "boolean"}
 OUT_DDL = ", ".join(f"`{name}` {_SPARK_TYPES[t]}" for name, t in OUT_COLUMNS)
 _BUCKETS_PER_CORE = 4
+READ_SETTING, READ_AUTO, READ_SHUFFLE, READ_DIRECT = "tidegauge.div.read", "auto", "shuffle", "direct"
 _HEADERS_TYPE = KAFKA_ARROW_SCHEMA.field("headers").type
 _FED_COLUMNS = ["key", "value", "offset", "timestamp"]
 
@@ -116,7 +130,7 @@ class TaskOutcome:
 class _TaskRun:
     """One task inside an executor: feeds its batches to a PartitionRun, hands back error rows as they appear."""
 
-    def __init__(self, tid: int, task: PartitionTask, opts: ValidateOptions) -> None:
+    def __init__(self, tid: int, task: PartitionTask, opts: ValidateOptions, source: Source | None = None) -> None:
         self.tid, self.task = tid, task
         self.run: PartitionRun | None = None
         self.start: int | None = None
@@ -124,9 +138,13 @@ class _TaskRun:
         self.stopped: str | None = None
         self.error: str | None = None
         try:
-            self.run, self.start = start_run(task, opts)
+            self.run, self.start = start_run(task, opts, source)
         except Exception as exc:
             self.error = _error_text(exc)
+
+    @property
+    def done(self) -> bool:
+        return self.run is None or self.error is not None or self.stopped is not None
 
     def _select(self, batch: pa.RecordBatch) -> pa.RecordBatch:
         """Drop records before the restore point and repeated offsets (the batch is sorted by offset)."""
@@ -143,12 +161,12 @@ class _TaskRun:
         return batch if keep.all() else batch.filter(pa.array(keep))
 
     def feed(self, batch: pa.RecordBatch) -> Iterator[pa.RecordBatch]:
-        if self.run is None or self.error or self.stopped:
+        """Validate a batch (archive columns key, value, offset, timestamp, headers) and yield new error rows."""
+        if self.done:
             return
         batch = self._select(batch)
         if batch.num_rows == 0:
             return
-        batch = _with_headers(batch)
         try:
             self.run.feed(batch)
         except StopRun as stop:
@@ -229,9 +247,52 @@ class ValidateTasks:
                     if current is not None:
                         yield from current.finish()
                     current = _TaskRun(tid, self.tasks[tid], self.opts)
-                yield from current.feed(batch.slice(s, e - s))
+                if not current.done:
+                    yield from current.feed(_with_headers(batch.slice(s, e - s)))
         if current is not None:
             yield from current.finish()
+
+
+class ReadAndValidate:
+    """The `mapInArrow` function of the direct plan: task ids in; each task reads its partition itself with the
+    local engine's reader (`Source.iter_partition`) and streams it through a PartitionRun."""
+
+    def __init__(self, tasks: list[PartitionTask], opts: ValidateOptions) -> None:
+        self.tasks = tasks
+        self.opts = opts
+
+    def __call__(self, batches: Iterator[pa.RecordBatch]) -> Iterator[pa.RecordBatch]:
+        sources: dict[int, Source] = {}
+        try:
+            yield from self._run(batches, sources)
+        finally:
+            for source in sources.values():
+                close = getattr(source, "close", None)
+                if close is not None:
+                    close()
+
+    def _run(self, batches: Iterator[pa.RecordBatch], sources: dict[int, Source]) -> Iterator[pa.RecordBatch]:
+        for batch in batches:
+            for tid in batch.column("tid").to_pylist():
+                task = self.tasks[tid]
+                source = sources.get(task.region)
+                if source is None:
+                    try:
+                        spec = next(s for s in self.opts.sources if s.region == task.region)
+                        source = sources[task.region] = open_source(spec, self.opts.kafka_conf.get(task.region))
+                    except Exception as exc:
+                        yield _summary_batch(tid, task, TaskOutcome(None, error=_error_text(exc)).to_json())
+                        continue
+                current = _TaskRun(tid, task, self.opts, source)
+                try:
+                    if not current.done:
+                        for records in source.iter_partition(task.topic, task.partition, start=current.start):
+                            yield from current.feed(records)
+                            if current.done:
+                                break
+                except Exception as exc:  # the source failed mid-way: this partition fails, the others go on
+                    current.error = _error_text(exc)
+                yield from current.finish()
 
 
 # ------------------------------------------------------------------------------------------ driver side
@@ -268,7 +329,8 @@ def _bucket_keys(n: int) -> list[int]:
             keys[b] = k
             missing -= 1
         k += 1
-    return [b if key is None else key for b, key in enumerate(keys)]  # unreachable fallback: plain hashing
+    # (practically unreachable) a key that lands elsewhere only unbalances the plan, it never breaks it
+    return [b if key is None else key for b, key in enumerate(keys)]
 
 
 def _assign_buckets(sizes: list[int], n: int) -> list[int]:
@@ -297,13 +359,22 @@ def _read_source(spark, spec: SourceSpec, kafka_conf: dict[str, Any] | None, top
     else:
         from .archive_source import read_archive
 
-        path = spec.uri[len("file://"):] if spec.uri.startswith("file://") else spec.uri
-        df = read_archive(spark, path, topics)
+        df = read_archive(spark, _archive_path(spec), topics)
         if only is not None:
             df = df.where(F.col("partition") == only[1])
     return df.where(F.col("offset").isNotNull()).select(
         F.lit(spec.region).cast("int").alias("region"), "topic", "partition", "key", "value", "offset", "timestamp",
         "headers")
+
+
+def _task_frame(spark, tasks: list[PartitionTask], tids: list[int], sizes: list[int]):
+    """(n, DataFrame of the tasks with `tkey`, the key that sends each to its shuffle partition among n)."""
+    n = max(1, min(len(tids), _BUCKETS_PER_CORE * spark.sparkContext.defaultParallelism))
+    bucket_keys = _bucket_keys(n)
+    buckets = _assign_buckets([sizes[t] for t in tids], n)
+    task_rows = [(tasks[t].region, tasks[t].topic, tasks[t].partition, t, bucket_keys[b])
+                 for t, b in zip(tids, buckets, strict=True)]
+    return n, spark.createDataFrame(task_rows, "region int, topic string, partition int, tid int, tkey int")
 
 
 def sorted_records(spark, opts: ValidateOptions, tasks: list[PartitionTask], tids: list[int], sizes: list[int],
@@ -315,12 +386,7 @@ def sorted_records(spark, opts: ValidateOptions, tasks: list[PartitionTask], tid
     """
     from pyspark.sql import functions as F
 
-    n = max(1, min(len(tids), _BUCKETS_PER_CORE * spark.sparkContext.defaultParallelism))
-    bucket_keys = _bucket_keys(n)
-    buckets = _assign_buckets([sizes[t] for t in tids], n)
-    task_rows = [(tasks[t].region, tasks[t].topic, tasks[t].partition, t, bucket_keys[b])
-                 for t, b in zip(tids, buckets, strict=True)]
-    task_df = spark.createDataFrame(task_rows, "region int, topic string, partition int, tid int, tkey int")
+    n, task_df = _task_frame(spark, tasks, tids, sizes)
     only = None
     if len(tids) == 1:
         only = (tasks[tids[0]].topic, tasks[tids[0]].partition)
@@ -343,8 +409,12 @@ def sorted_records(spark, opts: ValidateOptions, tasks: list[PartitionTask], tid
 
 
 def _job(spark, opts: ValidateOptions, tasks: list[PartitionTask], tids: list[int], sizes: list[int],
-         partitions_of: dict[tuple[int, str], list[int]]):
+         partitions_of: dict[tuple[int, str], list[int]], read: str):
     """The output DataFrame (OUT_DDL rows) of validating the tasks `tids`."""
+    if read == READ_DIRECT:
+        n, task_df = _task_frame(spark, tasks, tids, sizes)
+        placed = task_df.select("tid", "tkey").repartition(n, "tkey").sortWithinPartitions("tid")
+        return placed.mapInArrow(ReadAndValidate(tasks, opts), OUT_DDL)
     data = sorted_records(spark, opts, tasks, tids, sizes, partitions_of)
     return data.mapInArrow(ValidateTasks(tasks, opts), OUT_DDL)
 
@@ -361,12 +431,12 @@ def _collect(df) -> dict[int, TaskOutcome]:
     return {int(r["task"]): TaskOutcome.from_json(r["summary"]) for r in rows}
 
 
-def _run_jobs(spark, opts, tasks, sizes, partitions_of) -> tuple[dict[int, TaskOutcome], list]:
+def _run_jobs(spark, opts, tasks, sizes, partitions_of, read) -> tuple[dict[int, TaskOutcome], list]:
     """Run every task; returns outcomes by task id and the cached output DataFrames holding their error rows."""
     from pyspark import StorageLevel
 
     all_tids = list(range(len(tasks)))
-    df = _job(spark, opts, tasks, all_tids, sizes, partitions_of).persist(StorageLevel.MEMORY_AND_DISK)
+    df = _job(spark, opts, tasks, all_tids, sizes, partitions_of, read).persist(StorageLevel.MEMORY_AND_DISK)
     try:
         return _collect(df), [df]
     except Exception as exc:  # Py4JJavaError, SparkException, ...: the job as a whole failed
@@ -376,7 +446,7 @@ def _run_jobs(spark, opts, tasks, sizes, partitions_of) -> tuple[dict[int, TaskO
     outcomes: dict[int, TaskOutcome] = {}
     frames = []
     for tid in all_tids:
-        one = _job(spark, opts, tasks, [tid], sizes, partitions_of).persist(StorageLevel.MEMORY_AND_DISK)
+        one = _job(spark, opts, tasks, [tid], sizes, partitions_of, read).persist(StorageLevel.MEMORY_AND_DISK)
         try:
             outcomes.update(_collect(one))
             frames.append(one)
@@ -409,6 +479,31 @@ def _write_errors(out: OutputDir, frames: list, keep: list[int]) -> None:
         write_errors(out, rows_to_table([]))
 
 
+def _archive_path(spec: SourceSpec) -> str:
+    return spec.uri[len("file://"):] if spec.uri.startswith("file://") else spec.uri
+
+
+def archive_is_tidy(directory: str) -> bool:
+    """True when every row group of the archive holds a single (topic, partition), by its Parquet statistics:
+    then a task reading one partition reads only that partition's row groups (the direct plan is cheap)."""
+    for root, dirs, files in os.walk(directory):
+        dirs[:] = [d for d in dirs if not d.startswith((".", "_"))]
+        for name in files:
+            if name.startswith((".", "_")) or not name.endswith(".parquet"):
+                continue
+            md = pq.ParquetFile(os.path.join(root, name)).metadata
+            cols = {md.schema.column(i).path: i for i in range(md.num_columns)}
+            if "topic" not in cols or "partition" not in cols:
+                return False
+            for r in range(md.num_row_groups):
+                rg = md.row_group(r)
+                for c in ("topic", "partition"):
+                    st = rg.column(cols[c]).statistics
+                    if st is None or not st.has_min_max or st.min != st.max or st.null_count:
+                        return False
+    return True
+
+
 def plan_tasks(opts: ValidateOptions, opened: list[Source]) -> tuple[list[PartitionTask], list[int],
                                                                     dict[tuple[int, str], list[int]]]:
     """The local engine's plan, plus each task's estimated size and the partitions of every (region, topic)."""
@@ -423,8 +518,13 @@ def plan_tasks(opts: ValidateOptions, opened: list[Source]) -> tuple[list[Partit
     return tasks, sizes, partitions_of
 
 
-def run_spark(opts: ValidateOptions, master: str | None = None, spark_conf: dict[str, str] | None = None) -> int:
-    """Validate every partition with Spark. Returns the exit code; writes errors/ and summary.json."""
+def run_spark(opts: ValidateOptions, master: str | None = None, spark_conf: dict[str, str] | None = None,
+              read: str | None = None) -> int:
+    """Validate every partition with Spark. Returns the exit code; writes errors/ and summary.json.
+
+    `read` chooses the plan: "auto", "shuffle" or "direct" (see the module docstring); None reads the Spark
+    setting `tidegauge.div.read` (e.g. `spark: {conf: {tidegauge.div.read: shuffle}}` in the YAML file).
+    """
     try:
         build_chain(opts.record_validators)
     except ValidatorSpecError as exc:
@@ -437,9 +537,16 @@ def run_spark(opts: ValidateOptions, master: str | None = None, spark_conf: dict
     by_region = {s.region: s for s in opened}
     tasks, sizes, partitions_of = plan_tasks(opts, opened)
     spark = get_session(master, conf=spark_conf)
+    read = read or spark.conf.get(READ_SETTING, READ_AUTO)
+    if read not in (READ_AUTO, READ_SHUFFLE, READ_DIRECT):
+        raise UsageError(f"{READ_SETTING}={read!r}: expected {READ_AUTO!r}, {READ_SHUFFLE!r} or {READ_DIRECT!r}")
+    if read == READ_AUTO:
+        mixed = [s.uri for s in opts.sources if not s.is_kafka and not archive_is_tidy(_archive_path(s))]
+        read = READ_SHUFFLE if mixed else READ_DIRECT
+        log.info("reading with the %s plan%s", read, f" ({', '.join(mixed)} mix partitions)" if mixed else "")
     t0 = time.time()
     with OutputDir(opts.out) as out:
-        outcomes, frames = _run_jobs(spark, opts, tasks, sizes, partitions_of) if tasks else ({}, [])
+        outcomes, frames = _run_jobs(spark, opts, tasks, sizes, partitions_of, read) if tasks else ({}, [])
         try:
             summaries: list[PartitionSummary] = []
             failed: list[dict] = []

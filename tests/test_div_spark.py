@@ -22,7 +22,7 @@ from validator_examples import write_modules
 from div import envelope as E
 from div.archive import KAFKA_ARROW_SCHEMA, ArchiveWriter, records_to_batch
 from div.writer import SegmentWriter
-from pipelines.div_spark import _assign_buckets, _bucket_keys, run_spark, spark_hash_int
+from pipelines.div_spark import _assign_buckets, _bucket_keys, archive_is_tidy, run_spark, spark_hash_int
 from pipelines.div_validate import ValidateOptions, run_local
 from pipelines.sources import SourceSpec
 from sim.div_traffic import TrafficSpec, generate
@@ -192,10 +192,10 @@ def _summary(out: str) -> dict:
     return s
 
 
-def _both(spark, archives, tmp_path, **kw) -> tuple[int, dict, list[dict]]:
+def _both(spark, archives, tmp_path, read="shuffle", **kw) -> tuple[int, dict, list[dict]]:
     local_out, spark_out = str(tmp_path / "local"), str(tmp_path / "spark")
     code_local = run_local(_opts(archives, local_out, **kw))
-    code_spark = run_spark(_opts(archives, spark_out, **kw))
+    code_spark = run_spark(_opts(archives, spark_out, **kw), read=read)
     assert code_spark == code_local
     assert _summary(spark_out) == _summary(local_out)
     errors = _errors(local_out)
@@ -205,8 +205,9 @@ def _both(spark, archives, tmp_path, **kw) -> tuple[int, dict, list[dict]]:
     return code_local, _summary(local_out), errors
 
 
-def test_same_findings_and_summary(spark, archives, validator_modules, tmp_path):
-    code, summary, errors = _both(spark, archives, tmp_path, record_validators=VALIDATORS)
+@pytest.mark.parametrize("read", ["shuffle", "direct"])
+def test_same_findings_and_summary(spark, archives, validator_modules, tmp_path, read):
+    code, summary, errors = _both(spark, archives, tmp_path, read, record_validators=VALIDATORS)
     assert code == 1
     by_type = summary["findings_by_type"]
     for kind in ("MISSING", "DUPLICATE", "CORRUPT", "UNREGISTERED_PRODUCER", "UNDECODABLE",
@@ -234,15 +235,17 @@ def test_same_without_validators_and_with_max_age(spark, archives, tmp_path):
     assert summary["producers_tracked"] < unlimited["producers_tracked"]  # max age forgot some producers
 
 
-def test_fail_fast_keeps_what_the_local_engine_keeps(spark, archives, tmp_path):
-    code, summary, errors = _both(spark, archives, tmp_path, fail_fast=True)
+@pytest.mark.parametrize("read", ["shuffle", "direct"])
+def test_fail_fast_keeps_what_the_local_engine_keeps(spark, archives, tmp_path, read):
+    code, summary, errors = _both(spark, archives, tmp_path, read, fail_fast=True)
     assert code == 1
     # the local engine stops in region 0 partition 1 (the first with a fatal finding): nothing after it
     assert [(p["region"], p["partition"]) for p in summary["partitions"]] == [(0, 0), (0, 1)]
     assert errors[-1]["fatal"] and errors[-1]["partition"] == 1
 
 
-def test_unreadable_partition_is_reported_and_the_rest_written(spark, archives, tmp_path):
+@pytest.mark.parametrize("read", ["shuffle", "direct"])
+def test_unreadable_partition_is_reported_and_the_rest_written(spark, archives, tmp_path, read):
     broken = tmp_path / "broken"
     region1 = archives[1]
     os.makedirs(broken)
@@ -257,7 +260,7 @@ def test_unreadable_partition_is_reported_and_the_rest_written(spark, archives, 
     kw = dict(sources=[SourceSpec(0, archives[0]), SourceSpec(1, str(broken))])
     local_out, spark_out = str(tmp_path / "local"), str(tmp_path / "spark")
     assert run_local(_opts(archives, local_out, **kw)) == 1
-    assert run_spark(_opts(archives, spark_out, **kw)) == 1
+    assert run_spark(_opts(archives, spark_out, **kw), read=read) == 1
     s_local, s_spark = _summary(local_out), _summary(spark_out)
     failed = [(f["region"], f["topic"], f["partition"]) for f in s_spark["failed_partitions"]]
     assert failed == [(f["region"], f["topic"], f["partition"]) for f in s_local["failed_partitions"]]
@@ -286,6 +289,8 @@ def test_bad_validator_is_a_usage_error(spark, archives, tmp_path):
 
     with pytest.raises(UsageError, match="nosuch.module"):
         run_spark(_opts(archives, str(tmp_path / "o"), record_validators=[{"class": "nosuch.module:X"}]))
+    with pytest.raises(UsageError, match="tidegauge.div.read='sideways'"):
+        run_spark(_opts(archives, str(tmp_path / "o")), read="sideways")
 
 
 def test_bucket_keys_follow_sparks_hash(spark):
@@ -298,13 +303,23 @@ def test_bucket_keys_follow_sparks_hash(spark):
     assert [spark_hash_int(k) % 7 for k in keys] == list(range(7))
 
 
+def test_auto_plan_reads_directly_only_when_row_groups_hold_one_partition(archives, tmp_path):
+    assert archive_is_tidy(archives[0]) and archive_is_tidy(archives[1])
+    mixed = tmp_path / "mixed"
+    mixed.mkdir()
+    batch = records_to_batch([("t", p, 0, b"\x00k", b"v", START_MS, 0, None) for p in (0, 1)])
+    pq.write_table(pa.Table.from_batches([batch]), mixed / "part-0.parquet")
+    assert not archive_is_tidy(str(mixed))
+
+
 def test_largest_tasks_are_spread_first():
     assert _assign_buckets([10, 50, 30, 40], 2) == [0, 0, 1, 1]
     assert _assign_buckets([5, 5, 5], 4) == [0, 1, 2]
 
 
 @pytest.mark.kafka
-def test_same_on_a_live_cluster_with_an_empty_partition(spark, embedded_kafka, tmp_path):
+@pytest.mark.parametrize("read", ["shuffle", "direct"])
+def test_same_on_a_live_cluster_with_an_empty_partition(spark, embedded_kafka, tmp_path, read):
     """Kafka sources: the engines read the cluster (end offsets fixed at planning) and agree; partition 3 of the
     topic is empty, so no record of it reaches Spark and the driver reports it as the local engine does."""
     from confluent_kafka import Producer
@@ -312,7 +327,7 @@ def test_same_on_a_live_cluster_with_an_empty_partition(spark, embedded_kafka, t
     a = _traffic(seed=21, partitions=3, records=600, start_ms=START_MS)
     del a[1][_data_index(a[1], 10)]  # a fatal gap before End of Push
     a[2].insert(_eop_index(a[2]) + 10, [b"\x00k", b"garbage!", None, START_MS + 300])
-    topic = f"div-spark-{random.Random().randrange(1 << 30):08x}"
+    topic = f"div-spark-{read}-{random.Random().randrange(1 << 30):08x}"
     embedded_kafka.create_topic(topic, 4)
     producer = Producer({"bootstrap.servers": embedded_kafka.bootstrap_servers, "linger.ms": 5})
     for p, recs in a.items():
@@ -320,7 +335,7 @@ def test_same_on_a_live_cluster_with_an_empty_partition(spark, embedded_kafka, t
             producer.produce(topic, key=key, value=value, partition=p, headers=headers, timestamp=ts)
     assert producer.flush(30) == 0
     kw = dict(sources=[SourceSpec(0, embedded_kafka.uri)], topics=[topic], record_validators=VALIDATORS[:4])
-    code, summary, errors = _both(spark, (None, None), tmp_path, **kw)
+    code, summary, errors = _both(spark, (None, None), tmp_path, read, **kw)
     assert code == 1
     assert [(p["partition"], p["records"]) for p in summary["partitions"]] == [
         (0, len(a[0])), (1, len(a[1])), (2, len(a[2])), (3, 0)]
