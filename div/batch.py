@@ -129,6 +129,8 @@ class PartitionRun:
         s = self.summary
         if s.first_offset is None:
             s.first_offset = off_col[0]
+            if s.start_offset is None:  # a run from the start of what the source holds (not restored)
+                s.start_offset = off_col[0]
         s.records += n
         s.last_offset = off_col[-1]
         self.validator.records += n

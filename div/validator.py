@@ -15,6 +15,9 @@ and pinned by tests (tests/test_div_quirks.py):
    checkpoint's (Venice lags one checkpoint, §3.6). Wall-clock time alone never expires anything.
 5. After an UNREGISTERED_PRODUCER the record is resynced too (Venice leaves the segment's "new" flag set, so an
    immediate duplicate of that record would pass unnoticed).
+6. A control message Venice refuses to checksum (the deprecated StartOfBufferReplay inside a checksummed
+   segment: Venice's UnsupportedMessageTypeException, fatal) is reported as CORRUPT, the nearest finding type
+   of the contract, with the reason in `detail`.
 
 Heartbeat and DoL records are exempt (they reuse segment 0 / sequence 0 forever); Global-RT-DIV records (key
 header 8) are validated like PUTs. Compaction tolerance (§3.4 #2) applies to version topics when

@@ -35,6 +35,10 @@ class RegionView:
     final_hw: Vector
     gap_firsts: tuple[int, ...] = ()
     gap_marks: tuple[Vector, ...] = ()
+    # Resumed scans: the mark before the first gap of any earlier run, which freezes every absent prefix (None:
+    # no gap yet), and the mark the previous run ended with (None: not resumed).
+    prefix_freeze: Vector | None = None
+    start_hw: Vector | None = None
 
     def standing(self, after: int, next_offset: int | None, next_hw_before: Vector | None) -> Vector:
         """Standing mark of a value that stands from after `after` until the record at `next_offset` (None: the
@@ -43,6 +47,12 @@ class RegionView:
         if idx < len(self.gap_firsts) and (next_offset is None or self.gap_firsts[idx] < next_offset):
             return self.gap_marks[idx]
         return next_hw_before if next_hw_before is not None else self.final_hw
+
+    def prefix_standing(self, first_offset: int | None, first_hw_before: Vector | None) -> Vector:
+        """Standing mark of the absent prefix: frozen at an earlier run's first gap, else from the scan start."""
+        if self.prefix_freeze is not None:
+            return self.prefix_freeze
+        return self.standing(self.start_after, first_offset, first_hw_before)
 
 
 @dataclass(frozen=True)
@@ -83,7 +93,7 @@ def key_history(view: RegionView, rows: Sequence[KeyRow]) -> list[KeyRecord]:
     out: list[KeyRecord] = []
     if view.prefix_known:
         first = rows[0] if rows else None
-        mark = view.standing(view.start_after, first.vt_offset if first else None, first.hw_before if first else None)
+        mark = view.prefix_standing(first.vt_offset if first else None, first.hw_before if first else None)
         out.append(KeyRecord(None, nothing(view.n_regions), mark, -1, absent=True))
     for i, (r, v) in enumerate(zip(rows, vectors, strict=True)):
         nxt = rows[i + 1] if i + 1 < len(rows) else None

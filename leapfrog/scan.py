@@ -38,6 +38,7 @@ from leapfrog.entries import (
     OtherEntry,
     RegionLog,
 )
+from leapfrog.history import RegionView
 from leapfrog.results import RegionFacts
 from leapfrog.state import RegionState
 from leapfrog.vectors import Vector, checked_vector, nothing, padded_vector, raised, vmax
@@ -169,6 +170,11 @@ class RegionScan:
             self.gaps.append(Gap(prev + 1, self.last_offset, hw))
         self.final_hw = hw
         self._gap_firsts = [g.first for g in self.gaps]
+        # The per-key rules see the scan through this view, as the distributed job does (leapfrog.history).
+        self.view = RegionView(n_regions, mode, self.start_after, self.prefix_known, self.default_vector, hw,
+                               tuple(self._gap_firsts), tuple(g.hw_before for g in self.gaps),
+                               prefix_freeze=carried.gap_hw if carried is not None else None,
+                               start_hw=carried.final_hw if carried is not None else None)
         self._histories: dict[bytes, list[KeyRecord]] = {}
         # The mark before the first gap since the (first) scan began freezes every absent prefix.
         if carried is not None and carried.gap_hw is not None:
@@ -215,15 +221,14 @@ class RegionScan:
 
     def _standing(self, after: int, nxt: ScannedRecord | None) -> Vector:
         """Standing mark of a value that stands from after ``after`` until ``nxt`` (None: end of scan)."""
-        idx = bisect_right(self._gap_firsts, after)
-        if idx < len(self.gaps) and (nxt is None or self.gaps[idx].first < nxt.vt_offset):
-            return self.gaps[idx].hw_before
-        return nxt.hw_before if nxt is not None else self.final_hw
+        if nxt is None:
+            return self.view.standing(after, None, None)
+        return self.view.standing(after, nxt.vt_offset, nxt.hw_before)
 
     def _prefix_standing(self, first_new: ScannedRecord | None) -> Vector:
-        if self.carried is not None and self.carried.gap_hw is not None:
-            return self.carried.gap_hw
-        return self._standing(self.start_after, first_new)
+        if first_new is None:
+            return self.view.prefix_standing(None, None)
+        return self.view.prefix_standing(first_new.vt_offset, first_new.hw_before)
 
     def history(self, key: bytes) -> list[KeyRecord]:
         """The key's records in VT order: heartbeat mode with the known prefix and standing marks,

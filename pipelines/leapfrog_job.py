@@ -15,6 +15,7 @@ The job, stage by stage (no stage gathers a partition's history into one Python 
 
 from __future__ import annotations
 
+import json
 import logging
 import os
 import time
@@ -23,14 +24,12 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from pyspark import StorageLevel
-from pyspark.sql import DataFrame, SparkSession, Window
+from pyspark.sql import DataFrame, SparkSession
 from pyspark.sql import functions as F
 
-from leapfrog.history import RegionView
-from leapfrog.vectors import nothing
-
 from . import vt_decode as V
-from .leapfrog_keys import IN_COLUMNS, OUT_DDL, CompareContext, KeyStage
+from .leapfrog_keys import OUT_DDL, ROW_COLUMNS, SORT_COLUMNS, CompareContext, ScanReduce, stage_for
+from .leapfrog_plan import RegionPartition, plan_marks, views
 from .output import OutputDir, versions
 from .sources import SourceError, SourceSpec
 
@@ -42,7 +41,6 @@ FINDING_COLUMNS = [
     "b_value_hash", "a_deleted", "b_deleted", "a_vt_offset", "b_vt_offset", "a_vector", "b_vector",
     "a_high_watermark", "b_high_watermark",
 ]
-MAX_LISTED_OFFSETS = 100
 
 
 @dataclass
@@ -63,127 +61,32 @@ class LeapfrogOptions:
         return f"{self.store}_v{self.version}"
 
 
-@dataclass
-class RegionPartition:
-    """What the driver learns about one region's partition before comparing."""
-
-    region: int
-    partition: int
-    records_read: int = 0
-    first_offset: int | None = None
-    last_offset: int | None = None
-    eop_offset: int | None = None
-    chunked: bool = False
-    undecodable: int = 0
-    undecodable_offsets: list[int] = field(default_factory=list)
-    start_after: int = -1
-    prefix_known: bool = True
-    baseline: tuple[int, ...] | None = None
-    start_kind: str = "end_of_push"
-    data_records: int = 0
-    heartbeats: int = 0
-    heartbeats_by_origin: dict[str, int] = field(default_factory=dict)
-    out_of_range: int = 0
-    out_of_range_offsets: list[int] = field(default_factory=list)
-    final_hw: tuple[int, ...] = ()
-    gaps: list[tuple[int, int, tuple[int, ...]]] = field(default_factory=list)
+def _sources(opts: LeapfrogOptions) -> dict[int, str]:
+    return {s.region: s.uri for s in opts.sources}
 
 
-def _region_frames(spark: SparkSession, opts: LeapfrogOptions) -> DataFrame:
-    """Every region's VT records with a `region` column, in the archive schema."""
-    from .archive_source import read_archive
+def _scan(spark: SparkSession, opts: LeapfrogOptions, n: int, splits, buckets: int = 1,
+          keep_chunks: bool = True) -> DataFrame:
+    from .vt_scan import SCAN_DDL, SplitScan
+    from .vt_source import read_vt
 
-    frames = []
-    for spec in opts.sources:
-        if spec.is_kafka:
-            from div import kafka_log
-
-            from .kafka_source import read_kafka
-
-            bootstrap = kafka_log.parse_kafka_uri(spec.uri)
-            conf = opts.kafka_conf.get(spec.region) or {}
-            try:
-                topics = kafka_log.list_topics(bootstrap, conf)
-            except kafka_log.KafkaLogError as exc:
-                raise SourceError(f"source {spec.region}={spec.uri}: {exc}") from exc
-            if opts.topic not in topics:
-                raise SourceError(f"source {spec.region}={spec.uri}: no topic {opts.topic!r}")
-            df = read_kafka(spark, bootstrap, opts.topic, conf=conf)
-        else:
-            from div import archive
-
-            path = spec.uri[len("file://"):] if spec.uri.startswith("file://") else spec.uri
-            if not os.path.isdir(path):
-                raise SourceError(f"source {spec.region}={spec.uri}: no such archive directory")
-            try:
-                topics = archive.topics(path)
-            except archive.ArchiveError as exc:
-                raise SourceError(f"source {spec.region}={spec.uri}: {exc}") from exc
-            if opts.topic not in topics:
-                raise SourceError(f"source {spec.region}={spec.uri}: no topic {opts.topic!r} "
-                                  f"(it has {', '.join(topics) or 'none'})")
-            df = read_archive(spark, path, opts.topic)
-        frames.append(df.select(F.lit(spec.region).cast("int").alias("region"), "key", "value", "partition",
-                                "offset", "headers"))
-    out = frames[0]
-    for f in frames[1:]:
-        out = out.unionByName(f)
-    return out
+    scan = SplitScan(n, opts.mode, buckets=buckets, keep_chunks=keep_chunks)
+    return read_vt(spark, splits, opts.topic, opts.kafka_conf).mapInArrow(scan, SCAN_DDL)
 
 
-def _decode(df: DataFrame) -> DataFrame:
+def decode_only(spark: SparkSession, opts: LeapfrogOptions) -> int:
+    """Read and decode every record of every region's VT, nothing else: the floor of any Leap Frog run."""
+    from .vt_source import plan, read_vt
+
+    splits = plan(_sources(opts), opts.topic, opts.kafka_conf)
+
     def fn(batches):
         dec = V.VtDecoder()
         for b in batches:
-            yield dec.decode(b)
+            yield dec.decode(b, None)
 
-    return df.mapInArrow(fn, V.DECODED_DDL)
-
-
-def _facts(decoded: DataFrame, opts: LeapfrogOptions, n: int) -> dict[tuple[int, int], RegionPartition]:
-    """Small per-(region, partition) aggregates → where each scan starts."""
-    k = F.col("kind")
-    rows = decoded.groupBy("region", "partition").agg(
-        F.count(F.lit(1)).alias("records"),
-        F.min("offset").alias("first"),
-        F.max("offset").alias("last"),
-        F.min(F.when(k == V.END_OF_PUSH, F.col("offset"))).alias("eop"),
-        F.max(F.when(k == V.START_OF_PUSH, F.col("chunked"))).alias("chunked"),
-        F.sum((k == V.UNDECODABLE).cast("long")).alias("undecodable"),
-        F.slice(F.sort_array(F.collect_list(F.when(k == V.UNDECODABLE, F.col("offset")))), 1,
-                MAX_LISTED_OFFSETS).alias("undecodable_offsets"),
-        F.min(F.when((k == V.HEARTBEAT) & F.col("hbw").isNotNull() & (F.size("hbw") == n), F.col("offset")))
-        .alias("first_hbw"),
-    ).collect()
-    facts: dict[tuple[int, int], RegionPartition] = {}
-    need_baseline = []
-    for r in rows:
-        rp = RegionPartition(r["region"], r["partition"], r["records"], r["first"], r["last"], r["eop"],
-                             bool(r["chunked"]), r["undecodable"], list(r["undecodable_offsets"] or []))
-        if rp.eop_offset is not None:
-            rp.start_after, rp.prefix_known, rp.start_kind = rp.eop_offset, True, "end_of_push"
-        elif r["first_hbw"] is not None:  # mid-stream: every mode scans the same window
-            rp.start_after, rp.prefix_known, rp.start_kind = r["first_hbw"], False, "heartbeat"
-            need_baseline.append((rp.region, rp.partition, r["first_hbw"]))
-        else:
-            rp.start_after, rp.prefix_known, rp.start_kind = rp.first_offset - 1, False, "first_record"
-            rp.baseline = nothing(n)
-        facts[(rp.region, rp.partition)] = rp
-    if need_baseline:
-        cond = None
-        for region, partition, offset in need_baseline:
-            c = (F.col("region") == region) & (F.col("partition") == partition) & (F.col("offset") == offset)
-            cond = c if cond is None else cond | c
-        for r in decoded.where(cond).select("region", "partition", "hbw").collect():
-            facts[(r["region"], r["partition"])].baseline = tuple(r["hbw"])
-    return facts
-
-
-def _starts_frame(spark: SparkSession, facts: dict[tuple[int, int], RegionPartition], n: int) -> DataFrame:
-    rows = [(rp.region, rp.partition, rp.start_after, list(rp.baseline or nothing(n)), rp.chunked)
-            for rp in facts.values()]
-    return spark.createDataFrame(rows, "region int, partition int, start_after long, init_hw array<long>, "
-                                       "chunk_version boolean")
+    df = read_vt(spark, splits, opts.topic, opts.kafka_conf).drop("split").mapInArrow(fn, V.DECODED_DDL)
+    return df.write.format("noop").mode("overwrite").save() or len(splits)
 
 
 def _hash_manifests(main: DataFrame) -> DataFrame:
@@ -211,94 +114,29 @@ def _hash_manifests(main: DataFrame) -> DataFrame:
     return grouped.mapInArrow(fn, "region int, partition int, offset long, manifest_hash long")
 
 
-def _prepare(decoded: DataFrame, starts: DataFrame, n: int, any_chunked: bool) -> DataFrame:
-    """Rows after each scan's start, keys without the chunking suffix, manifests hashed, out-of-range marked."""
-    main = decoded.join(F.broadcast(starts), ["region", "partition"]).where(F.col("offset") > F.col("start_after"))
-    if any_chunked:
+def _prepare(scanned: DataFrame, facts: dict) -> DataFrame:
+    """Data rows of stage A; in chunked versions, manifests become values (hashed through their chunks), keys lose
+    the chunking suffix and chunk keys are left out."""
+    main = scanned.where(F.col("order") == 1)
+    chunked_regions = [(r, p) for (r, p), rp in facts.items() if rp.chunked or rp.chunk_rows]
+    if chunked_regions:
         hashed = _hash_manifests(main)
         main = main.join(hashed, ["region", "partition", "offset"], "left")
         is_manifest = F.col("kind") == V.MANIFEST
         main = main.withColumn("value_hash", F.when(is_manifest, F.col("manifest_hash")).otherwise(F.col("value_hash")))
         main = main.withColumn("kind", F.when(is_manifest & F.col("manifest_hash").isNull(), F.lit(V.UNDECODABLE))
                                .when(is_manifest, F.lit(V.DATA)).otherwise(F.col("kind")).cast("byte"))
+        chunk_version = F.lit(False)
+        for r, p in chunked_regions:
+            chunk_version = chunk_version | ((F.col("region") == r) & (F.col("partition") == p))
         # In a chunked version every data key ends with a ChunkedKeySuffix: `02 00` for values and manifests.
         # Other suffixes are chunk keys (chunks, and the DELETEs that clean them up): not values.
         suffix = F.substring(F.col("key"), -2, 2)
-        nonchunk = F.lit(bytes([2, 0]))
-        chunk_key = F.col("chunk_version") & (F.col("kind") == V.DATA) & (suffix != nonchunk)
+        chunk_key = chunk_version & (F.col("kind") == V.DATA) & (suffix != F.lit(bytes([2, 0])))
         main = main.withColumn("kind", F.when(chunk_key, F.lit(V.OTHER)).otherwise(F.col("kind")).cast("byte"))
-        strip = F.col("chunk_version") & (F.col("kind") == V.DATA)
-        main = main.withColumn("key", F.when(strip, F.expr("substring(key, 1, length(key) - 2)"))
-                               .otherwise(F.col("key")))
-    in_range = (F.col("src") >= 0) & (F.col("src") < n)
-    data_bad = (F.col("kind") == V.DATA) & (F.col("src").isNull() | ~in_range)
-    hb_bad = (F.col("kind") == V.HEARTBEAT) & (F.col("src").isNull() | ~in_range)
-    main = main.withColumn("kind", F.when(data_bad | hb_bad, F.lit(OUT_OF_RANGE)).otherwise(F.col("kind"))
-                           .cast("byte"))
-    return main.drop("payload", "chunk_keys")
-
-
-def _with_marks(main: DataFrame, n: int, mode: str) -> DataFrame:
-    """Running marks per region partition in VT order: `hw_before`, `hw_at`, and the previous offset."""
-    w = Window.partitionBy("region", "partition").orderBy("offset")
-    upto = w.rowsBetween(Window.unboundedPreceding, Window.currentRow)
-    before = w.rowsBetween(Window.unboundedPreceding, -1)
-    k = F.col("kind")
-    hb_ok = (k == V.HEARTBEAT) & F.col("hbw").isNotNull() & (F.size("hbw") == n)
-    at_cols, before_cols = [], []
-    for r in range(n):
-        comp = F.when((k == V.DATA) & (F.col("src") == r), F.col("src_offset"))
-        if mode == "heartbeat":
-            own = F.when(F.col("src") == r, F.col("src_offset")).otherwise(F.lit(-1))
-            comp = comp.when(hb_ok, F.greatest(F.element_at("hbw", r + 1), own)).when(k == V.HEARTBEAT, own)
-        comp = comp.otherwise(F.lit(-1))
-        init = F.element_at("init_hw", r + 1)
-        at_cols.append(F.greatest(init, F.max(comp).over(upto)))
-        before_cols.append(F.greatest(init, F.coalesce(F.max(comp).over(before), F.lit(-1))))
-    return main.select("*", F.array(*before_cols).alias("hw_before"), F.array(*at_cols).alias("hw_at"),
-                       F.coalesce(F.lag("offset").over(w), F.col("start_after")).alias("prev_offset"))
-
-
-def _collect_marks(marked: DataFrame, facts: dict, n: int, ends: dict[tuple[int, int], int]) -> None:
-    """Gaps, final marks and record counts per region partition (all small) into `facts`."""
-    for r in marked.where(F.col("offset") > F.col("prev_offset") + 1).select(
-            "region", "partition", "prev_offset", "offset", "hw_before").collect():
-        facts[(r["region"], r["partition"])].gaps.append((r["prev_offset"] + 1, r["offset"] - 1, tuple(r["hw_before"])))
-    k = F.col("kind")
-    agg = marked.groupBy("region", "partition").agg(
-        *[F.max(F.element_at("hw_at", i + 1)).alias(f"hw{i}") for i in range(n)],
-        F.max("offset").alias("last"),
-        F.sum((k == V.DATA).cast("long")).alias("data"),
-        F.sum((k == V.HEARTBEAT).cast("long")).alias("heartbeats"),
-        F.sum((k == OUT_OF_RANGE).cast("long")).alias("out_of_range"),
-        F.slice(F.sort_array(F.collect_list(F.when(k == OUT_OF_RANGE, F.col("offset")))), 1, MAX_LISTED_OFFSETS)
-        .alias("oor_offsets"),
-    ).collect()
-    for r in agg:
-        rp = facts[(r["region"], r["partition"])]
-        rp.final_hw = tuple(r[f"hw{i}"] for i in range(n))
-        rp.data_records, rp.heartbeats = r["data"], r["heartbeats"]
-        rp.out_of_range, rp.out_of_range_offsets = r["out_of_range"], list(r["oor_offsets"] or [])
-    for r in marked.where(k == V.HEARTBEAT).groupBy("region", "partition", "src").count().collect():
-        facts[(r["region"], r["partition"])].heartbeats_by_origin[str(r["src"])] = r["count"]
-    for rp in facts.values():
-        if not rp.final_hw:
-            rp.final_hw = tuple(rp.baseline or nothing(n))
-        rp.gaps.sort()
-        end = ends.get((rp.region, rp.partition))
-        last = rp.last_offset if rp.last_offset is not None else rp.start_after
-        if end is not None and end - 1 > last:  # records compacted away at the end of the planned range
-            rp.gaps.append((last + 1, end - 1, rp.final_hw))
-
-
-def _views(facts: dict, n: int, mode: str) -> dict[tuple[int, int], RegionView]:
-    views = {}
-    for key, rp in facts.items():
-        baseline = None if rp.prefix_known else tuple(rp.baseline or nothing(n))
-        default = baseline if (baseline is not None and mode == "heartbeat") else nothing(n)
-        views[key] = RegionView(n, mode, rp.start_after, rp.prefix_known, default, rp.final_hw,
-                                tuple(g[0] for g in rp.gaps), tuple(g[2] for g in rp.gaps))
-    return views
+        strip = chunk_version & (F.col("kind") == V.DATA)
+        main = main.withColumn("key", F.when(strip, F.expr("substring(key, 1, length(key) - 2)")).otherwise(F.col("key")))
+    return main.where(F.col("kind") == V.DATA)
 
 
 def parse_pairs(text: str | None, regions: list[int]) -> list[tuple[int, int]]:
@@ -323,8 +161,10 @@ def parse_pairs(text: str | None, regions: list[int]) -> list[tuple[int, int]]:
 
 
 def run(opts: LeapfrogOptions, spark: SparkSession | None = None) -> int:
-    """Run the job; writes OUT/inconsistencies and OUT/summary.json; returns the exit code."""
+    """Run the job; writes OUT/inconsistencies and OUT/summary.json (and the next --state); returns the exit code."""
+    from . import leapfrog_state as S
     from .spark_session import get_session
+    from .vt_source import check_sources, chunked_version, plan
 
     timings: dict[str, float] = {}
     t0 = time.time()
@@ -333,48 +173,62 @@ def run(opts: LeapfrogOptions, spark: SparkSession | None = None) -> int:
         raise SourceError("leapfrog compares regions: give at least two --source ID=URI")
     n = max(regions) + 1
     pairs = opts.pairs or parse_pairs(None, regions)
+    state = None
+    if opts.state_dir is not None:
+        if opts.mode != "heartbeat":
+            raise SourceError(f"--state: incremental runs exist for heartbeat mode only, not --mode {opts.mode}")
+        try:
+            state = S.load(opts.state_dir, store=opts.store, version=opts.version, mode=opts.mode, pairs=pairs,
+                           regions=regions)
+        except S.StateError as exc:
+            raise SourceError(str(exc)) from None
+    carried = state.regions if state is not None else {}
+    try:
+        check_sources(_sources(opts), opts.topic, opts.kafka_conf, may_lack_topic={r for r, _ in carried})
+        starting = {k: v["last_offset"] + 1 for k, v in carried.items()}
+        splits = [sp for sp in plan(_sources(opts), opts.topic, opts.kafka_conf, starting) if sp.end > sp.start]
+    except ValueError as exc:
+        raise SourceError(str(exc)) from None
+    ends: dict[tuple[int, int], int] = {}
+    for sp in splits:
+        ends[(sp.region, sp.partition)] = max(ends.get((sp.region, sp.partition), 0), sp.end)
     spark = spark or get_session(opts.master, conf=opts.spark_conf)
+    buckets = int(spark.conf.get("spark.sql.shuffle.partitions"))
+    job = _Job(spark, opts, n, tuple(pairs), splits, ends, buckets, carried, state)
     with OutputDir(opts.out) as out:
-        raw = _region_frames(spark, opts)
-        decoded = _decode(raw).persist(StorageLevel.MEMORY_AND_DISK)
-        facts = _facts(decoded, opts, n)
-        timings["decode_and_plan_s"] = round(time.time() - t0, 3)
-        all_partitions = sorted({p for _, p in facts})
+        fused = (len(splits) * buckets <= FUSED_MAX_SUMMARY_ROWS
+                 and not chunked_version(splits, opts.topic, opts.kafka_conf))
+        if fused:
+            result, facts = job.fused()
+            if any(rp.chunk_rows for rp in facts.values()):  # chunked values without a StartOfPush in view
+                result.unpersist()
+                fused = False
+        if not fused:
+            result, facts = job.two_phase()
+        timings["scan_and_compare_s"] = round(time.time() - t0, 3)
+        all_partitions = sorted({p for _, p in facts} | {p for _, p in ends})
         failed = []
         for p in all_partitions:
             for r in regions:
                 if (r, p) not in facts:
-                    failed.append({"region": r, "partition": p,
-                                   "error": f"region {r} has no records of partition {p}"})
-        starts = _starts_frame(spark, facts, n)
-        any_chunked = any(rp.chunked for rp in facts.values())
-        main = _prepare(decoded, starts, n, any_chunked)
-        marked = _with_marks(main, n, opts.mode).persist(StorageLevel.MEMORY_AND_DISK)
-        _collect_marks(marked, facts, n, ends={})
-        timings["marks_s"] = round(time.time() - t0 - sum(timings.values()), 3)
-        ctx = CompareContext(opts.mode, tuple(pairs), _views(facts, n, opts.mode))
-        data = marked.where(F.col("kind") == V.DATA).select(*IN_COLUMNS)
-        shuffle_parts = int(spark.conf.get("spark.sql.shuffle.partitions"))
-        keyed = (data.repartition(shuffle_parts, "partition", F.xxhash64("key"))
-                 .sortWithinPartitions("partition", "key", "region", "offset"))
-        result = keyed.mapInArrow(KeyStage(ctx), OUT_DDL).persist(StorageLevel.MEMORY_AND_DISK)
-        findings = (result.where(F.col("row") == "F")
-                    .select(F.lit(opts.store).alias("store"), F.lit(opts.version).cast("int").alias("version"),
-                            *FINDING_COLUMNS[2:])
-                    .orderBy("partition", "region_a", "region_b", "key"))
-        findings.coalesce(1).write.mode("overwrite").parquet(str(out.file("inconsistencies")))
+                    failed.append({"region": r, "partition": p, "error": f"region {r} has no records of partition {p}"})
         counter_rows = result.where(F.col("row") == "C").groupBy("partition", "region_a", "region_b").agg(
-            *[F.sum(c).alias(c) for c in ("keys", "comparable_pairs", "skipped_pairs", "pending_keys",
-                                          "value_mismatch", "missing_in_a", "missing_in_b")]).collect()
-        timings["compare_s"] = round(time.time() - t0 - sum(timings.values()), 3)
+            *[F.sum(c).alias(c) for c in ("keys", "comparable_pairs", "skipped_pairs", "pending_keys")]).collect()
+        findings = _findings(result, opts, state).persist(StorageLevel.MEMORY_AND_DISK)
+        _write_findings(findings, out)
+        finding_counts = {(r["partition"], r["region_a"], r["region_b"], r["type"]): r["count"]
+                          for r in findings.groupBy("partition", "region_a", "region_b", "type").count().collect()}
+        if opts.state_dir is not None:  # last: everything this run reads from the old state has been read
+            _commit_state(result, opts, facts, ends, carried, findings, pairs, regions)
+        timings["output_s"] = round(time.time() - t0 - sum(timings.values()), 3)
+        timings["fused"] = fused
+        findings.unpersist()
         result.unpersist()
-        marked.unpersist()
-        decoded.unpersist()
-        summary = _summary(opts, facts, counter_rows, pairs, failed)
+        summary = _summary(opts, facts, counter_rows, finding_counts, pairs, failed)
         total_findings = sum(summary["totals"]["findings"].values())
         code = EXIT_FINDINGS if total_findings else (EXIT_PARTIAL if failed else EXIT_CLEAN)
         timings["total_s"] = round(time.time() - t0, 3)
-        summary = {**out.common_fields("leapfrog", code, {s.region: s.uri for s in opts.sources}), **summary,
+        summary = {**out.common_fields("leapfrog", code, _sources(opts)), **summary,
                    "timings": timings, "versions": versions()}
         out.write_json("summary.json", summary)
     log.info("leapfrog %s: %d findings over %d pair(s), %d partition(s); summary in %s", opts.topic,
@@ -382,11 +236,147 @@ def run(opts: LeapfrogOptions, spark: SparkSession | None = None) -> int:
     return code
 
 
-def _summary(opts: LeapfrogOptions, facts: dict, counter_rows, pairs, failed) -> dict[str, Any]:
+FINDINGS_ON_DRIVER = 1_000_000
+# The fused job sends every split summary to every reduce bucket; past this many copies, plan on the driver.
+FUSED_MAX_SUMMARY_ROWS = 50_000
+
+
+@dataclass
+class _Job:
+    spark: SparkSession
+    opts: LeapfrogOptions
+    n: int
+    pairs: tuple[tuple[int, int], ...]
+    splits: list
+    ends: dict[tuple[int, int], int]
+    buckets: int
+    carried: dict[tuple[int, int], dict]
+    state: Any
+
+    def _carried_rows(self, columns: list[str]) -> DataFrame | None:
+        """Records the previous run carried, as rows that meet the new ones in the shuffle."""
+        if self.state is None or not self.state.keys_dir.exists():
+            return None
+        df = self.spark.read.parquet(str(self.state.keys_dir))
+        cols = {
+            "bucket": F.pmod(F.crc32("key") + F.col("partition"), F.lit(self.buckets)).cast("int"),
+            "order": F.lit(1).cast("byte"), "summary": F.lit(None).cast("string"), "partition": F.col("partition"),
+            "key": F.col("key"), "region": F.col("region"), "offset": F.col("offset"),
+            "value_hash": F.col("value_hash"), "deleted": F.lit(None).cast("boolean"),
+            "src": F.lit(-1).cast("int"), "src_offset": F.lit(-1).cast("long"),
+            "rmd": F.lit(None).cast("array<long>"), "split": F.lit(-1).cast("int"), "seg": F.lit(-1).cast("byte"),
+            "hw": F.lit(None).cast("binary"), "carry": F.col("carry"),
+        }
+        return df.select(*[cols[c].alias(c) for c in columns])
+
+    def fused(self):
+        """One Spark job: scan → shuffle by key → per-key stage; each reduce task plans from the summaries it gets."""
+        opts = self.opts
+        scan = _scan(self.spark, opts, self.n, self.splits, buckets=self.buckets, keep_chunks=False)
+        reduce = ScanReduce(opts.mode, self.pairs, self.n, self.ends, self.carried, opts.state_dir is not None)
+        columns = ["bucket", "order", "summary"] + [c for c in ROW_COLUMNS if c != "rmd" or opts.mode == "rmd"]
+        rows = scan.select(*columns)
+        old = self._carried_rows(columns)
+        if old is not None:
+            rows = rows.unionByName(old)
+        result = (rows.repartition(self.buckets, "bucket").sortWithinPartitions("order", *SORT_COLUMNS)
+                  .mapInArrow(reduce, OUT_DDL).persist(StorageLevel.MEMORY_AND_DISK))
+        info = result.where(F.col("row") == "S").select("info").limit(1).collect()
+        if info:
+            facts = {}
+            for d in json.loads(info[0]["info"])["facts"]:
+                rp = RegionPartition.from_json(d)
+                facts[(rp.region, rp.partition)] = rp
+        else:
+            facts, _ = plan_marks([], self.ends, self.n, self.carried)
+        return result, facts
+
+    def two_phase(self):
+        """Scan (persisted) → plan on the driver → chunked values resolved in Spark → shuffle → per-key stage."""
+        opts, n = self.opts, self.n
+        scanned = _scan(self.spark, opts, n, self.splits).persist(StorageLevel.MEMORY_AND_DISK)
+        summaries = [json.loads(r["summary"]) for r in scanned.where(F.col("order") == 0).select("summary").collect()]
+        facts, prefixes = plan_marks(summaries, self.ends, n, self.carried)
+        ctx = CompareContext(opts.mode, self.pairs, views(facts, n, opts.mode), prefixes, n, opts.state_dir is not None)
+        data = _prepare(scanned, facts).select(*ROW_COLUMNS)
+        old = self._carried_rows(ROW_COLUMNS)
+        if old is not None:
+            data = data.unionByName(old)
+        keyed = data.repartition(self.buckets, "partition", F.xxhash64("key")).sortWithinPartitions(*SORT_COLUMNS)
+        result = keyed.mapInArrow(stage_for(ctx), OUT_DDL).persist(StorageLevel.MEMORY_AND_DISK)
+        result.count()
+        scanned.unpersist()
+        return result, facts
+
+
+_ORDER = [("partition", "ascending"), ("region_a", "ascending"), ("region_b", "ascending"), ("key", "ascending")]
+
+
+def _findings(result: DataFrame, opts: LeapfrogOptions, state) -> DataFrame:
+    """This run's findings, and with --state every finding so far: per (pair, key) the one first in
+    (B offset, A offset) order, as a full rescan would report."""
+    new = (result.where(F.col("row") == "F")
+           .select(F.lit(opts.store).alias("store"), F.lit(opts.version).cast("int").alias("version"),
+                   *FINDING_COLUMNS[2:]))
+    if state is None or not state.findings_dir.exists():
+        return new
+    from pyspark.sql import Window
+
+    old = result.sparkSession.read.parquet(str(state.findings_dir)).select(*FINDING_COLUMNS)
+    both = new.unionByName(old)
+    w = Window.partitionBy("partition", "region_a", "region_b", "key").orderBy(
+        F.coalesce("b_vt_offset", F.lit(-1)), F.coalesce("a_vt_offset", F.lit(-1)))
+    return both.withColumn("_rank", F.row_number().over(w)).where(F.col("_rank") == 1).drop("_rank")
+
+
+def _write_findings(findings: DataFrame, out: OutputDir) -> None:
+    """OUT/inconsistencies: one sorted file written from the driver when findings are few (the usual case),
+    else written by Spark in parallel."""
+    import pyarrow.parquet as pq
+
+    path = out.file("inconsistencies")
+    few = findings.limit(FINDINGS_ON_DRIVER + 1).count() <= FINDINGS_ON_DRIVER
+    if not few:
+        findings.write.mode("overwrite").parquet(str(path))
+        return
+    table = findings.toArrow().sort_by(_ORDER)
+    path.mkdir(parents=True, exist_ok=True)
+    pq.write_table(table, path / "part-00000.parquet")
+
+
+def _commit_state(result: DataFrame, opts: LeapfrogOptions, facts: dict, ends: dict, carried: dict,
+                  findings: DataFrame, pairs, regions) -> None:
+    """Write the next state beside --state and swap it in (before the output is committed)."""
+    from . import leapfrog_state as S
+
+    stage = S.staging_dir(opts.state_dir)
+    (result.where(F.col("row") == "K")
+     .select("partition", "key", F.col("region_a").alias("region"), F.col("a_vt_offset").alias("offset"),
+             F.col("a_value_hash").alias("value_hash"), F.col("blob").alias("carry"))
+     .write.mode("overwrite").parquet(str(stage / "keys")))
+    findings.write.mode("overwrite").parquet(str(stage / "findings"))
+    region_rows = []
+    for (region, partition), rp in sorted(facts.items()):
+        end = ends.get((region, partition))
+        last = end - 1 if end is not None else carried.get((region, partition), {}).get("last_offset", rp.start_after)
+        region_rows.append({
+            "region": region, "partition": partition, "last_offset": last, "final_hw": list(rp.final_hw),
+            "baseline": list(rp.baseline) if rp.baseline is not None and not rp.prefix_known else None,
+            "prefix_known": rp.prefix_known, "gap_hw": list(rp.next_freeze()) if rp.next_freeze() else None,
+            "eop_offset": rp.eop_offset, "chunked": rp.chunked,
+        })
+    meta = {"store": opts.store, "version": opts.version, "mode": opts.mode, "pairs": [list(p) for p in pairs],
+            "regions": sorted(regions)}
+    S.write_meta(stage, meta, region_rows)
+    S.commit(opts.state_dir, stage)
+
+
+def _summary(opts: LeapfrogOptions, facts: dict, counter_rows, finding_counts: dict, pairs, failed) -> dict[str, Any]:
     by_pair = []
     totals = defaultdict(int)
     types = {"VALUE_MISMATCH": "value_mismatch", "MISSING_IN_A": "missing_in_a", "MISSING_IN_B": "missing_in_b"}
     found = {(r["partition"], r["region_a"], r["region_b"]): r for r in counter_rows}
+    by_type = defaultdict(int, finding_counts)  # from the findings written (with --state: every finding so far)
     partitions = sorted({p for _, p in facts})
     for p in partitions:
         for a, b in pairs:
@@ -395,7 +385,7 @@ def _summary(opts: LeapfrogOptions, facts: dict, counter_rows, pairs, failed) ->
             for c in ("keys", "comparable_pairs", "skipped_pairs", "pending_keys"):
                 entry[c] = int(r[c]) if r else 0
                 totals[c] += entry[c]
-            entry["findings"] = {t: int(r[c]) if r else 0 for t, c in types.items()}
+            entry["findings"] = {t: by_type[(p, a, b, t)] for t in types}
             by_pair.append(entry)
     by_region = []
     for (region, p), rp in sorted(facts.items()):

@@ -1,25 +1,40 @@
 """The per-key stage of the Leap Frog job: runs inside `mapInArrow` on rows sorted by (partition, key, region, offset).
 
-Each task streams its sorted batches, cuts them into key groups (a group may straddle batches), builds every
-region's history of the key with `leapfrog.history`, and applies the mode's per-key rule from `leapfrog.compare`
-to every requested region pair. It yields finding rows and, at the end, one counter row per (partition, pair).
+Rows arrive as stage A left them (`pipelines.vt_scan`): each with its split, segment and *local* running mark.
+The stage drops rows that lie before their region's scan start, raises each local mark by its (split, segment)
+prefix, cuts the rows into key groups (a group may straddle batches) and applies the mode's rule to every
+requested region pair:
+
+- heartbeat mode: `VectorKeyStage`, the band rule over whole batches of keys in numpy (`leapfrog.vectorized`);
+- footer and rmd modes: `KeyStage`, Venice's lily-pad walk key by key (`leapfrog.compare`).
+
+`ScanReduce` wraps either one when the job runs fused (scan and compare in one Spark job): it reads the split
+summaries that stage A sent ahead of the data rows, plans from them (`pipelines.leapfrog_plan`) and reports the
+plan's facts in one "S" row. Output: finding rows ("F"), one counter row per (partition, pair) ("C").
 Memory is bounded by the largest single key's history, never by a partition's.
 """
 
 from __future__ import annotations
 
+import json
 from collections import defaultdict
 from collections.abc import Iterator
 from dataclasses import dataclass
 
+import numpy as np
 import pyarrow as pa
+import pyarrow.compute as pc
 
 from div.keys import fnv1a_64
-from leapfrog.compare import FINDING_TYPES, compare_standing, lily_pad_walk
+from leapfrog import vectorized as vz
+from leapfrog.compare import FINDING_TYPES, lily_pad_walk
 from leapfrog.history import KeyRow, RegionView, key_history
 
+from .leapfrog_plan import plan_marks, views
+from .vt_scan import unpack_marks
+
 OUT_SCHEMA = pa.schema([
-    ("row", pa.string()),  # "F" finding, "C" counters
+    ("row", pa.string()),  # "F" finding, "C" counters, "S" the plan's facts (fused runs)
     ("partition", pa.int32()),
     ("region_a", pa.int32()),
     ("region_b", pa.int32()),
@@ -43,23 +58,30 @@ OUT_SCHEMA = pa.schema([
     ("value_mismatch", pa.int64()),
     ("missing_in_a", pa.int64()),
     ("missing_in_b", pa.int64()),
+    ("info", pa.string()),
+    ("blob", pa.binary()),  # "K" rows: a record carried to the next run (pipelines.leapfrog_state.pack_carry)
 ])
 OUT_DDL = ("row string, partition int, region_a int, region_b int, type string, key binary, key_hash long, "
            "a_value_hash long, b_value_hash long, a_deleted boolean, b_deleted boolean, a_vt_offset long, "
            "b_vt_offset long, a_vector array<long>, b_vector array<long>, a_high_watermark array<long>, "
            "b_high_watermark array<long>, keys long, comparable_pairs long, skipped_pairs long, pending_keys long, "
-           "value_mismatch long, missing_in_a long, missing_in_b long")
-IN_COLUMNS = ["partition", "key", "region", "offset", "value_hash", "deleted", "src", "src_offset", "rmd",
-              "hw_before", "hw_at"]
+           "value_mismatch long, missing_in_a long, missing_in_b long, info string, blob binary")
+ROW_COLUMNS = ["partition", "key", "region", "offset", "value_hash", "deleted", "src", "src_offset", "rmd", "split",
+               "seg", "hw", "carry"]
+SORT_COLUMNS = ["partition", "key", "region", "offset"]
+_NONE7 = (None,) * 7
 
 
 @dataclass(frozen=True)
 class CompareContext:
-    """Everything the executors need besides the rows: small, shipped with the function."""
+    """Everything the per-key rules need besides the rows."""
 
     mode: str
     pairs: tuple[tuple[int, int], ...]
     views: dict[tuple[int, int], RegionView]  # (region, partition) → view
+    prefixes: dict[tuple[int, int], list[int]]  # (split, segment) → prefix mark; absent = before the scan start
+    n_regions: int
+    emit_state: bool = False  # incremental runs: also emit the records the next run needs ("K" rows)
 
     def regions(self) -> list[int]:
         return sorted({r for p in self.pairs for r in p})
@@ -73,67 +95,269 @@ class _Counters:
         self.by_type = dict.fromkeys(FINDING_TYPES, 0)
 
 
-def _side(rec) -> tuple:
-    if rec is None:
-        return (None, None, None, None, None)
-    return (rec.value_hash, rec.value_hash is None, rec.vt_offset, list(rec.vector), list(rec.high_watermark))
+def _batch(rows: list[tuple]) -> pa.RecordBatch:
+    cols = list(zip(*rows, strict=True))
+    return pa.RecordBatch.from_arrays([pa.array(c, f.type) for c, f in zip(cols, OUT_SCHEMA, strict=True)],
+                                      schema=OUT_SCHEMA)
 
 
-class KeyStage:
-    """Callable for `mapInArrow`: iterator of sorted input batches → iterator of OUT_SCHEMA batches."""
+def _counter_rows(counters: dict[tuple[int, int, int], _Counters]) -> list[tuple]:
+    return [("C", p, x, y) + (None,) * 13 + (c.keys, c.comparable, c.skipped, c.pending,
+                                             c.by_type["VALUE_MISMATCH"], c.by_type["MISSING_IN_A"],
+                                             c.by_type["MISSING_IN_B"], None, None)
+            for (p, x, y), c in sorted(counters.items())]
+
+
+def _finding_row(p, x, y, ftype, key, a, b) -> tuple:
+    a = a or (None,) * 5
+    b = b or (None,) * 5
+    return ("F", p, x, y, ftype, key, fnv1a_64(key), a[0], b[0], a[1], b[1], a[2], b[2], a[3], b[3], a[4], b[4],
+            *_NONE7, None, None)
+
+
+def _state_row(p, region, key, value_hash, offset, blob) -> tuple:
+    return ("K", p, region, None, None, key, None, value_hash, None, None, None, offset) + (None,) * 13 + (blob,)
+
+
+class _Marks:
+    """Raises stage A's local marks by their (split, segment) prefix; rows before the scan start are dropped."""
+
+    def __init__(self, ctx: CompareContext) -> None:
+        keys = sorted(ctx.prefixes)
+        self.index = {k: i for i, k in enumerate(keys)}
+        n = ctx.n_regions
+        self.matrix = np.array([ctx.prefixes[k] for k in keys], np.int64).reshape(len(keys), n)
+        self.n = n
+
+    def apply(self, batch: pa.RecordBatch) -> tuple[pa.RecordBatch, np.ndarray]:
+        """(rows after their scan start, their hw_before as an (rows, N) array)."""
+        split = batch.column("split").to_numpy()
+        seg = batch.column("seg").to_numpy()
+        index = self.index
+        idx = np.fromiter((index.get((a, b), -1) for a, b in zip(split.tolist(), seg.tolist(), strict=True)),
+                          np.int64, count=len(split))
+        carried = (~batch.column("carry").is_null().to_numpy(zero_copy_only=False)
+                   if "carry" in batch.schema.names else np.zeros(len(idx), bool))
+        idx[carried] = -2  # carried records keep their own marks
+        keep = np.flatnonzero(idx != -1)
+        if len(keep) < batch.num_rows:
+            batch = batch.take(pa.array(keep))
+            idx = idx[keep]
+        out = np.zeros((len(idx), self.n), np.int64)
+        new = np.flatnonzero(idx >= 0)
+        if len(new):
+            local = unpack_marks(batch.column("hw").take(pa.array(new)), self.n)
+            out[new] = np.maximum(local, self.matrix[idx[new]])
+        return batch, out
+
+
+def _group_ends(t: pa.Table) -> int:
+    """Index where the table's last (partition, key) group starts: rows from there may continue in the next batch."""
+    n = t.num_rows
+    if n == 0:
+        return 0
+    keys = t.column("key").combine_chunks()
+    parts = t.column("partition").combine_chunks()
+    last_key, last_part = keys[n - 1], parts[n - 1]
+    same = pc.and_(pc.equal(keys, last_key), pc.equal(parts, last_part)).to_numpy(zero_copy_only=False)
+    differs = np.flatnonzero(~same)
+    return int(differs[-1]) + 1 if len(differs) else 0
+
+
+def _regroup(batches: Iterator[tuple[pa.RecordBatch, np.ndarray]]) -> Iterator[tuple[pa.Table, np.ndarray]]:
+    """Re-cut (batch, marks) pairs so that no key group straddles two chunks."""
+    held: pa.Table | None = None
+    held_marks = None
+    for batch, marks in batches:
+        t = pa.Table.from_batches([batch])
+        if held is not None:
+            t = pa.concat_tables([held, t])
+            marks = np.concatenate([held_marks, marks])
+        cut = _group_ends(t)
+        if cut:
+            yield t.slice(0, cut).combine_chunks(), marks[:cut]
+        held, held_marks = t.slice(cut), marks[cut:]
+    if held is not None and held.num_rows:
+        yield held.combine_chunks(), held_marks
+
+
+class VectorKeyStage:
+    """Heartbeat mode: the band rule over whole chunks of keys in numpy (same verdicts as `KeyStage`, tested)."""
 
     def __init__(self, ctx: CompareContext) -> None:
         self.ctx = ctx
 
     def __call__(self, batches: Iterator[pa.RecordBatch]) -> Iterator[pa.RecordBatch]:
+        marks = _Marks(self.ctx)
         counters: dict[tuple[int, int, int], _Counters] = defaultdict(_Counters)
-        findings: list[tuple] = []
-        group: list[tuple] = []
-        group_id: tuple | None = None
-        for batch in batches:
-            cols = [batch.column(batch.schema.get_field_index(c)).to_pylist() for c in IN_COLUMNS]
-            for row in zip(*cols, strict=True):
-                gid = (row[0], row[1])
-                if gid != group_id:
-                    if group:
-                        self._key(group, counters, findings)
-                    group = []
-                    group_id = gid
-                group.append(row)
-            if len(findings) >= 4096:
-                yield self._finding_batch(findings)
-                findings = []
-        if group:
-            self._key(group, counters, findings)
-        if findings:
-            yield self._finding_batch(findings)
+        for table, hwb in _regroup(marks.apply(b) for b in batches):
+            rows = self._chunk(table, hwb, counters)
+            if rows:
+                yield _batch(rows)
         if counters:
-            yield self._counter_batch(counters)
+            yield _batch(_counter_rows(counters))
 
-    def _key(self, rows: list[tuple], counters, findings: list[tuple]) -> None:
-        partition, key = rows[0][0], rows[0][1]
-        by_region: dict[int, list[KeyRow]] = defaultdict(list)
-        for (_p, _k, region, offset, vhash, deleted, src, src_off, rmd, hwb, hwa) in rows:
-            by_region[region].append(KeyRow(offset, None if deleted else vhash, src, src_off, tuple(hwb), tuple(hwa),
-                                            rmd))
+    def _chunk(self, t: pa.Table, hwb: np.ndarray, counters) -> list[tuple]:
+        m = t.num_rows
+        if m == 0:
+            return []
+        part = t.column("partition").to_numpy()
+        keys = t.column("key").chunk(0) if t.column("key").num_chunks == 1 else t.column("key").combine_chunks()
+        same = pc.equal(keys.slice(1), keys.slice(0, m - 1)).to_numpy(zero_copy_only=False) if m > 1 else np.zeros(0, bool)
+        new_group = np.concatenate([[True], ~same | (part[1:] != part[:-1])])
+        gid = np.cumsum(new_group) - 1
+        group_first = np.flatnonzero(new_group)
+        region = t.column("region").to_numpy()
+        offset = t.column("offset").to_numpy()
+        vh = t.column("value_hash")
+        cls = np.where(vh.is_null().to_numpy(zero_copy_only=False), vz.NULL_CLASS,
+                       vh.fill_null(0).to_numpy()).astype(np.int64)
+        src = t.column("src").fill_null(-1).to_numpy().astype(np.int64)
+        src_off = t.column("src_offset").fill_null(-1).to_numpy()
+        carry_col = t.column("carry") if "carry" in t.schema.names else None
+        is_carried = (~carry_col.is_null().to_numpy(zero_copy_only=False) if carry_col is not None
+                      else np.zeros(m, bool))
+        out: list[tuple] = []
         ctx = self.ctx
+        bounds = np.flatnonzero(np.concatenate([[True], part[1:] != part[:-1], [True]]))
+        for lo, hi in zip(bounds[:-1], bounds[1:], strict=True):
+            p = int(part[lo])
+            groups = np.unique(gid[lo:hi])
+            hist, present, carried, had_open = {}, {}, {}, {}
+            for x in ctx.regions():
+                view = ctx.views.get((x, p))
+                if view is None:
+                    continue  # that region has no such partition: reported as failed by the driver
+                in_region = region[lo:hi] == x
+                sel = lo + np.flatnonzero(in_region & ~is_carried[lo:hi])
+                csel = lo + np.flatnonzero(in_region & is_carried[lo:hi])
+                carried[x] = _carried(carry_col, csel, gid, offset, cls, ctx.n_regions) if len(csel) else None
+                had_open[x] = _last_open_of(carried[x])
+                hist[x] = vz.build(view, gid[sel], offset[sel], cls[sel], src[sel], src_off[sel], hwb[sel], groups,
+                                   carried[x])
+                present[x] = np.unique(gid[lo + np.flatnonzero(in_region)])
+            for x, y in ctx.pairs:
+                if x not in hist or y not in hist:
+                    continue
+                in_pair = np.union1d(present[x], present[y])
+                if not len(in_pair):
+                    continue
+                res = vz.compare(hist[x], hist[y], in_pair)
+                c = counters[(p, x, y)]
+                c.keys += len(in_pair)
+                c.comparable += int(res.comparable_pairs.sum()) - self._counted_before(p, x, y, carried, in_pair)
+                c.skipped += int(res.skipped.sum())
+                c.pending += int(res.pending.sum())
+                for gi in np.flatnonzero(res.find_b >= 0):
+                    ha, hb = hist[x], hist[y]
+                    ia, ib = int(res.find_a[gi]), int(res.find_b[gi])
+                    key = keys[int(group_first[int(in_pair[gi])])].as_py()
+                    a = None if ha.absent[ia] else _vector_side(ha, ia)
+                    b = None if hb.absent[ib] else _vector_side(hb, ib)
+                    ftype = "MISSING_IN_A" if a is None else "MISSING_IN_B" if b is None else "VALUE_MISMATCH"
+                    c.by_type[ftype] += 1
+                    out.append(_finding_row(p, x, y, ftype, key, a, b))
+            if ctx.emit_state:
+                out.extend(self._state_rows(p, hist, present, had_open, groups, keys, group_first))
+        return out
+
+    def _counted_before(self, p: int, x: int, y: int, carried: dict, in_pair: np.ndarray) -> int:
+        """Pairs the previous run already found comparable (so counts add up over incremental runs)."""
+        cx, cy = carried.get(x), carried.get(y)
+        if cx is None and cy is None:
+            return 0
+        with_state = np.union1d(cx.gid if cx is not None else [], cy.gid if cy is not None else []).astype(np.int64)
+        groups = np.intersect1d(in_pair, with_state)
+        if not len(groups):
+            return 0
+        vx, vy = self.ctx.views[(x, p)], self.ctx.views[(y, p)]
+        return int(vz.compare(vz.previous(vx, cx, groups), vz.previous(vy, cy, groups), groups)
+                   .comparable_pairs.sum())
+
+    def _state_rows(self, p, hist, present, had_open, groups, keys, group_first) -> list[tuple]:
+        from .leapfrog_state import pack_carry
+
+        rows = []
+        for x, h in hist.items():
+            partners = sorted({z for pair in self.ctx.pairs if x in pair for z in pair if z != x and z in hist})
+            last_k = [vz.last_vectors(hist[z], self.ctx.views[(z, p)], groups) for z in partners]
+            keep, last_open = vz.carry(h, self.ctx.views[(x, p)], present[x], last_k, groups, had_open[x])
+            for i, lo_ in zip(keep.tolist(), last_open.tolist(), strict=True):
+                cls = int(h.cls[i])
+                rows.append(_state_row(p, x, keys[int(group_first[int(h.gid[i])])].as_py(),
+                                       None if cls == int(vz.NULL_CLASS) else cls, int(h.offset[i]),
+                                       pack_carry(bool(h.absent[i]), lo_, h.vector[i], h.mark[i])))
+        return rows
+
+
+def _carried(carry_col, sel: np.ndarray, gid, offset, cls, n: int) -> vz.Carried:
+    from .leapfrog_state import unpack_carry
+
+    absent, last_open, vectors, marks = unpack_carry(carry_col.take(pa.array(sel)).to_pylist(), n)
+    return vz.Carried(gid[sel].astype(np.int64), cls[sel], absent, offset[sel], vectors, marks, last_open)
+
+
+def _last_open_of(c: vz.Carried | None) -> dict[int, bool]:
+    if c is None or not len(c):
+        return {}
+    starts = np.flatnonzero(np.concatenate([[True], c.gid[1:] != c.gid[:-1]]))
+    lasts = np.concatenate([starts[1:], [len(c)]]) - 1
+    return {int(c.gid[i]): bool(c.last_open[i]) for i in lasts}
+
+
+def _vector_side(h: vz.Histories, i: int) -> tuple:
+    cls = int(h.cls[i])
+    tomb = cls == int(vz.NULL_CLASS)
+    return (None if tomb else cls, tomb, int(h.offset[i]), h.vector[i].tolist(), h.mark[i].tolist())
+
+
+class KeyStage:
+    """Footer and rmd modes (and the reference path): Venice's lily-pad walk, key by key."""
+
+    def __init__(self, ctx: CompareContext) -> None:
+        self.ctx = ctx
+
+    def __call__(self, batches: Iterator[pa.RecordBatch]) -> Iterator[pa.RecordBatch]:
+        marks = _Marks(self.ctx)
+        counters: dict[tuple[int, int, int], _Counters] = defaultdict(_Counters)
+        for table, hwb in _regroup(marks.apply(b) for b in batches):
+            names = table.schema.names
+            cols = {c: table.column(c).to_pylist() for c in ("partition", "key", "region", "offset", "value_hash",
+                                                              "src", "src_offset")}
+            cols["rmd"] = table.column("rmd").to_pylist() if "rmd" in names else [None] * table.num_rows
+            findings: list[tuple] = []
+            start = 0
+            m = table.num_rows
+            for i in range(1, m + 1):
+                if i == m or cols["key"][i] != cols["key"][start] or cols["partition"][i] != cols["partition"][start]:
+                    self._key(cols, hwb, start, i, counters, findings)
+                    start = i
+            if findings:
+                yield _batch(findings)
+        if counters:
+            yield _batch(_counter_rows(counters))
+
+    def _key(self, cols, hwb, lo: int, hi: int, counters, findings: list[tuple]) -> None:
+        ctx = self.ctx
+        partition, key = cols["partition"][lo], cols["key"][lo]
+        by_region: dict[int, list[KeyRow]] = defaultdict(list)
+        for i in range(lo, hi):
+            src, src_off = cols["src"][i], cols["src_offset"][i]
+            before = tuple(hwb[i].tolist())
+            at = before[:src] + (max(before[src], src_off),) + before[src + 1:]
+            by_region[cols["region"][i]].append(KeyRow(cols["offset"][i], cols["value_hash"][i], src, src_off, before,
+                                                       at, cols["rmd"][i]))
         histories = {}
         for x in ctx.regions():
             view = ctx.views.get((x, partition))
             if view is not None:
                 histories[x] = key_history(view, by_region.get(x, ()))
         for x, y in ctx.pairs:
-            if x not in by_region and y not in by_region:
+            if (x not in by_region and y not in by_region) or x not in histories or y not in histories:
                 continue
-            if x not in histories or y not in histories:
-                continue  # that region has no such partition: reported as a failed partition by the driver
-            a, b = histories[x], histories[y]
-            if ctx.mode == "heartbeat":
-                verdict = compare_standing(a, b)
-            else:
-                vx, vy = ctx.views[(x, partition)], ctx.views[(y, partition)]
-                verdict = lily_pad_walk(a, b, vx.final_hw, vy.final_hw, a_known_absent=vx.prefix_known,
-                                        b_known_absent=vy.prefix_known)
+            vx, vy = ctx.views[(x, partition)], ctx.views[(y, partition)]
+            verdict = lily_pad_walk(histories[x], histories[y], vx.final_hw, vy.final_hw,
+                                    a_known_absent=vx.prefix_known, b_known_absent=vy.prefix_known)
             c = counters[(partition, x, y)]
             c.keys += 1
             c.comparable += verdict.comparable_pairs
@@ -142,27 +366,51 @@ class KeyStage:
             f = verdict.finding
             if f is not None:
                 c.by_type[f.type] += 1
-                findings.append(("F", partition, x, y, f.type, key, fnv1a_64(key), *_pair_sides(f)) + (None,) * 7)
-
-    @staticmethod
-    def _finding_batch(rows: list[tuple]) -> pa.RecordBatch:
-        cols = list(zip(*rows, strict=True))
-        return pa.RecordBatch.from_arrays([pa.array(c, f.type) for c, f in zip(cols, OUT_SCHEMA, strict=True)],
-                                          schema=OUT_SCHEMA)
-
-    @staticmethod
-    def _counter_batch(counters) -> pa.RecordBatch:
-        rows = []
-        for (p, x, y), c in sorted(counters.items()):
-            rows.append(("C", p, x, y) + (None,) * 13 + (c.keys, c.comparable, c.skipped, c.pending,
-                                                          c.by_type["VALUE_MISMATCH"], c.by_type["MISSING_IN_A"],
-                                                          c.by_type["MISSING_IN_B"]))
-        return KeyStage._finding_batch(rows)
+                findings.append(_finding_row(partition, x, y, f.type, key, _side(f.a), _side(f.b)))
 
 
-def _pair_sides(f) -> tuple:
-    a = _side(f.a)
-    b = _side(f.b)
-    # column order: a_value_hash, b_value_hash, a_deleted, b_deleted, a_vt_offset, b_vt_offset, a_vector,
-    # b_vector, a_high_watermark, b_high_watermark
-    return (a[0], b[0], a[1], b[1], a[2], b[2], a[3], b[3], a[4], b[4])
+def _side(rec) -> tuple | None:
+    if rec is None:
+        return None
+    return (rec.value_hash, rec.value_hash is None, rec.vt_offset, list(rec.vector), list(rec.high_watermark))
+
+
+def stage_for(ctx: CompareContext):
+    return VectorKeyStage(ctx) if ctx.mode == "heartbeat" else KeyStage(ctx)
+
+
+class ScanReduce:
+    """The fused job's reduce side: summaries first (order 0), then data rows (order 1) of this task's buckets."""
+
+    def __init__(self, mode: str, pairs: tuple[tuple[int, int], ...], n_regions: int,
+                 ends: dict[tuple[int, int], int], carried: dict[tuple[int, int], dict] | None = None,
+                 emit_state: bool = False) -> None:
+        self.mode, self.pairs, self.n, self.ends = mode, pairs, n_regions, ends
+        self.carried, self.emit_state = carried or {}, emit_state
+
+    def __call__(self, batches: Iterator[pa.RecordBatch]) -> Iterator[pa.RecordBatch]:
+        summaries: dict[int, dict] = {}
+        it = iter(batches)
+        first_data: pa.RecordBatch | None = None
+        for batch in it:
+            order = batch.column("order").to_numpy()
+            k = int(np.count_nonzero(order == 0))
+            for text in batch.column("summary").slice(0, k).to_pylist():
+                sm = json.loads(text)
+                summaries[sm["split"]] = sm
+            if k < batch.num_rows:
+                first_data = batch.slice(k)
+                break
+        if not summaries and first_data is None:
+            return  # this task received nothing (its buckets are empty): it has nothing to plan or report
+        facts, prefixes = plan_marks(list(summaries.values()), self.ends, self.n, self.carried)
+        info = json.dumps({"facts": [rp.to_json() for rp in facts.values()]})
+        yield _batch([("S",) + (None,) * 23 + (info, None)])
+        ctx = CompareContext(self.mode, self.pairs, views(facts, self.n, self.mode), prefixes, self.n, self.emit_state)
+
+        def data():
+            if first_data is not None:
+                yield first_data
+            yield from it
+
+        yield from stage_for(ctx)(data())

@@ -153,7 +153,7 @@ class KafkaSource(Source):
 
     def min_compaction_lag_ms(self, topic: str) -> int | None:
         policy = kafka_log.topic_config(self.bootstrap, self.kafka_conf, topic, "cleanup.policy")
-        if policy is None or "compact" not in policy:
+        if policy is None or "compact" not in policy:  # unknown (the cluster cannot say) or not compacted: strict
             return None
         lag = kafka_log.topic_config(self.bootstrap, self.kafka_conf, topic, "min.compaction.lag.ms")
         return int(lag) if lag is not None else 0

@@ -97,8 +97,6 @@ def test_summary_fields_follow_the_output_contract(tmp_path):
     assert all(r["detail"] for r in rows)
 
 
-@pytest.mark.xfail(strict=True, reason="BUG: partitions[].start.offset is null for a run that starts at the "
-                                       "beginning; docs/outputs.md shows the offset the run started from (0)")
 def test_summary_start_offset_is_where_the_run_started(tmp_path):
     ref.write_archive(tmp_path / "arc", "s_v1", 0, _clean_log())
     _, _, summary = _validate(tmp_path / "arc", tmp_path / "out")

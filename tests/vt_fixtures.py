@@ -64,8 +64,10 @@ def record_of(entry, n_regions: int) -> tuple[bytes, bytes, list | None]:
     return K.control_key(_GUID, 0, off), _CODEC.encode(env), None
 
 
-def write_archives(histories, root) -> dict[int, str]:
-    """One archive per region; history i is partition i. Returns {region: archive dir}."""
+def write_archives(histories, root, keep=None) -> dict[int, str]:
+    """One archive per region; history i is partition i. Returns {region: archive dir}.
+
+    `keep(partition, region, offset)`, when given, selects the records written (e.g. one day of a split)."""
     n = max(h.n_regions for h in histories)
     dirs = {x: str(root / f"dc-{x}") for x in range(n)}
     writers = {x: ArchiveWriter(dirs[x]) for x in range(n)}
@@ -74,6 +76,8 @@ def write_archives(histories, root) -> dict[int, str]:
             start = h.start_heartbeat[x]
             for e in h.vt[x]:
                 if start is not None and e.vt_offset < start.vt_offset:
+                    continue
+                if keep is not None and not keep(p, x, e.vt_offset):
                     continue
                 key, value, headers = record_of(e, h.n_regions)
                 writers[x].append_record(TOPIC, p, e.vt_offset, key, value, 1_700_000_000_000, 0, headers)

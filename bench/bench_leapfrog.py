@@ -1,0 +1,80 @@
+"""Benchmark: the Leap Frog job vs a decode-only pass over the same archives, in the same Spark session.
+
+Builds (once, cached) 2 regions × ~2M VT records, then times, alternating: (a) reading the archives and decoding
+every record (`pipelines.vt_decode`, the minimum any job must do) and (b) the whole `leapfrog` job. With
+`--incremental` it also times a full rescan of two days vs an incremental run over day 2 after day 1.
+Prints one JSON object; goals: job / decode-only ≤ 1.6, incremental / full ≤ 0.6.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import shutil
+import sys
+import time
+
+sys.path.insert(0, os.path.dirname(__file__))
+
+from leapfrog_workload import Workload, generate  # noqa: E402
+
+from pipelines.leapfrog_job import LeapfrogOptions, decode_only, run  # noqa: E402
+from pipelines.sources import SourceSpec  # noqa: E402
+from pipelines.spark_session import get_session  # noqa: E402
+
+
+def decode_pass(spark, dirs: dict[int, str], store: str) -> float:
+    t = time.perf_counter()
+    decode_only(spark, LeapfrogOptions(store=store, version=1, out="", sources=[SourceSpec(x, d) for x, d in dirs.items()]))
+    return time.perf_counter() - t
+
+
+def job(spark, dirs: dict[int, str], out: str, store: str, state: str | None = None) -> tuple[float, int]:
+    t = time.perf_counter()
+    code = run(LeapfrogOptions(store=store, version=1, out=out, state_dir=state,
+                               sources=[SourceSpec(x, d) for x, d in dirs.items()]), spark=spark)
+    return time.perf_counter() - t, code
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--records", type=int, default=2_000_000, help="VT records per region")
+    ap.add_argument("--dir", default="/tmp/tidegauge-bench-leapfrog")
+    ap.add_argument("--repeat", type=int, default=2)
+    ap.add_argument("--master", default="local[2]")
+    ap.add_argument("--incremental", action="store_true")
+    args = ap.parse_args()
+    w = Workload(vt_records=args.records)
+    root = os.path.join(args.dir, f"w{args.records}")
+    t = time.perf_counter()
+    if not os.path.isdir(os.path.join(root, "full")):
+        generate(w, root)
+    build_s = time.perf_counter() - t
+    spark = get_session(args.master, conf={"spark.sql.shuffle.partitions": "8", "spark.driver.memory": "4g"})
+    dirs = {x: f"{root}/full/dc-{x}" for x in range(w.regions)}
+    dec, jobs = [], []
+    for i in range(args.repeat):
+        dec.append(decode_pass(spark, dirs, w.store))
+        s, code = job(spark, dirs, os.path.join(args.dir, f"out-{i}"), w.store)
+        jobs.append(s)
+    result = {"benchmark": "leapfrog", "regions": w.regions, "vt_records_per_region": args.records,
+              "build_s": round(build_s, 1), "decode_only_s": round(min(dec), 2), "job_s": round(min(jobs), 2),
+              "ratio": round(min(jobs) / min(dec), 3), "goal": "ratio <= 1.6", "exit_code": code}
+    if args.incremental:
+        if not os.path.isdir(os.path.join(root, "day1")):
+            generate(w, root, split=True)
+        d1 = {x: f"{root}/day1/dc-{x}" for x in range(w.regions)}
+        d2 = {x: f"{root}/day2/dc-{x}" for x in range(w.regions)}
+        state = os.path.join(args.dir, "state")
+        shutil.rmtree(state, ignore_errors=True)
+        job(spark, d1, os.path.join(args.dir, "inc-day1"), w.store, state)
+        inc, _ = job(spark, d2, os.path.join(args.dir, "inc-day2"), w.store, state)
+        full, _ = job(spark, dirs, os.path.join(args.dir, "full-both"), w.store)
+        result.update({"incremental_day2_s": round(inc, 2), "full_rescan_s": round(full, 2),
+                       "incremental_ratio": round(inc / full, 3), "incremental_goal": "<= 0.6"})
+    print(json.dumps(result))
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,115 @@
+"""The state a nightly Leap Frog run leaves for the next one (`--state DIR`), and its atomic commit.
+
+What is carried follows `leapfrog.state` (heartbeat mode): per region partition the offset reached, the final
+mark, how the first run started and the mark before its first gap; per key and region the records that can still
+take part in a comparison; and every finding so far. Layout:
+
+    DIR/state.json   meta (store, version, mode, pairs, regions) and the per region partition facts
+    DIR/keys/        Parquet: partition, key, region, offset, value_hash, carry (flags, vector, mark)
+    DIR/findings/    Parquet: the findings so far, in the output's columns
+
+A run writes the next state beside DIR and swaps it in with renames, so a run killed at any moment leaves the
+previous state, and running again gives the same result.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+VERSION = 1
+
+
+class StateError(Exception):
+    """A state directory that does not fit this run (other store, mode or pairs) or cannot be read."""
+
+
+def pack_carry(absent: bool, last_open: bool, vector, mark) -> bytes:
+    """One carried record's flags, per-key vector and mark as bytes (little-endian longs)."""
+    flags = (1 if absent else 0) | (2 if last_open else 0)
+    return bytes([flags]) + np.asarray(vector, "<i8").tobytes() + np.asarray(mark, "<i8").tobytes()
+
+
+def unpack_carry(blobs: list[bytes], n: int) -> tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray]:
+    """(absent, last_open, vectors (rows, n), marks (rows, n)) of packed carried records."""
+    m = len(blobs)
+    raw = np.frombuffer(b"".join(blobs), np.uint8).reshape(m, 1 + 16 * n) if m else np.zeros((0, 1 + 16 * n), np.uint8)
+    flags = raw[:, 0]
+    body = np.ascontiguousarray(raw[:, 1:]).view("<i8").reshape(m, 2 * n)
+    return (flags & 1).astype(bool), (flags & 2).astype(bool), body[:, :n].astype(np.int64), body[:, n:].astype(np.int64)
+
+
+@dataclass
+class State:
+    path: Path
+    meta: dict[str, Any]
+    regions: dict[tuple[int, int], dict[str, Any]]  # (region, partition) → last_offset, final_hw, baseline, ...
+
+    @property
+    def keys_dir(self) -> Path:
+        return self.path / "keys"
+
+    @property
+    def findings_dir(self) -> Path:
+        return self.path / "findings"
+
+
+def load(path: str | os.PathLike, *, store: str, version: int, mode: str, pairs: list[tuple[int, int]],
+         regions: list[int]) -> State | None:
+    """The state in `path`, or None when there is none yet. Raises StateError when it belongs to another run."""
+    path = Path(path)
+    meta_file = path / "state.json"
+    if not meta_file.exists():
+        if path.exists() and any(path.iterdir()):
+            raise StateError(f"--state {path}: not empty but has no state.json (not a tidegauge state directory)")
+        return None
+    try:
+        doc = json.loads(meta_file.read_text())
+    except (OSError, json.JSONDecodeError) as exc:
+        raise StateError(f"--state {path}: state.json is unreadable: {exc}") from None
+    meta = doc.get("meta", {})
+    expected = {"store": store, "version": version, "mode": mode, "pairs": [list(p) for p in pairs],
+                "regions": sorted(regions)}
+    for k, v in expected.items():
+        if meta.get(k) != v:
+            raise StateError(f"--state {path}: it was built with {k} = {meta.get(k)!r}, this run has {v!r} "
+                             "(use another --state directory, or remove this one for a full rescan)")
+    if doc.get("format") != VERSION:
+        raise StateError(f"--state {path}: state format {doc.get('format')!r} is not {VERSION}")
+    regions_state = {(r["region"], r["partition"]): r for r in doc.get("regions", [])}
+    return State(path, meta, regions_state)
+
+
+def staging_dir(path: str | os.PathLike) -> Path:
+    path = Path(path)
+    stage = path.with_name(f".{path.name}.next-{os.getpid()}")
+    shutil.rmtree(stage, ignore_errors=True)
+    for old in path.parent.glob(f".{path.name}.next-*"):
+        shutil.rmtree(old, ignore_errors=True)
+    stage.mkdir(parents=True)
+    return stage
+
+
+def write_meta(stage: Path, meta: dict[str, Any], regions: list[dict[str, Any]]) -> None:
+    from div.checkpoint import atomic_write
+
+    atomic_write(stage / "state.json", (json.dumps({"format": VERSION, "meta": meta, "regions": regions},
+                                                   indent=1) + "\n").encode())
+
+
+def commit(path: str | os.PathLike, stage: Path) -> None:
+    """Swap the staged state in (rename the old one away first, then the new one in)."""
+    path = Path(path)
+    old = None
+    if path.exists():
+        old = path.with_name(f".{path.name}.old-{os.getpid()}")
+        os.replace(path, old)
+    os.replace(stage, path)
+    if old is not None:
+        shutil.rmtree(old, ignore_errors=True)

@@ -1,0 +1,224 @@
+"""Stage A of Leap Frog: decode each VT split in offset order and keep its running marks, in one pass.
+
+Inside `mapInArrow`, each task reads one split (one region's partition, an offset range, in order). For every
+record it decodes what Leap Frog needs (`pipelines.vt_decode`) and computes, with numpy running maxima, the split's
+*local* running high-water mark. It emits one row per data record (with the local mark before it), the rows that
+chunked values need, and at the end one summary row: counts, End of Push, heartbeats, gaps inside the split, and
+the local maxima. The driver turns the small summaries into each split's prefix mark (the mark the region had
+reached before the split), so `true mark = max(local mark, prefix)` — no shuffle, no window, no second pass.
+
+A split has up to two segment boundaries, right after its first End of Push and right after its first heartbeat
+carrying a vector: the two places a scan can start. Local marks restart at each boundary, so whichever one the
+driver picks as the start, the rows after it have marks that count only what follows the start.
+"""
+
+from __future__ import annotations
+
+import json
+import zlib
+from collections import Counter
+
+import numpy as np
+import pyarrow as pa
+
+from . import vt_decode as V
+
+SUMMARY = 10
+SCAN_SCHEMA = pa.schema([
+    ("bucket", pa.int32()), ("order", pa.int8()),
+    ("split", pa.int32()), ("seg", pa.int8()), ("region", pa.int32()), ("partition", pa.int32()),
+    ("offset", pa.int64()), ("kind", pa.int8()), ("key", pa.binary()), ("value_hash", pa.int64()),
+    ("deleted", pa.bool_()), ("src", pa.int32()), ("src_offset", pa.int64()), ("rmd", pa.list_(pa.int64())),
+    ("hw", pa.binary()), ("chunk_keys", pa.list_(pa.binary())), ("payload", pa.binary()),
+    ("summary", pa.string()), ("carry", pa.binary()),
+])
+SCAN_DDL = ("bucket int, order byte, split int, seg byte, region int, partition int, offset long, kind byte, "
+            "key binary, value_hash long, deleted boolean, src int, src_offset long, rmd array<long>, hw binary, "
+            "chunk_keys array<binary>, payload binary, summary string, carry binary")
+MAX_LISTED = 100
+_KEEP = (V.DATA, V.MANIFEST, V.CHUNK)
+
+
+class _Segment:
+    """Counts and maxima of one segment of a split (the part between two boundaries)."""
+
+    def __init__(self, n: int, first_offset: int | None, boundary_kind: str | None) -> None:
+        self.first_offset = first_offset  # offset of the row the boundary follows (None for the split's start)
+        self.boundary_kind = boundary_kind  # None, "eop" or "hbw"
+        self.max = np.full(n, -1, np.int64)
+        self.data = 0
+        self.heartbeats: Counter[int] = Counter()
+        self.out_of_range = 0
+        self.out_of_range_offsets: list[int] = []
+        self.gaps: list[list] = []  # [first, last, local mark before the gap]
+        self.last_offset: int | None = None
+        self.rows = 0
+
+    def to_json(self) -> dict:
+        return {"after": self.first_offset, "kind": self.boundary_kind, "max": self.max.tolist(),
+                "data": self.data, "heartbeats": {str(k): v for k, v in self.heartbeats.items()},
+                "out_of_range": self.out_of_range, "out_of_range_offsets": self.out_of_range_offsets,
+                "gaps": self.gaps, "last_offset": self.last_offset, "rows": self.rows}
+
+
+def pack_marks(marks: np.ndarray) -> pa.Array:
+    """(rows, N) int64 marks as fixed-width binary (N little-endian longs): cheaper to shuffle than arrays."""
+    rows, n = marks.shape
+    data = np.ascontiguousarray(marks, dtype="<i8").view(np.uint8).ravel()
+    return pa.FixedSizeBinaryArray.from_buffers(pa.binary(8 * n), rows, [None, pa.py_buffer(data)]).cast(pa.binary())
+
+
+def unpack_marks(col: pa.Array, n: int) -> np.ndarray:
+    """Inverse of `pack_marks`."""
+    fixed = col.cast(pa.binary(8 * n))
+    return np.frombuffer(fixed.buffers()[1], dtype="<i8", count=len(col) * n,
+                         offset=fixed.offset * 8 * n).reshape(len(col), n)
+
+
+class SplitScan:
+    """Callable for `mapInArrow` over `tidegauge_vt` rows: decoded data rows + summary rows per split.
+
+    With `buckets` > 1 (the fused job), data rows carry the reduce bucket of their (partition, key) and the
+    summary row is repeated once per bucket, so every reduce task receives every summary before its data rows.
+    `keep_chunks`: also emit the rows chunked values need (manifests, chunks); otherwise they are only counted.
+    """
+
+    def __init__(self, n_regions: int, mode: str, buckets: int = 1, keep_chunks: bool = True) -> None:
+        self.n = n_regions
+        self.mode = mode
+        self.buckets = buckets
+        self.keep_chunks = keep_chunks
+
+    def __call__(self, batches):
+        dec = V.VtDecoder()
+        n = self.n
+        split = region = partition = None
+        segs: list[_Segment] = []
+        carry = np.full(n, -1, np.int64)
+        prev_offset: int | None = None  # last offset of the split so far
+        first_offset: int | None = None
+        eop_offset = hbw_boundary = None
+        baseline = None
+        chunked = False
+        undecodable = 0
+        undecodable_offsets: list[int] = []
+        chunk_rows = 0
+        for batch in batches:
+            if batch.num_rows == 0:
+                continue
+            if split is None:
+                split = batch.column("split")[0].as_py()
+                region = batch.column("region")[0].as_py()
+                partition = batch.column("partition")[0].as_py()
+                segs.append(_Segment(n, None, None))
+            d = dec.decode(batch, region)
+            kind = np.asarray(d.column("kind").to_numpy(zero_copy_only=False), np.int8)
+            offsets = d.column("offset").to_numpy()
+            src = d.column("src").fill_null(-1).to_numpy().astype(np.int64)
+            src_off = d.column("src_offset").fill_null(-1).to_numpy()
+            hbw = d.column("hbw").to_pylist()
+            if first_offset is None:
+                first_offset = int(offsets[0])
+            rows = len(kind)
+            # where this batch's rows go: segment index of every row, boundaries right after a row
+            seg_of = np.full(rows, len(segs) - 1, np.int8)
+            cuts: list[int] = []
+            for i in np.flatnonzero((kind == V.END_OF_PUSH) | (kind == V.HEARTBEAT)):
+                k = kind[i]
+                if k == V.END_OF_PUSH and eop_offset is None:
+                    eop_offset = int(offsets[i])
+                    cuts.append(i)
+                    segs.append(_Segment(n, eop_offset, "eop"))
+                elif (k == V.HEARTBEAT and hbw_boundary is None and hbw[i] is not None and len(hbw[i]) == n
+                      and 0 <= src[i] < n):
+                    hbw_boundary = int(offsets[i])
+                    baseline = list(hbw[i])
+                    cuts.append(i)
+                    segs.append(_Segment(n, hbw_boundary, "hbw"))
+            for c in cuts:
+                seg_of[c + 1:] += 1
+            for i in np.flatnonzero(kind == V.START_OF_PUSH):
+                chunked = chunked or bool(d.column("chunked")[int(i)].as_py())
+            bad = np.flatnonzero(kind == V.UNDECODABLE)
+            undecodable += len(bad)
+            undecodable_offsets.extend(int(o) for o in offsets[bad][: max(0, MAX_LISTED - len(undecodable_offsets))])
+            # contributions of each row to the running mark
+            contrib = np.full((rows, n), -1, np.int64)
+            in_range = (src >= 0) & (src < n)
+            is_data = (kind == V.DATA) | (kind == V.MANIFEST)
+            data_ok = np.flatnonzero(is_data & in_range)
+            contrib[data_ok, src[data_ok]] = src_off[data_ok]
+            hb_ok = np.flatnonzero((kind == V.HEARTBEAT) & in_range)
+            if self.mode == "heartbeat":
+                for i in hb_ok:
+                    if hbw[i] is not None and len(hbw[i]) == n:
+                        contrib[i] = hbw[i]
+                    contrib[i, src[i]] = max(contrib[i, src[i]], src_off[i])
+            hw_before = np.empty((rows, n), np.int64)
+            start = 0
+            for stop, boundary in [(c + 1, True) for c in cuts] + [(rows, False)]:
+                if stop > start:
+                    block = np.maximum.accumulate(np.vstack([carry, contrib[start:stop]]), axis=0)
+                    hw_before[start:stop] = block[:-1]
+                    carry = block[-1]
+                    seg = segs[seg_of[start]]
+                    seg.max = np.maximum(seg.max, carry)
+                if boundary:
+                    carry = np.full(n, -1, np.int64)  # the next segment starts from nothing
+                start = stop
+            # gaps: offsets missing between consecutive records (compaction), marked with the local mark
+            prev = np.concatenate([[prev_offset if prev_offset is not None else offsets[0] - 1], offsets[:-1]])
+            for i in np.flatnonzero(offsets > prev + 1):
+                segs[seg_of[i]].gaps.append([int(prev[i]) + 1, int(offsets[i]) - 1, hw_before[i].tolist()])
+            prev_offset = int(offsets[-1])
+            is_hb = kind == V.HEARTBEAT
+            counted = is_data | is_hb
+            for si in np.unique(seg_of):
+                s = segs[si]
+                in_seg = seg_of == si
+                s.rows += int(np.count_nonzero(in_seg))
+                s.last_offset = int(offsets[in_seg][-1])
+                s.data += int(np.count_nonzero(in_seg & is_data & in_range))
+                for origin, count in zip(*np.unique(src[in_seg & is_hb & in_range], return_counts=True), strict=True):
+                    s.heartbeats[int(origin)] += int(count)
+                oor = np.flatnonzero(in_seg & counted & ~in_range)
+                s.out_of_range += len(oor)
+                room = MAX_LISTED - len(s.out_of_range_offsets)
+                s.out_of_range_offsets.extend(int(o) for o in offsets[oor][: max(room, 0)])
+            chunky = (kind == V.MANIFEST) | (kind == V.CHUNK)
+            chunk_rows += int(np.count_nonzero(chunky))
+            wanted = np.isin(kind, _KEEP) if self.keep_chunks else kind == V.DATA
+            keep = np.flatnonzero(wanted & (in_range | (kind == V.CHUNK)))
+            if len(keep):
+                idx = pa.array(keep)
+                keys_kept = d.column("key").take(idx)
+                if self.buckets > 1:
+                    bucket = [(zlib.crc32(k) + partition) % self.buckets if k is not None else 0
+                              for k in keys_kept.to_pylist()]
+                else:
+                    bucket = [0] * len(keep)
+                yield pa.RecordBatch.from_arrays([
+                    pa.array(bucket, pa.int32()), pa.array([1] * len(keep), pa.int8()),
+                    pa.array([split] * len(keep), pa.int32()), pa.array(seg_of[keep], pa.int8()),
+                    pa.array([region] * len(keep), pa.int32()), pa.array([partition] * len(keep), pa.int32()),
+                    pa.array(offsets[keep], pa.int64()), pa.array(kind[keep], pa.int8()),
+                    keys_kept, d.column("value_hash").take(idx), d.column("deleted").take(idx),
+                    d.column("src").take(idx), d.column("src_offset").take(idx), d.column("rmd").take(idx),
+                    pack_marks(hw_before[keep]),
+                    d.column("chunk_keys").take(idx), d.column("payload").take(idx),
+                    pa.nulls(len(keep), pa.string()), pa.nulls(len(keep), pa.binary()),
+                ], schema=SCAN_SCHEMA)
+        if split is None:
+            return
+        summary = {"split": split, "region": region, "partition": partition, "first_offset": first_offset,
+                   "last_offset": prev_offset, "eop_offset": eop_offset, "hbw_boundary": hbw_boundary,
+                   "baseline": baseline, "chunked": chunked, "chunk_rows": chunk_rows, "undecodable": undecodable,
+                   "undecodable_offsets": undecodable_offsets, "segments": [s.to_json() for s in segs]}
+        b = self.buckets
+        yield pa.RecordBatch.from_arrays(
+            [pa.array(range(b), pa.int32()), pa.array([0] * b, pa.int8()), pa.array([split] * b, pa.int32()),
+             pa.array([-1] * b, pa.int8()), pa.array([region] * b, pa.int32()), pa.array([partition] * b, pa.int32()),
+             pa.array([prev_offset] * b, pa.int64()), pa.array([SUMMARY] * b, pa.int8()),
+             *[pa.nulls(b, SCAN_SCHEMA.field(i).type) for i in range(8, 17)],
+             pa.array([json.dumps(summary)] * b, pa.string()), pa.nulls(b, pa.binary())],
+            schema=SCAN_SCHEMA)

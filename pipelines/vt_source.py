@@ -1,0 +1,196 @@
+"""`tidegauge_vt`: every region's version topic as one DataFrame, split by offset range, each split in offset order.
+
+Leap Frog's running high-water marks follow VT order. Spark's Parquet reader packs files into tasks in no
+particular order, so archives and live clusters are both read through this Python data source: a split is one
+(region, partition, offset range), read in offset order (`div.archive.iter_partition` or
+`div.kafka_log.iter_partition`), and every row carries its split id so the decoding stage can keep per-split
+running state. End offsets are fixed when the job is planned.
+
+Kafka client settings travel in the option `kafka_secret_conf`: Spark redacts options whose name matches its
+redaction pattern (`secret`), so they never show in plans or the UI.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+from collections.abc import Iterator, Mapping
+from dataclasses import dataclass
+
+import pyarrow as pa
+from pyspark.sql import DataFrame, SparkSession
+from pyspark.sql.datasource import DataSource, DataSourceReader, InputPartition
+from pyspark.sql.types import (
+    ArrayType,
+    BinaryType,
+    IntegerType,
+    LongType,
+    StringType,
+    StructField,
+    StructType,
+)
+
+from div import archive, kafka_log
+
+SHORT_NAME = "tidegauge_vt"
+SCHEMA = StructType([
+    StructField("split", IntegerType()),
+    StructField("region", IntegerType()),
+    StructField("partition", IntegerType()),
+    StructField("offset", LongType()),
+    StructField("key", BinaryType()),
+    StructField("value", BinaryType()),
+    StructField("headers", ArrayType(StructType([StructField("key", StringType()),
+                                                 StructField("value", BinaryType())]))),
+])
+_COLUMNS = ["partition", "offset", "key", "value", "headers"]
+
+
+@dataclass
+class VtSplit(InputPartition):
+    """Offsets [start, end) of one region's partition."""
+
+    split: int
+    region: int
+    uri: str
+    partition: int
+    start: int
+    end: int
+
+    def __post_init__(self) -> None:
+        InputPartition.__init__(self, self.split)
+
+
+def _path(uri: str) -> str:
+    return uri[len("file://"):] if uri.startswith("file://") else uri
+
+
+def plan(sources: Mapping[int, str], topic: str, kafka_conf: Mapping[int, Mapping] | None = None,
+         starting: Mapping[tuple[int, int], int] | None = None, max_records_per_split: int | None = None,
+         ) -> list[VtSplit]:
+    """Splits of every region's partitions of `topic`, from `starting[(region, partition)]` (inclusive; default
+    the first offset held) to the current end."""
+    splits: list[VtSplit] = []
+    starting = starting or {}
+    for region in sorted(sources):
+        uri = sources[region]
+        ranges: list[tuple[int, int, int]] = []
+        if uri.startswith("kafka://"):
+            conf = (kafka_conf or {}).get(region) or {}
+            with kafka_log.KafkaLog(kafka_log.parse_kafka_uri(uri), conf) as kl:
+                for p in kl.partitions(topic):
+                    low, high = kl.watermarks(topic, p)
+                    ranges.append((p, low, high))
+        else:
+            for info in archive.describe(_path(uri)):
+                if info.topic == topic:
+                    ranges.append((info.partition, info.first_offset, info.last_offset + 1))
+        for p, low, high in ranges:
+            low = max(low, starting.get((region, p), low))
+            step = max_records_per_split or max(high - low, 1)
+            for s in range(low, max(high, low + 1), step):
+                splits.append(VtSplit(len(splits), region, uri, p, s, min(s + step, high)))
+    return splits
+
+
+class _Reader(DataSourceReader):
+    def __init__(self, options: Mapping[str, str]) -> None:
+        self.topic = options["topic"]
+        self.splits = [VtSplit(**s) for s in json.loads(options["splits"])]
+        self.kafka_conf = {int(k): v for k, v in json.loads(options.get("kafka_secret_conf") or "{}").items()}
+
+    def partitions(self) -> list[InputPartition]:
+        return list(self.splits) or [VtSplit(0, 0, "", 0, 0, 0)]
+
+    def read(self, partition: InputPartition) -> Iterator[pa.RecordBatch]:
+        s: VtSplit = partition  # type: ignore[assignment]
+        if s.end <= s.start:
+            return
+        if s.uri.startswith("kafka://"):
+            batches = kafka_log.iter_partition(kafka_log.parse_kafka_uri(s.uri), self.kafka_conf.get(s.region) or {},
+                                               self.topic, s.partition, s.start, s.end)
+        else:
+            batches = archive.iter_partition(_path(s.uri), self.topic, s.partition, s.start, s.end, columns=_COLUMNS)
+        for b in batches:
+            n = b.num_rows
+            yield pa.RecordBatch.from_arrays(
+                [pa.array([s.split] * n, pa.int32()), pa.array([s.region] * n, pa.int32()),
+                 b.column("partition").cast(pa.int32()), b.column("offset"), b.column("key"), b.column("value"),
+                 b.column("headers")],
+                names=[f.name for f in SCHEMA.fields])
+
+
+class VtDataSource(DataSource):
+    @classmethod
+    def name(cls) -> str:
+        return SHORT_NAME
+
+    def schema(self) -> StructType:
+        return SCHEMA
+
+    def reader(self, schema: StructType) -> DataSourceReader:
+        return _Reader(self.options)
+
+
+def read_vt(spark: SparkSession, splits: list[VtSplit], topic: str,
+            kafka_conf: Mapping[int, Mapping] | None = None) -> DataFrame:
+    """The records of the planned splits (one Spark partition each) with split and region columns."""
+    spark.dataSource.register(VtDataSource)
+    payload = [{"split": s.split, "region": s.region, "uri": s.uri, "partition": s.partition, "start": s.start,
+                "end": s.end} for s in splits]
+    return (spark.read.format(SHORT_NAME).option("topic", topic).option("splits", json.dumps(payload))
+            .option("kafka_secret_conf", json.dumps({str(k): dict(v) for k, v in (kafka_conf or {}).items()}))
+            .load())
+
+
+def chunked_version(splits: list[VtSplit], topic: str, kafka_conf: Mapping[int, Mapping] | None = None,
+                    probe: int = 64) -> bool:
+    """Whether any region's StartOfPush (read from the first records of each partition) says chunked."""
+    from div import envelope as E
+    from div.keys import HEADER_CONTROL_MESSAGE
+
+    codec = E.EnvelopeCodec()
+    firsts: dict[tuple[int, int], VtSplit] = {}
+    for s in splits:
+        k = (s.region, s.partition)
+        if k not in firsts or s.start < firsts[k].start:
+            firsts[k] = s
+    for s in firsts.values():
+        end = min(s.end, s.start + probe)
+        if s.uri.startswith("kafka://"):
+            batches = kafka_log.iter_partition(kafka_log.parse_kafka_uri(s.uri), (kafka_conf or {}).get(s.region) or {},
+                                               topic, s.partition, s.start, end)
+        else:
+            batches = archive.iter_partition(_path(s.uri), topic, s.partition, s.start, end, columns=["key", "value"])
+        for b in batches:
+            for key, value in zip(b.column("key").to_pylist(), b.column("value").to_pylist(), strict=True):
+                if not key or key[0] != HEADER_CONTROL_MESSAGE:
+                    continue
+                try:
+                    env = codec.decode(value)
+                except E.UndecodableError:
+                    continue
+                if E.control_type(env) == E.START_OF_PUSH and E.control_body(env).get("chunked"):
+                    return True
+    return False
+
+
+def check_sources(sources: Mapping[int, str], topic: str, kafka_conf: Mapping[int, Mapping] | None = None,
+                  may_lack_topic: set[int] | frozenset = frozenset()) -> None:
+    """Raise ValueError naming the first source that cannot be read or lacks the topic (regions in
+    `may_lack_topic` may: an incremental run over a region with nothing new)."""
+    for region, uri in sorted(sources.items()):
+        if uri.startswith("kafka://"):
+            try:
+                topics = kafka_log.list_topics(kafka_log.parse_kafka_uri(uri), (kafka_conf or {}).get(region) or {})
+            except kafka_log.KafkaLogError as exc:
+                raise ValueError(f"source {region}={uri}: {exc}") from exc
+        else:
+            if not os.path.isdir(_path(uri)):
+                raise ValueError(f"source {region}={uri}: no such archive directory")
+            try:
+                topics = archive.topics(_path(uri))
+            except archive.ArchiveError as exc:
+                raise ValueError(f"source {region}={uri}: {exc}") from exc
+        if topic not in topics and region not in may_lack_topic:
+            raise ValueError(f"source {region}={uri}: no topic {topic!r} (it has {', '.join(topics) or 'none'})")
