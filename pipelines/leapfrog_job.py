@@ -199,12 +199,16 @@ def run(opts: LeapfrogOptions, spark: SparkSession | None = None) -> int:
         fused = (len(splits) * buckets <= FUSED_MAX_SUMMARY_ROWS
                  and not chunked_version(splits, opts.topic, opts.kafka_conf))
         if fused:
-            result, facts = job.fused()
+            result, _ = job.fused()
+            counter_rows, facts = _counters(result)
+            if facts is None:
+                facts, _ = plan_marks([], ends, n, carried)
             if any(rp.chunk_rows for rp in facts.values()):  # chunked values without a StartOfPush in view
                 result.unpersist()
                 fused = False
         if not fused:
             result, facts = job.two_phase()
+            counter_rows, _ = _counters(result)
         timings["scan_and_compare_s"] = round(time.time() - t0, 3)
         all_partitions = sorted({p for _, p in facts} | {p for _, p in ends})
         failed = []
@@ -212,14 +216,29 @@ def run(opts: LeapfrogOptions, spark: SparkSession | None = None) -> int:
             for r in regions:
                 if (r, p) not in facts:
                     failed.append({"region": r, "partition": p, "error": f"region {r} has no records of partition {p}"})
-        counter_rows = result.where(F.col("row") == "C").groupBy("partition", "region_a", "region_b").agg(
-            *[F.sum(c).alias(c) for c in ("keys", "comparable_pairs", "skipped_pairs", "pending_keys")]).collect()
-        findings = _findings(result, opts, state).persist(StorageLevel.MEMORY_AND_DISK)
-        _write_findings(findings, out)
-        finding_counts = {(r["partition"], r["region_a"], r["region_b"], r["type"]): r["count"]
-                          for r in findings.groupBy("partition", "region_a", "region_b", "type").count().collect()}
+        old_settled = state.settled_keys() if state is not None else {}
+        by_pair = {(r["partition"], r["region_a"], r["region_b"]): r for r in counter_rows}
+        for k, n_settled in old_settled.items():  # settled keys this run did not visit still count as keys
+            r = by_pair.get(k)
+            if r is None:
+                r = by_pair[k] = {"partition": k[0], "region_a": k[1], "region_b": k[2], "keys": 0,
+                                  "comparable_pairs": 0, "skipped_pairs": 0, "pending_keys": 0, "new_findings": 0,
+                                  "settled_touched": 0, "settled_new": 0}
+                counter_rows.append(r)
+            r["keys"] += n_settled - r["settled_touched"]
+        findings = _findings(result, opts, state, counter_rows).persist(StorageLevel.MEMORY_AND_DISK)
+        table = _write_findings(findings, out, counter_rows, state is not None)
+        if table is not None:
+            finding_counts = defaultdict(int)
+            for p_, a_, b_, t_ in zip(*(table.column(c).to_pylist() for c in ("partition", "region_a", "region_b",
+                                                                                "type")), strict=True):
+                finding_counts[(p_, a_, b_, t_)] += 1
+        else:
+            finding_counts = {(r["partition"], r["region_a"], r["region_b"], r["type"]): r["count"]
+                              for r in findings.groupBy("partition", "region_a", "region_b", "type").count().collect()}
         if opts.state_dir is not None:  # last: everything this run reads from the old state has been read
-            _commit_state(result, opts, facts, ends, carried, findings, pairs, regions)
+            _commit_state(result, opts, facts, ends, carried, findings, pairs, regions, counter_rows, old_settled,
+                          job.untouched_settled(getattr(job, "new_keys", None)))
         timings["output_s"] = round(time.time() - t0 - sum(timings.values()), 3)
         timings["fused"] = fused
         findings.unpersist()
@@ -253,11 +272,20 @@ class _Job:
     carried: dict[tuple[int, int], dict]
     state: Any
 
-    def _carried_rows(self, columns: list[str]) -> DataFrame | None:
-        """Records the previous run carried, as rows that meet the new ones in the shuffle."""
-        if self.state is None or not self.state.keys_dir.exists():
+    def _carried_rows(self, columns: list[str], new_keys: DataFrame | None) -> DataFrame | None:
+        """Records the previous run carried, as rows that meet the new ones in the shuffle: every active key,
+        and the settled keys that this run's new records touch (`new_keys`: partition, key)."""
+        if self.state is None:
             return None
-        df = self.spark.read.parquet(str(self.state.keys_dir))
+        frames = []
+        if self.state.keys_dir.exists():
+            frames.append(self.spark.read.parquet(str(self.state.keys_dir)))
+        if self.state.settled_dir.exists() and new_keys is not None:
+            settled = self.spark.read.parquet(str(self.state.settled_dir))
+            frames.append(settled.join(F.broadcast(new_keys), ["partition", "key"], "left_semi"))
+        if not frames:
+            return None
+        df = frames[0] if len(frames) == 1 else frames[0].unionByName(frames[1])
         cols = {
             "bucket": F.pmod(F.crc32("key") + F.col("partition"), F.lit(self.buckets)).cast("int"),
             "order": F.lit(1).cast("byte"), "summary": F.lit(None).cast("string"), "partition": F.col("partition"),
@@ -269,27 +297,35 @@ class _Job:
         }
         return df.select(*[cols[c].alias(c) for c in columns])
 
+    def untouched_settled(self, new_keys: DataFrame | None) -> DataFrame | None:
+        """Settled keys no new record touched: they go to the next state as they are."""
+        if self.state is None or not self.state.settled_dir.exists():
+            return None
+        settled = self.spark.read.parquet(str(self.state.settled_dir))
+        if new_keys is None:
+            return settled
+        return settled.join(F.broadcast(new_keys), ["partition", "key"], "left_anti")
+
     def fused(self):
         """One Spark job: scan → shuffle by key → per-key stage; each reduce task plans from the summaries it gets."""
         opts = self.opts
         scan = _scan(self.spark, opts, self.n, self.splits, buckets=self.buckets, keep_chunks=False)
         reduce = ScanReduce(opts.mode, self.pairs, self.n, self.ends, self.carried, opts.state_dir is not None)
-        columns = ["bucket", "order", "summary"] + [c for c in ROW_COLUMNS if c != "rmd" or opts.mode == "rmd"]
+        # what the shuffle carries: no RMD vectors unless mode rmd, no tombstone flag (a null hash says it)
+        columns = ["bucket", "order", "summary"] + [c for c in ROW_COLUMNS
+                                                    if (c != "rmd" or opts.mode == "rmd") and c != "deleted"]
         rows = scan.select(*columns)
-        old = self._carried_rows(columns)
+        self.new_keys = None
+        if self.state is not None and self.state.settled_dir.exists():
+            scan = scan.persist(StorageLevel.MEMORY_AND_DISK)  # read twice: rows, and the keys they touch
+            rows = scan.select(*columns)
+            self.new_keys = scan.where(F.col("order") == 1).select("partition", "key").distinct()
+        old = self._carried_rows(columns, self.new_keys)
         if old is not None:
             rows = rows.unionByName(old)
         result = (rows.repartition(self.buckets, "bucket").sortWithinPartitions("order", *SORT_COLUMNS)
                   .mapInArrow(reduce, OUT_DDL).persist(StorageLevel.MEMORY_AND_DISK))
-        info = result.where(F.col("row") == "S").select("info").limit(1).collect()
-        if info:
-            facts = {}
-            for d in json.loads(info[0]["info"])["facts"]:
-                rp = RegionPartition.from_json(d)
-                facts[(rp.region, rp.partition)] = rp
-        else:
-            facts, _ = plan_marks([], self.ends, self.n, self.carried)
-        return result, facts
+        return result, None  # facts come with the counters (one collect)
 
     def two_phase(self):
         """Scan (persisted) → plan on the driver → chunked values resolved in Spark → shuffle → per-key stage."""
@@ -299,7 +335,8 @@ class _Job:
         facts, prefixes = plan_marks(summaries, self.ends, n, self.carried)
         ctx = CompareContext(opts.mode, self.pairs, views(facts, n, opts.mode), prefixes, n, opts.state_dir is not None)
         data = _prepare(scanned, facts).select(*ROW_COLUMNS)
-        old = self._carried_rows(ROW_COLUMNS)
+        self.new_keys = data.select("partition", "key").distinct() if self.state is not None else None
+        old = self._carried_rows(ROW_COLUMNS, self.new_keys)
         if old is not None:
             data = data.unionByName(old)
         keyed = data.repartition(self.buckets, "partition", F.xxhash64("key")).sortWithinPartitions(*SORT_COLUMNS)
@@ -312,7 +349,33 @@ class _Job:
 _ORDER = [("partition", "ascending"), ("region_a", "ascending"), ("region_b", "ascending"), ("key", "ascending")]
 
 
-def _findings(result: DataFrame, opts: LeapfrogOptions, state) -> DataFrame:
+def _counters(result: DataFrame) -> tuple[list[dict], dict | None]:
+    """Counter rows summed per (partition, pair), and the plan's facts when the reduce tasks sent them (fused
+    runs): small, collected in one Spark job."""
+    t = result.where(F.col("row").isin("C", "S")).select(
+        "row", "partition", "region_a", "region_b", "keys", "comparable_pairs", "skipped_pairs", "pending_keys",
+        "value_mismatch", "missing_in_a", "missing_in_b", "settled_touched", "settled_new", "info").toArrow()
+    sums: dict[tuple[int, int, int], dict] = {}
+    facts = None
+    for r in t.to_pylist():
+        if r["row"] == "S":
+            if facts is None:
+                facts = {}
+                for d in json.loads(r["info"])["facts"]:
+                    rp = RegionPartition.from_json(d)
+                    facts[(rp.region, rp.partition)] = rp
+            continue
+        k = (r["partition"], r["region_a"], r["region_b"])
+        acc = sums.setdefault(k, {"partition": k[0], "region_a": k[1], "region_b": k[2], "keys": 0,
+                                  "comparable_pairs": 0, "skipped_pairs": 0, "pending_keys": 0, "new_findings": 0,
+                                  "settled_touched": 0, "settled_new": 0})
+        for c in ("keys", "comparable_pairs", "skipped_pairs", "pending_keys", "settled_touched", "settled_new"):
+            acc[c] += r[c] or 0
+        acc["new_findings"] += r["value_mismatch"] + r["missing_in_a"] + r["missing_in_b"]
+    return list(sums.values()), facts
+
+
+def _findings(result: DataFrame, opts: LeapfrogOptions, state, counter_rows) -> DataFrame:
     """This run's findings, and with --state every finding so far: per (pair, key) the one first in
     (B offset, A offset) order, as a full rescan would report."""
     new = (result.where(F.col("row") == "F")
@@ -329,31 +392,38 @@ def _findings(result: DataFrame, opts: LeapfrogOptions, state) -> DataFrame:
     return both.withColumn("_rank", F.row_number().over(w)).where(F.col("_rank") == 1).drop("_rank")
 
 
-def _write_findings(findings: DataFrame, out: OutputDir) -> None:
-    """OUT/inconsistencies: one sorted file written from the driver when findings are few (the usual case),
-    else written by Spark in parallel."""
+def _write_findings(findings: DataFrame, out: OutputDir, counter_rows: list[dict], resumed: bool):
+    """OUT/inconsistencies: one sorted file written from the driver when findings are few (the usual case:
+    one Spark job), else written by Spark in parallel. Returns the findings table when it was collected."""
     import pyarrow.parquet as pq
 
     path = out.file("inconsistencies")
-    few = findings.limit(FINDINGS_ON_DRIVER + 1).count() <= FINDINGS_ON_DRIVER
+    new = sum(r["new_findings"] for r in counter_rows)
+    few = new <= FINDINGS_ON_DRIVER and (not resumed or findings.count() <= FINDINGS_ON_DRIVER)
     if not few:
         findings.write.mode("overwrite").parquet(str(path))
-        return
+        return None
     table = findings.toArrow().sort_by(_ORDER)
     path.mkdir(parents=True, exist_ok=True)
     pq.write_table(table, path / "part-00000.parquet")
+    return table
 
 
 def _commit_state(result: DataFrame, opts: LeapfrogOptions, facts: dict, ends: dict, carried: dict,
-                  findings: DataFrame, pairs, regions) -> None:
+                  findings: DataFrame, pairs, regions, counter_rows: list[dict], old_settled: dict,
+                  untouched: DataFrame | None) -> None:
     """Write the next state beside --state and swap it in (before the output is committed)."""
     from . import leapfrog_state as S
 
     stage = S.staging_dir(opts.state_dir)
-    (result.where(F.col("row") == "K")
-     .select("partition", "key", F.col("region_a").alias("region"), F.col("a_vt_offset").alias("offset"),
-             F.col("a_value_hash").alias("value_hash"), F.col("blob").alias("carry"))
-     .write.mode("overwrite").parquet(str(stage / "keys")))
+    k_rows = result.where(F.col("row") == "K").select(
+        "type", "partition", "key", F.col("region_a").alias("region"), F.col("a_vt_offset").alias("offset"),
+        F.col("a_value_hash").alias("value_hash"), F.col("blob").alias("carry"))
+    k_rows.where(F.col("type") == "active").drop("type").write.mode("overwrite").parquet(str(stage / "keys"))
+    settled = k_rows.where(F.col("type") == "settled").drop("type")
+    if untouched is not None:
+        settled = settled.unionByName(untouched.select("partition", "key", "region", "offset", "value_hash", "carry"))
+    settled.write.mode("overwrite").parquet(str(stage / "settled"))
     findings.write.mode("overwrite").parquet(str(stage / "findings"))
     region_rows = []
     for (region, partition), rp in sorted(facts.items()):
@@ -365,11 +435,15 @@ def _commit_state(result: DataFrame, opts: LeapfrogOptions, facts: dict, ends: d
             "prefix_known": rp.prefix_known, "gap_hw": list(rp.next_freeze()) if rp.next_freeze() else None,
             "eop_offset": rp.eop_offset, "chunked": rp.chunked,
         })
+    settled_counts = []
+    for r in counter_rows:
+        k = (r["partition"], r["region_a"], r["region_b"])
+        settled_counts.append({"partition": k[0], "region_a": k[1], "region_b": k[2],
+                               "keys": r["settled_new"] + old_settled.get(k, 0) - r["settled_touched"]})
     meta = {"store": opts.store, "version": opts.version, "mode": opts.mode, "pairs": [list(p) for p in pairs],
-            "regions": sorted(regions)}
+            "regions": sorted(regions), "settled_keys": settled_counts}
     S.write_meta(stage, meta, region_rows)
     S.commit(opts.state_dir, stage)
-
 
 def _summary(opts: LeapfrogOptions, facts: dict, counter_rows, finding_counts: dict, pairs, failed) -> dict[str, Any]:
     by_pair = []

@@ -58,6 +58,8 @@ OUT_SCHEMA = pa.schema([
     ("value_mismatch", pa.int64()),
     ("missing_in_a", pa.int64()),
     ("missing_in_b", pa.int64()),
+    ("settled_touched", pa.int64()),  # "C" rows with --state: settled keys this run's records touched
+    ("settled_new", pa.int64()),  # ... and keys settled at the end of this run
     ("info", pa.string()),
     ("blob", pa.binary()),  # "K" rows: a record carried to the next run (pipelines.leapfrog_state.pack_carry)
 ])
@@ -65,7 +67,8 @@ OUT_DDL = ("row string, partition int, region_a int, region_b int, type string, 
            "a_value_hash long, b_value_hash long, a_deleted boolean, b_deleted boolean, a_vt_offset long, "
            "b_vt_offset long, a_vector array<long>, b_vector array<long>, a_high_watermark array<long>, "
            "b_high_watermark array<long>, keys long, comparable_pairs long, skipped_pairs long, pending_keys long, "
-           "value_mismatch long, missing_in_a long, missing_in_b long, info string, blob binary")
+           "value_mismatch long, missing_in_a long, missing_in_b long, settled_touched long, settled_new long, "
+           "info string, blob binary")
 ROW_COLUMNS = ["partition", "key", "region", "offset", "value_hash", "deleted", "src", "src_offset", "rmd", "split",
                "seg", "hw", "carry"]
 SORT_COLUMNS = ["partition", "key", "region", "offset"]
@@ -88,10 +91,11 @@ class CompareContext:
 
 
 class _Counters:
-    __slots__ = ("keys", "comparable", "skipped", "pending", "by_type")
+    __slots__ = ("keys", "comparable", "skipped", "pending", "by_type", "settled_touched", "settled_new")
 
     def __init__(self) -> None:
         self.keys = self.comparable = self.skipped = self.pending = 0
+        self.settled_touched = self.settled_new = 0
         self.by_type = dict.fromkeys(FINDING_TYPES, 0)
 
 
@@ -104,7 +108,7 @@ def _batch(rows: list[tuple]) -> pa.RecordBatch:
 def _counter_rows(counters: dict[tuple[int, int, int], _Counters]) -> list[tuple]:
     return [("C", p, x, y) + (None,) * 13 + (c.keys, c.comparable, c.skipped, c.pending,
                                              c.by_type["VALUE_MISMATCH"], c.by_type["MISSING_IN_A"],
-                                             c.by_type["MISSING_IN_B"], None, None)
+                                             c.by_type["MISSING_IN_B"], c.settled_touched, c.settled_new, None, None)
             for (p, x, y), c in sorted(counters.items())]
 
 
@@ -112,33 +116,33 @@ def _finding_row(p, x, y, ftype, key, a, b) -> tuple:
     a = a or (None,) * 5
     b = b or (None,) * 5
     return ("F", p, x, y, ftype, key, fnv1a_64(key), a[0], b[0], a[1], b[1], a[2], b[2], a[3], b[3], a[4], b[4],
-            *_NONE7, None, None)
-
-
-def _state_row(p, region, key, value_hash, offset, blob) -> tuple:
-    return ("K", p, region, None, None, key, None, value_hash, None, None, None, offset) + (None,) * 13 + (blob,)
+            *_NONE7, None, None, None, None)
 
 
 class _Marks:
     """Raises stage A's local marks by their (split, segment) prefix; rows before the scan start are dropped."""
 
     def __init__(self, ctx: CompareContext) -> None:
-        keys = sorted(ctx.prefixes)
-        self.index = {k: i for i, k in enumerate(keys)}
         n = ctx.n_regions
-        self.matrix = np.array([ctx.prefixes[k] for k in keys], np.int64).reshape(len(keys), n)
         self.n = n
+        keys = sorted(ctx.prefixes)
+        max_split = max((k[0] for k in keys), default=0)
+        # dense lookup: row index of (split, segment + 1); -1 = a segment before the scan start
+        self.lookup = np.full((max_split + 2, 4), -1, np.int64)
+        for i, (split, seg) in enumerate(keys):
+            self.lookup[split, seg + 1] = i
+        self.matrix = np.array([ctx.prefixes[k] for k in keys], np.int64).reshape(len(keys), n)
 
     def apply(self, batch: pa.RecordBatch) -> tuple[pa.RecordBatch, np.ndarray]:
-        """(rows after their scan start, their hw_before as an (rows, N) array)."""
-        split = batch.column("split").to_numpy()
-        seg = batch.column("seg").to_numpy()
-        index = self.index
-        idx = np.fromiter((index.get((a, b), -1) for a, b in zip(split.tolist(), seg.tolist(), strict=True)),
-                          np.int64, count=len(split))
-        carried = (~batch.column("carry").is_null().to_numpy(zero_copy_only=False)
-                   if "carry" in batch.schema.names else np.zeros(len(idx), bool))
-        idx[carried] = -2  # carried records keep their own marks
+        """(rows after their scan start, their hw_before as an (rows, N) array). Carried rows (from --state)
+        are kept with their own marks."""
+        split = batch.column("split").to_numpy().astype(np.int64)
+        seg = batch.column("seg").to_numpy().astype(np.int64)
+        known = (split >= 0) & (split < len(self.lookup) - 1)
+        idx = np.full(len(split), -1, np.int64)
+        idx[known] = self.lookup[split[known], seg[known] + 1]
+        if "carry" in batch.schema.names:
+            idx[~batch.column("carry").is_null().to_numpy(zero_copy_only=False)] = -2
         keep = np.flatnonzero(idx != -1)
         if len(keep) < batch.num_rows:
             batch = batch.take(pa.array(keep))
@@ -190,10 +194,13 @@ class VectorKeyStage:
     def __call__(self, batches: Iterator[pa.RecordBatch]) -> Iterator[pa.RecordBatch]:
         marks = _Marks(self.ctx)
         counters: dict[tuple[int, int, int], _Counters] = defaultdict(_Counters)
+        self.state_batches: list[pa.RecordBatch] = []
         for table, hwb in _regroup(marks.apply(b) for b in batches):
             rows = self._chunk(table, hwb, counters)
             if rows:
                 yield _batch(rows)
+            yield from self.state_batches
+            self.state_batches = []
         if counters:
             yield _batch(_counter_rows(counters))
 
@@ -224,6 +231,7 @@ class VectorKeyStage:
             p = int(part[lo])
             groups = np.unique(gid[lo:hi])
             hist, present, carried, had_open = {}, {}, {}, {}
+            touched_settled: set[int] = set()
             for x in ctx.regions():
                 view = ctx.views.get((x, p))
                 if view is None:
@@ -231,11 +239,16 @@ class VectorKeyStage:
                 in_region = region[lo:hi] == x
                 sel = lo + np.flatnonzero(in_region & ~is_carried[lo:hi])
                 csel = lo + np.flatnonzero(in_region & is_carried[lo:hi])
-                carried[x] = _carried(carry_col, csel, gid, offset, cls, ctx.n_regions) if len(csel) else None
+                carried[x], was_settled = (_carried(carry_col, csel, gid, offset, cls, ctx.n_regions) if len(csel)
+                                           else (None, None))
+                if was_settled is not None:
+                    touched_settled.update(carried[x].gid[was_settled].tolist())
                 had_open[x] = _last_open_of(carried[x])
                 hist[x] = vz.build(view, gid[sel], offset[sel], cls[sel], src[sel], src_off[sel], hwb[sel], groups,
                                    carried[x])
                 present[x] = np.unique(gid[lo + np.flatnonzero(in_region)])
+            unsettled: set[int] = set()
+            pair_groups: dict[tuple[int, int], np.ndarray] = {}
             for x, y in ctx.pairs:
                 if x not in hist or y not in hist:
                     continue
@@ -243,7 +256,11 @@ class VectorKeyStage:
                 if not len(in_pair):
                     continue
                 res = vz.compare(hist[x], hist[y], in_pair)
+                unsettled.update(in_pair[res.pending].tolist())
+                pair_groups[(x, y)] = in_pair
                 c = counters[(p, x, y)]
+                if touched_settled:
+                    c.settled_touched += sum(1 for g in in_pair.tolist() if g in touched_settled)
                 c.keys += len(in_pair)
                 c.comparable += int(res.comparable_pairs.sum()) - self._counted_before(p, x, y, carried, in_pair)
                 c.skipped += int(res.skipped.sum())
@@ -258,7 +275,10 @@ class VectorKeyStage:
                     c.by_type[ftype] += 1
                     out.append(_finding_row(p, x, y, ftype, key, a, b))
             if ctx.emit_state:
-                out.extend(self._state_rows(p, hist, present, had_open, groups, keys, group_first))
+                batches, settled = self._state_rows(p, hist, present, had_open, groups, keys, group_first, unsettled)
+                self.state_batches.extend(batches)
+                for (x, y), in_pair in pair_groups.items():
+                    counters[(p, x, y)].settled_new += int(np.isin(in_pair, settled).sum())
         return out
 
     def _counted_before(self, p: int, x: int, y: int, carried: dict, in_pair: np.ndarray) -> int:
@@ -274,27 +294,55 @@ class VectorKeyStage:
         return int(vz.compare(vz.previous(vx, cx, groups), vz.previous(vy, cy, groups), groups)
                    .comparable_pairs.sum())
 
-    def _state_rows(self, p, hist, present, had_open, groups, keys, group_first) -> list[tuple]:
-        from .leapfrog_state import pack_carry
+    def _state_rows(self, p, hist, present, had_open, groups, keys, group_first, unsettled: set[int]
+                    ) -> tuple[list[pa.RecordBatch], np.ndarray]:
+        """The records the next run needs, as "K" row batches built column-wise (type "settled" or "active"),
+        and the settled groups. A key is settled when every region that has it carries only its current record
+        and every pair's current records are comparable: later marks cannot make any other pair comparable."""
+        from .leapfrog_state import pack_carry_array
 
-        rows = []
+        kept = {}
         for x, h in hist.items():
             partners = sorted({z for pair in self.ctx.pairs if x in pair for z in pair if z != x and z in hist})
             last_k = [vz.last_vectors(hist[z], self.ctx.views[(z, p)], groups) for z in partners]
-            keep, last_open = vz.carry(h, self.ctx.views[(x, p)], present[x], last_k, groups, had_open[x])
-            for i, lo_ in zip(keep.tolist(), last_open.tolist(), strict=True):
-                cls = int(h.cls[i])
-                rows.append(_state_row(p, x, keys[int(group_first[int(h.gid[i])])].as_py(),
-                                       None if cls == int(vz.NULL_CLASS) else cls, int(h.offset[i]),
-                                       pack_carry(bool(h.absent[i]), lo_, h.vector[i], h.mark[i])))
-        return rows
+            kept[x] = vz.carry(h, self.ctx.views[(x, p)], present[x], last_k, groups, had_open[x])
+        bad = set(unsettled)
+        for x, (keep, _) in kept.items():
+            h = hist[x]
+            g, counts = np.unique(h.gid[keep], return_counts=True)
+            bad.update(g[counts > 1].tolist())
+            bad.update(h.gid[keep][h.absent[keep]].tolist())
+        real = np.unique(np.concatenate([present[x] for x in present])) if present else np.zeros(0, np.int64)
+        settled = np.array([g for g in real.tolist() if g not in bad], np.int64)
+        out = []
+        for x, (keep, last_open) in kept.items():
+            if not len(keep):
+                continue
+            h = hist[x]
+            cls = h.cls[keep]
+            m = len(keep)
+            is_settled = np.isin(h.gid[keep], settled)
+            cols = {name: pa.nulls(m, OUT_SCHEMA.field(name).type) for name in OUT_SCHEMA.names}
+            cols["row"] = pa.array(["K"] * m, pa.string())
+            cols["type"] = pa.array(np.where(is_settled, "settled", "active").tolist(), pa.string())
+            cols["partition"] = pa.array(np.full(m, p, np.int32))
+            cols["region_a"] = pa.array(np.full(m, x, np.int32))
+            cols["key"] = keys.take(pa.array(group_first[h.gid[keep]]))
+            cols["a_value_hash"] = pa.array(cls, pa.int64(), mask=cls == vz.NULL_CLASS)
+            cols["a_vt_offset"] = pa.array(h.offset[keep], pa.int64())
+            cols["blob"] = pack_carry_array(h.absent[keep], last_open, h.vector[keep], h.mark[keep], is_settled)
+            out.append(pa.RecordBatch.from_arrays([cols[n] for n in OUT_SCHEMA.names], schema=OUT_SCHEMA))
+        return out, settled
 
 
-def _carried(carry_col, sel: np.ndarray, gid, offset, cls, n: int) -> vz.Carried:
-    from .leapfrog_state import unpack_carry
+def _carried(carry_col, sel: np.ndarray, gid, offset, cls, n: int) -> tuple[vz.Carried, np.ndarray]:
+    """Carried records of one region (and which of them came from the settled part of the state)."""
+    from .leapfrog_state import unpack_carry_array
 
-    absent, last_open, vectors, marks = unpack_carry(carry_col.take(pa.array(sel)).to_pylist(), n)
-    return vz.Carried(gid[sel].astype(np.int64), cls[sel], absent, offset[sel], vectors, marks, last_open)
+    col = carry_col.take(pa.array(sel))
+    absent, last_open, settled, vectors, marks = unpack_carry_array(
+        col.combine_chunks() if hasattr(col, "combine_chunks") else col, n)
+    return vz.Carried(gid[sel].astype(np.int64), cls[sel], absent, offset[sel], vectors, marks, last_open), settled
 
 
 def _last_open_of(c: vz.Carried | None) -> dict[int, bool]:
@@ -405,7 +453,7 @@ class ScanReduce:
             return  # this task received nothing (its buckets are empty): it has nothing to plan or report
         facts, prefixes = plan_marks(list(summaries.values()), self.ends, self.n, self.carried)
         info = json.dumps({"facts": [rp.to_json() for rp in facts.values()]})
-        yield _batch([("S",) + (None,) * 23 + (info, None)])
+        yield _batch([("S",) + (None,) * 25 + (info, None)])
         ctx = CompareContext(self.mode, self.pairs, views(facts, self.n, self.mode), prefixes, self.n, self.emit_state)
 
         def data():

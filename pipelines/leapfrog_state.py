@@ -5,7 +5,11 @@ mark, how the first run started and the mark before its first gap; per key and r
 take part in a comparison; and every finding so far. Layout:
 
     DIR/state.json   meta (store, version, mode, pairs, regions) and the per region partition facts
-    DIR/keys/        Parquet: partition, key, region, offset, value_hash, carry (flags, vector, mark)
+    DIR/keys/        Parquet: partition, key, region, offset, value_hash, carry (flags, vector, mark) — the
+                     records of keys still in play: every run takes them into its comparison
+    DIR/settled/     the same for *settled* keys: each region holds only its current record and every pair's
+                     current records are already comparable, so only a new record can make the key matter
+                     again; a run takes in only the settled keys its new records touch
     DIR/findings/    Parquet: the findings so far, in the output's columns
 
 A run writes the next state beside DIR and swaps it in with renames, so a run killed at any moment leaves the
@@ -45,6 +49,40 @@ def unpack_carry(blobs: list[bytes], n: int) -> tuple[np.ndarray, np.ndarray, np
     return (flags & 1).astype(bool), (flags & 2).astype(bool), body[:, :n].astype(np.int64), body[:, n:].astype(np.int64)
 
 
+def pack_carry_array(absent: np.ndarray, last_open: np.ndarray, vectors: np.ndarray, marks: np.ndarray,
+                     settled: np.ndarray | None = None):
+    """Carried records as an Arrow binary array: a flags byte (absent, last_open, settled) then the per-key
+    vector and the mark as little-endian longs."""
+    import pyarrow as pa
+
+    m, n = vectors.shape
+    flags = absent.astype(np.uint8) | (last_open.astype(np.uint8) << 1)
+    if settled is not None:
+        flags |= settled.astype(np.uint8) << 2
+    raw = np.empty((m, 1 + 16 * n), np.uint8)
+    raw[:, 0] = flags
+    raw[:, 1:] = np.concatenate([vectors, marks], axis=1).astype("<i8").view(np.uint8).reshape(m, 16 * n)
+    width = 1 + 16 * n
+    return pa.FixedSizeBinaryArray.from_buffers(pa.binary(width), m, [None, pa.py_buffer(raw.tobytes())]).cast(pa.binary())
+
+
+def unpack_carry_array(col, n: int) -> tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray, np.ndarray]:
+    """(absent, last_open, settled, vectors, marks) of an Arrow binary array written by `pack_carry_array`."""
+    import pyarrow as pa
+
+    width = 1 + 16 * n
+    m = len(col)
+    if m == 0:
+        z = np.zeros(0, bool)
+        return z, z, z, np.zeros((0, n), np.int64), np.zeros((0, n), np.int64)
+    fixed = col.cast(pa.binary(width))
+    raw = np.frombuffer(fixed.buffers()[1], np.uint8, count=m * width, offset=fixed.offset * width).reshape(m, width)
+    body = np.ascontiguousarray(raw[:, 1:]).view("<i8").reshape(m, 2 * n)
+    flags = raw[:, 0]
+    return ((flags & 1).astype(bool), (flags & 2).astype(bool), (flags & 4).astype(bool),
+            body[:, :n].astype(np.int64), body[:, n:].astype(np.int64))
+
+
 @dataclass
 class State:
     path: Path
@@ -58,6 +96,14 @@ class State:
     @property
     def findings_dir(self) -> Path:
         return self.path / "findings"
+
+    @property
+    def settled_dir(self) -> Path:
+        return self.path / "settled"
+
+    def settled_keys(self) -> dict[tuple[int, int, int], int]:
+        """Settled keys per (partition, region_a, region_b), for the `keys` counter of runs that skip them."""
+        return {(r["partition"], r["region_a"], r["region_b"]): r["keys"] for r in self.meta.get("settled_keys", [])}
 
 
 def load(path: str | os.PathLike, *, store: str, version: int, mode: str, pairs: list[tuple[int, int]],
@@ -77,7 +123,7 @@ def load(path: str | os.PathLike, *, store: str, version: int, mode: str, pairs:
     expected = {"store": store, "version": version, "mode": mode, "pairs": [list(p) for p in pairs],
                 "regions": sorted(regions)}
     for k, v in expected.items():
-        if meta.get(k) != v:
+        if meta.get(k) != v:  # (settled_keys is extra meta, not part of the identity)
             raise StateError(f"--state {path}: it was built with {k} = {meta.get(k)!r}, this run has {v!r} "
                              "(use another --state directory, or remove this one for a full rescan)")
     if doc.get("format") != VERSION:

@@ -20,6 +20,7 @@ import pytest
 from leapfrog_histories import generated
 from vt_fixtures import STORE, write_archives
 
+from leapfrog import FromState, RegionLog, carry_state, check_partition
 from pipelines.leapfrog_job import LeapfrogOptions, run
 from pipelines.sources import SourceSpec
 
@@ -64,8 +65,22 @@ def test_two_days_equal_one_rescan(spark, tmp_path):
     summary = json.loads((tmp_path / "out-day2" / "summary.json").read_text())
     assert summary["incremental"] is True
     assert sum(summary["totals"]["findings"].values()) == len(expected)
-    carried = pq.read_table(state / "keys").num_rows
+    carried = pq.read_table(state / "keys").num_rows + pq.read_table(state / "settled").num_rows
     assert 0 < carried < sum(len(h.vt[x]) for h in histories for x in range(h.n_regions))
+    assert pq.read_table(state / "settled").num_rows > 0, "no key ever settled: the skip path went untested"
+    # day 2's counters equal the reference's resumed run over what each day's archive shows
+    expected_counts = {}
+    for p, h in enumerate(histories):
+        first = {x: RegionLog([e for e in log.entries if e.vt_offset <= cuts[(p, x)]], log.start, None)
+                 for x, log in h.logs.items()}
+        state_ref = carry_state(check_partition(first, mode="heartbeat", n_regions=h.n_regions))
+        second = {x: RegionLog([e for e in log.entries if e.vt_offset > cuts[(p, x)]], FromState(state_ref), None)
+                  for x, log in h.logs.items()}
+        for (a, b), c in check_partition(second, mode="heartbeat", n_regions=h.n_regions).pair_counters.items():
+            expected_counts[(p, a, b)] = (c.keys, c.comparable_pairs, c.skipped_pairs, c.pending_keys)
+    got_counts = {(e["partition"], e["region_a"], e["region_b"]):
+                  (e["keys"], e["comparable_pairs"], e["skipped_pairs"], e["pending_keys"]) for e in summary["by_pair"]}
+    assert got_counts == expected_counts
     # a state of another run is refused with a clear error
     from pipelines.sources import SourceError
 
