@@ -1,0 +1,602 @@
+"""`tidegauge demo`: the whole nightly job on embedded defaults, for someone who has just installed tidegauge.
+
+It simulates a three-region store on embedded Kafka clusters with faults whose consequences are known
+(`sim`, which writes them to truth.json), runs every job on the archives in one process — `lag`, `leapfrog`,
+`div validate`, `div restore`, `report`, the Spark ones on one SparkSession — and then checks the jobs against
+the truth: every injected fault must be found by the finding truth.json names, and nothing else may be found.
+That check is what makes the demo worth more than a screenshot: it is a small end-to-end acceptance test that
+anyone can run and read.
+
+Layout of the output directory (the same as a nightly deployment would have, one directory per job):
+
+    OUT/sim/        the simulation: archive/dc-<id>/ (Parquet), truth.json, summary.json, followers/
+    OUT/lag/        `tidegauge lag`          OUT/leapfrog/   `tidegauge leapfrog`
+    OUT/div/        `tidegauge div validate` OUT/restore/    `tidegauge div restore`
+    OUT/report/     report.html, report.json OUT/history/    the report's history (kept across demo runs)
+    OUT/demo.json   steps, timings and the fault check;      OUT/demo.log   everything the jobs logged
+"""
+
+from __future__ import annotations
+
+import contextlib
+import io
+import json
+import logging
+import os
+import shutil
+import sys
+import time
+import traceback
+from collections.abc import Callable, Iterator
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+from typing import Any
+
+from sim.config import QuietPeriod, SimConfig
+
+EXIT_MATCH, EXIT_MISMATCH, EXIT_USAGE, EXIT_STEP_FAILED = 0, 1, 2, 3
+
+DEMO_FAULTS = {"dropped": 2, "poisoned": 1, "failover": 1, "duplicate": 1, "gap": 1, "corrupt": 1, "compaction": 1}
+"""Every fault kind the jobs can find (dropped, poisoned: leapfrog; gap, corrupt, duplicate: div validate) and
+the ones they must stay quiet about (failover, compaction). Broker outages are left out: they only cost time."""
+
+MARKER = "demo.json"  # an output directory holding it is a demo's, which a new demo run may replace
+
+
+class DemoError(Exception):
+    """The demo cannot start (a bad --out, no Java); the message says what to do. Exit code 2."""
+
+
+@dataclass
+class DemoOptions:
+    out: str = "tidegauge-demo"
+    seed: int = 1
+    records: int = 12_000  # online writes, all regions together
+    partitions: int = 3
+    verbose: bool = False  # leave job logs on stderr instead of OUT/demo.log
+    master: str | None = None  # Spark master (default local[*])
+
+
+@dataclass
+class Check:
+    """One line of the fault check: `ok`, what was checked and which findings prove it."""
+
+    ok: bool
+    subject: str
+    detail: str
+
+    def line(self) -> str:
+        return f"{'✓' if self.ok else '✗'} {self.subject}: {self.detail}"
+
+
+@dataclass
+class Step:
+    name: str
+    seconds: float
+    result: str
+    ok: bool = True
+
+
+@dataclass
+class DemoResult:
+    out: Path
+    exit_code: int
+    elapsed_s: float
+    steps: list[Step] = field(default_factory=list)
+    checks: list[Check] = field(default_factory=list)
+    report_html: Path | None = None
+
+    @property
+    def matched(self) -> bool:
+        return bool(self.checks) and all(c.ok for c in self.checks)
+
+
+def demo_config(out: str, seed: int = 1, records: int = 12_000, partitions: int = 3) -> SimConfig:
+    """The demo's simulation: small enough for a couple of minutes on 2 cores, with every fault kind the jobs
+    can find, a leader failover, uneven replication lag and a quiet region (which keeps heartbeating)."""
+    return SimConfig(
+        out=out, seed=seed, regions=3, partitions=partitions, records=records, keys=max(1_000, records // 3),
+        batch_records=300, write_rate=[1000.0], heartbeat_every_records=200, heartbeat_every_ms=500,
+        default_lag_ms=150, lag_ms={(0, 2): 600}, quiet=[QuietPeriod(2, 0.3, 0.5, None)],
+        failover_delay_ms=300, faults=dict(DEMO_FAULTS), step_records=5_000, progress=False,
+    ).validate()
+
+
+# -- the fault check ---------------------------------------------------------------------------------------
+def _key_text(hex_key: str | None) -> str:
+    """A key for people: the Avro string it encodes when it is one (`key-00000042`), else its hex."""
+    if not hex_key:
+        return "-"
+    raw = bytes.fromhex(hex_key)
+    n, shift, i = 0, 0, 0
+    while i < len(raw):  # zig-zag varint length prefix of an Avro string
+        b = raw[i]
+        n |= (b & 0x7F) << shift
+        shift += 7
+        i += 1
+        if not b & 0x80:
+            break
+    length = (n >> 1) ^ -(n & 1)
+    text = raw[i:]
+    if length == len(text):
+        try:
+            s = text.decode("utf-8")
+            if s.isprintable():
+                return repr(s)
+        except UnicodeDecodeError:
+            pass
+    return hex_key
+
+
+LeapfrogFinding = tuple[str, int, int, int, str]  # type, region_a, region_b, partition, key hex
+DivFinding = tuple[int, str, int, int, str, bool]  # region, topic, partition, offset, type, fatal
+
+
+def _lf_text(f: LeapfrogFinding) -> str:
+    return f"{f[0]} regions {f[1]}-{f[2]} partition {f[3]} key {_key_text(f[4])}"
+
+
+def _div_text(f: DivFinding) -> str:
+    return f"{f[4]}{' (fatal)' if f[5] else ''} in region {f[0]} {f[1]}[{f[2]}] at offset {f[3]}"
+
+
+def _fault_title(fault: dict) -> str:
+    where = f"region {fault['region']}" + ("" if fault.get("partition") is None else f" partition {fault['partition']}")
+    return f"#{fault['id']} {fault['kind']} ({where})"
+
+
+def _quiet_fault_detail(fault: dict) -> str:
+    d = fault.get("detail") or {}
+    if fault["kind"] == "failover":
+        return (f"the successor (term {d.get('new_leader', {}).get('term')}) resumed from the VT heartbeat at "
+                f"offset {d.get('resumed_from_vt_heartbeat_offset')} and re-applied {d.get('reapplied_vt_records')} "
+                f"records; no false alarm")
+    if fault["kind"] == "compaction":
+        lo, hi = (d.get("range") or [None, None])[:2]
+        return (f"{d.get('removed_records')} superseded records removed from VT offsets {lo}-{hi}; "
+                f"no false alarm (DIV with compaction tolerance)")
+    if fault["kind"] == "broker":
+        return "the region's broker went down and came back; no false alarm"
+    return "nothing expected, nothing reported"
+
+
+def _at(fault: dict, region: int, partition: int) -> bool:
+    """Whether a finding in `region` and `partition` is where `fault` happened (None: anywhere)."""
+    return (fault.get("region") is None or region == fault["region"]) and (
+        fault.get("partition") is None or partition == fault["partition"])
+
+
+def check_faults(truth: dict, leapfrog: set[LeapfrogFinding], div: set[DivFinding]) -> list[Check]:
+    """Compare the findings of `leapfrog` and `div validate` with truth.json's expectations.
+
+    One check per injected fault — found by exactly the findings its `expect` names, or, for a fault that must
+    cause nothing (failover, compaction, broker), no unexpected finding in its region and partition — and one
+    per job saying whether it found anything else. Every expected finding belongs to one fault, so a finding
+    that no fault expects is a false alarm.
+    """
+    expected_lf: set[LeapfrogFinding] = set()
+    expected_div: set[DivFinding] = set()
+    for fault in truth.get("faults", []):
+        expected_lf |= {(e["type"], e["region_a"], e["region_b"], e["partition"], e["key"])
+                        for e in fault["expect"]["leapfrog"]}
+        expected_div |= {(e["region"], e["topic"], e["partition"], e["offset"], e["type"], bool(e["fatal"]))
+                         for e in fault["expect"]["div"]}
+    # A divergence reported at the expected key and region pair but with another type is the fault's, found
+    # wrongly: one ✗ on the fault says so, instead of a false alarm blamed on a neighbour.
+    claimed: set[LeapfrogFinding] = set()
+    for e in expected_lf - leapfrog:
+        claimed |= {f for f in leapfrog - expected_lf if f[1:] == e[1:]}
+    extra_lf, extra_div = leapfrog - expected_lf - claimed, div - expected_div
+    checks: list[Check] = []
+    for fault in truth.get("faults", []):
+        want_lf = {(e["type"], e["region_a"], e["region_b"], e["partition"], e["key"])
+                   for e in fault["expect"]["leapfrog"]}
+        want_div = {(e["region"], e["topic"], e["partition"], e["offset"], e["type"], bool(e["fatal"]))
+                    for e in fault["expect"]["div"]}
+        title = _fault_title(fault)
+        if want_lf or want_div:
+            missed: list[str] = []
+            for m in sorted(want_lf - leapfrog):
+                instead = sorted(f[0] for f in claimed if f[1:] == m[1:])
+                missed.append(_lf_text(m) + (f" (reported as {', '.join(instead)} instead)" if instead else ""))
+            missed += [_div_text(m) for m in sorted(want_div - div)]
+            if missed:
+                checks.append(Check(False, title, "NOT found: " + "; ".join(missed)))
+                continue
+            proof = [f"leapfrog {_lf_text(f)}" for f in sorted(want_lf)]
+            proof += [f"div validate {_div_text(f)}" for f in sorted(want_div)]
+            checks.append(Check(True, title, "found by " + "; ".join(proof)))
+            continue
+        near = [f"leapfrog {_lf_text(f)}" for f in sorted(extra_lf)
+                if _at(fault, f[1], f[3]) or _at(fault, f[2], f[3])]
+        near += [f"div validate {_div_text(f)}" for f in sorted(extra_div) if _at(fault, f[0], f[2])]
+        if near:
+            checks.append(Check(False, title, "a false alarm where it happened: " + _some(near)))
+        else:
+            checks.append(Check(True, title, _quiet_fault_detail(fault)))
+    checks.append(_nothing_else("leapfrog", len(leapfrog), [_lf_text(f) for f in sorted(extra_lf)]))
+    checks.append(_nothing_else("div validate", len(div), [_div_text(f) for f in sorted(extra_div)]))
+    return checks
+
+
+def _nothing_else(job: str, total: int, extra: list[str]) -> Check:
+    if not extra:
+        return Check(True, f"{job}: nothing else", f"each of its {total} finding(s) belongs to an injected fault")
+    return Check(False, f"{job}: nothing else", f"{len(extra)} finding(s) no fault explains: {_some(extra)}")
+
+
+def _some(items: list[str], n: int = 5) -> str:
+    return "; ".join(items[:n]) + (f"; ... ({len(items) - n} more)" if len(items) > n else "")
+
+
+def read_leapfrog_findings(leapfrog_dir: Path) -> set[LeapfrogFinding]:
+    import pyarrow.parquet as pq
+
+    path = leapfrog_dir / "inconsistencies"
+    if not path.exists():
+        return set()
+    t = pq.read_table(path, columns=["type", "region_a", "region_b", "partition", "key"]).to_pylist()
+    return {(r["type"], r["region_a"], r["region_b"], r["partition"], r["key"].hex()) for r in t}
+
+
+def read_div_findings(div_dir: Path) -> set[DivFinding]:
+    import pyarrow.parquet as pq
+
+    path = div_dir / "errors"
+    if not path.exists():
+        return set()
+    t = pq.read_table(path, columns=["region", "topic", "partition", "offset", "type", "fatal"]).to_pylist()
+    return {(r["region"], r["topic"], r["partition"], r["offset"], r["type"], bool(r["fatal"])) for r in t}
+
+
+def check_report(truth: dict, report_json: dict) -> Check:
+    """The report must fail exactly the checks the injected faults break: consistency when a fault expects a
+    divergence, nothing else (RT findings are warnings, heartbeats cover every partition, lag and coverage
+    stay within their limits in a run that ended cleanly)."""
+    divergent = any(f["expect"]["leapfrog"] for f in truth.get("faults", []))
+    fatal = any(e["fatal"] for f in truth.get("faults", []) for e in f["expect"]["div"])
+    expected = ({"consistency"} if divergent else set()) | ({"integrity"} if fatal else set())
+    suites = report_json.get("expectations", {}).get("suites", [])
+    failed = {s["name"] for s in suites if s.get("success") is False}
+    not_run = {s["name"] for s in suites if s.get("success") is None}
+    verdict = report_json.get("verdict", {})
+    summary = (f"{verdict.get('overall')}: regions {verdict.get('regions', {}).get('status')}, "
+               f"logs {verdict.get('logs', {}).get('status')}")
+    if failed == expected and not not_run:
+        what = ", ".join(sorted(failed)) or "none"
+        return Check(True, "report", f"{summary}; failed suites: {what} (as the faults require), every other passed")
+    problems = []
+    if failed - expected:
+        problems.append(f"failed {', '.join(sorted(failed - expected))} that no fault breaks")
+    if expected - failed:
+        problems.append(f"passed {', '.join(sorted(expected - failed))} that the faults break")
+    if not_run:
+        problems.append(f"did not run {', '.join(sorted(not_run))}")
+    return Check(False, "report", f"{summary}; " + "; ".join(problems))
+
+
+# -- running -------------------------------------------------------------------------------------------------
+@contextlib.contextmanager
+def _logs_to(path: Path, enabled: bool) -> Iterator[None]:
+    """Send file descriptor 2 (Python logging, the JVM that Spark starts, worker processes) to `path`, so the
+    demo's own lines stay readable; everything is kept there for when something goes wrong."""
+    if not enabled:
+        yield
+        return
+    sys.stderr.flush()
+    saved = os.dup(2)
+    with open(path, "ab") as log:
+        os.dup2(log.fileno(), 2)
+    try:
+        yield
+    finally:
+        sys.stderr.flush()
+        os.dup2(saved, 2)
+        os.close(saved)
+
+
+class _Progress:
+    def __init__(self, total: int, emit: Callable[[str], None]) -> None:
+        self.total = total
+        self.emit = emit
+        self.t0 = time.perf_counter()
+        self.steps: list[Step] = []
+
+    @contextlib.contextmanager
+    def step(self, name: str, what: str) -> Iterator[list[str]]:
+        """Run one step; the caller appends its one-line result to the yielded list."""
+        n = len(self.steps) + 1
+        self.emit(f"[{n}/{self.total}] {name:<13} {what}")
+        result: list[str] = []
+        t = time.perf_counter()
+        try:
+            yield result
+        except BaseException:
+            self.steps.append(Step(name, time.perf_counter() - t, "failed", ok=False))
+            raise
+        s = time.perf_counter() - t
+        self.steps.append(Step(name, s, "; ".join(result)))
+        self.emit(f"      {'; '.join(result)}  ({s:.1f} s, {time.perf_counter() - self.t0:.0f} s so far)")
+
+
+def prepare_out(out: Path) -> None:
+    """Make `out` ready: a new or empty directory, or an earlier demo's (replaced; its report history kept)."""
+    if out.exists() and not out.is_dir():
+        raise DemoError(f"--out {out}: exists and is not a directory")
+    if out.exists() and any(out.iterdir()):
+        if not (out / MARKER).exists():
+            raise DemoError(f"--out {out}: the directory is not empty and holds no earlier demo ({MARKER}); "
+                            f"choose a new or empty directory")
+        for child in out.iterdir():
+            if child.name == "history":
+                continue
+            shutil.rmtree(child) if child.is_dir() and not child.is_symlink() else child.unlink()
+    out.mkdir(parents=True, exist_ok=True)
+
+
+def _lag_step(out: Path, truth: dict) -> str:
+    """`tidegauge lag` on the archives, measured at the simulation's end (its clock is simulated)."""
+    import argparse
+
+    from . import lag_cmd
+
+    run = truth["run"]
+    archives = [f"{x}={out / 'sim' / 'archive' / f'dc-{x}'}" for x in range(run["regions"])]
+    args = argparse.Namespace(source=archives, rt_source=[], store=run["store"], version=run["version"],
+                              now_ms=run["end_ms"], out=str(out / "lag"), conf=None)
+    table = io.StringIO()
+    with contextlib.redirect_stdout(table):  # the full table is kept beside the outputs
+        code = lag_cmd.run(args)
+    (out / "lag" / "lag.txt").write_text(table.getvalue(), encoding="utf-8")
+    if code != EXIT_MATCH:
+        raise RuntimeError(f"tidegauge lag exited with {code}")
+    rows = json.loads((out / "lag" / "lag.json").read_text())["lag"]
+    worst: dict[int, int] = {}
+    for r in rows:
+        if r["time_lag_ms"] is not None:
+            worst[r["vt_region"]] = max(worst.get(r["vt_region"], 0), r["time_lag_ms"])
+    behind = sum(r["offset_lag"] or 0 for r in rows)
+    return ("worst heartbeat lag per region: " + ", ".join(f"dc-{x} {ms} ms" for x, ms in sorted(worst.items()))
+            + f"; {behind} RT records not yet replicated")
+
+
+def _replayed_vt_state(archive: str, topic: str, partition: int, upto: int, now_ms: int) -> dict[str, dict]:
+    """The VT DIV state after offset `upto` by the slow way — replaying the partition from its first record —
+    keyed as in a PartitionState (GUID bytes as Latin-1 text). Compacted ranges are tolerated as a follower of a
+    compacted topic tolerates them."""
+    from div import archive as A
+    from div import envelope as E
+    from div.validator import PartitionValidator, ValidatorConfig
+
+    codec = E.EnvelopeCodec()
+    val = PartitionValidator(config=ValidatorConfig(min_compaction_lag_ms=0, now_ms=now_ms))
+    for batch in A.iter_partition(archive, topic, partition, None, upto + 1, ["offset", "key", "value", "headers",
+                                                                                "timestamp"]):
+        stamps = batch.column("timestamp").cast("int64").to_pylist()
+        for off, key, value, headers, us in zip(batch.column("offset").to_pylist(), batch.column("key").to_pylist(),
+                                                batch.column("value").to_pylist(), batch.column("headers").to_pylist(),
+                                                stamps, strict=True):
+            val.process(off, key, codec.decode(value, headers), None if us is None else us // 1000, len(value or b""))
+    return {g.decode("latin-1"): st for g, st in val.producer_states().items()}
+
+
+def _same_states(restored: dict[str, dict], reference: dict[str, dict]) -> list[str]:
+    """Differences between two producer-state maps, on the fields the reference holds."""
+    out = []
+    for guid in sorted(set(restored) | set(reference)):
+        a, b = restored.get(guid), reference.get(guid)
+        if a is None or b is None:
+            out.append(f"producer {guid.encode('latin-1').hex()} only in the {'reference' if a is None else 'restore'}")
+            continue
+        out += [f"producer {guid.encode('latin-1').hex()} {f}: restored {a.get(f)!r}, expected {b[f]!r}"
+                for f in b if a.get(f) != b[f]]
+    return out
+
+
+def _restore_step(out: Path, truth: dict, checks: list[Check]) -> str | None:
+    """`tidegauge div restore` for every region and partition, at two offsets: two thirds into the partition
+    (compared with a full DIV replay from its first record) and at the follower's last checkpoint (compared with
+    that checkpoint, written by the simulated follower that replayed everything). Appends its check to `checks`;
+    returns the step's one-line result, or None when `pipelines.div_restore` is not in this build."""
+    import importlib.util
+
+    if importlib.util.find_spec("pipelines.div_restore") is None:
+        return None
+    from div import partition_state as ps
+    from div.checkpoint import CheckpointStore
+
+    from .div_restore import RestoreOptions, run_restore
+    from .sources import SourceSpec
+
+    run = truth["run"]
+    topic = run["vt_topic"]
+    archives = {x: str(out / "sim" / "archive" / f"dc-{x}") for x in range(run["regions"])}
+    rt_sources = [SourceSpec(x, a) for x, a in archives.items()]
+    # A replay across a compacted range cannot rebuild the checksums the removed records fed (the heartbeat's
+    # state can: its leader saw them), so compacted partitions are compared with their checkpoints only.
+    compacted = {(f["region"], f["partition"]) for f in truth.get("faults", []) if f["kind"] == "compaction"}
+    problems: list[str] = []
+    replayed = restored = 0
+    for x, arch in archives.items():
+        followers = CheckpointStore(out / "sim" / "followers" / f"dc-{x}")
+        for q in range(run["partitions"]):
+            checkpoint = followers.load(topic, q)
+            end = run["end_offsets"][str(x)][f"{topic}[{q}]"]
+            targets = [("the follower's checkpoint", checkpoint["offset"])]
+            if (x, q) not in compacted:
+                targets.insert(0, ("a full replay", end * 2 // 3))
+            for against, at in targets:
+                where = out / "restore" / f"dc-{x}" / f"p{q}-at-{at}"
+                code = run_restore(RestoreOptions(source=SourceSpec(x, arch), store=run["store"],
+                                                  version=run["version"], partition=q, at=at, out=str(where),
+                                                  rt_sources=rt_sources))
+                summary = json.loads((where / "summary.json").read_text())
+                restored += 1
+                replayed += summary["vt_records_replayed"]
+                if code != EXIT_MATCH or summary["restored_from"] != "heartbeat":
+                    problems.append(f"region {x} {topic}[{q}] at {at}: exit {code}, restored from "
+                                    f"{summary['restored_from']} ({summary.get('fallback_reason')})")
+                    continue
+                state = ps.decode((where / "partition_state.bin").read_bytes())["producerStates"]
+                if at == checkpoint["offset"]:
+                    reference = checkpoint["producerStates"]
+                else:
+                    reference = _replayed_vt_state(arch, topic, q, at, run["end_ms"])
+                diffs = _same_states(state, reference)
+                if diffs:
+                    problems.append(f"region {x} {topic}[{q}] at {at} differs from {against}: " + "; ".join(diffs[:3]))
+    total = sum(run["end_offsets"][str(x)][f"{topic}[{q}]"] for x in archives for q in range(run["partitions"]))
+    if problems:
+        checks.append(Check(False, "div restore", _some(problems, 3)))
+    else:
+        checks.append(Check(True, "div restore", f"{restored} states restored from heartbeats equal a full DIV "
+                                                 f"replay (two thirds into each partition not compacted) and the "
+                                                 f"followers' checkpoints (at the end)"))
+    return (f"{restored} VT DIV states restored from heartbeats ({replayed} records replayed instead of up to "
+            f"{total:,}); {'all' if not problems else len(problems)} "
+            f"{'equal the reference' if not problems else 'differ from the reference'}")
+
+
+def run_demo(opts: DemoOptions, emit: Callable[[str], None] | None = None, spark: Any = None) -> DemoResult:
+    """Run the demo; `emit` receives every line meant for the user (default: print). `spark`: a session to use
+    (the tests pass theirs); otherwise one is started. Raises DemoError when the demo cannot start."""
+    emit = emit or (lambda line: print(line, flush=True))
+    out = Path(opts.out).resolve()
+    prepare_out(out)
+    from .spark_session import JavaMissingError, check_java
+
+    try:
+        java = check_java()
+    except JavaMissingError as exc:
+        raise DemoError(str(exc)) from None
+    log_path = out / "demo.log"
+    cfg = demo_config(str(out / "sim"), opts.seed, opts.records, opts.partitions)
+    progress = _Progress(7, emit)
+    result = DemoResult(out=out, exit_code=EXIT_STEP_FAILED, elapsed_s=0.0)
+    emit(f"tidegauge demo: 3 regions on embedded Kafka, {cfg.records:,} writes, seed {cfg.seed} -> {out}")
+    try:
+        with _logs_to(log_path, not opts.verbose):
+            _run_steps(opts, cfg, out, progress, result, spark, java)
+    except Exception as exc:  # a step crashed: say which, keep the traceback in the log
+        with open(log_path, "a", encoding="utf-8") as log:
+            log.write(traceback.format_exc())
+        where = progress.steps[-1].name if progress.steps and not progress.steps[-1].ok else "setup"
+        emit(f"✗ {where} failed: {type(exc).__name__}: {exc}")
+        emit(f"  details: {log_path}")
+        result.exit_code = EXIT_STEP_FAILED
+    result.steps = progress.steps
+    result.elapsed_s = time.perf_counter() - progress.t0
+    _write_marker(out, opts, result)
+    if result.checks:
+        _final_block(result, emit)
+    return result
+
+
+def _run_steps(opts: DemoOptions, cfg: SimConfig, out: Path, progress: _Progress, result: DemoResult,
+               spark: Any, java: str) -> None:
+    from sim import run as simulate
+
+    from .sources import SourceSpec
+    from .spark_session import get_session
+
+    kinds = ", ".join(f"{k}" if v == 1 else f"{k} x{v}" for k, v in cfg.faults.items())
+    with progress.step("simulate", f"{cfg.regions} regions x {cfg.partitions} partitions, one embedded Kafka "
+                                   f"cluster each; faults: {kinds}") as res:
+        sim = simulate(cfg)
+        s = sim.summary
+        res.append("VT records per region: " + ", ".join(f"dc-{x} {n:,}" for x, n in
+                                                         sorted(s["vt_records_per_region"].items())))
+    truth = sim.truth
+    run = truth["run"]
+    sources = [SourceSpec(x, sim.archives[x]) for x in range(run["regions"])]
+
+    own_session = spark is None
+    with progress.step("spark", f"start one local Spark session for the Spark jobs ({java})") as res:
+        logging.getLogger("py4j").setLevel(logging.WARNING)  # its INFO lines would reach the user at exit
+        spark = spark or get_session(opts.master, app_name="tidegauge-demo")
+        res.append(f"Spark {spark.version} on {spark.sparkContext.master}")
+    try:
+        _run_jobs(out, truth, sources, spark, progress, result)
+    finally:
+        if own_session:
+            spark.stop()
+
+
+def _run_jobs(out: Path, truth: dict, sources: list, spark: Any, progress: _Progress, result: DemoResult) -> None:
+    from .div_validate import ValidateOptions, run_local
+    from .leapfrog_job import LeapfrogOptions
+    from .leapfrog_job import run as leapfrog
+    from .report import run_report
+
+    run = truth["run"]
+
+    with progress.step("lag", "how far behind is each region? (VT heartbeats)") as res:
+        res.append(_lag_step(out, truth))
+
+    with progress.step("leapfrog", "are the regions consistent? (every key, every region pair)") as res:
+        code = leapfrog(LeapfrogOptions(store=run["store"], version=run["version"], sources=sources,
+                                        out=str(out / "leapfrog"), mode="heartbeat"), spark=spark)
+        lf = json.loads((out / "leapfrog" / "summary.json").read_text())
+        found = {k: v for k, v in lf["totals"]["findings"].items() if v}
+        res.append(f"exit {code}: " + (", ".join(f"{v} {k}" for k, v in found.items()) or "no divergence")
+                   + f"; {lf['totals']['comparable_pairs']:,} value pairs compared, "
+                     f"{lf['totals']['pending_keys']} keys pending")
+
+    with progress.step("div validate", "are the logs whole? (DIV on every RT and VT of every region)") as res:
+        code = run_local(ValidateOptions(sources=sources, out=str(out / "div"), min_compaction_lag_ms=0,
+                                         now_ms=run["end_ms"]))
+        dv = json.loads((out / "div" / "summary.json").read_text())
+        res.append(f"exit {code}: {dv['records_read']:,} records, "
+                   + (", ".join(f"{v} {k}" for k, v in dv["findings_by_type"].items()) or "no finding")
+                   + f", {dv['fatal_findings']} fatal")
+
+    restore_checks: list[Check] = []
+    with progress.step("div restore", "rebuild replicas' DIV state from heartbeats, not from offset 0") as res:
+        restored = _restore_step(out, truth, restore_checks)
+        res.append(restored or "skipped: `tidegauge div restore` is not in this build")
+
+    with progress.step("report", "morning report (Great Expectations suites, HTML page)") as res:
+        report = run_report(out / "leapfrog", out / "div", out / "report", lag_dir=out / "lag",
+                            history_dir=out / "history")
+        v = report.verdict
+        res.append(f"{v['overall']}: {v['checks_failed']} of {v['checks_evaluated']} checks failed; regions "
+                   f"{v['regions']['status']}, logs {v['logs']['status']}")
+        result.report_html = report.html_path.resolve()
+
+    result.checks = check_faults(truth, read_leapfrog_findings(out / "leapfrog"), read_div_findings(out / "div"))
+    result.checks += restore_checks
+    result.checks.append(check_report(truth, json.loads(report.json_path.read_text())))
+    if truth.get("faults_shortfall"):
+        for kind, why in truth["faults_shortfall"].items():
+            result.checks.append(Check(False, f"{kind} not injected as requested", why))
+    result.exit_code = EXIT_MATCH if result.matched else EXIT_MISMATCH
+
+
+def _final_block(result: DemoResult, emit: Callable[[str], None]) -> None:
+    emit("")
+    emit("Fault check (OUT/sim/truth.json vs the findings of the jobs):")
+    for c in result.checks:
+        emit("  " + c.line())
+    emit("")
+    if result.report_html is not None:
+        emit(f"Report: {result.report_html}")
+        emit(f"        {result.report_html.as_uri()}")
+    ok = result.exit_code == EXIT_MATCH
+    emit(f"{'Every injected fault was found, and nothing else' if ok else 'MISMATCH: see the ✗ lines above'} "
+         f"({result.elapsed_s:.0f} s). Outputs of every job: {result.out}")
+
+
+def _write_marker(out: Path, opts: DemoOptions, result: DemoResult) -> None:
+    data = {
+        "job": "demo",
+        "options": asdict(opts),
+        "exit_code": result.exit_code,
+        "elapsed_s": round(result.elapsed_s, 3),
+        "steps": [asdict(s) | {"seconds": round(s.seconds, 3)} for s in result.steps],
+        "fault_check": [asdict(c) for c in result.checks],
+        "all_faults_found_and_nothing_else": result.matched,
+        "report": str(result.report_html) if result.report_html else None,
+    }
+    tmp = out / f".{MARKER}.tmp"
+    tmp.write_text(json.dumps(data, indent=2, ensure_ascii=False) + "\n", encoding="utf-8")
+    os.replace(tmp, out / MARKER)

@@ -1,0 +1,180 @@
+"""`tidegauge demo`: the fault check on planted findings, the output directory rules, and one real demo run.
+
+The fault check is what tells a first-time user that the product works, so it is tested on its own with
+findings planted around a small truth.json: a fault found, missed, found with the wrong type, a false alarm
+next to a fault that must cause nothing, and one anywhere else.
+"""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+
+from pipelines.cli import main as cli_main
+from pipelines.demo import (
+    MARKER,
+    DemoError,
+    DemoOptions,
+    check_faults,
+    check_report,
+    prepare_out,
+    read_div_findings,
+    read_leapfrog_findings,
+    run_demo,
+)
+
+KEY = "186b65792d3030303030313732"  # Avro string "key-00000172"
+OTHER_KEY = "186b65792d3030303030343336"
+
+TRUTH = {
+    "faults": [
+        {"id": 1, "kind": "dropped", "region": 2, "partition": 1, "key": KEY,
+         "expect": {"leapfrog": [{"type": "VALUE_MISMATCH", "region_a": 0, "region_b": 2, "partition": 1, "key": KEY},
+                                 {"type": "VALUE_MISMATCH", "region_a": 1, "region_b": 2, "partition": 1, "key": KEY}],
+                    "div": []}},
+        {"id": 2, "kind": "gap", "region": 1, "partition": 0, "key": OTHER_KEY,
+         "expect": {"leapfrog": [],
+                    "div": [{"region": 1, "topic": "s_rt", "partition": 0, "offset": 50, "type": "MISSING",
+                             "fatal": False}]}},
+        {"id": 3, "kind": "failover", "region": 0, "partition": 2, "key": None,
+         "detail": {"new_leader": {"term": 2}, "resumed_from_vt_heartbeat_offset": 700, "reapplied_vt_records": 9},
+         "expect": {"leapfrog": [], "div": []}},
+    ]
+}
+ALL_LF = {("VALUE_MISMATCH", 0, 2, 1, KEY), ("VALUE_MISMATCH", 1, 2, 1, KEY)}
+ALL_DIV = {(1, "s_rt", 0, 50, "MISSING", False)}
+
+
+def by_subject(checks):
+    return {c.subject: c for c in checks}
+
+
+def test_every_fault_found_and_nothing_else_is_all_ticks():
+    checks = check_faults(TRUTH, set(ALL_LF), set(ALL_DIV))
+    assert all(c.ok for c in checks), [c.line() for c in checks]
+    lines = by_subject(checks)
+    assert "found by leapfrog VALUE_MISMATCH regions 0-2 partition 1 key 'key-00000172'" in \
+        lines["#1 dropped (region 2 partition 1)"].detail
+    assert "MISSING in region 1 s_rt[0] at offset 50" in lines["#2 gap (region 1 partition 0)"].detail
+    assert "no false alarm" in lines["#3 failover (region 0 partition 2)"].detail
+    assert lines["leapfrog: nothing else"].line().startswith("✓")
+
+
+def test_a_missed_finding_fails_its_fault_only():
+    checks = by_subject(check_faults(TRUTH, {("VALUE_MISMATCH", 0, 2, 1, KEY)}, set()))
+    dropped, gap = checks["#1 dropped (region 2 partition 1)"], checks["#2 gap (region 1 partition 0)"]
+    assert not dropped.ok and "regions 1-2" in dropped.detail and "regions 0-2" not in dropped.detail
+    assert not gap.ok and "MISSING in region 1 s_rt[0] at offset 50" in gap.detail
+    assert checks["#3 failover (region 0 partition 2)"].ok and checks["leapfrog: nothing else"].ok
+
+
+def test_a_finding_of_the_wrong_type_is_blamed_on_its_fault_not_on_a_neighbour():
+    truth = json.loads(json.dumps(TRUTH))
+    truth["faults"][2]["partition"] = 1  # the failover happened where the wrongly typed finding is
+    found = {("MISSING_IN_A", 0, 2, 1, KEY), ("VALUE_MISMATCH", 1, 2, 1, KEY)}
+    checks = by_subject(check_faults(truth, found, set(ALL_DIV)))
+    dropped = checks["#1 dropped (region 2 partition 1)"]
+    assert not dropped.ok and "reported as MISSING_IN_A instead" in dropped.detail
+    assert checks["#3 failover (region 0 partition 1)"].ok
+    assert checks["leapfrog: nothing else"].ok
+
+
+def test_a_false_alarm_where_a_quiet_fault_happened_fails_that_fault_and_nothing_else():
+    extra = ("VALUE_MISMATCH", 0, 1, 2, OTHER_KEY)  # regions 0-1, partition 2: where the failover was
+    checks = by_subject(check_faults(TRUTH, ALL_LF | {extra}, set(ALL_DIV)))
+    assert not checks["#3 failover (region 0 partition 2)"].ok
+    assert "key-00000436" in checks["#3 failover (region 0 partition 2)"].detail
+    assert not checks["leapfrog: nothing else"].ok
+    assert checks["#1 dropped (region 2 partition 1)"].ok
+
+
+def test_a_false_alarm_anywhere_fails_nothing_else():
+    extra = (2, "s_v1", 0, 9, "CORRUPT", True)
+    checks = by_subject(check_faults(TRUTH, set(ALL_LF), ALL_DIV | {extra}))
+    assert not checks["div validate: nothing else"].ok
+    assert "CORRUPT (fatal) in region 2 s_v1[0] at offset 9" in checks["div validate: nothing else"].detail
+    assert checks["#3 failover (region 0 partition 2)"].ok  # region 2 is not where it happened
+
+
+def _report(failed: list[str], not_run: list[str] = ()) -> dict:
+    names = ["consistency", "integrity", "decoding", "heartbeats", "lag", "coverage"]
+    suites = [{"name": n, "success": None if n in not_run else n not in failed} for n in names]
+    return {"expectations": {"suites": suites},
+            "verdict": {"overall": "FAIL", "regions": {"status": "DIVERGENT"}, "logs": {"status": "LOGS WHOLE"}}}
+
+
+def test_the_report_must_fail_exactly_the_checks_the_faults_break():
+    assert check_report(TRUTH, _report(["consistency"])).ok
+    assert not check_report(TRUTH, _report([])).ok  # a divergence was injected: consistency must fail
+    wrong = check_report(TRUTH, _report(["consistency", "lag"]))
+    assert not wrong.ok and "failed lag that no fault breaks" in wrong.detail
+    assert not check_report(TRUTH, _report(["consistency"], not_run=["lag"])).ok
+    quiet = {"faults": [TRUTH["faults"][2]]}
+    assert check_report(quiet, _report([])).ok
+
+
+def test_out_must_be_new_empty_or_an_earlier_demo(tmp_path):
+    mine = tmp_path / "notes"
+    mine.mkdir()
+    (mine / "thesis.txt").write_text("keep me")
+    with pytest.raises(DemoError, match="not empty"):
+        prepare_out(mine)
+    assert (mine / "thesis.txt").exists()
+    assert cli_main(["demo", "--out", str(mine)]) == 2
+
+    earlier = tmp_path / "demo"
+    (earlier / "history").mkdir(parents=True)
+    (earlier / "history" / "run.parquet").write_bytes(b"x")
+    (earlier / "leapfrog").mkdir()
+    (earlier / MARKER).write_text("{}")
+    prepare_out(earlier)
+    assert sorted(p.name for p in earlier.iterdir()) == ["history"]  # replaced, but the report history stays
+
+
+def test_too_few_records_is_bad_usage(tmp_path, capsys):
+    assert cli_main(["demo", "--out", str(tmp_path / "d"), "--records", "100"]) == 2
+    assert "--records 100" in capsys.readouterr().err
+
+
+# Checks that fail today because of a known bug elsewhere, each with the reason; the demo test requires them to
+# fail, so that fixing the bug makes the test say to remove the entry.
+KNOWN_MISMATCHES = {
+    # leapfrog scans from End of Push, so a key whose only earlier value is the batch load's looks absent: a
+    # write dropped on such a key is reported MISSING_IN_A where truth.json expects VALUE_MISMATCH.
+    "#4 dropped (region 2 partition 1)": "reported as MISSING_IN_A instead",
+}
+
+
+@pytest.mark.spark
+@pytest.mark.kafka
+@pytest.mark.slow
+def test_demo_finds_every_injected_fault_and_nothing_else(spark, tmp_path):
+    lines: list[str] = []
+    result = run_demo(DemoOptions(out=str(tmp_path / "demo"), seed=1), emit=lines.append, spark=spark)
+    text = "\n".join(lines)
+    assert [s.name for s in result.steps] == ["simulate", "spark", "lag", "leapfrog", "div validate", "div restore",
+                                              "report"], text
+    assert all(s.ok for s in result.steps), text
+    truth = json.loads((result.out / "sim" / "truth.json").read_text())
+    assert {f["kind"] for f in truth["faults"]} == {"dropped", "poisoned", "failover", "duplicate", "gap", "corrupt",
+                                                   "compaction"}
+    checks = by_subject(result.checks)
+    assert len([c for c in result.checks if c.subject.startswith("#")]) == len(truth["faults"])
+    for subject, check in checks.items():
+        if subject in KNOWN_MISMATCHES:
+            assert not check.ok and KNOWN_MISMATCHES[subject] in check.detail, check.line()
+        else:
+            assert check.ok, check.line()
+    assert {"leapfrog: nothing else", "div validate: nothing else", "div restore", "report"} <= set(checks)
+    assert result.exit_code == (1 if KNOWN_MISMATCHES else 0)
+
+    # the fault check agrees with what the jobs wrote, and the user is told where the report is
+    assert read_leapfrog_findings(result.out / "leapfrog") and read_div_findings(result.out / "div")
+    assert result.report_html == result.out / "report" / "report.html" and result.report_html.exists()
+    assert f"Report: {result.report_html}" in text and result.report_html.as_uri() in text
+    marker = json.loads((result.out / MARKER).read_text())
+    assert marker["exit_code"] == result.exit_code and len(marker["fault_check"]) == len(result.checks)
+    for name in ("lag/lag.json", "leapfrog/summary.json", "div/summary.json", "report/report.json"):
+        assert (result.out / name).exists(), name
+    assert any((result.out / "history").iterdir())
