@@ -393,15 +393,11 @@ def _same_states(restored: dict[str, dict], reference: dict[str, dict]) -> list[
     return out
 
 
-def _restore_step(out: Path, truth: dict, checks: list[Check]) -> str | None:
+def _restore_step(out: Path, truth: dict, checks: list[Check]) -> str:
     """`tidegauge div restore` for every region and partition, at two offsets: two thirds into the partition
     (compared with a full DIV replay from its first record) and at the follower's last checkpoint (compared with
     that checkpoint, written by the simulated follower that replayed everything). Appends its check to `checks`;
-    returns the step's one-line result, or None when `pipelines.div_restore` is not in this build."""
-    import importlib.util
-
-    if importlib.util.find_spec("pipelines.div_restore") is None:
-        return None
+    returns the step's one-line result."""
     from div import partition_state as ps
     from div.checkpoint import CheckpointStore
 
@@ -552,8 +548,7 @@ def _run_jobs(out: Path, truth: dict, sources: list, spark: Any, progress: _Prog
 
     restore_checks: list[Check] = []
     with progress.step("div restore", "rebuild replicas' DIV state from heartbeats, not from offset 0") as res:
-        restored = _restore_step(out, truth, restore_checks)
-        res.append(restored or "skipped: `tidegauge div restore` is not in this build")
+        res.append(_restore_step(out, truth, restore_checks))
 
     with progress.step("report", "morning report (Great Expectations suites, HTML page)") as res:
         report = run_report(out / "leapfrog", out / "div", out / "report", lag_dir=out / "lag",
