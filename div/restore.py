@@ -25,8 +25,9 @@ Decisions:
 * Which heartbeat: the last one at or before O whose `hbd` decodes and is not `truncated` (a truncated state is
   incomplete). Unusable ones are skipped and reported; when none is usable the state comes from a full replay
   from the first offset the source holds, and `fallback_reason` says why.
-* Finding it without reading from 0: `find_heartbeat` reads backwards in windows ending at O + 1 whose length
-  doubles (4096 offsets, then 8192, ...), reading only the key, offset and headers columns. For an archive each
+* Finding it without reading from 0: `find_heartbeat` reads backwards in windows, the first ending at O + 1 and
+  each next one ending where the previous began, twice as long (4096 offsets, then 8192, ...), reading only the
+  key, offset and headers columns. For an archive each
   window reads the row groups it overlaps; for Kafka each is one seek and fetch. The cost is bounded by twice the
   distance to the heartbeat (plus one row group), so it does not grow with the topic.
 * End of Push: heartbeats carrying `hbd` are written by leaders consuming RTs, which Venice leaders do only after

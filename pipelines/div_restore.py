@@ -178,9 +178,7 @@ def run_restore(opts: RestoreOptions) -> int:
         where = {"store": opts.store, "version": opts.version, "vt_topic": opts.vt, "rt_topic": opts.rt,
                  "region": opts.source.region, "partition": opts.partition}
         out.write_json("state.json", {**where, **restored.to_json()})
-        sources = {str(opts.source.region): opts.source.uri}
         common = out.common_fields("div restore", code, {opts.source.region: opts.source.uri})
-        common["sources"] = sources
         out.write_json("summary.json", {
             **common,
             "rt_sources": {str(s.region): s.uri for s in opts.rt_sources},
