@@ -253,6 +253,37 @@ def test_a_live_follower_restarts_from_the_last_heartbeat_it_consumed(scenario):
     assert found == [(r[3], r[7], r[8]) for r in scenario.full["rows"] if r[3] > h]
 
 
+def test_a_new_leader_takes_over_with_the_restored_state(scenario):
+    """The restored state plugs into `heartbeat.HeartbeatLeader.take_over`: the leader resumes each RT right after
+    the resume offset and validates the next RT records against the restored RT state (no false findings)."""
+    from heartbeat_fixtures import FakeProducer
+
+    from heartbeat import HeartbeatLeader
+
+    o = scenario.failover_offsets[0] + 9
+    restored = restore_vt(reader(scenario.vt_dir, F.VT), o)
+    for r in range(scenario.regions):
+        restore_rt(restored, r, reader(scenario.rt_dirs[r], F.RT))
+    vt_states, rt_states, marks = restored.take_over_args(scenario.regions)
+    leader = HeartbeatLeader(FakeProducer(), vt_topic=F.VT, rt_topic=F.RT, partition=0, region=0,
+                             n_regions=scenario.regions, host="new-leader", term_id=9, interval_ms=0)
+    leader.take_over(vt_states, rt_states, marks)
+    assert leader.watermarks() == marks
+    full_rt = {}
+    for r in range(scenario.regions):
+        run = PartitionRun(r, F.RT, 0)
+        for batch in archive.iter_partition(scenario.rt_dirs[r], F.RT, 0):
+            run.feed(batch)
+        full_rt[r] = {(f[3], f[7]) for f in run.rows}
+    for r in range(scenario.regions):
+        for off in range(marks[r] + 1, len(scenario.rts[r])):
+            rec = scenario.rts[r][off]
+            got = leader.on_rt_record(r, off, rec.key, rec.value, rec.headers, rec.ts)
+            assert {(f.offset, f.type) for f in got.findings} == {x for x in full_rt[r] if x[0] == off}, (r, off)
+            if not got.is_heartbeat:
+                leader.done()
+
+
 def test_from_heartbeat_refuses_what_it_cannot_use(scenario):
     from div.restore import UnusableHeartbeat
 
