@@ -21,6 +21,7 @@ from typing import Any
 import fastavro
 
 from . import schemas
+from .heartbeat_headers import header_value
 
 MAGIC = 23
 CURRENT_VERSION = 14
@@ -46,16 +47,6 @@ CONTROL_NAMES = [n.rsplit(".", 1)[1] for n in CONTROL_RECORD_NAMES]
 
 class UndecodableError(ValueError):
     """A value that cannot be decoded as a Venice envelope; the message says why (for UNDECODABLE rows)."""
-
-
-def _header(headers: Iterable[tuple[str, bytes]] | None, name: str) -> bytes | None:
-    if not headers:
-        return None
-    for item in headers:
-        k, v = (item["key"], item["value"]) if isinstance(item, dict) else item
-        if k == name:
-            return v
-    return None
 
 
 class EnvelopeCodec:
@@ -198,7 +189,7 @@ class EnvelopeCodec:
     def _decoder_or_learn(self, version: int, headers):
         dec = self._decoder_for(version)
         if dec is None:
-            vtp = _header(headers, "vtp")
+            vtp = header_value(headers, "vtp")
             if vtp is None:
                 raise UndecodableError(f"unknown protocol version {version} and no vtp header to learn it from")
             self.learn(version, vtp)

@@ -22,6 +22,7 @@ from dataclasses import dataclass
 from div import checksum as cks
 from div import envelope as E
 from div import keys, positions
+from div.heartbeat_headers import header_value
 from div.writer import OutRecord, vtp_header_value
 
 from .codecs import (
@@ -49,17 +50,6 @@ def _codec(codec: E.EnvelopeCodec | None) -> E.EnvelopeCodec:
     if _CODEC is None:
         _CODEC = E.EnvelopeCodec()
     return _CODEC
-
-
-def header_value(headers: Iterable | None, name: str) -> bytes | None:
-    """The value of header `name` in Kafka client form ([(key, value)]) or archive form ([{key, value}])."""
-    if not headers:
-        return None
-    for item in headers:
-        k, v = (item["key"], item["value"]) if isinstance(item, dict) else item
-        if k == name:
-            return v
-    return None
 
 
 def _heartbeat_envelope(timestamp_ms: int, checksum_type: int, footer: tuple) -> dict:

@@ -67,11 +67,11 @@ def _sources(opts: LeapfrogOptions) -> dict[int, str]:
 
 def _scan(spark: SparkSession, opts: LeapfrogOptions, n: int, splits, buckets: int = 1,
           keep_chunks: bool = True) -> DataFrame:
-    from .vt_scan import SCAN_DDL, SplitScan
+    from .vt_scan import SCAN_DDL, SplitScan, with_buckets
     from .vt_source import read_vt
 
-    scan = SplitScan(n, opts.mode, buckets=buckets, keep_chunks=keep_chunks)
-    return read_vt(spark, splits, opts.topic, opts.kafka_conf).mapInArrow(scan, SCAN_DDL)
+    scan = read_vt(spark, splits, opts.topic, opts.kafka_conf).mapInArrow(SplitScan(n, opts.mode, keep_chunks), SCAN_DDL)
+    return with_buckets(scan, buckets) if buckets > 1 else scan
 
 
 def decode_only(spark: SparkSession, opts: LeapfrogOptions) -> int:

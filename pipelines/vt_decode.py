@@ -13,6 +13,7 @@ import xxhash
 
 from div import envelope as E
 from div import keys as K
+from div.heartbeat_headers import header_value
 from div.positions import offset_with_fallback
 
 DATA, HEARTBEAT, END_OF_PUSH, START_OF_PUSH, OTHER, UNDECODABLE, CHUNK, MANIFEST, BAD_FOOTER = range(9)
@@ -54,14 +55,6 @@ def chunked_value_hash(payloads: list[bytes]) -> int:
         h.update(p)
     v = h.intdigest()
     return v - (1 << 64) if v >= 1 << 63 else v
-
-
-def _header(headers, name: str) -> bytes | None:
-    if headers:
-        for h in headers:
-            if h["key"] == name:
-                return h["value"]
-    return None
 
 
 def _rmd_vector(body: dict) -> list[int] | None:
@@ -180,7 +173,7 @@ class VtDecoder:
                     if f is not None:
                         src[i] = f["upstreamKafkaClusterId"]
                         src_off[i] = offset_with_fallback(f["upstreamPubSubPosition"], f["upstreamOffset"])
-                    raw = _header(headers[i], "hbw")
+                    raw = header_value(headers[i], "hbw")
                     if raw is not None:
                         hbw[i] = _decode_hbw(raw)
                     continue

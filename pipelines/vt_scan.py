@@ -4,7 +4,8 @@ Inside `mapInArrow`, each task reads one split (one region's partition, an offse
 record it decodes what Leap Frog needs (`pipelines.vt_decode`) and computes, with numpy running maxima, the split's
 *local* running high-water mark. It emits one row per data record (with the local mark before it), the rows that
 chunked values need, and at the end one summary row: counts, End of Push, heartbeats, gaps inside the split, and
-the local maxima. The driver turns the small summaries into each split's prefix mark (the mark the region had
+the local maxima (and, when the split could not be read to its end, the error: see `pipelines.vt_source`).
+The driver turns the small summaries into each split's prefix mark (the mark the region had
 reached before the split), so `true mark = max(local mark, prefix)` — no shuffle, no window, no second pass.
 
 A split has up to two segment boundaries, right after its first End of Push and right after its first heartbeat
@@ -15,7 +16,6 @@ driver picks as the start, the rows after it have marks that count only what fol
 from __future__ import annotations
 
 import json
-import zlib
 from collections import Counter
 
 import numpy as np
@@ -24,6 +24,7 @@ import pyarrow as pa
 from . import vt_decode as V
 
 SUMMARY = 10
+READ_ERROR_OFFSET = -1  # a source's row saying the split could not be read to its end (pipelines.vt_source)
 SCAN_SCHEMA = pa.schema([
     ("bucket", pa.int32()), ("order", pa.int8()),
     ("split", pa.int32()), ("seg", pa.int8()), ("region", pa.int32()), ("partition", pa.int32()),
@@ -78,15 +79,14 @@ def unpack_marks(col: pa.Array, n: int) -> np.ndarray:
 class SplitScan:
     """Callable for `mapInArrow` over `tidegauge_vt` rows: decoded data rows + summary rows per split.
 
-    With `buckets` > 1 (the fused job), data rows carry the reduce bucket of their (partition, key) and the
-    summary row is repeated once per bucket, so every reduce task receives every summary before its data rows.
+    The fused job gives each data row the reduce bucket of its (partition, key) and repeats each summary row once
+    per bucket, in Spark (`with_buckets`), so every reduce task receives every summary before its data rows.
     `keep_chunks`: also emit the rows chunked values need (manifests, chunks); otherwise they are only counted.
     """
 
-    def __init__(self, n_regions: int, mode: str, buckets: int = 1, keep_chunks: bool = True) -> None:
+    def __init__(self, n_regions: int, mode: str, keep_chunks: bool = True) -> None:
         self.n = n_regions
         self.mode = mode
-        self.buckets = buckets
         self.keep_chunks = keep_chunks
 
     def __call__(self, batches):
@@ -103,6 +103,7 @@ class SplitScan:
         undecodable = 0
         undecodable_offsets: list[int] = []
         chunk_rows = 0
+        error: str | None = None
         for batch in batches:
             if batch.num_rows == 0:
                 continue
@@ -111,6 +112,13 @@ class SplitScan:
                 region = batch.column("region")[0].as_py()
                 partition = batch.column("partition")[0].as_py()
                 segs.append(_Segment(n, None, None))
+            failed = batch.column("offset").to_numpy() == READ_ERROR_OFFSET
+            if failed.any():  # the source could not read the split to its end
+                first = int(np.flatnonzero(failed)[0])
+                error = error or batch.column("value")[first].as_py().decode(errors="replace")
+                batch = batch.filter(pa.array(~failed))
+                if batch.num_rows == 0:
+                    continue
             d = dec.decode(batch, region)
             kind = np.asarray(d.column("kind").to_numpy(zero_copy_only=False), np.int8)
             offsets = d.column("offset").to_numpy()
@@ -172,7 +180,8 @@ class SplitScan:
                 segs[seg_of[i]].gaps.append([int(prev[i]) + 1, int(offsets[i]) - 1, hw_before[i].tolist()])
             prev_offset = int(offsets[-1])
             is_hb = kind == V.HEARTBEAT
-            counted = is_data | is_hb
+            # out of range: data and heartbeats whose footer names no known region, or that have no footer
+            counted = is_data | is_hb | (kind == V.BAD_FOOTER)
             for si in np.unique(seg_of):
                 s = segs[si]
                 in_seg = seg_of == si
@@ -192,13 +201,8 @@ class SplitScan:
             if len(keep):
                 idx = pa.array(keep)
                 keys_kept = d.column("key").take(idx)
-                if self.buckets > 1:
-                    bucket = [(zlib.crc32(k) + partition) % self.buckets if k is not None else 0
-                              for k in keys_kept.to_pylist()]
-                else:
-                    bucket = [0] * len(keep)
                 yield pa.RecordBatch.from_arrays([
-                    pa.array(bucket, pa.int32()), pa.array([1] * len(keep), pa.int8()),
+                    pa.nulls(len(keep), pa.int32()), pa.array(np.ones(len(keep), np.int8)),
                     pa.array([split] * len(keep), pa.int32()), pa.array(seg_of[keep], pa.int8()),
                     pa.array([region] * len(keep), pa.int32()), pa.array([partition] * len(keep), pa.int32()),
                     pa.array(offsets[keep], pa.int64()), pa.array(kind[keep], pa.int8()),
@@ -213,12 +217,22 @@ class SplitScan:
         summary = {"split": split, "region": region, "partition": partition, "first_offset": first_offset,
                    "last_offset": prev_offset, "eop_offset": eop_offset, "hbw_boundary": hbw_boundary,
                    "baseline": baseline, "chunked": chunked, "chunk_rows": chunk_rows, "undecodable": undecodable,
-                   "undecodable_offsets": undecodable_offsets, "segments": [s.to_json() for s in segs]}
-        b = self.buckets
+                   "undecodable_offsets": undecodable_offsets, "segments": [s.to_json() for s in segs],
+                   "error": error}
+        b = 1
         yield pa.RecordBatch.from_arrays(
-            [pa.array(range(b), pa.int32()), pa.array([0] * b, pa.int8()), pa.array([split] * b, pa.int32()),
+            [pa.nulls(b, pa.int32()), pa.array([0] * b, pa.int8()), pa.array([split] * b, pa.int32()),
              pa.array([-1] * b, pa.int8()), pa.array([region] * b, pa.int32()), pa.array([partition] * b, pa.int32()),
              pa.array([prev_offset] * b, pa.int64()), pa.array([SUMMARY] * b, pa.int8()),
              *[pa.nulls(b, SCAN_SCHEMA.field(i).type) for i in range(8, 17)],
              pa.array([json.dumps(summary)] * b, pa.string()), pa.nulls(b, pa.binary())],
             schema=SCAN_SCHEMA)
+
+
+def with_buckets(scan, buckets: int):
+    """Data rows get the reduce bucket of their (partition, key); each summary row is repeated for every bucket."""
+    from pyspark.sql import functions as F
+
+    bucket = F.pmod(F.crc32("key") + F.col("partition"), F.lit(buckets)).cast("int")
+    every = F.sequence(F.lit(0), F.lit(buckets - 1))
+    return scan.withColumn("bucket", F.explode(F.when(F.col("order") == 1, F.array(bucket)).otherwise(every)))
