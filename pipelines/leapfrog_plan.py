@@ -65,17 +65,32 @@ class RegionPartition:
         return rp
 
 
+def failed_reads(summaries: list[dict]) -> dict[tuple[int, int], str]:
+    """(region, partition) → the first read error of its splits, for splits the source could not read to the end."""
+    out: dict[tuple[int, int], str] = {}
+    for sm in sorted(summaries, key=lambda sm: sm["split"]):
+        if sm.get("error"):
+            out.setdefault((sm["region"], sm["partition"]), sm["error"])
+    return out
+
+
 def plan_marks(summaries: list[dict], ends: dict[tuple[int, int], int], n: int,
                carried: dict[tuple[int, int], dict] | None = None,
                ) -> tuple[dict[tuple[int, int], RegionPartition], dict[tuple[int, int], list[int]]]:
     """From the split summaries of stage A: each region partition's scan start, gaps, final mark and counts, and
-    the prefix mark of every (split, segment) that lies after the start (segments before it are left out)."""
+    the prefix mark of every (split, segment) that lies after the start (segments before it are left out).
+
+    A region partition with a split that could not be read to its end (`failed_reads`) is left out altogether —
+    no facts, no prefixes, so its rows are dropped — and the job reports it as failed."""
+    failed = failed_reads(summaries)
     by_rp: dict[tuple[int, int], list[dict]] = defaultdict(list)
     for sm in summaries:
-        by_rp[(sm["region"], sm["partition"])].append(sm)
+        if (sm["region"], sm["partition"]) not in failed:
+            by_rp[(sm["region"], sm["partition"])].append(sm)
     carried = carried or {}
     for rp_key in carried:
-        by_rp.setdefault(rp_key, [])
+        if rp_key not in failed:
+            by_rp.setdefault(rp_key, [])
     facts: dict[tuple[int, int], RegionPartition] = {}
     prefixes: dict[tuple[int, int], list[int]] = {}
     for (region, partition), splits in sorted(by_rp.items()):

@@ -8,6 +8,11 @@ running state. End offsets are fixed when the job is planned.
 
 Kafka client settings travel in the option `kafka_secret_conf`: Spark redacts options whose name matches its
 redaction pattern (`secret`), so they never show in plans or the UI.
+
+A split that cannot be read to its end (a damaged archive file, a Kafka error) does not fail the Spark job —
+that would lose every other partition and exit like a finding. Its rows stop where reading failed and one
+*read-error row* follows (offset `READ_ERROR_OFFSET`, the error text as its value); the scan reports the split
+as failed, and the job leaves that region's partition out and lists it as failed.
 """
 
 from __future__ import annotations
@@ -32,7 +37,10 @@ from pyspark.sql.types import (
 
 from div import archive, kafka_log
 
+from .vt_scan import READ_ERROR_OFFSET
+
 SHORT_NAME = "tidegauge_vt"
+_READ_ERRORS = (archive.ArchiveError, kafka_log.KafkaLogError, OSError, pa.ArrowException)
 SCHEMA = StructType([
     StructField("split", IntegerType()),
     StructField("region", IntegerType()),
@@ -106,18 +114,32 @@ class _Reader(DataSourceReader):
         s: VtSplit = partition  # type: ignore[assignment]
         if s.end <= s.start:
             return
-        if s.uri.startswith("kafka://"):
-            batches = kafka_log.iter_partition(kafka_log.parse_kafka_uri(s.uri), self.kafka_conf.get(s.region) or {},
-                                               self.topic, s.partition, s.start, s.end)
-        else:
-            batches = archive.iter_partition(_path(s.uri), self.topic, s.partition, s.start, s.end, columns=_COLUMNS)
-        for b in batches:
-            n = b.num_rows
-            yield pa.RecordBatch.from_arrays(
-                [pa.array([s.split] * n, pa.int32()), pa.array([s.region] * n, pa.int32()),
-                 b.column("partition").cast(pa.int32()), b.column("offset"), b.column("key"), b.column("value"),
-                 b.column("headers")],
-                names=[f.name for f in SCHEMA.fields])
+        try:
+            if s.uri.startswith("kafka://"):
+                batches = kafka_log.iter_partition(kafka_log.parse_kafka_uri(s.uri),
+                                                   self.kafka_conf.get(s.region) or {}, self.topic, s.partition,
+                                                   s.start, s.end)
+            else:
+                batches = archive.iter_partition(_path(s.uri), self.topic, s.partition, s.start, s.end,
+                                                 columns=_COLUMNS)
+            for b in batches:
+                n = b.num_rows
+                yield pa.RecordBatch.from_arrays(
+                    [pa.array([s.split] * n, pa.int32()), pa.array([s.region] * n, pa.int32()),
+                     b.column("partition").cast(pa.int32()), b.column("offset"), b.column("key"), b.column("value"),
+                     b.column("headers")],
+                    names=[f.name for f in SCHEMA.fields])
+        except _READ_ERRORS as exc:
+            yield read_error_batch(s, f"region {s.region} partition {s.partition}: {exc}")
+
+
+def read_error_batch(s: VtSplit, message: str) -> pa.RecordBatch:
+    """The one row that tells the scan split `s` could not be read to its end."""
+    return pa.RecordBatch.from_arrays(
+        [pa.array([s.split], pa.int32()), pa.array([s.region], pa.int32()), pa.array([s.partition], pa.int32()),
+         pa.array([READ_ERROR_OFFSET], pa.int64()), pa.nulls(1, pa.binary()), pa.array([message.encode()]),
+         pa.nulls(1, archive.KAFKA_ARROW_SCHEMA.field("headers").type)],
+        names=[f.name for f in SCHEMA.fields])
 
 
 class VtDataSource(DataSource):
@@ -157,21 +179,26 @@ def chunked_version(splits: list[VtSplit], topic: str, kafka_conf: Mapping[int, 
             firsts[k] = s
     for s in firsts.values():
         end = min(s.end, s.start + probe)
-        if s.uri.startswith("kafka://"):
-            batches = kafka_log.iter_partition(kafka_log.parse_kafka_uri(s.uri), (kafka_conf or {}).get(s.region) or {},
-                                               topic, s.partition, s.start, end)
-        else:
-            batches = archive.iter_partition(_path(s.uri), topic, s.partition, s.start, end, columns=["key", "value"])
-        for b in batches:
-            for key, value in zip(b.column("key").to_pylist(), b.column("value").to_pylist(), strict=True):
-                if not key or key[0] != HEADER_CONTROL_MESSAGE:
-                    continue
-                try:
-                    env = codec.decode(value)
-                except E.UndecodableError:
-                    continue
-                if E.control_type(env) == E.START_OF_PUSH and E.control_body(env).get("chunked"):
-                    return True
+        try:
+            if s.uri.startswith("kafka://"):
+                batches = kafka_log.iter_partition(kafka_log.parse_kafka_uri(s.uri),
+                                                   (kafka_conf or {}).get(s.region) or {}, topic, s.partition,
+                                                   s.start, end)
+            else:
+                batches = archive.iter_partition(_path(s.uri), topic, s.partition, s.start, end,
+                                                 columns=["key", "value"])
+            for b in batches:
+                for key, value in zip(b.column("key").to_pylist(), b.column("value").to_pylist(), strict=True):
+                    if not key or key[0] != HEADER_CONTROL_MESSAGE:
+                        continue
+                    try:
+                        env = codec.decode(value)
+                    except E.UndecodableError:
+                        continue
+                    if E.control_type(env) == E.START_OF_PUSH and E.control_body(env).get("chunked"):
+                        return True
+        except _READ_ERRORS:
+            continue  # the split fails again when the job reads it, and is reported then
     return False
 
 
