@@ -118,23 +118,21 @@ def _prepare(scanned: DataFrame, facts: dict) -> DataFrame:
     """Data rows of stage A; in chunked versions, manifests become values (hashed through their chunks), keys lose
     the chunking suffix and chunk keys are left out."""
     main = scanned.where(F.col("order") == 1)
-    chunked_regions = [(r, p) for (r, p), rp in facts.items() if rp.chunked or rp.chunk_rows]
-    if chunked_regions:
+    # Chunking is a property of the whole version (one push): once any region or partition shows a chunked
+    # StartOfPush or chunk rows, every data key of every region carries the suffix, whatever a region's view holds.
+    if any(rp.chunked or rp.chunk_rows for rp in facts.values()):
         hashed = _hash_manifests(main)
         main = main.join(hashed, ["region", "partition", "offset"], "left")
         is_manifest = F.col("kind") == V.MANIFEST
         main = main.withColumn("value_hash", F.when(is_manifest, F.col("manifest_hash")).otherwise(F.col("value_hash")))
         main = main.withColumn("kind", F.when(is_manifest & F.col("manifest_hash").isNull(), F.lit(V.UNDECODABLE))
                                .when(is_manifest, F.lit(V.DATA)).otherwise(F.col("kind")).cast("byte"))
-        chunk_version = F.lit(False)
-        for r, p in chunked_regions:
-            chunk_version = chunk_version | ((F.col("region") == r) & (F.col("partition") == p))
         # In a chunked version every data key ends with a ChunkedKeySuffix: `02 00` for values and manifests.
         # Other suffixes are chunk keys (chunks, and the DELETEs that clean them up): not values.
         suffix = F.substring(F.col("key"), -2, 2)
-        chunk_key = chunk_version & (F.col("kind") == V.DATA) & (suffix != F.lit(bytes([2, 0])))
+        chunk_key = (F.col("kind") == V.DATA) & (suffix != F.lit(bytes([2, 0])))
         main = main.withColumn("kind", F.when(chunk_key, F.lit(V.OTHER)).otherwise(F.col("kind")).cast("byte"))
-        strip = chunk_version & (F.col("kind") == V.DATA)
+        strip = F.col("kind") == V.DATA
         main = main.withColumn("key", F.when(strip, F.expr("substring(key, 1, length(key) - 2)")).otherwise(F.col("key")))
     return main.where(F.col("kind") == V.DATA)
 

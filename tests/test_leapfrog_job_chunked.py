@@ -136,10 +136,6 @@ def test_chunk_key_suffix_is_not_mistaken_for_part_of_the_key(stores):
     assert all(not k.endswith(NON_CHUNK_SUFFIX) for k in vt.chunk_keys())
 
 
-@pytest.mark.xfail(strict=True, reason="leapfrog_job._prepare strips the ChunkedKeySuffix per (region, partition), "
-                   "only where a chunked StartOfPush or chunk rows are in view: a region whose scan of a chunked "
-                   "version starts mid-stream and holds only small values keeps `02 00` on its keys, so the same "
-                   "key looks different in two regions (false MISSING)")
 def test_chunked_version_region_without_chunks_in_view(spark, tmp_path):
     s = Store(chunked=True)
     s.put(b"big", big("big"), 0, 1)
