@@ -36,7 +36,8 @@ EPILOG = textwrap.dedent("""\
           --pairs 0-1 --mode footer --out out/lilypad
       tidegauge leapfrog ... --state state/leapfrog     # nightly incremental runs
 
-    on a cluster: spark-submit --py-files tidegauge.zip $(which tidegauge) leapfrog --master yarn ... (see README)""")
+    on a cluster (see docs/spark.md):
+      spark-submit --master yarn --py-files tidegauge.zip "$(python -m pipelines.submit --path)" leapfrog ...""")
 
 
 def register(sub) -> None:

@@ -48,9 +48,18 @@ def get_session(master: str | None = None, app_name: str = "tidegauge", conf: di
     os.environ.setdefault("PYSPARK_DRIVER_PYTHON", sys.executable)
     builder = SparkSession.builder.appName(app_name)
     active = SparkSession.getActiveSession()
+    # Under spark-submit the JVM starts first and hands its settings (master, --conf) to this driver.
+    submitted = "PYSPARK_GATEWAY_PORT" in os.environ
+    given: set[str] = set()
+    if submitted:
+        from pyspark import SparkConf, SparkContext
+
+        # Connect to spark-submit's JVM first: only then does SparkConf() read the settings it was given.
+        SparkContext._ensure_initialized()
+        given = {k for k, _ in SparkConf().getAll()}
     if master:
         builder = builder.master(master)
-    elif active is None and "SPARK_SUBMIT" not in os.environ and not os.environ.get("SPARK_MASTER"):
+    elif active is None and not submitted and not os.environ.get("SPARK_MASTER"):
         builder = builder.master("local[*]")
     defaults = {
         "spark.sql.execution.arrow.pyspark.enabled": "true",
@@ -62,7 +71,10 @@ def get_session(master: str | None = None, app_name: str = "tidegauge", conf: di
         "spark.sql.adaptive.enabled": "true",
         "spark.driver.memory": "2g",
     }
-    for k, v in {**defaults, **(conf or {})}.items():
+    for k, v in defaults.items():
+        if k not in given:  # spark-submit's own --conf wins over our defaults
+            builder = builder.config(k, v)
+    for k, v in (conf or {}).items():
         builder = builder.config(k, v)
     spark = builder.getOrCreate()
     spark.sparkContext.setLogLevel("WARN")

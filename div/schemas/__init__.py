@@ -9,18 +9,17 @@ from __future__ import annotations
 
 import functools
 import json
-import pathlib
+from importlib import resources
 from typing import Any
-
-_DIR = pathlib.Path(__file__).resolve().parent
 
 
 @functools.cache
 def _load_text(name: str) -> str:
-    path = _DIR / name
-    if not path.exists():
-        raise FileNotFoundError(f"schema {name} is missing from the installed package ({path})")
-    return path.read_text()
+    # importlib.resources also works when the package runs from a zip (spark-submit --py-files)
+    res = resources.files(__name__).joinpath(name)
+    if not res.is_file():
+        raise FileNotFoundError(f"schema {name} is missing from the installed package ({res})")
+    return res.read_text()
 
 
 def load_json(name: str) -> Any:
