@@ -2,7 +2,7 @@
 
 Each job module exposes `register(subparsers)`, which adds its parser and sets `func` (a callable taking the
 parsed arguments and returning the exit code). Exit codes are the contract of DESIGN.md: 0 clean, 1 findings,
-2 bad usage or unreadable input, 3 partial.
+2 bad usage or unreadable input, 3 partial. An unexpected error (a bug) also exits 2, never 1.
 """
 
 from __future__ import annotations
@@ -71,6 +71,13 @@ def main(argv: list[str] | None = None) -> int:
     except KeyboardInterrupt:
         print("interrupted", file=sys.stderr)
         return 130
+    except Exception:  # never exit 1 ("findings") on a crash: a pager must not read a bug as a divergence
+        import traceback
+
+        traceback.print_exc()
+        print(f"tidegauge {args.command}: internal error (the traceback above says where); no result was "
+              "written for this run", file=sys.stderr)
+        return EXIT_USAGE
 
 
 if __name__ == "__main__":
