@@ -191,11 +191,13 @@ def last_vectors(h: Histories, view: RegionView, groups: np.ndarray) -> np.ndarr
 
 
 def carry(h: Histories, view: RegionView, real_groups: np.ndarray, partner_last: list[np.ndarray],
-          groups: np.ndarray, had_carried_last_open: dict[int, bool]) -> tuple[np.ndarray, np.ndarray]:
+          groups: np.ndarray, carried_open: tuple[np.ndarray, np.ndarray] | None = None
+          ) -> tuple[np.ndarray, np.ndarray]:
     """Rows of `h` the next run needs (leapfrog.state rule) and, for each kept row, `last_open`.
 
     Kept: every group's last record, and superseded records whose mark covers the current K of some partner
     region (they may still become comparable). Only groups where the region has real records (`real_groups`).
+    `carried_open` = (sorted gids, flags): whether each group's carried last record was still open.
     """
     if not len(h):
         return np.zeros(0, np.int64), np.zeros(0, bool)
@@ -210,13 +212,20 @@ def carry(h: Histories, view: RegionView, real_groups: np.ndarray, partner_last:
     real = np.isin(h.gid, real_groups)
     keep = np.flatnonzero(real & (is_last | covered))
     last_open = np.zeros(len(keep), bool)
-    kl = keep[is_last[keep]]
+    j = np.flatnonzero(is_last[keep])
+    rows = keep[j]
     firsts = np.asarray(view.gap_firsts, np.int64)
-    for j, i in zip(np.flatnonzero(is_last[keep]).tolist(), kl.tolist(), strict=True):
-        if h.offset[i] > view.start_after:  # a record of this run: open unless a gap follows it
-            last_open[j] = np.searchsorted(firsts, h.offset[i], side="right") == len(firsts)
-        else:  # the group's last record was carried in: still open only if it was and no gap came since
-            last_open[j] = had_carried_last_open.get(int(h.gid[i]), False) and not len(firsts)
+    new = h.offset[rows] > view.start_after
+    # a record of this run: open unless a gap follows it
+    open_new = np.searchsorted(firsts, h.offset[rows], side="right") == len(firsts)
+    # a record carried in: still open only if it was and no gap came since
+    open_old = np.zeros(len(rows), bool)
+    if carried_open is not None and len(carried_open[0]) and not len(firsts):
+        cg, flags = carried_open
+        at = np.searchsorted(cg, h.gid[rows])
+        found = (at < len(cg)) & (cg[np.minimum(at, len(cg) - 1)] == h.gid[rows])
+        open_old[found] = flags[at[found]]
+    last_open[j] = np.where(new, open_new, open_old)
     return keep, last_open
 
 

@@ -29,7 +29,7 @@ from pyspark.sql import functions as F
 
 from . import vt_decode as V
 from .leapfrog_keys import OUT_DDL, ROW_COLUMNS, SORT_COLUMNS, CompareContext, ScanReduce, stage_for
-from .leapfrog_plan import RegionPartition, plan_marks, views
+from .leapfrog_plan import RegionPartition, failed_reads, plan_marks, views
 from .output import OutputDir, versions
 from .sources import SourceError, SourceSpec
 
@@ -198,7 +198,7 @@ def run(opts: LeapfrogOptions, spark: SparkSession | None = None) -> int:
                  and not chunked_version(splits, opts.topic, opts.kafka_conf))
         if fused:
             result, _ = job.fused()
-            counter_rows, facts = _counters(result)
+            counter_rows, facts, read_errors = _counters(result)
             if facts is None:
                 facts, _ = plan_marks([], ends, n, carried)
             if any(rp.chunk_rows for rp in facts.values()):  # chunked values without a StartOfPush in view
@@ -206,14 +206,16 @@ def run(opts: LeapfrogOptions, spark: SparkSession | None = None) -> int:
                 fused = False
         if not fused:
             result, facts = job.two_phase()
-            counter_rows, _ = _counters(result)
+            counter_rows, _, _ = _counters(result)
+            read_errors = job.read_errors
         timings["scan_and_compare_s"] = round(time.time() - t0, 3)
         all_partitions = sorted({p for _, p in facts} | {p for _, p in ends})
         failed = []
         for p in all_partitions:
             for r in regions:
                 if (r, p) not in facts:
-                    failed.append({"region": r, "partition": p, "error": f"region {r} has no records of partition {p}"})
+                    error = read_errors.get((r, p), f"region {r} has no records of partition {p}")
+                    failed.append({"region": r, "partition": p, "error": error})
         old_settled = state.settled_keys() if state is not None else {}
         by_pair = {(r["partition"], r["region_a"], r["region_b"]): r for r in counter_rows}
         for k, n_settled in old_settled.items():  # settled keys this run did not visit still count as keys
@@ -330,6 +332,7 @@ class _Job:
         opts, n = self.opts, self.n
         scanned = _scan(self.spark, opts, n, self.splits).persist(StorageLevel.MEMORY_AND_DISK)
         summaries = [json.loads(r["summary"]) for r in scanned.where(F.col("order") == 0).select("summary").collect()]
+        self.read_errors = failed_reads(summaries)
         facts, prefixes = plan_marks(summaries, self.ends, n, self.carried)
         ctx = CompareContext(opts.mode, self.pairs, views(facts, n, opts.mode), prefixes, n, opts.state_dir is not None)
         data = _prepare(scanned, facts).select(*ROW_COLUMNS)
@@ -347,19 +350,22 @@ class _Job:
 _ORDER = [("partition", "ascending"), ("region_a", "ascending"), ("region_b", "ascending"), ("key", "ascending")]
 
 
-def _counters(result: DataFrame) -> tuple[list[dict], dict | None]:
-    """Counter rows summed per (partition, pair), and the plan's facts when the reduce tasks sent them (fused
-    runs): small, collected in one Spark job."""
+def _counters(result: DataFrame) -> tuple[list[dict], dict | None, dict[tuple[int, int], str]]:
+    """Counter rows summed per (partition, pair), and the plan's facts and read errors when the reduce tasks sent
+    them (fused runs): small, collected in one Spark job."""
     t = result.where(F.col("row").isin("C", "S")).select(
         "row", "partition", "region_a", "region_b", "keys", "comparable_pairs", "skipped_pairs", "pending_keys",
         "value_mismatch", "missing_in_a", "missing_in_b", "settled_touched", "settled_new", "info").toArrow()
     sums: dict[tuple[int, int, int], dict] = {}
     facts = None
+    read_errors: dict[tuple[int, int], str] = {}
     for r in t.to_pylist():
         if r["row"] == "S":
             if facts is None:
                 facts = {}
-                for d in json.loads(r["info"])["facts"]:
+                info = json.loads(r["info"])
+                read_errors.update({(f["region"], f["partition"]): f["error"] for f in info.get("failed", [])})
+                for d in info["facts"]:
                     rp = RegionPartition.from_json(d)
                     facts[(rp.region, rp.partition)] = rp
             continue
@@ -370,7 +376,7 @@ def _counters(result: DataFrame) -> tuple[list[dict], dict | None]:
         for c in ("keys", "comparable_pairs", "skipped_pairs", "pending_keys", "settled_touched", "settled_new"):
             acc[c] += r[c] or 0
         acc["new_findings"] += r["value_mismatch"] + r["missing_in_a"] + r["missing_in_b"]
-    return list(sums.values()), facts
+    return list(sums.values()), facts, read_errors
 
 
 def _findings(result: DataFrame, opts: LeapfrogOptions, state, counter_rows) -> DataFrame:

@@ -30,7 +30,7 @@ from leapfrog import vectorized as vz
 from leapfrog.compare import FINDING_TYPES, lily_pad_walk
 from leapfrog.history import KeyRow, RegionView, key_history
 
-from .leapfrog_plan import plan_marks, views
+from .leapfrog_plan import failed_reads, plan_marks, views
 from .vt_scan import unpack_marks
 
 OUT_SCHEMA = pa.schema([
@@ -231,7 +231,7 @@ class VectorKeyStage:
             p = int(part[lo])
             groups = np.unique(gid[lo:hi])
             hist, present, carried, had_open = {}, {}, {}, {}
-            touched_settled: set[int] = set()
+            touched = []
             for x in ctx.regions():
                 view = ctx.views.get((x, p))
                 if view is None:
@@ -242,12 +242,13 @@ class VectorKeyStage:
                 carried[x], was_settled = (_carried(carry_col, csel, gid, offset, cls, ctx.n_regions) if len(csel)
                                            else (None, None))
                 if was_settled is not None:
-                    touched_settled.update(carried[x].gid[was_settled].tolist())
+                    touched.append(carried[x].gid[was_settled])
                 had_open[x] = _last_open_of(carried[x])
                 hist[x] = vz.build(view, gid[sel], offset[sel], cls[sel], src[sel], src_off[sel], hwb[sel], groups,
                                    carried[x])
                 present[x] = np.unique(gid[lo + np.flatnonzero(in_region)])
-            unsettled: set[int] = set()
+            touched_settled = np.unique(np.concatenate(touched)) if touched else np.zeros(0, np.int64)
+            unsettled = []
             pair_groups: dict[tuple[int, int], np.ndarray] = {}
             for x, y in ctx.pairs:
                 if x not in hist or y not in hist:
@@ -256,11 +257,11 @@ class VectorKeyStage:
                 if not len(in_pair):
                     continue
                 res = vz.compare(hist[x], hist[y], in_pair)
-                unsettled.update(in_pair[res.pending].tolist())
+                unsettled.append(in_pair[res.pending])
                 pair_groups[(x, y)] = in_pair
                 c = counters[(p, x, y)]
-                if touched_settled:
-                    c.settled_touched += sum(1 for g in in_pair.tolist() if g in touched_settled)
+                if len(touched_settled):
+                    c.settled_touched += int(np.isin(in_pair, touched_settled).sum())
                 c.keys += len(in_pair)
                 c.comparable += int(res.comparable_pairs.sum()) - self._counted_before(p, x, y, carried, in_pair)
                 c.skipped += int(res.skipped.sum())
@@ -275,7 +276,9 @@ class VectorKeyStage:
                     c.by_type[ftype] += 1
                     out.append(_finding_row(p, x, y, ftype, key, a, b))
             if ctx.emit_state:
-                batches, settled = self._state_rows(p, hist, present, had_open, groups, keys, group_first, unsettled)
+                unsettled_groups = np.unique(np.concatenate(unsettled)) if unsettled else np.zeros(0, np.int64)
+                batches, settled = self._state_rows(p, hist, present, had_open, groups, keys, group_first,
+                                                    unsettled_groups)
                 self.state_batches.extend(batches)
                 for (x, y), in_pair in pair_groups.items():
                     counters[(p, x, y)].settled_new += int(np.isin(in_pair, settled).sum())
@@ -294,7 +297,7 @@ class VectorKeyStage:
         return int(vz.compare(vz.previous(vx, cx, groups), vz.previous(vy, cy, groups), groups)
                    .comparable_pairs.sum())
 
-    def _state_rows(self, p, hist, present, had_open, groups, keys, group_first, unsettled: set[int]
+    def _state_rows(self, p, hist, present, had_open, groups, keys, group_first, unsettled: np.ndarray
                     ) -> tuple[list[pa.RecordBatch], np.ndarray]:
         """The records the next run needs, as "K" row batches built column-wise (type "settled" or "active"),
         and the settled groups. A key is settled when every region that has it carries only its current record
@@ -306,14 +309,14 @@ class VectorKeyStage:
             partners = sorted({z for pair in self.ctx.pairs if x in pair for z in pair if z != x and z in hist})
             last_k = [vz.last_vectors(hist[z], self.ctx.views[(z, p)], groups) for z in partners]
             kept[x] = vz.carry(h, self.ctx.views[(x, p)], present[x], last_k, groups, had_open[x])
-        bad = set(unsettled)
+        bad = [unsettled]
         for x, (keep, _) in kept.items():
             h = hist[x]
             g, counts = np.unique(h.gid[keep], return_counts=True)
-            bad.update(g[counts > 1].tolist())
-            bad.update(h.gid[keep][h.absent[keep]].tolist())
+            bad.append(g[counts > 1])
+            bad.append(h.gid[keep][h.absent[keep]])
         real = np.unique(np.concatenate([present[x] for x in present])) if present else np.zeros(0, np.int64)
-        settled = np.array([g for g in real.tolist() if g not in bad], np.int64)
+        settled = real[~np.isin(real, np.concatenate(bad))]
         out = []
         for x, (keep, last_open) in kept.items():
             if not len(keep):
@@ -345,12 +348,13 @@ def _carried(carry_col, sel: np.ndarray, gid, offset, cls, n: int) -> tuple[vz.C
     return vz.Carried(gid[sel].astype(np.int64), cls[sel], absent, offset[sel], vectors, marks, last_open), settled
 
 
-def _last_open_of(c: vz.Carried | None) -> dict[int, bool]:
+def _last_open_of(c: vz.Carried | None) -> tuple[np.ndarray, np.ndarray] | None:
+    """(sorted gids, last_open of each group's carried last record)."""
     if c is None or not len(c):
-        return {}
+        return None
     starts = np.flatnonzero(np.concatenate([[True], c.gid[1:] != c.gid[:-1]]))
     lasts = np.concatenate([starts[1:], [len(c)]]) - 1
-    return {int(c.gid[i]): bool(c.last_open[i]) for i in lasts}
+    return c.gid[lasts], c.last_open[lasts]
 
 
 def _vector_side(h: vz.Histories, i: int) -> tuple:
@@ -452,7 +456,9 @@ class ScanReduce:
         if not summaries and first_data is None:
             return  # this task received nothing (its buckets are empty): it has nothing to plan or report
         facts, prefixes = plan_marks(list(summaries.values()), self.ends, self.n, self.carried)
-        info = json.dumps({"facts": [rp.to_json() for rp in facts.values()]})
+        failed = [{"region": r, "partition": p, "error": e}
+                  for (r, p), e in failed_reads(list(summaries.values())).items()]
+        info = json.dumps({"facts": [rp.to_json() for rp in facts.values()], "failed": failed})
         yield _batch([("S",) + (None,) * 25 + (info, None)])
         ctx = CompareContext(self.mode, self.pairs, views(facts, self.n, self.mode), prefixes, self.n, self.emit_state)
 

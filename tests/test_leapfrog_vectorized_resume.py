@@ -92,12 +92,12 @@ def test_resumed_runs_equal_reference():
         for x, s in scans.items():
             partners = [z for pair in run2.pairs for z in pair if x in pair and z != x]
             last_k = [vz.last_vectors(hist[z], scans[z].view, groups) for z in partners]
-            had = {}
+            had = None
             c = carried[x]
             if len(c):
                 starts = np.flatnonzero(np.concatenate([[True], c.gid[1:] != c.gid[:-1]]))
                 lasts = np.concatenate([starts[1:], [len(c)]]) - 1
-                had = {int(c.gid[i]): bool(c.last_open[i]) for i in lasts}
+                had = (c.gid[lasts], c.last_open[lasts])
             keep, last_open = vz.carry(hist[x], s.view, real[x], last_k, groups, had)
             got = {}
             for i, lo in zip(keep.tolist(), last_open.tolist(), strict=True):
