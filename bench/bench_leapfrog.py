@@ -44,9 +44,12 @@ def main() -> None:
     ap.add_argument("--repeat", type=int, default=2)
     ap.add_argument("--master", default="local[2]")
     ap.add_argument("--incremental", action="store_true")
+    ap.add_argument("--keys", type=int, default=Workload.keys,
+                    help=f"distinct keys (default {Workload.keys}); with fewer keys a day touches every key "
+                         "and the state is small, with more most keys are written once and the state is large")
     args = ap.parse_args()
-    w = Workload(vt_records=args.records)
-    root = os.path.join(args.dir, f"w{args.records}")
+    w = Workload(vt_records=args.records, keys=args.keys)
+    root = os.path.join(args.dir, f"w{args.records}" + ("" if args.keys == Workload.keys else f"-k{args.keys}"))
     t = time.perf_counter()
     if not os.path.isdir(os.path.join(root, "full")):
         generate(w, root)
@@ -58,7 +61,7 @@ def main() -> None:
         dec.append(decode_pass(spark, dirs, w.store))
         s, code = job(spark, dirs, os.path.join(args.dir, f"out-{i}"), w.store)
         jobs.append(s)
-    result = {"benchmark": "leapfrog", "regions": w.regions, "vt_records_per_region": args.records,
+    result = {"benchmark": "leapfrog", "regions": w.regions, "vt_records_per_region": args.records, "keys": w.keys,
               "build_s": round(build_s, 1), "decode_only_s": round(min(dec), 2), "job_s": round(min(jobs), 2),
               "ratio": round(min(jobs) / min(dec), 3), "goal": "ratio <= 1.6", "exit_code": code}
     if args.incremental:
