@@ -237,13 +237,11 @@ def run(opts: LeapfrogOptions, spark: SparkSession | None = None) -> int:
             finding_counts = {(r["partition"], r["region_a"], r["region_b"], r["type"]): r["count"]
                               for r in findings.groupBy("partition", "region_a", "region_b", "type").count().collect()}
         if opts.state_dir is not None:  # last: everything this run reads from the old state has been read
-            _commit_state(result, opts, facts, ends, carried, findings, pairs, regions, counter_rows, old_settled,
-                          job.untouched)
+            _commit_state(result, opts, facts, ends, carried, findings, pairs, regions, counter_rows, old_settled)
         timings["output_s"] = round(time.time() - t0 - sum(timings.values()), 3)
         timings["fused"] = fused
         findings.unpersist()
         result.unpersist()
-        job.release()
         summary = _summary(opts, facts, counter_rows, finding_counts, pairs, failed)
         total_findings = sum(summary["totals"]["findings"].values())
         code = EXIT_FINDINGS if total_findings else (EXIT_PARTIAL if failed else EXIT_CLEAN)
@@ -272,37 +270,15 @@ class _Job:
     buckets: int
     carried: dict[tuple[int, int], dict]
     state: Any
-    cached: list[DataFrame] = field(default_factory=list)
-    touched: DataFrame | None = None  # settled keys of the previous run that this run's records touch
-    untouched: DataFrame | None = None  # and the others
-
-    def _split_settled(self, new_keys: DataFrame | None) -> None:
-        """Read the previous run's settled keys once and split them by whether this run's new records touch them
-        (`new_keys`: partition, key, distinct): touched ones rejoin the comparison, the others go to the next
-        state as they are. One read and one join serve both (the split is cached until the state is written)."""
-        self.touched = self.untouched = None
-        if self.state is None or not self.state.settled_dir.exists():
-            return
-        settled = self.spark.read.parquet(str(self.state.settled_dir))
-        if new_keys is None:
-            self.untouched = settled
-            return
-        marked = settled.join(F.broadcast(new_keys.withColumn("_touched", F.lit(True))), ["partition", "key"],
-                              "left").persist(StorageLevel.MEMORY_AND_DISK)
-        self.cached.append(marked)
-        self.touched = marked.where(F.col("_touched").isNotNull()).drop("_touched")
-        self.untouched = marked.where(F.col("_touched").isNull()).drop("_touched")
 
     def _carried_rows(self, columns: list[str]) -> DataFrame | None:
-        """Records the previous run carried, as rows that meet the new ones in the shuffle: every active key,
-        and the settled keys that this run's new records touch."""
+        """Records the previous run carried, as rows that meet the new ones in the shuffle. Settled keys that no
+        new record touches pass the reduce side straight into the next state (leapfrog_keys.pass_untouched):
+        cheaper than finding them with a join before the shuffle, which needs the new keys first."""
         if self.state is None:
             return None
-        frames = []
-        if self.state.keys_dir.exists():
-            frames.append(self.spark.read.parquet(str(self.state.keys_dir)))
-        if self.touched is not None:
-            frames.append(self.touched)
+        frames = [self.spark.read.parquet(str(d)) for d in (self.state.keys_dir, self.state.settled_dir)
+                  if d.exists()]
         if not frames:
             return None
         df = frames[0] if len(frames) == 1 else frames[0].unionByName(frames[1])
@@ -317,12 +293,6 @@ class _Job:
         }
         return df.select(*[cols[c].alias(c) for c in columns])
 
-    def release(self) -> None:
-        """Drop what this run cached."""
-        for df in self.cached:
-            df.unpersist()
-        self.cached.clear()
-
     def fused(self):
         """One Spark job: scan → shuffle by key → per-key stage; each reduce task plans from the summaries it gets."""
         opts = self.opts
@@ -332,13 +302,6 @@ class _Job:
         columns = ["bucket", "order", "summary"] + [c for c in ROW_COLUMNS
                                                     if (c != "rmd" or opts.mode == "rmd") and c != "deleted"]
         rows = scan.select(*columns)
-        new_keys = None
-        if self.state is not None and self.state.settled_dir.exists():
-            scan = scan.persist(StorageLevel.MEMORY_AND_DISK)  # read twice: rows, and the keys they touch
-            self.cached.append(scan)
-            rows = scan.select(*columns)
-            new_keys = scan.where(F.col("order") == 1).select("partition", "key").distinct()
-        self._split_settled(new_keys)
         old = self._carried_rows(columns)
         if old is not None:
             rows = rows.unionByName(old)
@@ -355,7 +318,6 @@ class _Job:
         facts, prefixes = plan_marks(summaries, self.ends, n, self.carried)
         ctx = CompareContext(opts.mode, self.pairs, views(facts, n, opts.mode), prefixes, n, opts.state_dir is not None)
         data = _prepare(scanned, facts).select(*ROW_COLUMNS)
-        self._split_settled(data.select("partition", "key").distinct() if self.state is not None else None)
         old = self._carried_rows(ROW_COLUMNS)
         if old is not None:
             data = data.unionByName(old)
@@ -433,8 +395,7 @@ def _write_findings(findings: DataFrame, out: OutputDir, counter_rows: list[dict
 
 
 def _commit_state(result: DataFrame, opts: LeapfrogOptions, facts: dict, ends: dict, carried: dict,
-                  findings: DataFrame, pairs, regions, counter_rows: list[dict], old_settled: dict,
-                  untouched: DataFrame | None) -> None:
+                  findings: DataFrame, pairs, regions, counter_rows: list[dict], old_settled: dict) -> None:
     """Write the next state beside --state and swap it in (before the output is committed)."""
     from . import leapfrog_state as S
 
@@ -443,9 +404,7 @@ def _commit_state(result: DataFrame, opts: LeapfrogOptions, facts: dict, ends: d
         "type", "partition", "key", F.col("region_a").alias("region"), F.col("a_vt_offset").alias("offset"),
         F.col("a_value_hash").alias("value_hash"), F.col("blob").alias("carry"))
     k_rows.where(F.col("type") == "active").drop("type").write.mode("overwrite").parquet(str(stage / "keys"))
-    settled = k_rows.where(F.col("type") == "settled").drop("type")
-    if untouched is not None:
-        settled = settled.unionByName(untouched.select("partition", "key", "region", "offset", "value_hash", "carry"))
+    settled = k_rows.where(F.col("type") == "settled").drop("type")  # untouched ones included (passed through)
     settled.write.mode("overwrite").parquet(str(stage / "settled"))
     findings.write.mode("overwrite").parquet(str(stage / "findings"))
     region_rows = []

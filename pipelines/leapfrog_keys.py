@@ -185,6 +185,39 @@ def _regroup(batches: Iterator[tuple[pa.RecordBatch, np.ndarray]]) -> Iterator[t
         yield held.combine_chunks(), held_marks
 
 
+def pass_untouched(t: pa.Table, hwb: np.ndarray) -> tuple[pa.Table, np.ndarray, pa.RecordBatch | None]:
+    """Split off the keys that only the previous run's *settled* state holds — no new record touches them — as
+    "K" rows for the next state, unchanged and not compared again; return the rest of the chunk with its marks."""
+    from .leapfrog_state import carry_flags
+
+    m = t.num_rows
+    if m == 0 or "carry" not in t.schema.names:
+        return t, hwb, None
+    settled_row = (carry_flags(t.column("carry").combine_chunks()) & 4) != 0
+    if not settled_row.any():
+        return t, hwb, None
+    part = t.column("partition").to_numpy()
+    keys = t.column("key").combine_chunks()
+    same = pc.equal(keys.slice(1), keys.slice(0, m - 1)).to_numpy(zero_copy_only=False) if m > 1 else np.zeros(0, bool)
+    new_group = np.concatenate([[True], ~same | (part[1:] != part[:-1])])
+    # a key is untouched when every row of its group is a settled carried record
+    untouched = np.minimum.reduceat(settled_row.astype(np.int8), np.flatnonzero(new_group)).astype(bool)
+    passed = untouched[np.cumsum(new_group) - 1]
+    if not passed.any():
+        return t, hwb, None
+    sub = t.take(pa.array(np.flatnonzero(passed)))
+    k = sub.num_rows
+    cols = {name: pa.nulls(k, OUT_SCHEMA.field(name).type) for name in OUT_SCHEMA.names}
+    cols["row"] = pa.array(["K"] * k, pa.string())
+    cols["type"] = pa.array(["settled"] * k, pa.string())
+    for out_name, name in (("partition", "partition"), ("region_a", "region"), ("key", "key"),
+                           ("a_value_hash", "value_hash"), ("a_vt_offset", "offset"), ("blob", "carry")):
+        cols[out_name] = sub.column(name).combine_chunks().cast(OUT_SCHEMA.field(out_name).type)
+    batch = pa.RecordBatch.from_arrays([cols[n] for n in OUT_SCHEMA.names], schema=OUT_SCHEMA)
+    keep = np.flatnonzero(~passed)
+    return t.take(pa.array(keep)), hwb[keep], batch
+
+
 class VectorKeyStage:
     """Heartbeat mode: the band rule over whole chunks of keys in numpy (same verdicts as `KeyStage`, tested)."""
 
@@ -196,6 +229,10 @@ class VectorKeyStage:
         counters: dict[tuple[int, int, int], _Counters] = defaultdict(_Counters)
         self.state_batches: list[pa.RecordBatch] = []
         for table, hwb in _regroup(marks.apply(b) for b in batches):
+            if self.ctx.emit_state:
+                table, hwb, passed = pass_untouched(table, hwb)
+                if passed is not None:
+                    yield passed
             rows = self._chunk(table, hwb, counters)
             if rows:
                 yield _batch(rows)

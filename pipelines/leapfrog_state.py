@@ -9,7 +9,8 @@ take part in a comparison; and every finding so far. Layout:
                      records of keys still in play: every run takes them into its comparison
     DIR/settled/     the same for *settled* keys: each region holds only its current record and every pair's
                      current records are already comparable, so only a new record can make the key matter
-                     again; a run takes in only the settled keys its new records touch
+                     again; a run compares only the settled keys its new records touch and passes the others
+                     on to the next state unchanged
     DIR/findings/    Parquet: the findings so far, in the output's columns
 
 A run writes the next state beside DIR and swaps it in with renames, so a run killed at any moment leaves the
@@ -81,6 +82,21 @@ def unpack_carry_array(col, n: int) -> tuple[np.ndarray, np.ndarray, np.ndarray,
     flags = raw[:, 0]
     return ((flags & 1).astype(bool), (flags & 2).astype(bool), (flags & 4).astype(bool),
             body[:, :n].astype(np.int64), body[:, n:].astype(np.int64))
+
+
+def carry_flags(col) -> np.ndarray:
+    """The flags byte of each packed carried record in an Arrow binary array (0 where a row carries nothing)."""
+    import pyarrow as pa
+
+    m = len(col)
+    out = np.zeros(m, np.uint8)
+    if m == 0 or col.null_count == m:
+        return out
+    width = np.int64 if pa.types.is_large_binary(col.type) else np.int32
+    starts = np.frombuffer(col.buffers()[1], width, count=m + 1, offset=col.offset * np.dtype(width).itemsize)[:-1]
+    valid = ~col.is_null().to_numpy(zero_copy_only=False)
+    out[valid] = np.frombuffer(col.buffers()[2], np.uint8)[starts[valid]]
+    return out
 
 
 @dataclass

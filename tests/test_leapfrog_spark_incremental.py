@@ -111,3 +111,36 @@ def test_a_killed_run_then_a_rerun_gives_the_same_findings(spark, tmp_path):
     assert sorted(os.listdir(state)) == before or (state / "state.json").exists()
     _run(spark, day2, tmp_path / "out-day2", state)
     assert _findings(tmp_path / "out-day2") == _findings(tmp_path / "out-full")
+
+
+def test_three_days_equal_one_rescan_and_untouched_settled_keys_carry_over(spark, tmp_path):
+    """Settled keys that day 2 does not touch pass through day 2's run into its state unchanged, and day 3
+    still finds what a full rescan finds."""
+    histories = [h for h in generated(60) if h.n_regions == 2][:80]
+    rng = random.Random(13)
+    first, second = _cuts(histories, rng), {}
+    for (p, x), c in first.items():
+        offsets = [e.vt_offset for e in histories[p].vt[x]]
+        second[(p, x)] = rng.randint(c, max(offsets)) if offsets and max(offsets) > c else c
+    full = write_archives(histories, tmp_path / "full")
+    days = [write_archives(histories, tmp_path / "day1", keep=lambda p, x, off: off <= first[(p, x)]),
+            write_archives(histories, tmp_path / "day2",
+                           keep=lambda p, x, off: first[(p, x)] < off <= second[(p, x)]),
+            write_archives(histories, tmp_path / "day3", keep=lambda p, x, off: off > second[(p, x)])]
+    _run(spark, full, tmp_path / "out-full")
+    state = tmp_path / "state"
+
+    def settled():
+        return {(r["partition"], r["key"], r["region"], r["offset"], r["carry"])
+                for r in pq.read_table(state / "settled").to_pylist()}
+
+    _run(spark, days[0], tmp_path / "out-day1", state)
+    after_day1 = settled()
+    day2_keys = {(r["partition"], r["key"][1:]) for x, d in days[1].items()
+                 for r in pq.read_table(d, columns=["partition", "key"]).to_pylist()}
+    untouched = {row for row in after_day1 if (row[0], row[1]) not in day2_keys}
+    assert untouched, "every settled key was touched on day 2: the pass-through went untested"
+    _run(spark, days[1], tmp_path / "out-day2", state)
+    assert untouched <= settled()  # carried over exactly as they were
+    _run(spark, days[2], tmp_path / "out-day3", state)
+    assert _findings(tmp_path / "out-day3") == _findings(tmp_path / "out-full")
