@@ -197,18 +197,23 @@ def plan_faults(cfg: SimConfig, schedule: Schedule, keyspace_keys: list[bytes], 
                 origin, part = int(schedule.region[i]), int(schedule.partition[i])
                 key_id = int(schedule.key[i])
                 had_value = bool(prev[i] >= 0 or key_id < cfg.batch_records)
+                # Leap Frog compares what regions wrote after End of Push (as Venice's checker does), so a key
+                # whose only earlier value came from the batch load has no record in the dropping region's
+                # scan: the finding is MISSING there, although the region still serves the batch value.
+                seen_by_scan = bool(prev[i] >= 0)
                 f = new(kind, region=origin, partition=part, key=keyspace_keys[key_id], write=i, time_ms=int(t[i]))
                 if kind == "dropped":
                     f.affected_regions = [x for x in range(cfg.regions) if x != origin]
                     f.detail = {"applied_in": [origin], "dropped_in": f.affected_regions,
-                                "key_had_value_before": had_value}
+                                "key_had_value_before": had_value,
+                                "key_had_online_value_before": seen_by_scan}
                 else:
                     x = int(rng.integers(cfg.regions))
                     f.region = x
                     f.affected_regions = [x]
                     f.detail = {"origin_region": origin, "poisoned_in": x}
                 f.expect = {"leapfrog": _leapfrog_expect(kind, cfg.regions, origin, f.affected_regions, part,
-                                                          f.key, had_value), "div": []}
+                                                          f.key, seen_by_scan), "div": []}
 
     pairs = [(x, p) for x in range(cfg.regions) for p in range(cfg.partitions)]
     k = cfg.faults.get("failover", 0)
@@ -237,12 +242,12 @@ def plan_faults(cfg: SimConfig, schedule: Schedule, keyspace_keys: list[bytes], 
 
 
 def _leapfrog_expect(kind: str, regions: int, origin: int, affected: list[int], partition: int, key: bytes,
-                     had_value: bool) -> list[dict]:
+                     scanned_value_before: bool) -> list[dict]:
     out = []
     if kind == "dropped":
         for x in affected:
             a, b = sorted((origin, x))
-            if had_value:
+            if scanned_value_before:
                 typ = "VALUE_MISMATCH"
             else:
                 typ = "MISSING_IN_A" if x == a else "MISSING_IN_B"

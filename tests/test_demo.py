@@ -138,12 +138,8 @@ def test_too_few_records_is_bad_usage(tmp_path, capsys):
 
 
 # Checks that fail today because of a known bug elsewhere, each with the reason; the demo test requires them to
-# fail, so that fixing the bug makes the test say to remove the entry.
-KNOWN_MISMATCHES = {
-    # leapfrog scans from End of Push, so a key whose only earlier value is the batch load's looks absent: a
-    # write dropped on such a key is reported MISSING_IN_A where truth.json expects VALUE_MISMATCH.
-    "#4 dropped (region 2 partition 1)": "reported as MISSING_IN_A instead",
-}
+# fail, so that fixing the bug makes the test say to remove the entry. None today.
+KNOWN_MISMATCHES: dict[str, str] = {}
 
 
 @pytest.mark.spark

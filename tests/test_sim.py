@@ -433,6 +433,11 @@ def test_regions_converge_except_on_dropped_and_poisoned_keys(sim_run, vts):
                     last = [r for r in vts[(x, q)] if r.kind == "HB"][-1]
                     assert last.hbw["upstreamHighWatermarks"][origin] >= f["rt_offset"]
                 assert (held[f["detail"]["dropped_in"][0]] is not None) == f["detail"]["key_had_value_before"]
+                # a value only from the batch load is invisible to Leap Frog's post-EOP scan: MISSING there
+                d = f["detail"]
+                assert d["key_had_value_before"] or not d["key_had_online_value_before"]
+                want = "VALUE_MISMATCH" if d["key_had_online_value_before"] else "MISSING"
+                assert all(e["type"].startswith(want) for e in f["expect"]["leapfrog"])
             else:
                 x = f["detail"]["poisoned_in"]
                 assert set(f["vt_offsets"]) == {str(r) for r in range(t["regions"])}
