@@ -23,6 +23,10 @@ from collections import defaultdict
 from dataclasses import dataclass, field
 from typing import Any
 
+import numpy as np
+import pyarrow as pa
+import pyarrow.compute as pc
+import pyarrow.parquet as pq
 from pyspark import StorageLevel
 from pyspark.sql import DataFrame, SparkSession
 from pyspark.sql import functions as F
@@ -192,7 +196,12 @@ def run(opts: LeapfrogOptions, spark: SparkSession | None = None) -> int:
         ends[(sp.region, sp.partition)] = max(ends.get((sp.region, sp.partition), 0), sp.end)
     spark = spark or get_session(opts.master, conf=opts.spark_conf)
     buckets = int(spark.conf.get("spark.sql.shuffle.partitions"))
-    job = _Job(spark, opts, n, tuple(pairs), splits, ends, buckets, carried, state)
+    stage = None
+    if opts.state_dir is not None:  # the reduce tasks write the next state's carried records here
+        stage = S.staging_dir(opts.state_dir)
+        (stage / "carried").mkdir()
+    job = _Job(spark, opts, n, tuple(pairs), splits, ends, buckets, carried, state,
+               str(stage / "carried") if stage is not None else None)
     with OutputDir(opts.out) as out:
         fused = (len(splits) * buckets <= FUSED_MAX_SUMMARY_ROWS
                  and not chunked_version(splits, opts.topic, opts.kafka_conf))
@@ -226,8 +235,7 @@ def run(opts: LeapfrogOptions, spark: SparkSession | None = None) -> int:
                                   "settled_touched": 0, "settled_new": 0}
                 counter_rows.append(r)
             r["keys"] += n_settled - r["settled_touched"]
-        findings = _findings(result, opts, state, counter_rows).persist(StorageLevel.MEMORY_AND_DISK)
-        table = _write_findings(findings, out, counter_rows, state is not None)
+        findings, table = _findings(result, opts, state, counter_rows, out)
         if table is not None:
             finding_counts = defaultdict(int)
             for p_, a_, b_, t_ in zip(*(table.column(c).to_pylist() for c in ("partition", "region_a", "region_b",
@@ -237,10 +245,12 @@ def run(opts: LeapfrogOptions, spark: SparkSession | None = None) -> int:
             finding_counts = {(r["partition"], r["region_a"], r["region_b"], r["type"]): r["count"]
                               for r in findings.groupBy("partition", "region_a", "region_b", "type").count().collect()}
         if opts.state_dir is not None:  # last: everything this run reads from the old state has been read
-            _commit_state(result, opts, facts, ends, carried, findings, pairs, regions, counter_rows, old_settled)
+            _commit_state(stage, opts, facts, ends, carried, findings, table, pairs, regions, counter_rows,
+                          old_settled)
         timings["output_s"] = round(time.time() - t0 - sum(timings.values()), 3)
         timings["fused"] = fused
-        findings.unpersist()
+        if findings is not None:
+            findings.unpersist()
         result.unpersist()
         summary = _summary(opts, facts, counter_rows, finding_counts, pairs, failed)
         total_findings = sum(summary["totals"]["findings"].values())
@@ -270,18 +280,15 @@ class _Job:
     buckets: int
     carried: dict[tuple[int, int], dict]
     state: Any
+    state_out: str | None = None
 
     def _carried_rows(self, columns: list[str]) -> DataFrame | None:
         """Records the previous run carried, as rows that meet the new ones in the shuffle. Settled keys that no
         new record touches pass the reduce side straight into the next state (leapfrog_keys.pass_untouched):
         cheaper than finding them with a join before the shuffle, which needs the new keys first."""
-        if self.state is None:
+        if self.state is None or not any(self.state.carried_dir.glob("*.parquet")):
             return None
-        frames = [self.spark.read.parquet(str(d)) for d in (self.state.keys_dir, self.state.settled_dir)
-                  if d.exists()]
-        if not frames:
-            return None
-        df = frames[0] if len(frames) == 1 else frames[0].unionByName(frames[1])
+        df = self.spark.read.parquet(str(self.state.carried_dir))
         cols = {
             "bucket": F.pmod(F.crc32("key") + F.col("partition"), F.lit(self.buckets)).cast("int"),
             "order": F.lit(1).cast("byte"), "summary": F.lit(None).cast("string"), "partition": F.col("partition"),
@@ -297,7 +304,8 @@ class _Job:
         """One Spark job: scan → shuffle by key → per-key stage; each reduce task plans from the summaries it gets."""
         opts = self.opts
         scan = _scan(self.spark, opts, self.n, self.splits, buckets=self.buckets, keep_chunks=False)
-        reduce = ScanReduce(opts.mode, self.pairs, self.n, self.ends, self.carried, opts.state_dir is not None)
+        reduce = ScanReduce(opts.mode, self.pairs, self.n, self.ends, self.carried, opts.state_dir is not None,
+                            self.state_out)
         # what the shuffle carries: no RMD vectors unless mode rmd, no tombstone flag (a null hash says it)
         columns = ["bucket", "order", "summary"] + [c for c in ROW_COLUMNS
                                                     if (c != "rmd" or opts.mode == "rmd") and c != "deleted"]
@@ -316,7 +324,8 @@ class _Job:
         summaries = [json.loads(r["summary"]) for r in scanned.where(F.col("order") == 0).select("summary").collect()]
         self.read_errors = failed_reads(summaries)
         facts, prefixes = plan_marks(summaries, self.ends, n, self.carried)
-        ctx = CompareContext(opts.mode, self.pairs, views(facts, n, opts.mode), prefixes, n, opts.state_dir is not None)
+        ctx = CompareContext(opts.mode, self.pairs, views(facts, n, opts.mode), prefixes, n, opts.state_dir is not None,
+                             self.state_out)
         data = _prepare(scanned, facts).select(*ROW_COLUMNS)
         old = self._carried_rows(ROW_COLUMNS)
         if old is not None:
@@ -360,53 +369,85 @@ def _counters(result: DataFrame) -> tuple[list[dict], dict | None, dict[tuple[in
     return list(sums.values()), facts, read_errors
 
 
-def _findings(result: DataFrame, opts: LeapfrogOptions, state, counter_rows) -> DataFrame:
+def _findings(result: DataFrame, opts: LeapfrogOptions, state, counter_rows, out: OutputDir):
     """This run's findings, and with --state every finding so far: per (pair, key) the one first in
-    (B offset, A offset) order, as a full rescan would report."""
+    (B offset, A offset) order, as a full rescan would report. Written to OUT/inconsistencies.
+
+    Returns (DataFrame, None) when Spark wrote them (very many), else (None, table): the usual case, where the
+    findings are merged and written on the driver without another Spark job."""
     new = (result.where(F.col("row") == "F")
            .select(F.lit(opts.store).alias("store"), F.lit(opts.version).cast("int").alias("version"),
                    *FINDING_COLUMNS[2:]))
-    if state is None or not state.findings_dir.exists():
-        return new
-    from pyspark.sql import Window
+    old_dir = state.findings_dir if state is not None and state.findings_dir.exists() else None
+    n_new = sum(r["new_findings"] for r in counter_rows)
+    if n_new + _parquet_rows(old_dir) <= FINDINGS_ON_DRIVER:
+        table = new.toArrow()
+        if old_dir is not None:
+            table = _first_per_key(table, _read_findings(old_dir, table.schema))
+        table = table.sort_by(_ORDER)
+        path = out.file("inconsistencies")
+        path.mkdir(parents=True, exist_ok=True)
+        pq.write_table(table, path / "part-00000.parquet")
+        return None, table
+    if old_dir is not None:
+        from pyspark.sql import Window
 
-    old = result.sparkSession.read.parquet(str(state.findings_dir)).select(*FINDING_COLUMNS)
-    both = new.unionByName(old)
-    w = Window.partitionBy("partition", "region_a", "region_b", "key").orderBy(
-        F.coalesce("b_vt_offset", F.lit(-1)), F.coalesce("a_vt_offset", F.lit(-1)))
-    return both.withColumn("_rank", F.row_number().over(w)).where(F.col("_rank") == 1).drop("_rank")
-
-
-def _write_findings(findings: DataFrame, out: OutputDir, counter_rows: list[dict], resumed: bool):
-    """OUT/inconsistencies: one sorted file written from the driver when findings are few (the usual case:
-    one Spark job), else written by Spark in parallel. Returns the findings table when it was collected."""
-    import pyarrow.parquet as pq
-
-    path = out.file("inconsistencies")
-    new = sum(r["new_findings"] for r in counter_rows)
-    few = new <= FINDINGS_ON_DRIVER and (not resumed or findings.count() <= FINDINGS_ON_DRIVER)
-    if not few:
-        findings.write.mode("overwrite").parquet(str(path))
-        return None
-    table = findings.toArrow().sort_by(_ORDER)
-    path.mkdir(parents=True, exist_ok=True)
-    pq.write_table(table, path / "part-00000.parquet")
-    return table
+        old = result.sparkSession.read.parquet(str(old_dir)).select(*FINDING_COLUMNS)
+        w = Window.partitionBy("partition", "region_a", "region_b", "key").orderBy(
+            F.coalesce("b_vt_offset", F.lit(-1)), F.coalesce("a_vt_offset", F.lit(-1)))
+        new = (new.unionByName(old).withColumn("_rank", F.row_number().over(w)).where(F.col("_rank") == 1)
+               .drop("_rank"))
+    new = new.persist(StorageLevel.MEMORY_AND_DISK)
+    new.write.mode("overwrite").parquet(str(out.file("inconsistencies")))
+    return new, None
 
 
-def _commit_state(result: DataFrame, opts: LeapfrogOptions, facts: dict, ends: dict, carried: dict,
-                  findings: DataFrame, pairs, regions, counter_rows: list[dict], old_settled: dict) -> None:
-    """Write the next state beside --state and swap it in (before the output is committed)."""
+def _parquet_rows(path) -> int:
+    if path is None:
+        return 0
+    return sum(pq.ParquetFile(f).metadata.num_rows for f in sorted(path.glob("*.parquet")))
+
+
+def _read_findings(path, schema: pa.Schema) -> pa.Table:
+    files = sorted(path.glob("*.parquet"))
+    if not files:
+        return schema.empty_table()
+    return pa.concat_tables([pq.read_table(f).select(schema.names).cast(schema) for f in files])
+
+
+def _first_per_key(new: pa.Table, old: pa.Table) -> pa.Table:
+    """Per (partition, pair, key) the finding first in (B offset, A offset) order, nulls first (as -1)."""
+    both = pa.concat_tables([new, old])
+    if both.num_rows == 0:
+        return both
+    order_b = pc.fill_null(both.column("b_vt_offset"), -1)
+    order_a = pc.fill_null(both.column("a_vt_offset"), -1)
+    keyed = both.append_column("_b", order_b).append_column("_a", order_a)
+    keyed = keyed.sort_by([("partition", "ascending"), ("region_a", "ascending"), ("region_b", "ascending"),
+                           ("key", "ascending"), ("_b", "ascending"), ("_a", "ascending")])
+    m = keyed.num_rows
+    first = np.ones(m, bool)
+    if m > 1:
+        same = np.ones(m - 1, bool)
+        for c in ("partition", "region_a", "region_b", "key"):
+            col = keyed.column(c).combine_chunks()
+            same &= pc.equal(col.slice(1), col.slice(0, m - 1)).to_numpy(zero_copy_only=False)
+        first[1:] = ~same
+    return keyed.filter(pa.array(first)).drop_columns(["_b", "_a"])
+
+
+def _commit_state(stage, opts: LeapfrogOptions, facts: dict, ends: dict, carried: dict,
+                  findings: DataFrame | None, findings_table, pairs, regions, counter_rows: list[dict],
+                  old_settled: dict) -> None:
+    """Complete the next state in its staging directory (the reduce tasks wrote its carried records there)
+    and swap it in (before the output is committed)."""
     from . import leapfrog_state as S
 
-    stage = S.staging_dir(opts.state_dir)
-    k_rows = result.where(F.col("row") == "K").select(
-        "type", "partition", "key", F.col("region_a").alias("region"), F.col("a_vt_offset").alias("offset"),
-        F.col("a_value_hash").alias("value_hash"), F.col("blob").alias("carry"))
-    k_rows.where(F.col("type") == "active").drop("type").write.mode("overwrite").parquet(str(stage / "keys"))
-    settled = k_rows.where(F.col("type") == "settled").drop("type")  # untouched ones included (passed through)
-    settled.write.mode("overwrite").parquet(str(stage / "settled"))
-    findings.write.mode("overwrite").parquet(str(stage / "findings"))
+    if findings_table is not None:
+        (stage / "findings").mkdir()
+        pq.write_table(findings_table, stage / "findings" / "part-00000.parquet")
+    else:
+        findings.write.mode("overwrite").parquet(str(stage / "findings"))
     region_rows = []
     for (region, partition), rp in sorted(facts.items()):
         end = ends.get((region, partition))

@@ -17,6 +17,8 @@ Memory is bounded by the largest single key's history, never by a partition's.
 from __future__ import annotations
 
 import json
+import os
+import uuid
 from collections import defaultdict
 from collections.abc import Iterator
 from dataclasses import dataclass
@@ -84,7 +86,8 @@ class CompareContext:
     views: dict[tuple[int, int], RegionView]  # (region, partition) → view
     prefixes: dict[tuple[int, int], list[int]]  # (split, segment) → prefix mark; absent = before the scan start
     n_regions: int
-    emit_state: bool = False  # incremental runs: also emit the records the next run needs ("K" rows)
+    emit_state: bool = False  # incremental runs: also keep the records the next run needs ("K" rows)
+    state_out: str | None = None  # ... written by each task to this directory (else yielded as rows)
 
     def regions(self) -> list[int]:
         return sorted({r for p in self.pairs for r in p})
@@ -218,6 +221,52 @@ def pass_untouched(t: pa.Table, hwb: np.ndarray) -> tuple[pa.Table, np.ndarray, 
     return t.take(pa.array(keep)), hwb[keep], batch
 
 
+CARRIED_SCHEMA = pa.schema([("partition", pa.int32()), ("key", pa.binary()), ("region", pa.int32()),
+                            ("offset", pa.int64()), ("value_hash", pa.int64()), ("carry", pa.binary())])
+
+
+class StateSink:
+    """One reduce task's carried records ("K" rows), written straight into the next state's staging directory
+    as one Parquet file per task. Only the next run reads them, so they skip the trip back through Spark (Arrow
+    to the JVM, the cache, a write job). A task that runs again (a retry, a recomputed cache block) rewrites
+    the same file with the same content; the file appears by rename, whole or not at all."""
+
+    def __init__(self, directory: str) -> None:
+        self.directory = directory
+        self.writer = None
+        self.tmp = ""
+        self.rows = 0
+
+    def add(self, batch: pa.RecordBatch) -> None:
+        import pyarrow.parquet as pq
+
+        if batch.num_rows == 0:
+            return
+        t = pa.RecordBatch.from_arrays(
+            [batch.column(c).cast(f.type) for c, f in zip(("partition", "key", "region_a", "a_vt_offset",
+                                                             "a_value_hash", "blob"), CARRIED_SCHEMA, strict=True)],
+            schema=CARRIED_SCHEMA)
+        if self.writer is None:
+            self.tmp = os.path.join(self.directory, f".{self._name()}.{uuid.uuid4().hex}.tmp")
+            self.writer = pq.ParquetWriter(self.tmp, CARRIED_SCHEMA)
+        self.writer.write_batch(t)
+        self.rows += t.num_rows
+
+    def close(self) -> None:
+        if self.writer is None:
+            return
+        self.writer.close()
+        self.writer = None
+        os.replace(self.tmp, os.path.join(self.directory, self._name()))
+
+    @staticmethod
+    def _name() -> str:
+        from pyspark import TaskContext
+
+        tc = TaskContext.get()
+        return f"part-{tc.partitionId() if tc is not None else 0:05d}.parquet"
+
+
 class VectorKeyStage:
     """Heartbeat mode: the band rule over whole chunks of keys in numpy (same verdicts as `KeyStage`, tested)."""
 
@@ -228,18 +277,26 @@ class VectorKeyStage:
         marks = _Marks(self.ctx)
         counters: dict[tuple[int, int, int], _Counters] = defaultdict(_Counters)
         self.state_batches: list[pa.RecordBatch] = []
+        sink = StateSink(self.ctx.state_out) if self.ctx.emit_state and self.ctx.state_out else None
         for table, hwb in _regroup(marks.apply(b) for b in batches):
             if self.ctx.emit_state:
                 table, hwb, passed = pass_untouched(table, hwb)
                 if passed is not None:
-                    yield passed
+                    self.state_batches.append(passed)
             rows = self._chunk(table, hwb, counters)
             if rows:
                 yield _batch(rows)
-            yield from self.state_batches
+            if sink is not None:
+                for b in self.state_batches:
+                    sink.add(b)
+            else:
+                yield from self.state_batches
             self.state_batches = []
+        if sink is not None:
+            sink.close()
         if counters:
             yield _batch(_counter_rows(counters))
+
 
     def _chunk(self, t: pa.Table, hwb: np.ndarray, counters) -> list[tuple]:
         m = t.num_rows
@@ -473,9 +530,9 @@ class ScanReduce:
 
     def __init__(self, mode: str, pairs: tuple[tuple[int, int], ...], n_regions: int,
                  ends: dict[tuple[int, int], int], carried: dict[tuple[int, int], dict] | None = None,
-                 emit_state: bool = False) -> None:
+                 emit_state: bool = False, state_out: str | None = None) -> None:
         self.mode, self.pairs, self.n, self.ends = mode, pairs, n_regions, ends
-        self.carried, self.emit_state = carried or {}, emit_state
+        self.carried, self.emit_state, self.state_out = carried or {}, emit_state, state_out
 
     def __call__(self, batches: Iterator[pa.RecordBatch]) -> Iterator[pa.RecordBatch]:
         summaries: dict[int, dict] = {}
@@ -497,7 +554,8 @@ class ScanReduce:
                   for (r, p), e in failed_reads(list(summaries.values())).items()]
         info = json.dumps({"facts": [rp.to_json() for rp in facts.values()], "failed": failed})
         yield _batch([("S",) + (None,) * 25 + (info, None)])
-        ctx = CompareContext(self.mode, self.pairs, views(facts, self.n, self.mode), prefixes, self.n, self.emit_state)
+        ctx = CompareContext(self.mode, self.pairs, views(facts, self.n, self.mode), prefixes, self.n, self.emit_state,
+                             self.state_out)
 
         def data():
             if first_data is not None:

@@ -5,12 +5,12 @@ mark, how the first run started and the mark before its first gap; per key and r
 take part in a comparison; and every finding so far. Layout:
 
     DIR/state.json   meta (store, version, mode, pairs, regions) and the per region partition facts
-    DIR/keys/        Parquet: partition, key, region, offset, value_hash, carry (flags, vector, mark) — the
-                     records of keys still in play: every run takes them into its comparison
-    DIR/settled/     the same for *settled* keys: each region holds only its current record and every pair's
-                     current records are already comparable, so only a new record can make the key matter
-                     again; a run compares only the settled keys its new records touch and passes the others
-                     on to the next state unchanged
+    DIR/carried/     Parquet: partition, key, region, offset, value_hash, carry (flags, vector, mark) — the
+                     records of keys still in play, which every run takes into its comparison, and of *settled*
+                     keys (flag 4): each region holds only its current record and every pair's current records
+                     are already comparable, so only a new record can make the key matter again; a run compares
+                     only the settled keys its new records touch and passes the others on unchanged. One file
+                     per reduce task, written by the task itself.
     DIR/findings/    Parquet: the findings so far, in the output's columns
 
 A run writes the next state beside DIR and swaps it in with renames, so a run killed at any moment leaves the
@@ -28,7 +28,7 @@ from typing import Any
 
 import numpy as np
 
-VERSION = 1
+VERSION = 2  # 2: carried records in one directory, written by the reduce tasks
 
 
 class StateError(Exception):
@@ -106,16 +106,12 @@ class State:
     regions: dict[tuple[int, int], dict[str, Any]]  # (region, partition) → last_offset, final_hw, baseline, ...
 
     @property
-    def keys_dir(self) -> Path:
-        return self.path / "keys"
+    def carried_dir(self) -> Path:
+        return self.path / "carried"
 
     @property
     def findings_dir(self) -> Path:
         return self.path / "findings"
-
-    @property
-    def settled_dir(self) -> Path:
-        return self.path / "settled"
 
     def settled_keys(self) -> dict[tuple[int, int, int], int]:
         """Settled keys per (partition, region_a, region_b), for the `keys` counter of runs that skip them."""

@@ -22,6 +22,7 @@ from vt_fixtures import STORE, write_archives
 
 from leapfrog import FromState, RegionLog, carry_state, check_partition
 from pipelines.leapfrog_job import LeapfrogOptions, run
+from pipelines.leapfrog_state import carry_flags
 from pipelines.sources import SourceSpec
 
 pytestmark = [pytest.mark.spark, pytest.mark.slow]
@@ -65,9 +66,10 @@ def test_two_days_equal_one_rescan(spark, tmp_path):
     summary = json.loads((tmp_path / "out-day2" / "summary.json").read_text())
     assert summary["incremental"] is True
     assert sum(summary["totals"]["findings"].values()) == len(expected)
-    carried = pq.read_table(state / "keys").num_rows + pq.read_table(state / "settled").num_rows
-    assert 0 < carried < sum(len(h.vt[x]) for h in histories for x in range(h.n_regions))
-    assert pq.read_table(state / "settled").num_rows > 0, "no key ever settled: the skip path went untested"
+    carried = pq.read_table(state / "carried")
+    assert 0 < carried.num_rows < sum(len(h.vt[x]) for h in histories for x in range(h.n_regions))
+    settled = (carry_flags(carried.column("carry").combine_chunks()) & 4) != 0
+    assert settled.any(), "no key ever settled: the skip path went untested"
     # day 2's counters equal the reference's resumed run over what each day's archive shows
     expected_counts = {}
     for p, h in enumerate(histories):
@@ -87,6 +89,27 @@ def test_two_days_equal_one_rescan(spark, tmp_path):
     with pytest.raises(SourceError, match="built with"):
         run(LeapfrogOptions(store=STORE, version=1, out=str(tmp_path / "o"), state_dir=str(state),
                             sources=[SourceSpec(x, d) for x, d in list(day2.items())[:2]]), spark=spark)
+
+
+def test_many_findings_take_the_spark_path_with_the_same_result(spark, tmp_path, monkeypatch):
+    """Findings are merged on the driver when few (the usual case) and by Spark when very many: same findings."""
+    import pipelines.leapfrog_job as J
+
+    histories = [h for h in generated(61) if h.n_regions == 2][:80]
+    cuts = _cuts(histories, random.Random(8))
+    full = write_archives(histories, tmp_path / "full")
+    day1 = write_archives(histories, tmp_path / "day1", keep=lambda p, x, off: off <= cuts[(p, x)])
+    day2 = write_archives(histories, tmp_path / "day2", keep=lambda p, x, off: off > cuts[(p, x)])
+    _run(spark, full, tmp_path / "out-full")
+    expected = _findings(tmp_path / "out-full")
+    assert expected
+    monkeypatch.setattr(J, "FINDINGS_ON_DRIVER", 0)
+    state = tmp_path / "state"
+    _run(spark, day1, tmp_path / "out-day1", state)
+    assert _findings(tmp_path / "out-day1"), "day 1 found nothing: the merge of old and new findings went untested"
+    _run(spark, day2, tmp_path / "out-day2", state)
+    assert _findings(tmp_path / "out-day2") == expected
+    assert list((state / "findings").glob("part-*.snappy.parquet")), "the state's findings were not Spark's"
 
 
 def test_a_killed_run_then_a_rerun_gives_the_same_findings(spark, tmp_path):
@@ -131,8 +154,10 @@ def test_three_days_equal_one_rescan_and_untouched_settled_keys_carry_over(spark
     state = tmp_path / "state"
 
     def settled():
+        t = pq.read_table(state / "carried")
+        flags = carry_flags(t.column("carry").combine_chunks())
         return {(r["partition"], r["key"], r["region"], r["offset"], r["carry"])
-                for r in pq.read_table(state / "settled").to_pylist()}
+                for r, f in zip(t.to_pylist(), flags, strict=True) if f & 4}
 
     _run(spark, days[0], tmp_path / "out-day1", state)
     after_day1 = settled()
@@ -144,3 +169,24 @@ def test_three_days_equal_one_rescan_and_untouched_settled_keys_carry_over(spark
     assert untouched <= settled()  # carried over exactly as they were
     _run(spark, days[2], tmp_path / "out-day3", state)
     assert _findings(tmp_path / "out-day3") == _findings(tmp_path / "out-full")
+
+
+def test_first_finding_per_key_wins_as_in_a_full_rescan():
+    import pyarrow as pa
+
+    from pipelines.leapfrog_job import _first_per_key
+
+    def t(rows):
+        cols = ["partition", "region_a", "region_b", "key", "type", "a_vt_offset", "b_vt_offset"]
+        return pa.table({c: [r[i] for r in rows] for i, c in enumerate(cols)},
+                        schema=pa.schema([("partition", pa.int32()), ("region_a", pa.int32()),
+                                          ("region_b", pa.int32()), ("key", pa.binary()), ("type", pa.string()),
+                                          ("a_vt_offset", pa.int64()), ("b_vt_offset", pa.int64())]))
+
+    new = t([(0, 0, 1, b"k", "VALUE_MISMATCH", 50, 60), (0, 0, 1, b"j", "MISSING_IN_B", 7, None),
+             (1, 0, 1, b"k", "VALUE_MISMATCH", 5, 6)])
+    old = t([(0, 0, 1, b"k", "MISSING_IN_A", None, 40), (0, 0, 2, b"k", "VALUE_MISMATCH", 1, 2)])
+    got = sorted(tuple(r.values()) for r in _first_per_key(new, old).to_pylist())
+    assert got == sorted([(0, 0, 1, b"j", "MISSING_IN_B", 7, None), (0, 0, 1, b"k", "MISSING_IN_A", None, 40),
+                          (0, 0, 2, b"k", "VALUE_MISMATCH", 1, 2), (1, 0, 1, b"k", "VALUE_MISMATCH", 5, 6)])
+    assert _first_per_key(new.slice(0, 0), old.slice(0, 0)).num_rows == 0
