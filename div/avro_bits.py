@@ -7,15 +7,17 @@ Everything with a schema goes through a parsed schema (fastavro/cavro) except a 
 from __future__ import annotations
 
 
-def _write_long_slow(n: int) -> bytes:
-    z = (n << 1) ^ (n >> 63)
-    z &= 0xFFFFFFFFFFFFFFFF
+def _varint_unsigned(z: int) -> bytes:
     out = bytearray()
     while z & ~0x7F:
         out.append((z & 0x7F) | 0x80)
         z >>= 7
     out.append(z)
     return bytes(out)
+
+
+def _write_long_slow(n: int) -> bytes:
+    return _varint_unsigned(((n << 1) ^ (n >> 63)) & 0xFFFFFFFFFFFFFFFF)
 
 
 # Encoders of whole records call this for every int and long. Small values (lengths, ids, sequence numbers) come
@@ -25,15 +27,6 @@ _SMALL_MIN, _SMALL_MAX = -8192, 8191
 _SMALL = [_write_long_slow(n) for n in range(_SMALL_MIN, _SMALL_MAX + 1)]
 _LOW14 = [bytes(((z & 0x7F) | 0x80, ((z >> 7) & 0x7F) | 0x80)) for z in range(1 << 14)]
 _HIGH: dict[int, bytes] = {}
-
-
-def _varint_unsigned(z: int) -> bytes:
-    out = bytearray()
-    while z & ~0x7F:
-        out.append((z & 0x7F) | 0x80)
-        z >>= 7
-    out.append(z)
-    return bytes(out)
 
 
 def write_long(n: int) -> bytes:

@@ -20,6 +20,7 @@ previous state, and running again gives the same result.
 from __future__ import annotations
 
 import json
+import logging
 import os
 import shutil
 from dataclasses import dataclass
@@ -28,6 +29,7 @@ from typing import Any
 
 import numpy as np
 
+log = logging.getLogger("tidegauge.leapfrog")
 VERSION = 2  # 2: carried records in one directory, written by the reduce tasks
 
 
@@ -123,6 +125,8 @@ def load(path: str | os.PathLike, *, store: str, version: int, mode: str, pairs:
     """The state in `path`, or None when there is none yet. Raises StateError when it belongs to another run."""
     path = Path(path)
     meta_file = path / "state.json"
+    if not path.exists():
+        _recover_interrupted_commit(path)
     if not meta_file.exists():
         if path.exists() and any(path.iterdir()):
             raise StateError(f"--state {path}: not empty but has no state.json (not a tidegauge state directory)")
@@ -142,6 +146,17 @@ def load(path: str | os.PathLike, *, store: str, version: int, mode: str, pairs:
         raise StateError(f"--state {path}: state format {doc.get('format')!r} is not {VERSION}")
     regions_state = {(r["region"], r["partition"]): r for r in doc.get("regions", [])}
     return State(path, meta, regions_state)
+
+
+def _recover_interrupted_commit(path: Path) -> None:
+    """A run killed between the two renames of `commit` left the previous state aside as `.NAME.old-PID`; its
+    output was not committed either, so that state is the one to continue from: put it back."""
+    for old in sorted(path.parent.glob(f".{path.name}.old-*")):
+        if (old / "state.json").exists():
+            os.replace(old, path)
+            log.warning("--state %s: restored the previous state from %s (a run was killed while committing)",
+                        path, old.name)
+            return
 
 
 def staging_dir(path: str | os.PathLike) -> Path:

@@ -49,15 +49,22 @@ def _cuts(histories, rng):
     return cuts
 
 
-def test_two_days_equal_one_rescan(spark, tmp_path):
-    histories = [h for h in generated(60) if h.n_regions == 3][:120]
-    cuts = _cuts(histories, random.Random(5))
+def _two_days(spark, histories, seed: int, tmp_path):
+    """Cut each region's log at a random offset into day 1 and day 2 archives; also run the full rescan.
+    Returns (cuts, day 1, day 2, the full rescan's findings)."""
+    cuts = _cuts(histories, random.Random(seed))
     full = write_archives(histories, tmp_path / "full")
     day1 = write_archives(histories, tmp_path / "day1", keep=lambda p, x, off: off <= cuts[(p, x)])
     day2 = write_archives(histories, tmp_path / "day2", keep=lambda p, x, off: off > cuts[(p, x)])
     _run(spark, full, tmp_path / "out-full")
     expected = _findings(tmp_path / "out-full")
     assert expected, "no divergence in these histories: the comparison would prove nothing"
+    return cuts, day1, day2, expected
+
+
+def test_two_days_equal_one_rescan(spark, tmp_path):
+    histories = [h for h in generated(60) if h.n_regions == 3][:120]
+    cuts, day1, day2, expected = _two_days(spark, histories, 5, tmp_path)
     state = tmp_path / "state"
     _run(spark, day1, tmp_path / "out-day1", state)
     code = _run(spark, day2, tmp_path / "out-day2", state)
@@ -96,13 +103,7 @@ def test_many_findings_take_the_spark_path_with_the_same_result(spark, tmp_path,
     import pipelines.leapfrog_job as J
 
     histories = [h for h in generated(61) if h.n_regions == 2][:80]
-    cuts = _cuts(histories, random.Random(8))
-    full = write_archives(histories, tmp_path / "full")
-    day1 = write_archives(histories, tmp_path / "day1", keep=lambda p, x, off: off <= cuts[(p, x)])
-    day2 = write_archives(histories, tmp_path / "day2", keep=lambda p, x, off: off > cuts[(p, x)])
-    _run(spark, full, tmp_path / "out-full")
-    expected = _findings(tmp_path / "out-full")
-    assert expected
+    _, day1, day2, expected = _two_days(spark, histories, 8, tmp_path)
     monkeypatch.setattr(J, "FINDINGS_ON_DRIVER", 0)
     state = tmp_path / "state"
     _run(spark, day1, tmp_path / "out-day1", state)
@@ -114,11 +115,7 @@ def test_many_findings_take_the_spark_path_with_the_same_result(spark, tmp_path,
 
 def test_a_killed_run_then_a_rerun_gives_the_same_findings(spark, tmp_path):
     histories = [h for h in generated(60) if h.n_regions == 2][:80]
-    cuts = _cuts(histories, random.Random(9))
-    full = write_archives(histories, tmp_path / "full")
-    day1 = write_archives(histories, tmp_path / "day1", keep=lambda p, x, off: off <= cuts[(p, x)])
-    day2 = write_archives(histories, tmp_path / "day2", keep=lambda p, x, off: off > cuts[(p, x)])
-    _run(spark, full, tmp_path / "out-full")
+    _, day1, day2, expected = _two_days(spark, histories, 9, tmp_path)
     state = tmp_path / "state"
     _run(spark, day1, tmp_path / "out-day1", state)
     before = sorted(os.listdir(state))
@@ -133,7 +130,7 @@ def test_a_killed_run_then_a_rerun_gives_the_same_findings(spark, tmp_path):
     proc.wait()
     assert sorted(os.listdir(state)) == before or (state / "state.json").exists()
     _run(spark, day2, tmp_path / "out-day2", state)
-    assert _findings(tmp_path / "out-day2") == _findings(tmp_path / "out-full")
+    assert _findings(tmp_path / "out-day2") == expected
 
 
 def test_three_days_equal_one_rescan_and_untouched_settled_keys_carry_over(spark, tmp_path):
