@@ -37,7 +37,7 @@ BENCHES: dict[str, list[str]] = {
                           "--incremental"],
     "div_validate": ["bench/bench_div_validate.py", "--records", "500000", "--repeat", "3"],
     "div_spark": ["bench/bench_div_spark.py", "--records", "2000000", "--repeat", "2"],
-    "heartbeat_leader": ["bench/bench_heartbeat_leader.py", "--records", "50000", "--runs", "4"],
+    "heartbeat_leader": ["bench/bench_heartbeat_leader.py", "--records", "300000", "--runs", "8"],
     "kafka_io": ["bench/bench_kafka_io.py", "--records", "300000"],
     "report": ["bench/bench_report.py", "--partitions", "64", "--repeat", "3"],
     "div_restore": ["bench/bench_div_restore.py", "--records", "100000"],
