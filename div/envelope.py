@@ -150,7 +150,7 @@ class EnvelopeCodec:
         return resolved.binary_decode
 
     def _make_encoder(self):
-        reference = self._make_reference_encoder()
+        reference = self._reference_encoder = self._make_reference_encoder()
 
         def enc(env: dict) -> bytes:
             # Data records (every record but a few control messages) take the hand-written path; anything it
@@ -182,7 +182,7 @@ class EnvelopeCodec:
 
     def encode_reference(self, envelope: dict) -> bytes:
         """`encode` through fastavro only: what the hand-written data path is tested against."""
-        return self._make_reference_encoder()(envelope)
+        return self._reference_encoder(envelope)
 
     def decode(self, value: bytes | None, headers: Iterable | None = None) -> dict:
         """Decode a Kafka value; raises UndecodableError with the reason (bad magic, unknown version, truncated)."""
@@ -318,7 +318,7 @@ def control_message(control_type_: int, body: dict, debug_info: dict[str, str] |
 
 # -- hand-written encoder of data envelopes --------------------------------------------------------------------
 # A leader encodes one envelope per record; fastavro's generic writer costs about 10 µs of it. Put, Delete and
-# Update envelopes have a fixed v14 layout, written here field by field; tests/test_envelope.py compares the bytes
+# Update envelopes have a fixed v14 layout, written here field by field; tests/test_hand_encoders.py compares the bytes
 # with fastavro's on generated envelopes. Control messages (rare) always go through fastavro.
 _HEAD = bytes([MAGIC, CURRENT_VERSION])
 _HOST_BYTES: dict[str, bytes] = {}

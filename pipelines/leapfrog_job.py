@@ -304,8 +304,7 @@ class _Job:
         """One Spark job: scan → shuffle by key → per-key stage; each reduce task plans from the summaries it gets."""
         opts = self.opts
         scan = _scan(self.spark, opts, self.n, self.splits, buckets=self.buckets, keep_chunks=False)
-        reduce = ScanReduce(opts.mode, self.pairs, self.n, self.ends, self.carried, opts.state_dir is not None,
-                            self.state_out)
+        reduce = ScanReduce(opts.mode, self.pairs, self.n, self.ends, self.carried, self.state_out)
         # what the shuffle carries: no RMD vectors unless mode rmd, no tombstone flag (a null hash says it)
         columns = ["bucket", "order", "summary"] + [c for c in ROW_COLUMNS
                                                     if (c != "rmd" or opts.mode == "rmd") and c != "deleted"]
@@ -324,8 +323,7 @@ class _Job:
         summaries = [json.loads(r["summary"]) for r in scanned.where(F.col("order") == 0).select("summary").collect()]
         self.read_errors = failed_reads(summaries)
         facts, prefixes = plan_marks(summaries, self.ends, n, self.carried)
-        ctx = CompareContext(opts.mode, self.pairs, views(facts, n, opts.mode), prefixes, n, opts.state_dir is not None,
-                             self.state_out)
+        ctx = CompareContext(opts.mode, self.pairs, views(facts, n, opts.mode), prefixes, n, self.state_out)
         data = _prepare(scanned, facts).select(*ROW_COLUMNS)
         old = self._carried_rows(ROW_COLUMNS)
         if old is not None:

@@ -63,14 +63,13 @@ OUT_SCHEMA = pa.schema([
     ("settled_touched", pa.int64()),  # "C" rows with --state: settled keys this run's records touched
     ("settled_new", pa.int64()),  # ... and keys settled at the end of this run
     ("info", pa.string()),
-    ("blob", pa.binary()),  # "K" rows: a record carried to the next run (pipelines.leapfrog_state.pack_carry)
 ])
 OUT_DDL = ("row string, partition int, region_a int, region_b int, type string, key binary, key_hash long, "
            "a_value_hash long, b_value_hash long, a_deleted boolean, b_deleted boolean, a_vt_offset long, "
            "b_vt_offset long, a_vector array<long>, b_vector array<long>, a_high_watermark array<long>, "
            "b_high_watermark array<long>, keys long, comparable_pairs long, skipped_pairs long, pending_keys long, "
            "value_mismatch long, missing_in_a long, missing_in_b long, settled_touched long, settled_new long, "
-           "info string, blob binary")
+           "info string")
 ROW_COLUMNS = ["partition", "key", "region", "offset", "value_hash", "deleted", "src", "src_offset", "rmd", "split",
                "seg", "hw", "carry"]
 SORT_COLUMNS = ["partition", "key", "region", "offset"]
@@ -86,8 +85,11 @@ class CompareContext:
     views: dict[tuple[int, int], RegionView]  # (region, partition) → view
     prefixes: dict[tuple[int, int], list[int]]  # (split, segment) → prefix mark; absent = before the scan start
     n_regions: int
-    emit_state: bool = False  # incremental runs: also keep the records the next run needs ("K" rows)
-    state_out: str | None = None  # ... written by each task to this directory (else yielded as rows)
+    state_out: str | None = None  # incremental runs: where each task writes the records the next run needs
+
+    @property
+    def emit_state(self) -> bool:
+        return self.state_out is not None
 
     def regions(self) -> list[int]:
         return sorted({r for p in self.pairs for r in p})
@@ -111,7 +113,7 @@ def _batch(rows: list[tuple]) -> pa.RecordBatch:
 def _counter_rows(counters: dict[tuple[int, int, int], _Counters]) -> list[tuple]:
     return [("C", p, x, y) + (None,) * 13 + (c.keys, c.comparable, c.skipped, c.pending,
                                              c.by_type["VALUE_MISMATCH"], c.by_type["MISSING_IN_A"],
-                                             c.by_type["MISSING_IN_B"], c.settled_touched, c.settled_new, None, None)
+                                             c.by_type["MISSING_IN_B"], c.settled_touched, c.settled_new, None)
             for (p, x, y), c in sorted(counters.items())]
 
 
@@ -119,7 +121,7 @@ def _finding_row(p, x, y, ftype, key, a, b) -> tuple:
     a = a or (None,) * 5
     b = b or (None,) * 5
     return ("F", p, x, y, ftype, key, fnv1a_64(key), a[0], b[0], a[1], b[1], a[2], b[2], a[3], b[3], a[4], b[4],
-            *_NONE7, None, None, None, None)
+            *_NONE7, None, None, None)
 
 
 class _Marks:
@@ -188,9 +190,15 @@ def _regroup(batches: Iterator[tuple[pa.RecordBatch, np.ndarray]]) -> Iterator[t
         yield held.combine_chunks(), held_marks
 
 
+# A record carried to the next run, as the state keeps it (pipelines.leapfrog_state.pack_carry_array packs carry).
+CARRIED_SCHEMA = pa.schema([("partition", pa.int32()), ("key", pa.binary()), ("region", pa.int32()),
+                            ("offset", pa.int64()), ("value_hash", pa.int64()), ("carry", pa.binary())])
+
+
 def pass_untouched(t: pa.Table, hwb: np.ndarray) -> tuple[pa.Table, np.ndarray, pa.RecordBatch | None]:
     """Split off the keys that only the previous run's *settled* state holds — no new record touches them — as
-    "K" rows for the next state, unchanged and not compared again; return the rest of the chunk with its marks."""
+    carried records for the next state, unchanged and not compared again; return the rest of the chunk with its
+    marks."""
     from .leapfrog_state import carry_flags
 
     m = t.num_rows
@@ -209,24 +217,14 @@ def pass_untouched(t: pa.Table, hwb: np.ndarray) -> tuple[pa.Table, np.ndarray, 
     if not passed.any():
         return t, hwb, None
     sub = t.take(pa.array(np.flatnonzero(passed)))
-    k = sub.num_rows
-    cols = {name: pa.nulls(k, OUT_SCHEMA.field(name).type) for name in OUT_SCHEMA.names}
-    cols["row"] = pa.array(["K"] * k, pa.string())
-    cols["type"] = pa.array(["settled"] * k, pa.string())
-    for out_name, name in (("partition", "partition"), ("region_a", "region"), ("key", "key"),
-                           ("a_value_hash", "value_hash"), ("a_vt_offset", "offset"), ("blob", "carry")):
-        cols[out_name] = sub.column(name).combine_chunks().cast(OUT_SCHEMA.field(out_name).type)
-    batch = pa.RecordBatch.from_arrays([cols[n] for n in OUT_SCHEMA.names], schema=OUT_SCHEMA)
+    batch = pa.RecordBatch.from_arrays([sub.column(f.name).combine_chunks().cast(f.type) for f in CARRIED_SCHEMA],
+                                       schema=CARRIED_SCHEMA)
     keep = np.flatnonzero(~passed)
     return t.take(pa.array(keep)), hwb[keep], batch
 
 
-CARRIED_SCHEMA = pa.schema([("partition", pa.int32()), ("key", pa.binary()), ("region", pa.int32()),
-                            ("offset", pa.int64()), ("value_hash", pa.int64()), ("carry", pa.binary())])
-
-
 class StateSink:
-    """One reduce task's carried records ("K" rows), written straight into the next state's staging directory
+    """One reduce task's carried records, written straight into the next state's staging directory
     as one Parquet file per task. Only the next run reads them, so they skip the trip back through Spark (Arrow
     to the JVM, the cache, a write job). A task that runs again (a retry, a recomputed cache block) rewrites
     the same file with the same content; the file appears by rename, whole or not at all."""
@@ -235,22 +233,16 @@ class StateSink:
         self.directory = directory
         self.writer = None
         self.tmp = ""
-        self.rows = 0
 
     def add(self, batch: pa.RecordBatch) -> None:
         import pyarrow.parquet as pq
 
         if batch.num_rows == 0:
             return
-        t = pa.RecordBatch.from_arrays(
-            [batch.column(c).cast(f.type) for c, f in zip(("partition", "key", "region_a", "a_vt_offset",
-                                                             "a_value_hash", "blob"), CARRIED_SCHEMA, strict=True)],
-            schema=CARRIED_SCHEMA)
         if self.writer is None:
             self.tmp = os.path.join(self.directory, f".{self._name()}.{uuid.uuid4().hex}.tmp")
             self.writer = pq.ParquetWriter(self.tmp, CARRIED_SCHEMA)
-        self.writer.write_batch(t)
-        self.rows += t.num_rows
+        self.writer.write_batch(batch)
 
     def close(self) -> None:
         if self.writer is None:
@@ -277,26 +269,23 @@ class VectorKeyStage:
         marks = _Marks(self.ctx)
         counters: dict[tuple[int, int, int], _Counters] = defaultdict(_Counters)
         self.state_batches: list[pa.RecordBatch] = []
-        sink = StateSink(self.ctx.state_out) if self.ctx.emit_state and self.ctx.state_out else None
+        sink = StateSink(self.ctx.state_out) if self.ctx.emit_state else None
         for table, hwb in _regroup(marks.apply(b) for b in batches):
-            if self.ctx.emit_state:
+            if sink is not None:
                 table, hwb, passed = pass_untouched(table, hwb)
                 if passed is not None:
-                    self.state_batches.append(passed)
+                    sink.add(passed)
             rows = self._chunk(table, hwb, counters)
             if rows:
                 yield _batch(rows)
             if sink is not None:
                 for b in self.state_batches:
                     sink.add(b)
-            else:
-                yield from self.state_batches
             self.state_batches = []
         if sink is not None:
             sink.close()
         if counters:
             yield _batch(_counter_rows(counters))
-
 
     def _chunk(self, t: pa.Table, hwb: np.ndarray, counters) -> list[tuple]:
         m = t.num_rows
@@ -393,8 +382,8 @@ class VectorKeyStage:
 
     def _state_rows(self, p, hist, present, had_open, groups, keys, group_first, unsettled: np.ndarray
                     ) -> tuple[list[pa.RecordBatch], np.ndarray]:
-        """The records the next run needs, as "K" row batches built column-wise (type "settled" or "active"),
-        and the settled groups. A key is settled when every region that has it carries only its current record
+        """The records the next run needs, as batches of carried records built column-wise (settled ones flagged
+        in `carry`), and the settled groups. A key is settled when every region that has it carries only its current record
         and every pair's current records are comparable: later marks cannot make any other pair comparable."""
         from .leapfrog_state import pack_carry_array
 
@@ -419,16 +408,14 @@ class VectorKeyStage:
             cls = h.cls[keep]
             m = len(keep)
             is_settled = np.isin(h.gid[keep], settled)
-            cols = {name: pa.nulls(m, OUT_SCHEMA.field(name).type) for name in OUT_SCHEMA.names}
-            cols["row"] = pa.array(["K"] * m, pa.string())
-            cols["type"] = pa.array(np.where(is_settled, "settled", "active").tolist(), pa.string())
-            cols["partition"] = pa.array(np.full(m, p, np.int32))
-            cols["region_a"] = pa.array(np.full(m, x, np.int32))
-            cols["key"] = keys.take(pa.array(group_first[h.gid[keep]]))
-            cols["a_value_hash"] = pa.array(cls, pa.int64(), mask=cls == vz.NULL_CLASS)
-            cols["a_vt_offset"] = pa.array(h.offset[keep], pa.int64())
-            cols["blob"] = pack_carry_array(h.absent[keep], last_open, h.vector[keep], h.mark[keep], is_settled)
-            out.append(pa.RecordBatch.from_arrays([cols[n] for n in OUT_SCHEMA.names], schema=OUT_SCHEMA))
+            out.append(pa.RecordBatch.from_arrays([
+                pa.array(np.full(m, p, np.int32)),
+                keys.take(pa.array(group_first[h.gid[keep]])).cast(pa.binary()),
+                pa.array(np.full(m, x, np.int32)),
+                pa.array(h.offset[keep], pa.int64()),
+                pa.array(cls, pa.int64(), mask=cls == vz.NULL_CLASS),
+                pack_carry_array(h.absent[keep], last_open, h.vector[keep], h.mark[keep], is_settled),
+            ], schema=CARRIED_SCHEMA))
         return out, settled
 
 
@@ -530,9 +517,9 @@ class ScanReduce:
 
     def __init__(self, mode: str, pairs: tuple[tuple[int, int], ...], n_regions: int,
                  ends: dict[tuple[int, int], int], carried: dict[tuple[int, int], dict] | None = None,
-                 emit_state: bool = False, state_out: str | None = None) -> None:
+                 state_out: str | None = None) -> None:
         self.mode, self.pairs, self.n, self.ends = mode, pairs, n_regions, ends
-        self.carried, self.emit_state, self.state_out = carried or {}, emit_state, state_out
+        self.carried, self.state_out = carried or {}, state_out
 
     def __call__(self, batches: Iterator[pa.RecordBatch]) -> Iterator[pa.RecordBatch]:
         summaries: dict[int, dict] = {}
@@ -553,8 +540,8 @@ class ScanReduce:
         failed = [{"region": r, "partition": p, "error": e}
                   for (r, p), e in failed_reads(list(summaries.values())).items()]
         info = json.dumps({"facts": [rp.to_json() for rp in facts.values()], "failed": failed})
-        yield _batch([("S",) + (None,) * 25 + (info, None)])
-        ctx = CompareContext(self.mode, self.pairs, views(facts, self.n, self.mode), prefixes, self.n, self.emit_state,
+        yield _batch([("S",) + (None,) * 25 + (info,)])
+        ctx = CompareContext(self.mode, self.pairs, views(facts, self.n, self.mode), prefixes, self.n,
                              self.state_out)
 
         def data():
