@@ -91,8 +91,16 @@ class RegionLog:
 
     ``last_offset`` is the last offset the scan covers (default: the last entry's); offsets missing between the
     scan start and ``last_offset`` are gaps left by compaction.
+
+    ``latest_kept``: every key's latest record up to ``last_offset`` is in ``entries``. Kafka's log compaction
+    keeps each key's latest record, so this holds for a log read as compaction left it — unless the cleaner
+    removed a record while the scan was reading because of a record beyond the scan's end. Then a gap after a
+    key's last record here cannot hide a record of that key, and a key with no record at all had none since the
+    scan started (Venice's lily-pad checker, our footer mode, makes the same assumption for absent keys). False:
+    every gap may hide a record of any key, and heartbeat mode freezes standing marks at the first gap.
     """
 
     entries: Sequence[Entry]
     start: ScanStart = FromEndOfPush()
     last_offset: int | None = None
+    latest_kept: bool = True

@@ -24,7 +24,9 @@ class RegionView:
     `start_after` = the offset the scan starts after (EOP, the baseline heartbeat, or the carried last offset);
     `prefix_known` = the scan started at End of Push, so a key without records there was absent;
     `default_vector` = K before a key's first record (the baseline back-fill in heartbeat mode, else nothing);
-    `gap_firsts`/`gap_marks` = first missing offset of each gap and the running mark just before it, in order.
+    `gap_firsts`/`gap_marks` = first missing offset of each gap and the running mark just before it, in order;
+    `latest_kept` = no gap can hide a record after a key's last one (`leapfrog.entries.RegionLog`), so a key's
+    last record and the absence of a key without records stand until the end of the scan whatever gaps follow.
     """
 
     n_regions: int
@@ -39,17 +41,25 @@ class RegionView:
     # no gap yet), and the mark the previous run ended with (None: not resumed).
     prefix_freeze: Vector | None = None
     start_hw: Vector | None = None
+    latest_kept: bool = True
+    start_latest_kept: bool = True  # resumed: the previous run's `latest_kept` (what its marks were)
 
     def standing(self, after: int, next_offset: int | None, next_hw_before: Vector | None) -> Vector:
         """Standing mark of a value that stands from after `after` until the record at `next_offset` (None: the
-        end of the scan): that record's `hw_before`, the final mark, or the mark before the first gap between."""
+        end of the scan): that record's `hw_before`, the final mark, or the mark before the first gap between
+        (only before a next record when `latest_kept`)."""
+        if next_offset is None and self.latest_kept:
+            return self.final_hw
         idx = bisect_right(self.gap_firsts, after)
         if idx < len(self.gap_firsts) and (next_offset is None or self.gap_firsts[idx] < next_offset):
             return self.gap_marks[idx]
         return next_hw_before if next_hw_before is not None else self.final_hw
 
     def prefix_standing(self, first_offset: int | None, first_hw_before: Vector | None) -> Vector:
-        """Standing mark of the absent prefix: frozen at an earlier run's first gap, else from the scan start."""
+        """Standing mark of the absent prefix: the final mark for a key without records when `latest_kept`, else
+        frozen at an earlier run's first gap, else from the scan start."""
+        if first_offset is None and self.latest_kept:
+            return self.final_hw
         if self.prefix_freeze is not None:
             return self.prefix_freeze
         return self.standing(self.start_after, first_offset, first_hw_before)

@@ -15,8 +15,10 @@ Rules applied here (the numbers are the design's):
    (padded with -1) when it has one, else as in footer mode.
 5. **Standing high-water mark** (heartbeat mode). A record's value stands until the key's next record in the
    region: ``hws`` = ``hw_before`` of that next record, or the final mark for the key's last record. If a gap
-   lies inside that interval, ``hws`` is the mark just before the first such gap. The absent prefix (and a
-   carried record whose value still stands) stands from the scan start.
+   lies inside that interval, ``hws`` is the mark just before the first such gap — except after the key's last
+   record when the log keeps every key's latest record (``RegionLog.latest_kept``, as Kafka's compaction does):
+   no record of the key can hide there. The absent prefix (and a carried record whose value still stands)
+   stands from the scan start; a key without any record stands absent until the end under the same premise.
 
 Data entries whose source region is outside ``0..N-1`` (and heartbeats from such an origin) are counted as
 out of range and otherwise ignored; they still occupy their offset.
@@ -174,7 +176,9 @@ class RegionScan:
         self.view = RegionView(n_regions, mode, self.start_after, self.prefix_known, self.default_vector, hw,
                                tuple(self._gap_firsts), tuple(g.hw_before for g in self.gaps),
                                prefix_freeze=carried.gap_hw if carried is not None else None,
-                               start_hw=carried.final_hw if carried is not None else None)
+                               start_hw=carried.final_hw if carried is not None else None,
+                               latest_kept=log.latest_kept,
+                               start_latest_kept=carried.latest_kept if carried is not None else True)
         self._histories: dict[bytes, list[KeyRecord]] = {}
         # The mark before the first gap since the (first) scan began freezes every absent prefix.
         if carried is not None and carried.gap_hw is not None:
@@ -247,7 +251,9 @@ class RegionScan:
         if carried is not None:
             out.extend(carried.records[:-1])
             last = carried.records[-1]
-            if carried.last_open:
+            # still standing, or the key's last record under the latest-kept premise (a gap froze it only
+            # for the case that a later record of the key turns up)
+            if carried.last_open or (first_new is None and self.view.latest_kept):
                 last = replace(last, high_watermark=self._standing(self.start_after, first_new))
             out.append(last)
         elif self.prefix_known:
@@ -263,12 +269,15 @@ class RegionScan:
         new = self.new.get(key, [])
         marks: list[Vector | None] = []
         carried = self.carried.keys.get(key) if self.carried is not None else None
+        latest = self.view.start_latest_kept
         if carried is not None:
-            marks.extend(r.high_watermark for r in carried.records)
+            marks.extend(r.high_watermark for r in carried.records[:-1])
+            # the key's last record then: the previous run's final mark under the latest-kept premise
+            marks.append(self.carried.final_hw if latest else carried.records[-1].high_watermark)
         elif self.prefix_known:
             if self.carried is not None:
                 marks.append(
-                    self.carried.gap_hw if self.carried.gap_hw is not None else self.carried.final_hw
+                    self.carried.gap_hw if self.carried.gap_hw is not None and not latest else self.carried.final_hw
                 )
             else:
                 marks.append(None)
@@ -283,6 +292,15 @@ class RegionScan:
         if self.carried is not None and key in self.carried.keys:
             return self.carried.keys[key].records[-1].vector
         return self.default_vector
+
+    def frozen_mark(self, key: bytes) -> Vector:
+        """For a key whose current record here has a gap after it (not ``last_open``): the mark just before the
+        first such gap — its standing mark should a later record of the key turn up (``leapfrog.state``)."""
+        new = self.new.get(key)
+        if new:
+            return self.gaps[bisect_right(self._gap_firsts, new[-1].vt_offset)].hw_before
+        carried = self.carried.keys[key]
+        return carried.records[-1].high_watermark if not carried.last_open else self.gaps[0].hw_before
 
     def last_open(self, key: bytes) -> bool:
         """Whether the key's current record here still stands with no gap after it."""

@@ -8,7 +8,9 @@ The property this state exists for: running over a log split at any offset into 
   first gap (it freezes the standing mark of every key's absent prefix, since compaction may have removed
   anything there);
 - per key and region, only the records that can still take part in a future comparison: the last record
-  (its value still stands, so its standing mark can still grow, unless a gap already froze it — ``last_open``),
+  (its value still stands, so its standing mark can still grow — ``last_open`` — unless a gap followed it:
+  then it keeps the mark before that gap, which is its mark should a later record of the key turn up; while it
+  stays the key's last record it is judged by the final mark, see ``leapfrog.entries.RegionLog.latest_kept``),
   and any superseded record b of region y with ``covers(hws(b), K(last record of x))`` for some region x
   paired with y. A superseded record's mark is final and per-key vectors only grow, so a superseded record
   failing that test can never become comparable with x's current or future records; two superseded records
@@ -24,7 +26,7 @@ records in view at the end of the run.
 from __future__ import annotations
 
 from collections.abc import Mapping, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
 from leapfrog.compare import KeyRecord
 from leapfrog.entries import Entry, FromState, RegionLog
@@ -50,6 +52,7 @@ class RegionState:
     baseline: Vector | None
     gap_hw: Vector | None
     keys: Mapping[bytes, CarriedKey]
+    latest_kept: bool = True  # that run's log kept every key's latest record: its last records stood to its end
 
 
 @dataclass(frozen=True)
@@ -89,8 +92,11 @@ def carry_state(result: PartitionResult) -> IncrementalState:
                 for record in history[:-1]
                 if any(covers(record.high_watermark, vec) for vec in last_vectors)
             ]
-            kept.append(history[-1])
-            keys[key] = CarriedKey(tuple(kept), scan.last_open(key))
+            last, still_open = history[-1], scan.last_open(key)
+            if not still_open:  # it may stand to the end now, but a later record would end it at the gap
+                last = replace(last, high_watermark=scan.frozen_mark(key))
+            kept.append(last)
+            keys[key] = CarriedKey(tuple(kept), still_open)
         regions[x] = RegionState(
             region=x,
             last_offset=scan.last_offset,
@@ -98,6 +104,7 @@ def carry_state(result: PartitionResult) -> IncrementalState:
             baseline=scan.baseline,
             gap_hw=scan.gap_hw,
             keys=keys,
+            latest_kept=scan.view.latest_kept,
         )
     findings = {(f.region_a, f.region_b, f.key): f for f in result.findings}
     return IncrementalState(result.partition, result.n_regions, result.pairs, regions, findings)

@@ -138,7 +138,10 @@ def build(view: RegionView, gid: np.ndarray, offset: np.ndarray, cls: np.ndarray
     with_carried = set(carried.gid.tolist()) if carried is not None and len(carried) else set()
     if carried is not None and len(carried):
         c_mark = carried.mark.copy()
-        open_last = c_last[carried.last_open[c_last]]
+        runs_on = carried.last_open[c_last]
+        if view.latest_kept:  # still the key's last record: it stands to the end, whatever gap froze it
+            runs_on = runs_on | np.array([g not in first_of for g in carried.gid[c_last].tolist()], bool)
+        open_last = c_last[runs_on]
         if len(open_last):  # a value still standing: its mark runs on into this scan
             base = np.tile(np.asarray(view.final_hw, np.int64), (len(open_last), 1))
             c_mark[open_last] = standing_from_start(carried.gid[open_last], base)
@@ -147,10 +150,11 @@ def build(view: RegionView, gid: np.ndarray, offset: np.ndarray, cls: np.ndarray
     if view.prefix_known:
         p_gids = np.array([g for g in groups.tolist() if g not in with_carried], np.int64)
         g = len(p_gids)
-        if view.prefix_freeze is not None:
-            p_mark = np.tile(np.asarray(view.prefix_freeze, np.int64), (g, 1))
-        else:
-            p_mark = standing_from_start(p_gids, np.tile(np.asarray(view.final_hw, np.int64), (g, 1)))
+        p_mark = standing_from_start(p_gids, np.tile(np.asarray(view.final_hw, np.int64), (g, 1)))
+        if view.prefix_freeze is not None:  # an earlier run's gap lies before the key's first record (if any)
+            frozen = (np.array([gg in first_of for gg in p_gids.tolist()], bool) if view.latest_kept
+                      else np.ones(g, bool))
+            p_mark[frozen] = np.asarray(view.prefix_freeze, np.int64)
         parts.insert(0, Histories(p_gids, np.full(g, NULL_CLASS, np.int64), np.ones(g, bool), np.full(g, -1, np.int64),
                                   np.full((g, n), -1, np.int64), p_mark))
     return _merge(parts)
@@ -163,13 +167,17 @@ def previous(view: RegionView, carried: Carried | None, groups: np.ndarray) -> H
     parts = []
     with_carried: set[int] = set()
     if carried is not None and len(carried):
+        mark = carried.mark
+        if view.start_latest_kept and view.start_hw is not None:  # each key's last record stood to the previous end
+            mark = mark.copy()
+            mark[np.concatenate([_segment_starts(carried.gid)[1:], [len(carried)]]) - 1] = view.start_hw
         parts.append(Histories(carried.gid.astype(np.int64), carried.cls, carried.absent, carried.offset,
-                               carried.vector, carried.mark))
+                               carried.vector, mark))
         with_carried = set(carried.gid.tolist())
     if view.prefix_known and view.start_hw is not None:
         p_gids = np.array([g for g in groups.tolist() if g not in with_carried], np.int64)
         g = len(p_gids)
-        prev = view.prefix_freeze if view.prefix_freeze is not None else view.start_hw
+        prev = view.prefix_freeze if view.prefix_freeze is not None and not view.start_latest_kept else view.start_hw
         parts.insert(0, Histories(p_gids, np.full(g, NULL_CLASS, np.int64), np.ones(g, bool), np.full(g, -1, np.int64),
                                   np.full((g, n), -1, np.int64), np.tile(np.asarray(prev, np.int64), (g, 1))))
     if not parts:
@@ -191,16 +199,19 @@ def last_vectors(h: Histories, view: RegionView, groups: np.ndarray) -> np.ndarr
 
 
 def carry(h: Histories, view: RegionView, real_groups: np.ndarray, partner_last: list[np.ndarray],
-          groups: np.ndarray, carried_open: tuple[np.ndarray, np.ndarray] | None = None
-          ) -> tuple[np.ndarray, np.ndarray]:
-    """Rows of `h` the next run needs (leapfrog.state rule) and, for each kept row, `last_open`.
+          groups: np.ndarray, carried_last: tuple[np.ndarray, np.ndarray, np.ndarray] | None = None
+          ) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """Rows of `h` the next run needs (leapfrog.state rule), and for each kept row `last_open` and the mark to
+    carry.
 
     Kept: every group's last record, and superseded records whose mark covers the current K of some partner
     region (they may still become comparable). Only groups where the region has real records (`real_groups`).
-    `carried_open` = (sorted gids, flags): whether each group's carried last record was still open.
+    A last record with a gap after it carries the mark before that gap (its mark should a later record of the key
+    turn up). `carried_last` = (sorted gids, last_open, mark) of each group's carried last record.
     """
+    n = h.vector.shape[1] if len(h) else view.n_regions
     if not len(h):
-        return np.zeros(0, np.int64), np.zeros(0, bool)
+        return np.zeros(0, np.int64), np.zeros(0, bool), np.zeros((0, n), np.int64)
     starts = _segment_starts(h.gid)
     lasts = np.concatenate([starts[1:], [len(h)]]) - 1
     is_last = np.zeros(len(h), bool)
@@ -211,32 +222,47 @@ def carry(h: Histories, view: RegionView, real_groups: np.ndarray, partner_last:
         covered |= np.all(h.mark >= last_k[pos], axis=1)
     real = np.isin(h.gid, real_groups)
     keep = np.flatnonzero(real & (is_last | covered))
+    marks = h.mark[keep].copy()
     last_open = np.zeros(len(keep), bool)
     j = np.flatnonzero(is_last[keep])
     rows = keep[j]
     firsts = np.asarray(view.gap_firsts, np.int64)
+    gap_marks = np.asarray(view.gap_marks, np.int64).reshape(len(firsts), n)
     new = h.offset[rows] > view.start_after
-    # a record of this run: open unless a gap follows it
-    open_new = np.searchsorted(firsts, h.offset[rows], side="right") == len(firsts)
-    # a record carried in: still open only if it was and no gap came since
+    # a record of this run: open unless a gap follows it (then frozen before the first such gap)
+    after = np.searchsorted(firsts, h.offset[rows], side="right")
+    open_new = after == len(firsts)
+    frozen = np.tile(np.asarray(view.final_hw, np.int64), (len(rows), 1))
+    frozen[~open_new] = gap_marks[after[~open_new]]
+    # a record carried in: still open only if it was and no gap came since; a closed one keeps its frozen mark
     open_old = np.zeros(len(rows), bool)
-    if carried_open is not None and len(carried_open[0]) and not len(firsts):
-        cg, flags = carried_open
+    if carried_last is not None and len(carried_last[0]):
+        cg, flags, c_marks = carried_last
         at = np.searchsorted(cg, h.gid[rows])
         found = (at < len(cg)) & (cg[np.minimum(at, len(cg) - 1)] == h.gid[rows])
-        open_old[found] = flags[at[found]]
+        old = found & ~new
+        open_old[old] = flags[at[old]] & (len(firsts) == 0)
+        was_closed = old & ~flags[np.minimum(at, len(cg) - 1)]
+        frozen[was_closed] = c_marks[at[was_closed]]
+        closed_now = old & ~was_closed & ~open_old
+        frozen[closed_now] = gap_marks[0] if len(firsts) else frozen[closed_now]
     last_open[j] = np.where(new, open_new, open_old)
-    return keep, last_open
+    closed = ~last_open[j]
+    marks[j[closed]] = frozen[closed]
+    return keep, last_open, marks
 
 
 def _cap(view: RegionView, after: np.ndarray, next_offset: np.ndarray, mark: np.ndarray) -> None:
-    """Replace marks whose standing interval (after, next) contains a gap by the mark before the first gap."""
+    """Replace marks whose standing interval (after, next) contains a gap by the mark before the first gap; an
+    interval open to the end of the scan (next = int64 max) is not capped when the view keeps latest records."""
     if not view.gap_firsts or not len(after):
         return
     firsts = np.asarray(view.gap_firsts, np.int64)
     marks = np.asarray(view.gap_marks, np.int64)
     i = np.searchsorted(firsts, after, side="right")
     ok = i < len(firsts)
+    if view.latest_kept:
+        ok &= next_offset != np.iinfo(np.int64).max
     capped = np.flatnonzero(ok)
     capped = capped[firsts[i[capped]] < next_offset[capped]]
     mark[capped] = marks[i[capped]]

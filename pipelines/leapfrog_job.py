@@ -33,7 +33,7 @@ from pyspark.sql import functions as F
 
 from . import vt_decode as V
 from .leapfrog_keys import OUT_DDL, ROW_COLUMNS, SORT_COLUMNS, CompareContext, ScanReduce, stage_for
-from .leapfrog_plan import RegionPartition, failed_reads, plan_marks, views
+from .leapfrog_plan import RegionPartition, failed_reads, mark_latest_kept, plan_marks, views
 from .output import OutputDir, versions
 from .sources import SourceError, SourceSpec
 
@@ -166,7 +166,7 @@ def run(opts: LeapfrogOptions, spark: SparkSession | None = None) -> int:
     """Run the job; writes OUT/inconsistencies and OUT/summary.json (and the next --state); returns the exit code."""
     from . import leapfrog_state as S
     from .spark_session import get_session
-    from .vt_source import check_sources, chunked_version, plan
+    from .vt_source import check_sources, chunked_version, compaction_deadlines, plan
 
     timings: dict[str, float] = {}
     t0 = time.time()
@@ -188,7 +188,9 @@ def run(opts: LeapfrogOptions, spark: SparkSession | None = None) -> int:
     try:
         check_sources(_sources(opts), opts.topic, opts.kafka_conf, may_lack_topic={r for r, _ in carried})
         starting = {k: v["last_offset"] + 1 for k, v in carried.items()}
+        planned_ms = int(time.time() * 1000)
         splits = [sp for sp in plan(_sources(opts), opts.topic, opts.kafka_conf, starting) if sp.end > sp.start]
+        deadlines = compaction_deadlines(_sources(opts), opts.topic, opts.kafka_conf, planned_ms)
     except ValueError as exc:
         raise SourceError(str(exc)) from None
     ends: dict[tuple[int, int], int] = {}
@@ -201,7 +203,7 @@ def run(opts: LeapfrogOptions, spark: SparkSession | None = None) -> int:
         stage = S.staging_dir(opts.state_dir)
         (stage / "carried").mkdir()
     job = _Job(spark, opts, n, tuple(pairs), splits, ends, buckets, carried, state,
-               str(stage / "carried") if stage is not None else None)
+               str(stage / "carried") if stage is not None else None, deadlines)
     with OutputDir(opts.out) as out:
         fused = (len(splits) * buckets <= FUSED_MAX_SUMMARY_ROWS
                  and not chunked_version(splits, opts.topic, opts.kafka_conf))
@@ -218,6 +220,11 @@ def run(opts: LeapfrogOptions, spark: SparkSession | None = None) -> int:
             counter_rows, _, _ = _counters(result)
             read_errors = job.read_errors
         timings["scan_and_compare_s"] = round(time.time() - t0, 3)
+        for (r, p), rp in sorted(facts.items()):
+            if rp.gaps and not rp.latest_kept:
+                log.warning("region %d partition %d: offset gaps, and the topic may have been compacted while it was "
+                            "read (past min.compaction.lag.ms, or the cluster did not say): standing marks are frozen "
+                            "at the first gap there, so divergences behind it may go unreported", r, p)
         all_partitions = sorted({p for _, p in facts} | {p for _, p in ends})
         failed = []
         for p in all_partitions:
@@ -281,6 +288,7 @@ class _Job:
     carried: dict[tuple[int, int], dict]
     state: Any
     state_out: str | None = None
+    deadlines: dict[int, int] = field(default_factory=dict)  # live regions: see vt_source.compaction_deadlines
 
     def _carried_rows(self, columns: list[str]) -> DataFrame | None:
         """Records the previous run carried, as rows that meet the new ones in the shuffle. Settled keys that no
@@ -304,7 +312,7 @@ class _Job:
         """One Spark job: scan → shuffle by key → per-key stage; each reduce task plans from the summaries it gets."""
         opts = self.opts
         scan = _scan(self.spark, opts, self.n, self.splits, buckets=self.buckets, keep_chunks=False)
-        reduce = ScanReduce(opts.mode, self.pairs, self.n, self.ends, self.carried, self.state_out)
+        reduce = ScanReduce(opts.mode, self.pairs, self.n, self.ends, self.carried, self.state_out, self.deadlines)
         # what the shuffle carries: no RMD vectors unless mode rmd, no tombstone flag (a null hash says it)
         columns = ["bucket", "order", "summary"] + [c for c in ROW_COLUMNS
                                                     if (c != "rmd" or opts.mode == "rmd") and c != "deleted"]
@@ -323,6 +331,7 @@ class _Job:
         summaries = [json.loads(r["summary"]) for r in scanned.where(F.col("order") == 0).select("summary").collect()]
         self.read_errors = failed_reads(summaries)
         facts, prefixes = plan_marks(summaries, self.ends, n, self.carried)
+        mark_latest_kept(facts, self.deadlines, int(time.time() * 1000))  # the scan has been read (persisted)
         ctx = CompareContext(opts.mode, self.pairs, views(facts, n, opts.mode), prefixes, n, self.state_out)
         data = _prepare(scanned, facts).select(*ROW_COLUMNS)
         old = self._carried_rows(ROW_COLUMNS)
@@ -454,7 +463,7 @@ def _commit_state(stage, opts: LeapfrogOptions, facts: dict, ends: dict, carried
             "region": region, "partition": partition, "last_offset": last, "final_hw": list(rp.final_hw),
             "baseline": list(rp.baseline) if rp.baseline is not None and not rp.prefix_known else None,
             "prefix_known": rp.prefix_known, "gap_hw": list(rp.next_freeze()) if rp.next_freeze() else None,
-            "eop_offset": rp.eop_offset, "chunked": rp.chunked,
+            "eop_offset": rp.eop_offset, "chunked": rp.chunked, "latest_kept": rp.latest_kept,
         })
     settled_counts = []
     for r in counter_rows:
@@ -489,7 +498,8 @@ def _summary(opts: LeapfrogOptions, facts: dict, counter_rows, finding_counts: d
             "heartbeats_by_origin": dict(sorted(rp.heartbeats_by_origin.items())),
             "eop_offset": rp.eop_offset, "scan_start": rp.start_kind, "first_offset": rp.start_after + 1,
             "last_offset": rp.last_offset, "final_high_watermark": list(rp.final_hw),
-            "compacted_ranges": [[g[0], g[1]] for g in rp.gaps], "undecodable": rp.undecodable,
+            "compacted_ranges": [[g[0], g[1]] for g in rp.gaps], "latest_records_kept": rp.latest_kept,
+            "undecodable": rp.undecodable,
             "undecodable_offsets": rp.undecodable_offsets, "out_of_range": rp.out_of_range,
             "out_of_range_offsets": rp.out_of_range_offsets,
         })

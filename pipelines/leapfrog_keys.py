@@ -18,6 +18,7 @@ from __future__ import annotations
 
 import json
 import os
+import time
 import uuid
 from collections import defaultdict
 from collections.abc import Iterator
@@ -32,7 +33,7 @@ from leapfrog import vectorized as vz
 from leapfrog.compare import FINDING_TYPES, lily_pad_walk
 from leapfrog.history import KeyRow, RegionView, key_history
 
-from .leapfrog_plan import failed_reads, plan_marks, views
+from .leapfrog_plan import failed_reads, mark_latest_kept, plan_marks, views
 from .vt_scan import unpack_marks
 
 OUT_SCHEMA = pa.schema([
@@ -393,7 +394,7 @@ class VectorKeyStage:
             last_k = [vz.last_vectors(hist[z], self.ctx.views[(z, p)], groups) for z in partners]
             kept[x] = vz.carry(h, self.ctx.views[(x, p)], present[x], last_k, groups, had_open[x])
         bad = [unsettled]
-        for x, (keep, _) in kept.items():
+        for x, (keep, _, _) in kept.items():
             h = hist[x]
             g, counts = np.unique(h.gid[keep], return_counts=True)
             bad.append(g[counts > 1])
@@ -401,7 +402,7 @@ class VectorKeyStage:
         real = np.unique(np.concatenate([present[x] for x in present])) if present else np.zeros(0, np.int64)
         settled = real[~np.isin(real, np.concatenate(bad))]
         out = []
-        for x, (keep, last_open) in kept.items():
+        for x, (keep, last_open, marks) in kept.items():
             if not len(keep):
                 continue
             h = hist[x]
@@ -414,7 +415,7 @@ class VectorKeyStage:
                 pa.array(np.full(m, x, np.int32)),
                 pa.array(h.offset[keep], pa.int64()),
                 pa.array(cls, pa.int64(), mask=cls == vz.NULL_CLASS),
-                pack_carry_array(h.absent[keep], last_open, h.vector[keep], h.mark[keep], is_settled),
+                pack_carry_array(h.absent[keep], last_open, h.vector[keep], marks, is_settled),
             ], schema=CARRIED_SCHEMA))
         return out, settled
 
@@ -429,13 +430,13 @@ def _carried(carry_col, sel: np.ndarray, gid, offset, cls, n: int) -> tuple[vz.C
     return vz.Carried(gid[sel].astype(np.int64), cls[sel], absent, offset[sel], vectors, marks, last_open), settled
 
 
-def _last_open_of(c: vz.Carried | None) -> tuple[np.ndarray, np.ndarray] | None:
-    """(sorted gids, last_open of each group's carried last record)."""
+def _last_open_of(c: vz.Carried | None) -> tuple[np.ndarray, np.ndarray, np.ndarray] | None:
+    """(sorted gids, last_open, carried mark) of each group's carried last record."""
     if c is None or not len(c):
         return None
     starts = np.flatnonzero(np.concatenate([[True], c.gid[1:] != c.gid[:-1]]))
     lasts = np.concatenate([starts[1:], [len(c)]]) - 1
-    return c.gid[lasts], c.last_open[lasts]
+    return c.gid[lasts], c.last_open[lasts], c.mark[lasts]
 
 
 def _vector_side(h: vz.Histories, i: int) -> tuple:
@@ -517,9 +518,9 @@ class ScanReduce:
 
     def __init__(self, mode: str, pairs: tuple[tuple[int, int], ...], n_regions: int,
                  ends: dict[tuple[int, int], int], carried: dict[tuple[int, int], dict] | None = None,
-                 state_out: str | None = None) -> None:
+                 state_out: str | None = None, deadlines: dict[int, int] | None = None) -> None:
         self.mode, self.pairs, self.n, self.ends = mode, pairs, n_regions, ends
-        self.carried, self.state_out = carried or {}, state_out
+        self.carried, self.state_out, self.deadlines = carried or {}, state_out, deadlines or {}
 
     def __call__(self, batches: Iterator[pa.RecordBatch]) -> Iterator[pa.RecordBatch]:
         summaries: dict[int, dict] = {}
@@ -537,6 +538,8 @@ class ScanReduce:
         if not summaries and first_data is None:
             return  # this task received nothing (its buckets are empty): it has nothing to plan or report
         facts, prefixes = plan_marks(list(summaries.values()), self.ends, self.n, self.carried)
+        # the shuffle is a barrier: every split has been read by now
+        mark_latest_kept(facts, self.deadlines, int(time.time() * 1000))
         failed = [{"region": r, "partition": p, "error": e}
                   for (r, p), e in failed_reads(list(summaries.values())).items()]
         info = json.dumps({"facts": [rp.to_json() for rp in facts.values()], "failed": failed})

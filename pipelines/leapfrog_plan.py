@@ -44,6 +44,9 @@ class RegionPartition:
     # resumed runs (--state): the previous run's final mark and the mark before the first gap of any earlier run
     start_hw: tuple[int, ...] | None = None
     prefix_freeze: tuple[int, ...] | None = None
+    # every key's latest record up to the end is in the scan (leapfrog.entries.RegionLog.latest_kept)
+    latest_kept: bool = True
+    start_latest_kept: bool = True  # resumed: the previous run's latest_kept
 
     def next_freeze(self) -> tuple[int, ...] | None:
         """The mark before the first gap since the first run: what the next run freezes absent prefixes at."""
@@ -115,6 +118,7 @@ def plan_marks(summaries: list[dict], ends: dict[tuple[int, int], int], n: int,
             rp.baseline = tuple(state["baseline"]) if state["baseline"] is not None else None
             rp.start_hw = init = tuple(state["final_hw"])
             rp.prefix_freeze = tuple(state["gap_hw"]) if state["gap_hw"] is not None else None
+            rp.start_latest_kept = state.get("latest_kept", True)
             rp.chunked = rp.chunked or bool(state.get("chunked"))
         elif eops:
             rp.eop_offset = min(eops)
@@ -173,7 +177,16 @@ def views(facts: dict, n: int, mode: str) -> dict[tuple[int, int], RegionView]:
         default = baseline if (baseline is not None and mode == "heartbeat") else nothing(n)
         views[key] = RegionView(n, mode, rp.start_after, rp.prefix_known, default, rp.final_hw,
                                 tuple(g[0] for g in rp.gaps), tuple(g[2] for g in rp.gaps),
-                                prefix_freeze=rp.prefix_freeze, start_hw=rp.start_hw)
+                                prefix_freeze=rp.prefix_freeze, start_hw=rp.start_hw, latest_kept=rp.latest_kept,
+                                start_latest_kept=rp.start_latest_kept)
     return views
+
+
+def mark_latest_kept(facts: dict, deadlines: dict[int, int], now_ms: int) -> None:
+    """Set each region partition's `latest_kept` once every split has been read (`now_ms`, before comparing):
+    a live region read past its compaction deadline (`pipelines.vt_source.compaction_deadlines`) may lack one."""
+    for rp in facts.values():
+        deadline = deadlines.get(rp.region)
+        rp.latest_kept = deadline is None or now_ms < deadline
 
 

@@ -202,6 +202,30 @@ def chunked_version(splits: list[VtSplit], topic: str, kafka_conf: Mapping[int, 
     return False
 
 
+def compaction_deadlines(sources: Mapping[int, str], topic: str, kafka_conf: Mapping[int, Mapping] | None,
+                         planned_ms: int) -> dict[int, int]:
+    """Per live region whose topic may be compacted: until when (epoch ms) a read whose end offsets were fixed at
+    `planned_ms` still holds every key's latest record up to those ends (`leapfrog.entries.RegionLog.latest_kept`).
+
+    The cleaner removes a record only for a later one of the same key that is older than the topic's
+    `min.compaction.lag.ms`; a record beyond the fixed end was written after `planned_ms`, so it can cost the
+    read a record of its key only from `planned_ms + min.compaction.lag.ms` on. A topic known not to be compacted
+    has no deadline; when the cluster cannot say (no DescribeConfigs permission), the deadline is `planned_ms`
+    (no promise). Archives hold the log as compaction left it and have none.
+    """
+    out: dict[int, int] = {}
+    for region, uri in sorted(sources.items()):
+        if not uri.startswith("kafka://"):
+            continue
+        conf = (kafka_conf or {}).get(region) or {}
+        policy = kafka_log.topic_config(uri, conf, topic, "cleanup.policy")
+        if policy is not None and "compact" not in policy:
+            continue
+        lag = kafka_log.topic_config(uri, conf, topic, "min.compaction.lag.ms") if policy is not None else None
+        out[region] = planned_ms + int(lag) if lag is not None else planned_ms
+    return out
+
+
 def check_sources(sources: Mapping[int, str], topic: str, kafka_conf: Mapping[int, Mapping] | None = None,
                   may_lack_topic: set[int] | frozenset = frozenset()) -> None:
     """Raise ValueError naming the first source that cannot be read or lacks the topic (regions in

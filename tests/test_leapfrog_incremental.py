@@ -4,6 +4,7 @@ exactly the findings of one run over the whole log."""
 from __future__ import annotations
 
 import random
+from dataclasses import replace
 
 from leapfrog_histories import History, generated
 
@@ -42,12 +43,18 @@ def run_in_pieces(h: History, cuts: dict[int, list[int]]) -> tuple[PartitionResu
         lo, hi = bounds[x][i], bounds[x][i + 1]
         return [e for e in h.logs[x].entries if lo < e.vt_offset <= hi]
 
-    first = {x: RegionLog(between(x, 0), log.start, bounds[x][1]) for x, log in h.logs.items()}
+    def kept(x: int, i: int) -> bool:
+        # The logs are compacted as they stand at the end; cut there, an earlier piece may lack a record that
+        # only a record after the cut replaced — which its own run, reading before that compaction, would have
+        # seen. Such a piece cannot promise every key's latest record (RegionLog.latest_kept).
+        return i == pieces - 1 or not any(o <= bounds[x][i + 1] for o in h.removed[x])
+
+    first = {x: RegionLog(between(x, 0), log.start, bounds[x][1], kept(x, 0)) for x, log in h.logs.items()}
     runs = [check_partition(first, n_regions=h.n_regions)]
     for i in range(1, pieces):
         state = carry_state(runs[-1])
-        entries = {x: between(x, i) for x in h.logs}
-        runs.append(check_partition(resume_logs(state, entries, {x: bounds[x][i + 1] for x in h.logs})))
+        logs = resume_logs(state, {x: between(x, i) for x in h.logs}, {x: bounds[x][i + 1] for x in h.logs})
+        runs.append(check_partition({x: replace(log, latest_kept=kept(x, i)) for x, log in logs.items()}))
     return runs[-1], runs
 
 

@@ -81,7 +81,11 @@ def _run(spark, store: str, sources: dict[int, str], out, mode: str = "heartbeat
 
 
 def _what(summary: dict) -> dict:
-    return {k: v for k, v in summary.items() if k not in RUN_FIELDS}
+    """What the two sources must agree on. `latest_records_kept` may not: the embedded cluster cannot say whether
+    a topic is compacted (no DescribeConfigs), so a live read makes no promise (test_compaction_deadlines)."""
+    out = {k: v for k, v in summary.items() if k not in RUN_FIELDS}
+    out["by_region"] = [{k: v for k, v in r.items() if k != "latest_records_kept"} for r in out["by_region"]]
+    return out
 
 
 def test_generated_histories_on_kafka_equal_the_archives(spark, tmp_path, clusters):
@@ -95,6 +99,8 @@ def test_generated_histories_on_kafka_equal_the_archives(spark, tmp_path, cluste
     assert _what(sum_k) == _what(sum_a)
     assert code_k == code_a == 1
     assert sum_k["sources"] == {str(x): clusters[x].uri for x in REGIONS}
+    assert {r["latest_records_kept"] for r in sum_a["by_region"]} == {True}
+    assert {r["latest_records_kept"] for r in sum_k["by_region"]} == {False}
 
 
 def test_chunked_version_on_kafka_equals_the_archives(spark, tmp_path, clusters):
@@ -128,5 +134,31 @@ def test_compacted_range_at_the_end_of_a_kafka_partition(spark, tmp_path, cluste
         # safe: nothing the archive run does not report, and here nothing less either
         assert found_k.to_pylist() == found_a.to_pylist()
         assert code_k == code_a
-        strip = lambda s: [{k: v for k, v in r.items() if k != "compacted_ranges"} for r in s["by_region"]]  # noqa: E731
+        strip = lambda s: [{k: v for k, v in r.items() if k not in ("compacted_ranges", "latest_records_kept")}  # noqa: E731
+                           for r in s["by_region"]]
         assert strip(sum_k) == strip(sum_a)
+
+
+@pytest.mark.parametrize("policy, lag, deadline", [
+    ("delete", None, None),  # never compacted: gaps are transaction markers, no record of a key is lost
+    ("compact", "86400000", 1_000 + 86_400_000),
+    ("compact,delete", None, 1_000),  # compacted, lag not given: Kafka's default 0
+    (None, None, 1_000),  # the cluster would not say: no promise
+])
+def test_compaction_deadlines(monkeypatch, policy, lag, deadline):
+    from div import kafka_log
+    from pipelines.leapfrog_plan import RegionPartition, mark_latest_kept
+    from pipelines.vt_source import compaction_deadlines
+
+    def topic_config(uri, conf, topic, name, timeout_s=3.0):
+        assert uri == "kafka://b:9092" and topic == "s_v1" and conf == {"security.protocol": "SSL"}
+        return {"cleanup.policy": policy, "min.compaction.lag.ms": lag}[name] if policy is not None else None
+
+    monkeypatch.setattr(kafka_log, "topic_config", topic_config)
+    got = compaction_deadlines({0: "/archives/dc-0", 1: "kafka://b:9092"}, "s_v1", {1: {"security.protocol": "SSL"}},
+                               planned_ms=1_000)
+    assert got == ({} if deadline is None else {1: deadline})
+    facts = {(x, 0): RegionPartition(x, 0) for x in (0, 1)}
+    mark_latest_kept(facts, got, now_ms=1_000 + 3_600_000)  # read for an hour
+    assert facts[(0, 0)].latest_kept  # an archive
+    assert facts[(1, 0)].latest_kept == (deadline is None or deadline > 1_000 + 3_600_000)

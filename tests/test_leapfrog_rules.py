@@ -139,10 +139,25 @@ def test_a_record_stands_until_the_next_record_of_its_key():
 
 
 def test_a_gap_inside_the_standing_interval_caps_the_standing_mark():
-    # Offset 3 was compacted away: a record of k may have been there.
-    log = eop_log(put(1, 7, 0, 1), put(2, 5, 0, 2, key=b"x"), hb(4, (9, 9), 1, 9), last_offset=4)
-    history = check_partition({0: log, 1: eop_log()}).scans[0].history(K)
-    assert history[-1].high_watermark == (2, -1)  # the mark just before the gap, not (9, 9)
+    # Offset 3 was compacted away: a record of k that offset 5 replaced may have been there.
+    log = eop_log(put(1, 7, 0, 1), put(2, 5, 0, 2, key=b"x"), hb(4, (9, 9), 1, 9), put(5, 8, 0, 10),
+                  last_offset=5)
+    first, last = check_partition({0: log, 1: eop_log()}).scans[0].history(K)[1:]
+    assert first.high_watermark == (2, -1)  # the mark just before the gap, not (9, 9)
+    assert last.high_watermark == (10, 9)
+
+
+def test_a_gap_after_a_keys_last_record_does_not_cap_it_when_latest_records_are_kept():
+    # Compaction keeps every key's latest record: nothing of k can hide at offset 3, after k's last record.
+    entries = (put(1, 7, 0, 1), put(2, 5, 0, 2, key=b"x"), hb(4, (9, 9), 1, 9))
+    kept = check_partition({0: eop_log(*entries, last_offset=4), 1: eop_log()}).scans[0]
+    assert kept.history(K)[-1].high_watermark == (9, 9)
+    assert kept.history(b"absent")[0].high_watermark == (9, 9)  # a key without records: absent to the end
+    # a log that cannot promise it (read while the cleaner ran): the mark before the gap
+    raced = RegionLog(list(entries), FromEndOfPush(0), last_offset=4, latest_kept=False)
+    scan = check_partition({0: raced, 1: eop_log()}).scans[0]
+    assert scan.history(K)[-1].high_watermark == (2, -1)
+    assert scan.history(b"absent")[0].high_watermark == (2, -1)
 
 
 # -- rules 6 and 7: value classes and the heartbeat-mode comparison -----------------------------------------

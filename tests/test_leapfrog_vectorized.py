@@ -2,7 +2,10 @@
 
 from __future__ import annotations
 
+from dataclasses import replace
+
 import numpy as np
+import pytest
 from leapfrog_histories import generated
 
 from leapfrog import DataEntry, check_partition, compare_standing
@@ -25,13 +28,15 @@ def _rows(scan, log, keys: list[bytes]):
     return gid, off, cls, src, src_off, hwb
 
 
-def test_vectorized_equals_reference():
+@pytest.mark.parametrize("latest_kept", [True, False], ids=["latest-kept", "gaps-may-hide-any-key"])
+def test_vectorized_equals_reference(latest_kept):
     checked = found = 0
     for h in generated(60):
         if any(not log.start.__class__.__name__ == "FromEndOfPush" and not log.start.__class__.__name__ ==
                "FromHeartbeat" for log in h.logs.values()):
             continue
-        result = check_partition(h.logs, mode="heartbeat", n_regions=h.n_regions)
+        logs = {x: replace(log, latest_kept=latest_kept) for x, log in h.logs.items()}
+        result = check_partition(logs, mode="heartbeat", n_regions=h.n_regions)
         scans = result.scans
         keys = sorted(set().union(*(s.keys() for s in scans.values())))
         groups = np.arange(len(keys), dtype=np.int64)

@@ -10,6 +10,7 @@ from __future__ import annotations
 import random
 
 import numpy as np
+import pytest
 from leapfrog_histories import generated
 from test_leapfrog_vectorized import _rows
 
@@ -17,7 +18,7 @@ from leapfrog import FromState, RegionLog, carry_state, check_partition
 from leapfrog import vectorized as vz
 
 
-def _split(h, rng):
+def _split(h, rng, latest_kept: bool):
     first, second = {}, {}
     for x, log in h.logs.items():
         last = log.last_offset if log.last_offset is not None else (log.entries[-1].vt_offset if log.entries else 0)
@@ -25,7 +26,7 @@ def _split(h, rng):
         begin = getattr(log.start, "vt_offset", begin) if begin is None else begin
         begin = begin if begin is not None else -1
         cut = rng.randint(begin, max(last, begin))
-        first[x] = RegionLog([e for e in log.entries if e.vt_offset <= cut], log.start, cut)
+        first[x] = RegionLog([e for e in log.entries if e.vt_offset <= cut], log.start, cut, latest_kept)
         second[x] = [e for e in log.entries if e.vt_offset > cut], log.last_offset
     return first, second
 
@@ -47,14 +48,16 @@ def _carried(state_region, keys) -> vz.Carried:
         np.array([t[2] for t in rows], bool))
 
 
-def test_resumed_runs_equal_reference():
+@pytest.mark.parametrize("kept_1, kept_2", [(True, True), (False, False), (False, True), (True, False)])
+def test_resumed_runs_equal_reference(kept_1, kept_2):
+    """`kept_*`: whether each run's logs keep every key's latest record (a live read may lose the promise)."""
     rng = random.Random(11)
     compared = 0
     for h in generated(40):
-        first, second = _split(h, rng)
+        first, second = _split(h, rng, kept_1)
         run1 = check_partition(first, mode="heartbeat", n_regions=h.n_regions)
         state = carry_state(run1)
-        logs2 = {x: RegionLog(second[x][0], FromState(state), second[x][1]) for x in second}
+        logs2 = {x: RegionLog(second[x][0], FromState(state), second[x][1], kept_2) for x in second}
         run2 = check_partition(logs2, mode="heartbeat", n_regions=h.n_regions)
         state2 = carry_state(run2)
         scans = run2.scans
@@ -97,11 +100,11 @@ def test_resumed_runs_equal_reference():
             if len(c):
                 starts = np.flatnonzero(np.concatenate([[True], c.gid[1:] != c.gid[:-1]]))
                 lasts = np.concatenate([starts[1:], [len(c)]]) - 1
-                had = (c.gid[lasts], c.last_open[lasts])
-            keep, last_open = vz.carry(hist[x], s.view, real[x], last_k, groups, had)
+                had = (c.gid[lasts], c.last_open[lasts], c.mark[lasts])
+            keep, last_open, marks = vz.carry(hist[x], s.view, real[x], last_k, groups, had)
             got = {}
-            for i, lo in zip(keep.tolist(), last_open.tolist(), strict=True):
-                got.setdefault(keys[int(hist[x].gid[i])], []).append((int(hist[x].offset[i]), tuple(hist[x].mark[i]), lo))
+            for i, lo, mk in zip(keep.tolist(), last_open.tolist(), marks.tolist(), strict=True):
+                got.setdefault(keys[int(hist[x].gid[i])], []).append((int(hist[x].offset[i]), tuple(mk), lo))
             want = {}
             for key, ck in state2.regions[x].keys.items():
                 recs = [(r.vt_offset, tuple(r.high_watermark), False) for r in ck.records]
