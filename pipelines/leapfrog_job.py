@@ -9,7 +9,8 @@ The job, stage by stage (no stage gathers a partition's history into one Python 
 3. running high-water marks per region in VT order with Spark window functions (one component per region;
    heartbeats raise every component in heartbeat mode), offset gaps (compaction) and final marks;
 4. rows shuffled by (partition, key), sorted, and compared key by key in `mapInArrow` (`pipelines.leapfrog_keys`,
-   which applies the pure rules of `leapfrog`);
+   which applies the pure rules of `leapfrog`); with `--state`, each reduce task merges in the records the
+   previous run carried for its buckets, read from its own files (`pipelines.leapfrog_carried`);
 5. findings to `inconsistencies/` (Parquet) and counters, facts and timings to `summary.json`.
 """
 
@@ -18,6 +19,7 @@ from __future__ import annotations
 import json
 import logging
 import os
+import shutil
 import time
 from collections import defaultdict
 from dataclasses import dataclass, field
@@ -32,10 +34,12 @@ from pyspark.sql import DataFrame, SparkSession
 from pyspark.sql import functions as F
 
 from . import vt_decode as V
+from .leapfrog_carried import file_buckets
 from .leapfrog_keys import OUT_DDL, ROW_COLUMNS, SORT_COLUMNS, CompareContext, ScanReduce, stage_for
 from .leapfrog_plan import RegionPartition, failed_reads, mark_latest_kept, plan_marks, views
 from .output import OutputDir, versions
 from .sources import SourceError, SourceSpec
+from .vt_scan import sortkey_column
 
 log = logging.getLogger("tidegauge.leapfrog")
 EXIT_CLEAN, EXIT_FINDINGS, EXIT_USAGE, EXIT_PARTIAL = 0, 1, 2, 3
@@ -215,6 +219,9 @@ def run(opts: LeapfrogOptions, spark: SparkSession | None = None) -> int:
             if any(rp.chunk_rows for rp in facts.values()):  # chunked values without a StartOfPush in view
                 result.unpersist()
                 fused = False
+                if stage is not None:  # the two-phase run writes the carried records again, with other names
+                    shutil.rmtree(stage / "carried")
+                    (stage / "carried").mkdir()
         if not fused:
             result, facts = job.two_phase()
             counter_rows, _, _ = _counters(result)
@@ -253,7 +260,7 @@ def run(opts: LeapfrogOptions, spark: SparkSession | None = None) -> int:
                               for r in findings.groupBy("partition", "region_a", "region_b", "type").count().collect()}
         if opts.state_dir is not None:  # last: everything this run reads from the old state has been read
             _commit_state(stage, opts, facts, ends, carried, findings, table, pairs, regions, counter_rows,
-                          old_settled)
+                          old_settled, buckets if fused else None)
         timings["output_s"] = round(time.time() - t0 - sum(timings.values()), 3)
         timings["fused"] = fused
         if findings is not None:
@@ -299,6 +306,7 @@ class _Job:
         df = self.spark.read.parquet(str(self.state.carried_dir))
         cols = {
             "bucket": F.pmod(F.crc32("key") + F.col("partition"), F.lit(self.buckets)).cast("int"),
+            "sortkey": sortkey_column(),
             "order": F.lit(1).cast("byte"), "summary": F.lit(None).cast("string"), "partition": F.col("partition"),
             "key": F.col("key"), "region": F.col("region"), "offset": F.col("offset"),
             "value_hash": F.col("value_hash"), "deleted": F.lit(None).cast("boolean"),
@@ -308,19 +316,35 @@ class _Job:
         }
         return df.select(*[cols[c].alias(c) for c in columns])
 
+    def _own_carried_files(self) -> tuple[str, dict[str, list[int]]] | None:
+        """(directory, file → buckets) when every reduce task can read its carried records itself: the previous
+        run was fused with as many buckets, and there is something new to read (else no task would run)."""
+        state = self.state
+        if state is None or not self.splits or state.meta.get("buckets") != self.buckets:
+            return None
+        files = {}
+        for f in sorted(state.carried_dir.glob("*.parquet")):
+            held = file_buckets(str(f))
+            if held is None:
+                return None
+            files[f.name] = held
+        return str(state.carried_dir), files
+
     def fused(self):
         """One Spark job: scan → shuffle by key → per-key stage; each reduce task plans from the summaries it gets."""
         opts = self.opts
         scan = _scan(self.spark, opts, self.n, self.splits, buckets=self.buckets, keep_chunks=False)
-        reduce = ScanReduce(opts.mode, self.pairs, self.n, self.ends, self.carried, self.state_out, self.deadlines)
+        own = self._own_carried_files()
+        reduce = ScanReduce(opts.mode, self.pairs, self.n, self.ends, self.carried, self.state_out, self.deadlines,
+                            own)
         # what the shuffle carries: no RMD vectors unless mode rmd, no tombstone flag (a null hash says it)
-        columns = ["bucket", "order", "summary"] + [c for c in ROW_COLUMNS
+        columns = ["bucket", "sortkey", "order", "summary"] + [c for c in ROW_COLUMNS
                                                     if (c != "rmd" or opts.mode == "rmd") and c != "deleted"]
         rows = scan.select(*columns)
-        old = self._carried_rows(columns)
+        old = self._carried_rows(columns) if own is None else None
         if old is not None:
             rows = rows.unionByName(old)
-        result = (rows.repartition(self.buckets, "bucket").sortWithinPartitions("order", *SORT_COLUMNS)
+        result = (rows.repartition(self.buckets, "bucket").sortWithinPartitions("sortkey", *SORT_COLUMNS[1:])
                   .mapInArrow(reduce, OUT_DDL).persist(StorageLevel.MEMORY_AND_DISK))
         return result, None  # facts come with the counters (one collect)
 
@@ -445,9 +469,10 @@ def _first_per_key(new: pa.Table, old: pa.Table) -> pa.Table:
 
 def _commit_state(stage, opts: LeapfrogOptions, facts: dict, ends: dict, carried: dict,
                   findings: DataFrame | None, findings_table, pairs, regions, counter_rows: list[dict],
-                  old_settled: dict) -> None:
+                  old_settled: dict, buckets: int | None) -> None:
     """Complete the next state in its staging directory (the reduce tasks wrote its carried records there)
-    and swap it in (before the output is committed)."""
+    and swap it in (before the output is committed). `buckets`: the fused job's bucket count, under which the
+    carried files are tagged (None: the two-phase path, whose files the next run shuffles in)."""
     from . import leapfrog_state as S
 
     if findings_table is not None:
@@ -471,7 +496,7 @@ def _commit_state(stage, opts: LeapfrogOptions, facts: dict, ends: dict, carried
         settled_counts.append({"partition": k[0], "region_a": k[1], "region_b": k[2],
                                "keys": r["settled_new"] + old_settled.get(k, 0) - r["settled_touched"]})
     meta = {"store": opts.store, "version": opts.version, "mode": opts.mode, "pairs": [list(p) for p in pairs],
-            "regions": sorted(regions), "settled_keys": settled_counts}
+            "regions": sorted(regions), "settled_keys": settled_counts, "buckets": buckets}
     S.write_meta(stage, meta, region_rows)
     S.commit(opts.state_dir, stage)
 

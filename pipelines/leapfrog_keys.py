@@ -33,6 +33,7 @@ from leapfrog import vectorized as vz
 from leapfrog.compare import FINDING_TYPES, lily_pad_walk
 from leapfrog.history import KeyRow, RegionView, key_history
 
+from .leapfrog_carried import buckets_tag, merge_carried, read_carried
 from .leapfrog_plan import failed_reads, mark_latest_kept, plan_marks, views
 from .vt_scan import unpack_marks
 
@@ -87,6 +88,7 @@ class CompareContext:
     prefixes: dict[tuple[int, int], list[int]]  # (split, segment) → prefix mark; absent = before the scan start
     n_regions: int
     state_out: str | None = None  # incremental runs: where each task writes the records the next run needs
+    buckets: tuple[int, ...] | None = None  # the fused job's reduce buckets this task holds (tags its state file)
 
     @property
     def emit_state(self) -> bool:
@@ -193,7 +195,14 @@ def _regroup(batches: Iterator[tuple[pa.RecordBatch, np.ndarray]]) -> Iterator[t
 
 # A record carried to the next run, as the state keeps it (pipelines.leapfrog_state.pack_carry_array packs carry).
 CARRIED_SCHEMA = pa.schema([("partition", pa.int32()), ("key", pa.binary()), ("region", pa.int32()),
-                            ("offset", pa.int64()), ("value_hash", pa.int64()), ("carry", pa.binary())])
+                            ("offset", pa.int64()), ("value_hash", pa.int64()), ("carry", pa.binary()),
+                            ("bucket", pa.int32())])  # the fused job's reduce bucket, -1 from the two-phase path
+
+
+def _buckets_of(t: pa.Table, rows: np.ndarray) -> pa.Array:
+    if "bucket" not in t.schema.names:
+        return pa.array(np.full(len(rows), -1, np.int32))
+    return t.column("bucket").take(pa.array(rows)).combine_chunks().cast(pa.int32())
 
 
 def pass_untouched(t: pa.Table, hwb: np.ndarray) -> tuple[pa.Table, np.ndarray, pa.RecordBatch | None]:
@@ -217,9 +226,10 @@ def pass_untouched(t: pa.Table, hwb: np.ndarray) -> tuple[pa.Table, np.ndarray, 
     passed = untouched[np.cumsum(new_group) - 1]
     if not passed.any():
         return t, hwb, None
-    sub = t.take(pa.array(np.flatnonzero(passed)))
-    batch = pa.RecordBatch.from_arrays([sub.column(f.name).combine_chunks().cast(f.type) for f in CARRIED_SCHEMA],
-                                       schema=CARRIED_SCHEMA)
+    rows = np.flatnonzero(passed)
+    sub = t.take(pa.array(rows))
+    batch = pa.RecordBatch.from_arrays([sub.column(f.name).combine_chunks().cast(f.type) for f in list(CARRIED_SCHEMA)[:-1]]
+                                       + [_buckets_of(t, rows)], schema=CARRIED_SCHEMA)
     keep = np.flatnonzero(~passed)
     return t.take(pa.array(keep)), hwb[keep], batch
 
@@ -230,8 +240,9 @@ class StateSink:
     to the JVM, the cache, a write job). A task that runs again (a retry, a recomputed cache block) rewrites
     the same file with the same content; the file appears by rename, whole or not at all."""
 
-    def __init__(self, directory: str) -> None:
+    def __init__(self, directory: str, buckets: tuple[int, ...] | None = None) -> None:
         self.directory = directory
+        self.schema = CARRIED_SCHEMA.with_metadata(buckets_tag(buckets)) if buckets else CARRIED_SCHEMA
         self.writer = None
         self.tmp = ""
 
@@ -242,8 +253,8 @@ class StateSink:
             return
         if self.writer is None:
             self.tmp = os.path.join(self.directory, f".{self._name()}.{uuid.uuid4().hex}.tmp")
-            self.writer = pq.ParquetWriter(self.tmp, CARRIED_SCHEMA)
-        self.writer.write_batch(batch)
+            self.writer = pq.ParquetWriter(self.tmp, self.schema)
+        self.writer.write_batch(batch.replace_schema_metadata(self.schema.metadata))
 
     def close(self) -> None:
         if self.writer is None:
@@ -263,15 +274,22 @@ class StateSink:
 class VectorKeyStage:
     """Heartbeat mode: the band rule over whole chunks of keys in numpy (same verdicts as `KeyStage`, tested)."""
 
-    def __init__(self, ctx: CompareContext) -> None:
+    def __init__(self, ctx: CompareContext, carried: pa.Table | None = None, schema: pa.Schema | None = None
+                 ) -> None:
+        """`carried`: this task's records from the previous run's state, read here rather than shuffled in
+        (`pipelines.leapfrog_carried`), to merge into the input rows (of `schema`)."""
         self.ctx = ctx
+        self.carried, self.schema = carried, schema
 
     def __call__(self, batches: Iterator[pa.RecordBatch]) -> Iterator[pa.RecordBatch]:
         marks = _Marks(self.ctx)
         counters: dict[tuple[int, int, int], _Counters] = defaultdict(_Counters)
         self.state_batches: list[pa.RecordBatch] = []
-        sink = StateSink(self.ctx.state_out) if self.ctx.emit_state else None
-        for table, hwb in _regroup(marks.apply(b) for b in batches):
+        sink = StateSink(self.ctx.state_out, self.ctx.buckets) if self.ctx.emit_state else None
+        stream = (marks.apply(b) for b in batches)
+        if self.carried is not None:
+            stream = merge_carried(stream, self.carried, self.schema, self.ctx.n_regions)
+        for table, hwb in _regroup(stream):
             if sink is not None:
                 table, hwb, passed = pass_untouched(table, hwb)
                 if passed is not None:
@@ -362,7 +380,7 @@ class VectorKeyStage:
             if ctx.emit_state:
                 unsettled_groups = np.unique(np.concatenate(unsettled)) if unsettled else np.zeros(0, np.int64)
                 batches, settled = self._state_rows(p, hist, present, had_open, groups, keys, group_first,
-                                                    unsettled_groups)
+                                                    unsettled_groups, t)
                 self.state_batches.extend(batches)
                 for (x, y), in_pair in pair_groups.items():
                     counters[(p, x, y)].settled_new += int(np.isin(in_pair, settled).sum())
@@ -381,8 +399,8 @@ class VectorKeyStage:
         return int(vz.compare(vz.previous(vx, cx, groups), vz.previous(vy, cy, groups), groups)
                    .comparable_pairs.sum())
 
-    def _state_rows(self, p, hist, present, had_open, groups, keys, group_first, unsettled: np.ndarray
-                    ) -> tuple[list[pa.RecordBatch], np.ndarray]:
+    def _state_rows(self, p, hist, present, had_open, groups, keys, group_first, unsettled: np.ndarray,
+                    t: pa.Table) -> tuple[list[pa.RecordBatch], np.ndarray]:
         """The records the next run needs, as batches of carried records built column-wise (settled ones flagged
         in `carry`), and the settled groups. A key is settled when every region that has it carries only its current record
         and every pair's current records are comparable: later marks cannot make any other pair comparable."""
@@ -416,6 +434,7 @@ class VectorKeyStage:
                 pa.array(h.offset[keep], pa.int64()),
                 pa.array(cls, pa.int64(), mask=cls == vz.NULL_CLASS),
                 pack_carry_array(h.absent[keep], last_open, h.vector[keep], marks, is_settled),
+                _buckets_of(t, group_first[h.gid[keep]]),
             ], schema=CARRIED_SCHEMA))
         return out, settled
 
@@ -509,8 +528,8 @@ def _side(rec) -> tuple | None:
     return (rec.value_hash, rec.value_hash is None, rec.vt_offset, list(rec.vector), list(rec.high_watermark))
 
 
-def stage_for(ctx: CompareContext):
-    return VectorKeyStage(ctx) if ctx.mode == "heartbeat" else KeyStage(ctx)
+def stage_for(ctx: CompareContext, carried: pa.Table | None = None, schema: pa.Schema | None = None):
+    return VectorKeyStage(ctx, carried, schema) if ctx.mode == "heartbeat" else KeyStage(ctx)
 
 
 class ScanReduce:
@@ -518,17 +537,25 @@ class ScanReduce:
 
     def __init__(self, mode: str, pairs: tuple[tuple[int, int], ...], n_regions: int,
                  ends: dict[tuple[int, int], int], carried: dict[tuple[int, int], dict] | None = None,
-                 state_out: str | None = None, deadlines: dict[int, int] | None = None) -> None:
+                 state_out: str | None = None, deadlines: dict[int, int] | None = None,
+                 carried_files: tuple[str, dict[str, list[int]]] | None = None) -> None:
+        """`carried_files`: (directory, file name → buckets) of the previous state's carried records when each
+        task reads its own (`pipelines.leapfrog_carried`) instead of receiving them through the shuffle."""
         self.mode, self.pairs, self.n, self.ends = mode, pairs, n_regions, ends
         self.carried, self.state_out, self.deadlines = carried or {}, state_out, deadlines or {}
+        self.carried_files = carried_files
 
     def __call__(self, batches: Iterator[pa.RecordBatch]) -> Iterator[pa.RecordBatch]:
         summaries: dict[int, dict] = {}
+        buckets: set[int] = set()  # every summary comes once per bucket: they name this task's buckets
         it = iter(batches)
         first_data: pa.RecordBatch | None = None
+        schema = None
         for batch in it:
+            schema = batch.schema
             order = batch.column("order").to_numpy()
             k = int(np.count_nonzero(order == 0))
+            buckets.update(batch.column("bucket").slice(0, k).to_pylist())
             for text in batch.column("summary").slice(0, k).to_pylist():
                 sm = json.loads(text)
                 summaries[sm["split"]] = sm
@@ -545,11 +572,14 @@ class ScanReduce:
         info = json.dumps({"facts": [rp.to_json() for rp in facts.values()], "failed": failed})
         yield _batch([("S",) + (None,) * 25 + (info,)])
         ctx = CompareContext(self.mode, self.pairs, views(facts, self.n, self.mode), prefixes, self.n,
-                             self.state_out)
+                             self.state_out, tuple(sorted(buckets)) or None)
+        carried = None
+        if self.carried_files is not None and buckets:
+            carried = read_carried(*self.carried_files, buckets)
 
         def data():
             if first_data is not None:
                 yield first_data
             yield from it
 
-        yield from stage_for(ctx)(data())
+        yield from stage_for(ctx, carried, schema)(data())

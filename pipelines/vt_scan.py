@@ -230,9 +230,21 @@ class SplitScan:
 
 
 def with_buckets(scan, buckets: int):
-    """Data rows get the reduce bucket of their (partition, key); each summary row is repeated for every bucket."""
+    """Data rows get the reduce bucket of their (partition, key) and their `sortkey`; each summary row is repeated
+    for every bucket (with sortkey -1, so it sorts first)."""
     from pyspark.sql import functions as F
 
     bucket = F.pmod(F.crc32("key") + F.col("partition"), F.lit(buckets)).cast("int")
     every = F.sequence(F.lit(0), F.lit(buckets - 1))
-    return scan.withColumn("bucket", F.explode(F.when(F.col("order") == 1, F.array(bucket)).otherwise(every)))
+    return (scan.withColumn("bucket", F.explode(F.when(F.col("order") == 1, F.array(bucket)).otherwise(every)))
+            .withColumn("sortkey", F.when(F.col("order") == 1, sortkey_column()).otherwise(F.lit(-1).cast("long"))))
+
+
+def sortkey_column():
+    """(partition << 32) | crc32(key): the reduce side's first sort column. Spark sorts on a 64-bit prefix of the
+    first sort column and compares whole rows only where prefixes tie; with (partition, key) first, nearly every
+    comparison went on to the binary key. Rows of one key stay together (then by key, region, offset); key groups
+    come in this order instead of the keys' (`pipelines.leapfrog_carried.sortkeys` computes it in Python)."""
+    from pyspark.sql import functions as F
+
+    return F.shiftleft(F.col("partition").cast("long"), 32) + F.crc32("key")

@@ -98,6 +98,34 @@ def test_two_days_equal_one_rescan(spark, tmp_path):
                             sources=[SourceSpec(x, d) for x, d in list(day2.items())[:2]]), spark=spark)
 
 
+@pytest.mark.parametrize("day2_buckets", [4, 3], ids=["tasks-read-their-own-state", "bucket-count-changed"])
+def test_carried_records_are_read_by_each_task_or_shuffled_in(spark, tmp_path, monkeypatch, day2_buckets):
+    """With day 1's bucket count, day 2's reduce tasks read their carried records from their own files
+    (pipelines.leapfrog_carried); with another, the state goes through the shuffle. Same findings either way."""
+    from pipelines import leapfrog_job
+
+    histories = [h for h in generated(30) if h.n_regions == 3][:60]
+    _, day1, day2, expected = _two_days(spark, histories, 7, tmp_path)
+    state = tmp_path / "state"
+    _run(spark, day1, tmp_path / "out-day1", state)
+    assert json.loads((state / "state.json").read_text())["meta"]["buckets"] == 4
+    own = []
+    original = leapfrog_job._Job._own_carried_files
+    monkeypatch.setattr(leapfrog_job._Job, "_own_carried_files", lambda self: own.append(original(self)) or own[-1])
+    spark.conf.set("spark.sql.shuffle.partitions", str(day2_buckets))
+    try:
+        _run(spark, day2, tmp_path / "out-day2", state)
+    finally:
+        spark.conf.set("spark.sql.shuffle.partitions", "4")
+    assert _findings(tmp_path / "out-day2") == expected
+    if day2_buckets == 4:
+        directory, files = own[0]
+        assert files and sorted(b for held in files.values() for b in held) == list(range(4))
+    else:
+        assert own == [None]
+    assert json.loads((state / "state.json").read_text())["meta"]["buckets"] == day2_buckets
+
+
 def test_many_findings_take_the_spark_path_with_the_same_result(spark, tmp_path, monkeypatch):
     """Findings are merged on the driver when few (the usual case) and by Spark when very many: same findings."""
     import pipelines.leapfrog_job as J

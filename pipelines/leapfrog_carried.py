@@ -1,0 +1,110 @@
+"""Incremental runs without sending the carried state through the shuffle.
+
+The fused job shuffles every row to a reduce bucket by (partition, key), and each reduce task writes the records
+the next run must carry as one Parquet file (`leapfrog_keys.StateSink`), tagged with the buckets it held. When
+the next run has the same number of buckets, a key lands in the same bucket again, so each reduce task reads the
+files of its own buckets straight from the state directory and merges their rows into its sorted input here:
+the carried records — often as many as a day's new records — skip the read into Spark, the shuffle and the sort.
+With another bucket count (or a state written by the two-phase path) the job unions them into the shuffle
+instead (`leapfrog_job._Job._carried_rows`).
+"""
+
+from __future__ import annotations
+
+import os
+import zlib
+from bisect import bisect_right
+from collections.abc import Iterable, Iterator, Mapping, Sequence
+
+import numpy as np
+import pyarrow as pa
+import pyarrow.compute as pc
+import pyarrow.parquet as pq
+
+BUCKETS_KEY = b"tidegauge.buckets"  # Parquet schema metadata: the reduce buckets a carried file holds
+# the fused reduce input's order (pipelines.vt_scan.sortkey_column)
+_SORT = [("sortkey", "ascending"), ("key", "ascending"), ("region", "ascending"), ("offset", "ascending")]
+
+
+def sortkeys(partition: pa.Array, key: pa.Array) -> pa.Array:
+    """`pipelines.vt_scan.sortkey_column` in Python: (partition << 32) | crc32(key)."""
+    crc = np.fromiter((zlib.crc32(k) for k in key.to_pylist()), np.int64, count=len(key))
+    return pa.array((partition.to_numpy(zero_copy_only=False).astype(np.int64) << 32) + crc)
+
+
+def buckets_tag(buckets: Iterable[int]) -> dict[bytes, bytes]:
+    return {BUCKETS_KEY: ",".join(str(b) for b in sorted(buckets)).encode()}
+
+
+def file_buckets(path: str) -> list[int] | None:
+    """The buckets a carried file holds (None: written without them, by the two-phase path or an older run)."""
+    meta = pq.read_schema(path).metadata or {}
+    tag = meta.get(BUCKETS_KEY)
+    return None if tag is None else [int(b) for b in tag.decode().split(",") if b]
+
+
+def read_carried(directory: str, files: Mapping[str, Sequence[int]], buckets: Iterable[int]) -> pa.Table | None:
+    """The carried records of `buckets`, sorted as the reduce input is: the files (name → buckets) that hold any
+    of them, filtered when a file also holds buckets of another task. None when there are none."""
+    want = set(buckets)
+    tables = []
+    for name, held in sorted(files.items()):
+        held = set(held)
+        if not held & want:
+            continue
+        t = pq.read_table(os.path.join(directory, name))
+        if not held <= want:
+            t = t.filter(pc.is_in(t.column("bucket"), pa.array(sorted(want), pa.int32())))
+        tables.append(t)
+    if not tables:
+        return None
+    t = pa.concat_tables(tables).combine_chunks()
+    if not t.num_rows:
+        return None
+    t = t.append_column("sortkey", sortkeys(t.column("partition").chunk(0), t.column("key").chunk(0)))
+    return t.sort_by(_SORT).combine_chunks()
+
+
+def _conform(carried: pa.Table, schema: pa.Schema) -> pa.RecordBatch:
+    """Carried rows in the shape of the stream's rows (columns they lack are filled as `_carried_rows` fills
+    them in the shuffle path)."""
+    m = carried.num_rows
+    fill = {"order": pa.array(np.ones(m, np.int8)), "split": pa.array(np.full(m, -1, np.int32)),
+            "seg": pa.array(np.full(m, -1, np.int8)), "src": pa.array(np.full(m, -1, np.int32)),
+            "src_offset": pa.array(np.full(m, -1, np.int64))}
+    cols = []
+    for f in schema:
+        if f.name in carried.schema.names:
+            cols.append(carried.column(f.name).combine_chunks().cast(f.type))
+        elif f.name in fill:
+            cols.append(fill[f.name].cast(f.type))
+        else:
+            cols.append(pa.nulls(m, f.type))
+    return pa.RecordBatch.from_arrays(cols, schema=schema)
+
+
+def merge_carried(pairs: Iterator[tuple[pa.RecordBatch, np.ndarray]], carried: pa.Table | None,
+                  schema: pa.Schema, n_regions: int) -> Iterator[tuple[pa.RecordBatch, np.ndarray]]:
+    """Merge the carried rows into the stream of (sorted batch, marks) pairs, keeping it sorted as the input is
+    (`_SORT`): each batch takes the carried rows up to its last (sortkey, key); the rest follow the stream (rows
+    of `schema`). A carried row's marks are zeros (it carries its own, in `carry`)."""
+    if carried is None or carried.num_rows == 0:
+        yield from pairs
+        return
+    parts = carried.column("sortkey").to_pylist()
+    keys = carried.column("key").to_pylist()
+    n, pos = carried.num_rows, 0
+    for batch, marks in pairs:
+        if pos < n and batch.num_rows:
+            last = (batch.column("sortkey")[-1].as_py(), batch.column("key")[-1].as_py())
+            end = bisect_right(range(n), last, lo=pos, key=lambda i: (parts[i], keys[i]))
+            if end > pos:
+                merged = pa.Table.from_batches([batch, _conform(carried.slice(pos, end - pos), schema)])
+                order = pc.sort_indices(merged, sort_keys=_SORT)
+                marks = np.concatenate([marks, np.zeros((end - pos, marks.shape[1]), marks.dtype)])
+                batch = merged.take(order).combine_chunks().to_batches()[0]
+                marks = marks[order.to_numpy()]
+                pos = end
+        yield batch, marks
+    if pos < n:
+        yield _conform(carried.slice(pos), schema), np.zeros((n - pos, n_regions), np.int64)

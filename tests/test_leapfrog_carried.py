@@ -1,0 +1,104 @@
+"""Reduce tasks reading their own carried records (pipelines.leapfrog_carried): the right files, the right rows,
+merged into the input in its order."""
+
+from __future__ import annotations
+
+import random
+
+import numpy as np
+import pyarrow as pa
+import pyarrow.parquet as pq
+import pytest
+
+from pipelines.leapfrog_carried import _SORT, buckets_tag, file_buckets, merge_carried, read_carried, sortkeys
+from pipelines.leapfrog_keys import CARRIED_SCHEMA
+
+STREAM = pa.schema([("bucket", pa.int32()), ("sortkey", pa.int64()), ("order", pa.int8()), ("partition", pa.int32()),
+                    ("key", pa.binary()), ("region", pa.int32()), ("offset", pa.int64()),
+                    ("value_hash", pa.int64()), ("src", pa.int32()), ("carry", pa.binary())])
+
+
+def _carried(rows) -> pa.Table:
+    """rows: (partition, key, region, offset, bucket)."""
+    p, k, r, o, b = zip(*rows, strict=True)
+    return pa.table([pa.array(p, pa.int32()), pa.array(k, pa.binary()), pa.array(r, pa.int32()),
+                     pa.array(o, pa.int64()), pa.nulls(len(rows), pa.int64()),
+                     pa.array([b"\x00" + bytes(32)] * len(rows)), pa.array(b, pa.int32())], schema=CARRIED_SCHEMA)
+
+
+@pytest.mark.spark
+def test_sortkey_in_python_is_sparks(spark):
+    from pipelines.vt_scan import sortkey_column
+
+    keys = [b"", b"k", bytes(range(256)), "ключ".encode()]
+    df = spark.createDataFrame([(p, k) for p in (0, 7, 2**31 - 1) for k in keys], "partition int, key binary")
+    got = [r[0] for r in df.select(sortkey_column()).collect()]
+    table = pa.table({"partition": pa.array([p for p in (0, 7, 2**31 - 1) for _ in keys], pa.int32()),
+                      "key": pa.array([k for _ in range(3) for k in keys], pa.binary())})
+    assert sortkeys(table.column("partition").chunk(0), table.column("key").chunk(0)).to_pylist() == got
+
+
+def test_each_task_reads_the_files_of_its_buckets_and_only_their_rows(tmp_path):
+    rows = [(0, f"k{i}".encode(), i % 2, i, i % 4) for i in range(40)]
+    files = {}
+    for name, held in (("part-00001.parquet", [0, 2]), ("part-00003.parquet", [1, 3])):
+        t = _carried([r for r in rows if r[4] in held])
+        pq.write_table(t.replace_schema_metadata(buckets_tag(held)), tmp_path / name)
+        files[name] = file_buckets(str(tmp_path / name))
+    assert files == {"part-00001.parquet": [0, 2], "part-00003.parquet": [1, 3]}
+    got = read_carried(str(tmp_path), files, {0, 2})
+    assert sorted(got.column("offset").to_pylist()) == [r[3] for r in rows if r[4] in (0, 2)]
+    # bucket layout changed: a task holding buckets of two files filters both
+    got = read_carried(str(tmp_path), files, {2, 3})
+    assert sorted(got.column("offset").to_pylist()) == [r[3] for r in rows if r[4] in (2, 3)]
+    assert read_carried(str(tmp_path), files, {5}) is None
+    # sorted as the reduce input is
+    assert got.sort_by(_SORT).column("offset").to_pylist() == got.column("offset").to_pylist()
+    untagged = tmp_path / "old.parquet"
+    pq.write_table(_carried(rows[:1]), untagged)
+    assert file_buckets(str(untagged)) is None
+
+
+def _stream_batches(rows, sizes):
+    """Sorted input rows (sortkey, key, region, offset) cut into batches of the given sizes, with marks."""
+    t = pa.table({"bucket": pa.array([0] * len(rows), pa.int32()), "sortkey": pa.array([r[0] for r in rows], pa.int64()),
+                  "order": pa.array([1] * len(rows), pa.int8()), "partition": pa.array([0] * len(rows), pa.int32()),
+                  "key": pa.array([r[1] for r in rows], pa.binary()), "region": pa.array([r[2] for r in rows], pa.int32()),
+                  "offset": pa.array([r[3] for r in rows], pa.int64()), "value_hash": pa.array([7] * len(rows), pa.int64()),
+                  "src": pa.array([0] * len(rows), pa.int32()), "carry": pa.nulls(len(rows), pa.binary())}, schema=STREAM)
+    out, pos = [], 0
+    for s in [*sizes, len(rows)]:  # the last batch takes what the sizes left
+        b = t.slice(pos, s).combine_chunks().to_batches()
+        if b:
+            out.append((b[0], np.full((b[0].num_rows, 2), 5, np.int64)))
+        pos += s
+    return out
+
+
+def test_merged_stream_is_sorted_complete_and_keeps_marks():
+    rng = random.Random(3)
+    for _ in range(50):
+        keys = sorted({bytes([rng.randrange(6), rng.randrange(256)]) for _ in range(rng.randint(1, 30))})
+        new = [(0, k) for k in keys if rng.random() < 0.6]
+        old = [(0, k) for k in keys if rng.random() < 0.6]
+        new_rows = sorted((int(sortkeys(pa.array([0], pa.int32()), pa.array([k]))[0].as_py()), k, r, 100 + i)
+                          for i, (_, k) in enumerate(new) for r in (0, 1) if rng.random() < 0.8)
+        carried = _carried([(0, k, r, i, 0) for i, (_, k) in enumerate(old) for r in (0, 1) if rng.random() < 0.8]) \
+            if old else None
+        if carried is not None and carried.num_rows == 0:
+            carried = None
+        if carried is not None:
+            carried = carried.append_column("sortkey", sortkeys(carried.column("partition").chunk(0),
+                                                                 carried.column("key").chunk(0))).sort_by(_SORT)
+        sizes = [rng.randint(0, 5) for _ in range(len(new_rows) + 1)]
+        pairs = _stream_batches(new_rows, sizes)
+        out = list(merge_carried(iter(pairs), carried, STREAM, 2))
+        merged = pa.Table.from_batches([b for b, _ in out], schema=STREAM) if out else STREAM.empty_table()
+        order = [(r["sortkey"], r["key"], r["region"], r["offset"]) for r in merged.to_pylist()]
+        assert order == sorted(order)
+        n_old = carried.num_rows if carried is not None else 0
+        assert merged.num_rows == len(new_rows) + n_old
+        marks = np.concatenate([m for _, m in out]) if out else np.zeros((0, 2))
+        is_carried = ~merged.column("carry").is_null().to_numpy(zero_copy_only=False)
+        assert (marks[is_carried] == 0).all() and (marks[~is_carried] == 5).all()
+        assert (merged.column("src").to_numpy(zero_copy_only=False)[is_carried] == -1).all()
