@@ -268,3 +268,13 @@ def topic_config(bootstrap: str, conf: Mapping[str, object] | None, topic: str, 
     except Exception as e:  # noqa: BLE001 - any failure means "unknown", which callers must handle anyway
         log.info("cannot describe topic %s on %s: %s", topic, bootstrap_of(bootstrap), type(e).__name__)
     return None
+
+
+def compaction(bootstrap: str, conf: Mapping[str, object] | None, topic: str) -> tuple[bool | None, int]:
+    """(whether the topic is compacted, its min.compaction.lag.ms): (None, 0) when the cluster cannot say; the lag
+    is Kafka's default 0 when a compacted topic does not set it."""
+    policy = topic_config(bootstrap, conf, topic, "cleanup.policy")
+    if policy is None or "compact" not in policy:
+        return (None if policy is None else False), 0
+    lag = topic_config(bootstrap, conf, topic, "min.compaction.lag.ms")
+    return True, int(lag) if lag is not None else 0

@@ -136,11 +136,12 @@ def build(view: RegionView, gid: np.ndarray, offset: np.ndarray, cls: np.ndarray
         return out
 
     with_carried = set(carried.gid.tolist()) if carried is not None and len(carried) else set()
+    with_new = gid[starts]  # groups with a record in this scan
     if carried is not None and len(carried):
         c_mark = carried.mark.copy()
         runs_on = carried.last_open[c_last]
         if view.latest_kept:  # still the key's last record: it stands to the end, whatever gap froze it
-            runs_on = runs_on | np.array([g not in first_of for g in carried.gid[c_last].tolist()], bool)
+            runs_on = runs_on | ~np.isin(carried.gid[c_last], with_new)
         open_last = c_last[runs_on]
         if len(open_last):  # a value still standing: its mark runs on into this scan
             base = np.tile(np.asarray(view.final_hw, np.int64), (len(open_last), 1))
@@ -152,8 +153,7 @@ def build(view: RegionView, gid: np.ndarray, offset: np.ndarray, cls: np.ndarray
         g = len(p_gids)
         p_mark = standing_from_start(p_gids, np.tile(np.asarray(view.final_hw, np.int64), (g, 1)))
         if view.prefix_freeze is not None:  # an earlier run's gap lies before the key's first record (if any)
-            frozen = (np.array([gg in first_of for gg in p_gids.tolist()], bool) if view.latest_kept
-                      else np.ones(g, bool))
+            frozen = np.isin(p_gids, with_new) if view.latest_kept else np.ones(g, bool)
             p_mark[frozen] = np.asarray(view.prefix_freeze, np.int64)
         parts.insert(0, Histories(p_gids, np.full(g, NULL_CLASS, np.int64), np.ones(g, bool), np.full(g, -1, np.int64),
                                   np.full((g, n), -1, np.int64), p_mark))
@@ -244,8 +244,8 @@ def carry(h: Histories, view: RegionView, real_groups: np.ndarray, partner_last:
         open_old[old] = flags[at[old]] & (len(firsts) == 0)
         was_closed = old & ~flags[np.minimum(at, len(cg) - 1)]
         frozen[was_closed] = c_marks[at[was_closed]]
-        closed_now = old & ~was_closed & ~open_old
-        frozen[closed_now] = gap_marks[0] if len(firsts) else frozen[closed_now]
+        if len(firsts):  # open until this scan, closed by one of its gaps
+            frozen[old & ~was_closed & ~open_old] = gap_marks[0]
     last_open[j] = np.where(new, open_new, open_old)
     closed = ~last_open[j]
     marks[j[closed]] = frozen[closed]

@@ -91,13 +91,13 @@ def merge_carried(pairs: Iterator[tuple[pa.RecordBatch, np.ndarray]], carried: p
     if carried is None or carried.num_rows == 0:
         yield from pairs
         return
-    parts = carried.column("sortkey").to_pylist()
+    sks = carried.column("sortkey").to_pylist()
     keys = carried.column("key").to_pylist()
     n, pos = carried.num_rows, 0
     for batch, marks in pairs:
         if pos < n and batch.num_rows:
             last = (batch.column("sortkey")[-1].as_py(), batch.column("key")[-1].as_py())
-            end = bisect_right(range(n), last, lo=pos, key=lambda i: (parts[i], keys[i]))
+            end = bisect_right(range(n), last, lo=pos, key=lambda i: (sks[i], keys[i]))
             if end > pos:
                 merged = pa.Table.from_batches([batch, _conform(carried.slice(pos, end - pos), schema)])
                 order = pc.sort_indices(merged, sort_keys=_SORT)

@@ -152,11 +152,8 @@ class KafkaSource(Source):
             yield batch.select(columns) if columns else batch
 
     def min_compaction_lag_ms(self, topic: str) -> int | None:
-        policy = kafka_log.topic_config(self.bootstrap, self.kafka_conf, topic, "cleanup.policy")
-        if policy is None or "compact" not in policy:  # unknown (the cluster cannot say) or not compacted: strict
-            return None
-        lag = kafka_log.topic_config(self.bootstrap, self.kafka_conf, topic, "min.compaction.lag.ms")
-        return int(lag) if lag is not None else 0
+        compacted, lag = kafka_log.compaction(self.bootstrap, self.kafka_conf, topic)
+        return lag if compacted else None  # unknown (the cluster cannot say) or not compacted: strict
 
     def close(self) -> None:
         self._log.close()

@@ -217,12 +217,9 @@ def compaction_deadlines(sources: Mapping[int, str], topic: str, kafka_conf: Map
     for region, uri in sorted(sources.items()):
         if not uri.startswith("kafka://"):
             continue
-        conf = (kafka_conf or {}).get(region) or {}
-        policy = kafka_log.topic_config(uri, conf, topic, "cleanup.policy")
-        if policy is not None and "compact" not in policy:
-            continue
-        lag = kafka_log.topic_config(uri, conf, topic, "min.compaction.lag.ms") if policy is not None else None
-        out[region] = planned_ms + int(lag) if lag is not None else planned_ms
+        compacted, lag = kafka_log.compaction(uri, (kafka_conf or {}).get(region) or {}, topic)
+        if compacted is not False:
+            out[region] = planned_ms + lag
     return out
 
 
