@@ -22,12 +22,12 @@ import pyarrow.compute as pc
 import pyarrow.parquet as pq
 
 BUCKETS_KEY = b"tidegauge.buckets"  # Parquet schema metadata: the reduce buckets a carried file holds
-# the fused reduce input's order (pipelines.vt_scan.sortkey_column)
+# the fused reduce input's order (pipelines.shuffle_rows.sortkey_column)
 _SORT = [("sortkey", "ascending"), ("key", "ascending"), ("region", "ascending"), ("offset", "ascending")]
 
 
 def sortkeys(partition: pa.Array, key: pa.Array) -> pa.Array:
-    """`pipelines.vt_scan.sortkey_column` in Python: (partition << 32) | crc32(key)."""
+    """`pipelines.shuffle_rows.sortkey_column` in Python: (partition << 32) | crc32(key)."""
     crc = np.fromiter((zlib.crc32(k) for k in key.to_pylist()), np.int64, count=len(key))
     return pa.array((partition.to_numpy(zero_copy_only=False).astype(np.int64) << 32) + crc)
 

@@ -39,7 +39,6 @@ from .leapfrog_keys import OUT_DDL, ROW_COLUMNS, SORT_COLUMNS, CompareContext, S
 from .leapfrog_plan import RegionPartition, failed_reads, mark_latest_kept, plan_marks, views
 from .output import OutputDir, versions
 from .sources import SourceError, SourceSpec
-from .vt_scan import sortkey_column
 
 log = logging.getLogger("tidegauge.leapfrog")
 EXIT_CLEAN, EXIT_FINDINGS, EXIT_USAGE, EXIT_PARTIAL = 0, 1, 2, 3
@@ -73,13 +72,17 @@ def _sources(opts: LeapfrogOptions) -> dict[int, str]:
     return {s.region: s.uri for s in opts.sources}
 
 
-def _scan(spark: SparkSession, opts: LeapfrogOptions, n: int, splits, buckets: int = 1,
-          keep_chunks: bool = True) -> DataFrame:
-    from .vt_scan import SCAN_DDL, SplitScan, with_buckets
+def _scan(spark: SparkSession, opts: LeapfrogOptions, n: int, splits, buckets: int | None = None) -> DataFrame:
+    """Stage A's rows: the two-phase job's (`vt_scan.SCAN_SCHEMA`), or with `buckets` the fused job's shuffle
+    rows (`shuffle_rows`, chunk rows left out: a fused run falls back to two-phase when it meets any)."""
+    from . import shuffle_rows as R
+    from .vt_scan import SCAN_DDL, SplitScan
     from .vt_source import read_vt
 
-    scan = read_vt(spark, splits, opts.topic, opts.kafka_conf).mapInArrow(SplitScan(n, opts.mode, keep_chunks), SCAN_DDL)
-    return with_buckets(scan, buckets) if buckets > 1 else scan
+    vt = read_vt(spark, splits, opts.topic, opts.kafka_conf)
+    if buckets is None:
+        return vt.mapInArrow(SplitScan(n, opts.mode), SCAN_DDL)
+    return R.keyed(vt.mapInArrow(SplitScan(n, opts.mode, keep_chunks=False, buckets=buckets), R.SCAN_DDL), buckets)
 
 
 def decode_only(spark: SparkSession, opts: LeapfrogOptions) -> int:
@@ -297,30 +300,28 @@ class _Job:
     state_out: str | None = None
     deadlines: dict[int, int] = field(default_factory=dict)  # live regions: see vt_source.compaction_deadlines
 
-    def _carried_rows(self, columns: list[str]) -> DataFrame | None:
-        """Records the previous run carried, as rows that meet the new ones in the shuffle. Settled keys that no
-        new record touches pass the reduce side straight into the next state (leapfrog_keys.pass_untouched):
-        cheaper than finding them with a join before the shuffle, which needs the new keys first."""
+    def _carried_rows(self) -> DataFrame | None:
+        """The two-phase job: records the previous run carried, as rows that meet the new ones in the shuffle.
+        Settled keys that no new record touches pass the reduce side straight into the next state
+        (leapfrog_keys.pass_untouched): cheaper than finding them with a join before the shuffle, which needs the
+        new keys first."""
         if self.state is None or not any(self.state.carried_dir.glob("*.parquet")):
             return None
         df = self.spark.read.parquet(str(self.state.carried_dir))
         cols = {
-            "bucket": F.pmod(F.crc32("key") + F.col("partition"), F.lit(self.buckets)).cast("int"),
-            "sortkey": sortkey_column(),
-            "order": F.lit(1).cast("byte"), "summary": F.lit(None).cast("string"), "partition": F.col("partition"),
-            "key": F.col("key"), "region": F.col("region"), "offset": F.col("offset"),
+            "partition": F.col("partition"), "key": F.col("key"), "region": F.col("region"), "offset": F.col("offset"),
             "value_hash": F.col("value_hash"), "deleted": F.lit(None).cast("boolean"),
             "src": F.lit(-1).cast("int"), "src_offset": F.lit(-1).cast("long"),
             "rmd": F.lit(None).cast("array<long>"), "split": F.lit(-1).cast("int"), "seg": F.lit(-1).cast("byte"),
             "hw": F.lit(None).cast("binary"), "carry": F.col("carry"),
         }
-        return df.select(*[cols[c].alias(c) for c in columns])
+        return df.select(*[cols[c].alias(c) for c in ROW_COLUMNS])
 
     def _own_carried_files(self) -> tuple[str, dict[str, list[int]]] | None:
         """(directory, file → buckets) when every reduce task can read its carried records itself: the previous
         run was fused with as many buckets, and there is something new to read (else no task would run)."""
         state = self.state
-        if state is None or not self.splits or state.meta.get("buckets") != self.buckets:
+        if state is None or not self.splits or state.meta.get("reduce_buckets") != self.buckets:
             return None
         files = {}
         for f in sorted(state.carried_dir.glob("*.parquet")):
@@ -332,18 +333,19 @@ class _Job:
 
     def fused(self):
         """One Spark job: scan → shuffle by key → per-key stage; each reduce task plans from the summaries it gets."""
+        from . import shuffle_rows as R
+
         opts = self.opts
-        scan = _scan(self.spark, opts, self.n, self.splits, buckets=self.buckets, keep_chunks=False)
+        rows = _scan(self.spark, opts, self.n, self.splits, buckets=self.buckets)
         own = self._own_carried_files()
         reduce = ScanReduce(opts.mode, self.pairs, self.n, self.ends, self.carried, self.state_out, self.deadlines,
                             own)
-        # what the shuffle carries: no RMD vectors unless mode rmd, no tombstone flag (a null hash says it)
-        columns = ["bucket", "sortkey", "order", "summary"] + [c for c in ROW_COLUMNS
-                                                    if (c != "rmd" or opts.mode == "rmd") and c != "deleted"]
-        rows = scan.select(*columns)
-        old = self._carried_rows(columns) if own is None else None
-        if old is not None:
-            rows = rows.unionByName(old)
+        if own is None and self.state is not None and any(self.state.carried_dir.glob("*.parquet")):
+            # the previous run's carried records join the shuffle (leapfrog_keys.pass_untouched passes the
+            # settled keys no new record touches straight on)
+            old = (self.spark.read.parquet(str(self.state.carried_dir))
+                   .mapInArrow(R.carried_batches(self.n), R.SCAN_DDL))
+            rows = rows.unionByName(R.keyed(old, self.buckets))
         result = (rows.repartition(self.buckets, "bucket").sortWithinPartitions("sortkey", *SORT_COLUMNS[1:])
                   .mapInArrow(reduce, OUT_DDL).persist(StorageLevel.MEMORY_AND_DISK))
         return result, None  # facts come with the counters (one collect)
@@ -358,7 +360,7 @@ class _Job:
         mark_latest_kept(facts, self.deadlines, int(time.time() * 1000))  # the scan has been read (persisted)
         ctx = CompareContext(opts.mode, self.pairs, views(facts, n, opts.mode), prefixes, n, self.state_out)
         data = _prepare(scanned, facts).select(*ROW_COLUMNS)
-        old = self._carried_rows(ROW_COLUMNS)
+        old = self._carried_rows()
         if old is not None:
             data = data.unionByName(old)
         keyed = data.repartition(self.buckets, "partition", F.xxhash64("key")).sortWithinPartitions(*SORT_COLUMNS)
@@ -496,7 +498,10 @@ def _commit_state(stage, opts: LeapfrogOptions, facts: dict, ends: dict, carried
         settled_counts.append({"partition": k[0], "region_a": k[1], "region_b": k[2],
                                "keys": r["settled_new"] + old_settled.get(k, 0) - r["settled_touched"]})
     meta = {"store": opts.store, "version": opts.version, "mode": opts.mode, "pairs": [list(p) for p in pairs],
-            "regions": sorted(regions), "settled_keys": settled_counts, "buckets": buckets}
+            "regions": sorted(regions), "settled_keys": settled_counts,
+            # the bucket count the carried files' tags belong to (shuffle_rows.bucket_labels; older states
+            # wrote "buckets", tagged otherwise: their records are shuffled in)
+            "reduce_buckets": buckets}
     S.write_meta(stage, meta, region_rows)
     S.commit(opts.state_dir, stage)
 

@@ -35,7 +35,7 @@ from leapfrog.history import KeyRow, RegionView, key_history
 
 from .leapfrog_carried import buckets_tag, merge_carried, read_carried
 from .leapfrog_plan import failed_reads, mark_latest_kept, plan_marks, views
-from .vt_scan import unpack_marks
+from .shuffle_rows import unpack_marks
 
 OUT_SCHEMA = pa.schema([
     ("row", pa.string()),  # "F" finding, "C" counters, "S" the plan's facts (fused runs)
@@ -533,7 +533,8 @@ def stage_for(ctx: CompareContext, carried: pa.Table | None = None, schema: pa.S
 
 
 class ScanReduce:
-    """The fused job's reduce side: summaries first (order 0), then data rows (order 1) of this task's buckets."""
+    """The fused job's reduce side, over its shuffle rows (`pipelines.shuffle_rows`): summaries first (sortkey -1),
+    then the data rows of this task's buckets."""
 
     def __init__(self, mode: str, pairs: tuple[tuple[int, int], ...], n_regions: int,
                  ends: dict[tuple[int, int], int], carried: dict[tuple[int, int], dict] | None = None,
@@ -546,19 +547,16 @@ class ScanReduce:
         self.carried_files = carried_files
 
     def __call__(self, batches: Iterator[pa.RecordBatch]) -> Iterator[pa.RecordBatch]:
+        from . import shuffle_rows as R
+
         summaries: dict[int, dict] = {}
         buckets: set[int] = set()  # every summary comes once per bucket: they name this task's buckets
         it = iter(batches)
         first_data: pa.RecordBatch | None = None
-        schema = None
         for batch in it:
-            schema = batch.schema
-            order = batch.column("order").to_numpy()
-            k = int(np.count_nonzero(order == 0))
-            buckets.update(batch.column("bucket").slice(0, k).to_pylist())
-            for text in batch.column("summary").slice(0, k).to_pylist():
-                sm = json.loads(text)
-                summaries[sm["split"]] = sm
+            found, their_buckets, k = R.summaries(batch)
+            buckets |= their_buckets
+            summaries.update((sm["split"], sm) for sm in found)
             if k < batch.num_rows:
                 first_data = batch.slice(k)
                 break
@@ -576,10 +574,13 @@ class ScanReduce:
         carried = None
         if self.carried_files is not None and buckets:
             carried = read_carried(*self.carried_files, buckets)
+        with_rmd = self.mode == "rmd"
 
         def data():
             if first_data is not None:
-                yield first_data
-            yield from it
+                yield R.unpack(first_data, self.n, with_rmd)
+            for b in it:
+                yield R.unpack(b, self.n, with_rmd)
 
+        schema = R.unpacked_schema(self.n, with_rmd)
         yield from stage_for(ctx, carried, schema)(data())

@@ -21,19 +21,20 @@ from collections import Counter
 import numpy as np
 import pyarrow as pa
 
+from . import shuffle_rows as R
 from . import vt_decode as V
 
 SUMMARY = 10
 READ_ERROR_OFFSET = -1  # a source's row saying the split could not be read to its end (pipelines.vt_source)
 SCAN_SCHEMA = pa.schema([
-    ("bucket", pa.int32()), ("order", pa.int8()),
+    ("order", pa.int8()),
     ("split", pa.int32()), ("seg", pa.int8()), ("region", pa.int32()), ("partition", pa.int32()),
     ("offset", pa.int64()), ("kind", pa.int8()), ("key", pa.binary()), ("value_hash", pa.int64()),
     ("deleted", pa.bool_()), ("src", pa.int32()), ("src_offset", pa.int64()), ("rmd", pa.list_(pa.int64())),
     ("hw", pa.binary()), ("chunk_keys", pa.list_(pa.binary())), ("payload", pa.binary()),
     ("summary", pa.string()), ("carry", pa.binary()),
 ])
-SCAN_DDL = ("bucket int, order byte, split int, seg byte, region int, partition int, offset long, kind byte, "
+SCAN_DDL = ("order byte, split int, seg byte, region int, partition int, offset long, kind byte, "
             "key binary, value_hash long, deleted boolean, src int, src_offset long, rmd array<long>, hw binary, "
             "chunk_keys array<binary>, payload binary, summary string, carry binary")
 MAX_LISTED = 100
@@ -62,32 +63,20 @@ class _Segment:
                 "gaps": self.gaps, "last_offset": self.last_offset, "rows": self.rows}
 
 
-def pack_marks(marks: np.ndarray) -> pa.Array:
-    """(rows, N) int64 marks as fixed-width binary (N little-endian longs): cheaper to shuffle than arrays."""
-    rows, n = marks.shape
-    data = np.ascontiguousarray(marks, dtype="<i8").view(np.uint8).ravel()
-    return pa.FixedSizeBinaryArray.from_buffers(pa.binary(8 * n), rows, [None, pa.py_buffer(data)]).cast(pa.binary())
-
-
-def unpack_marks(col: pa.Array, n: int) -> np.ndarray:
-    """Inverse of `pack_marks`."""
-    fixed = col.cast(pa.binary(8 * n))
-    return np.frombuffer(fixed.buffers()[1], dtype="<i8", count=len(col) * n,
-                         offset=fixed.offset * 8 * n).reshape(len(col), n)
-
-
 class SplitScan:
     """Callable for `mapInArrow` over `tidegauge_vt` rows: decoded data rows + summary rows per split.
 
-    The fused job gives each data row the reduce bucket of its (partition, key) and repeats each summary row once
-    per bucket, in Spark (`with_buckets`), so every reduce task receives every summary before its data rows.
     `keep_chunks`: also emit the rows chunked values need (manifests, chunks); otherwise they are only counted.
+    `buckets`: the fused job's reduce bucket count; the rows are then its narrow shuffle rows
+    (`pipelines.shuffle_rows`), each summary once per bucket so that every reduce task receives every summary
+    before its data rows. Otherwise they are the two-phase job's rows (`SCAN_SCHEMA`).
     """
 
-    def __init__(self, n_regions: int, mode: str, keep_chunks: bool = True) -> None:
+    def __init__(self, n_regions: int, mode: str, keep_chunks: bool = True, buckets: int | None = None) -> None:
         self.n = n_regions
         self.mode = mode
         self.keep_chunks = keep_chunks
+        self.buckets = buckets
 
     def __call__(self, batches):
         dec = V.VtDecoder()
@@ -199,19 +188,7 @@ class SplitScan:
             wanted = np.isin(kind, _KEEP) if self.keep_chunks else kind == V.DATA
             keep = np.flatnonzero(wanted & (in_range | (kind == V.CHUNK)))
             if len(keep):
-                idx = pa.array(keep)
-                keys_kept = d.column("key").take(idx)
-                yield pa.RecordBatch.from_arrays([
-                    pa.nulls(len(keep), pa.int32()), pa.array(np.ones(len(keep), np.int8)),
-                    pa.array([split] * len(keep), pa.int32()), pa.array(seg_of[keep], pa.int8()),
-                    pa.array([region] * len(keep), pa.int32()), pa.array([partition] * len(keep), pa.int32()),
-                    pa.array(offsets[keep], pa.int64()), pa.array(kind[keep], pa.int8()),
-                    keys_kept, d.column("value_hash").take(idx), d.column("deleted").take(idx),
-                    d.column("src").take(idx), d.column("src_offset").take(idx), d.column("rmd").take(idx),
-                    pack_marks(hw_before[keep]),
-                    d.column("chunk_keys").take(idx), d.column("payload").take(idx),
-                    pa.nulls(len(keep), pa.string()), pa.nulls(len(keep), pa.binary()),
-                ], schema=SCAN_SCHEMA)
+                yield self._rows(d, keep, split, region, partition, seg_of, offsets, kind, hw_before)
         if split is None:
             return
         summary = {"split": split, "region": region, "partition": partition, "first_offset": first_offset,
@@ -219,32 +196,32 @@ class SplitScan:
                    "baseline": baseline, "chunked": chunked, "chunk_rows": chunk_rows, "undecodable": undecodable,
                    "undecodable_offsets": undecodable_offsets, "segments": [s.to_json() for s in segs],
                    "error": error}
-        b = 1
+        if self.buckets is not None:
+            yield R.summary_batch(summary, self.buckets)
+            return
         yield pa.RecordBatch.from_arrays(
-            [pa.nulls(b, pa.int32()), pa.array([0] * b, pa.int8()), pa.array([split] * b, pa.int32()),
-             pa.array([-1] * b, pa.int8()), pa.array([region] * b, pa.int32()), pa.array([partition] * b, pa.int32()),
-             pa.array([prev_offset] * b, pa.int64()), pa.array([SUMMARY] * b, pa.int8()),
-             *[pa.nulls(b, SCAN_SCHEMA.field(i).type) for i in range(8, 17)],
-             pa.array([json.dumps(summary)] * b, pa.string()), pa.nulls(b, pa.binary())],
+            [pa.array([0], pa.int8()), pa.array([split], pa.int32()), pa.array([-1], pa.int8()),
+             pa.array([region], pa.int32()), pa.array([partition], pa.int32()), pa.array([prev_offset], pa.int64()),
+             pa.array([SUMMARY], pa.int8()), *[pa.nulls(1, SCAN_SCHEMA.field(i).type) for i in range(7, 16)],
+             pa.array([json.dumps(summary)], pa.string()), pa.nulls(1, pa.binary())],
             schema=SCAN_SCHEMA)
 
-
-def with_buckets(scan, buckets: int):
-    """Data rows get the reduce bucket of their (partition, key) and their `sortkey`; each summary row is repeated
-    for every bucket (with sortkey -1, so it sorts first)."""
-    from pyspark.sql import functions as F
-
-    bucket = F.pmod(F.crc32("key") + F.col("partition"), F.lit(buckets)).cast("int")
-    every = F.sequence(F.lit(0), F.lit(buckets - 1))
-    return (scan.withColumn("bucket", F.explode(F.when(F.col("order") == 1, F.array(bucket)).otherwise(every)))
-            .withColumn("sortkey", F.when(F.col("order") == 1, sortkey_column()).otherwise(F.lit(-1).cast("long"))))
-
-
-def sortkey_column():
-    """(partition << 32) | crc32(key): the reduce side's first sort column. Spark sorts on a 64-bit prefix of the
-    first sort column and compares whole rows only where prefixes tie; with (partition, key) first, nearly every
-    comparison went on to the binary key. Rows of one key stay together (then by key, region, offset); key groups
-    come in this order instead of the keys' (`pipelines.leapfrog_carried.sortkeys` computes it in Python)."""
-    from pyspark.sql import functions as F
-
-    return F.shiftleft(F.col("partition").cast("long"), 32) + F.crc32("key")
+    def _rows(self, d: pa.RecordBatch, keep: np.ndarray, split: int, region: int, partition: int,
+              seg_of: np.ndarray, offsets: np.ndarray, kind: np.ndarray, hw_before: np.ndarray) -> pa.RecordBatch:
+        """The kept rows of a decoded batch, as the job's path wants them."""
+        idx = pa.array(keep)
+        if self.buckets is not None:
+            return R.data_batch(self.n, partition, region, split, seg_of[keep], d.column("key").take(idx),
+                                offsets[keep], d.column("value_hash").take(idx), d.column("src").take(idx),
+                                d.column("src_offset").take(idx), hw_before[keep],
+                                d.column("rmd").take(idx) if self.mode == "rmd" else None)
+        m = len(keep)
+        return pa.RecordBatch.from_arrays([
+            pa.array(np.ones(m, np.int8)), pa.array(np.full(m, split, np.int32)), pa.array(seg_of[keep], pa.int8()),
+            pa.array(np.full(m, region, np.int32)), pa.array(np.full(m, partition, np.int32)),
+            pa.array(offsets[keep], pa.int64()), pa.array(kind[keep], pa.int8()),
+            d.column("key").take(idx), d.column("value_hash").take(idx), d.column("deleted").take(idx),
+            d.column("src").take(idx), d.column("src_offset").take(idx), d.column("rmd").take(idx),
+            R.pack_marks(hw_before[keep]), d.column("chunk_keys").take(idx), d.column("payload").take(idx),
+            pa.nulls(m, pa.string()), pa.nulls(m, pa.binary()),
+        ], schema=SCAN_SCHEMA)

@@ -28,7 +28,7 @@ def _carried(rows) -> pa.Table:
 
 @pytest.mark.spark
 def test_sortkey_in_python_is_sparks(spark):
-    from pipelines.vt_scan import sortkey_column
+    from pipelines.shuffle_rows import sortkey_column
 
     keys = [b"", b"k", bytes(range(256)), "ключ".encode()]
     df = spark.createDataFrame([(p, k) for p in (0, 7, 2**31 - 1) for k in keys], "partition int, key binary")

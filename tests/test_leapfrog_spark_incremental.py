@@ -98,19 +98,26 @@ def test_two_days_equal_one_rescan(spark, tmp_path):
                             sources=[SourceSpec(x, d) for x, d in list(day2.items())[:2]]), spark=spark)
 
 
-@pytest.mark.parametrize("change", [0, -1], ids=["tasks-read-their-own-state", "bucket-count-changed"])
+@pytest.mark.parametrize("change", [0, -1, "older-state"],
+                         ids=["tasks-read-their-own-state", "bucket-count-changed", "state-before-bucket-labels"])
 def test_carried_records_are_read_by_each_task_or_shuffled_in(spark, tmp_path, monkeypatch, change):
     """With day 1's bucket count, day 2's reduce tasks read their carried records from their own files
-    (pipelines.leapfrog_carried); with another, the state goes through the shuffle. Same findings either way."""
+    (pipelines.leapfrog_carried); with another, or from a state whose files were tagged before the buckets got
+    their labels (shuffle_rows.bucket_labels), the state goes through the shuffle. Same findings either way."""
     from pipelines import leapfrog_job
+    from pipelines.shuffle_rows import bucket_labels
 
     histories = [h for h in generated(30) if h.n_regions == 3][:60]
     _, day1, day2, expected = _two_days(spark, histories, 7, tmp_path)
     state = tmp_path / "state"
     buckets = int(spark.conf.get("spark.sql.shuffle.partitions"))
-    day2_buckets = buckets + change
+    day2_buckets = buckets + (change if change != "older-state" else 0)
     _run(spark, day1, tmp_path / "out-day1", state)
-    assert json.loads((state / "state.json").read_text())["meta"]["buckets"] == buckets
+    doc = json.loads((state / "state.json").read_text())
+    assert doc["meta"]["reduce_buckets"] == buckets
+    if change == "older-state":
+        doc["meta"]["buckets"] = doc["meta"].pop("reduce_buckets")
+        (state / "state.json").write_text(json.dumps(doc))
     own = []
     original = leapfrog_job._Job._own_carried_files
     monkeypatch.setattr(leapfrog_job._Job, "_own_carried_files", lambda self: own.append(original(self)) or own[-1])
@@ -123,10 +130,12 @@ def test_carried_records_are_read_by_each_task_or_shuffled_in(spark, tmp_path, m
     if change == 0:
         directory, files = own[0]
         held = sorted(b for bs in files.values() for b in bs)
-        assert files and len(held) == len(set(held)) and set(held) <= set(range(buckets))  # one task per bucket
+        # each task holds one bucket: Spark placed bucket i in shuffle partition i
+        assert files and all(len(bs) == 1 for bs in files.values()) and len(held) == len(set(held))
+        assert set(held) <= set(bucket_labels(buckets))
     else:
         assert own == [None]
-    assert json.loads((state / "state.json").read_text())["meta"]["buckets"] == day2_buckets
+    assert json.loads((state / "state.json").read_text())["meta"]["reduce_buckets"] == day2_buckets
 
 
 def test_many_findings_take_the_spark_path_with_the_same_result(spark, tmp_path, monkeypatch):
