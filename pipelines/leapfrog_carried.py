@@ -14,7 +14,7 @@ from __future__ import annotations
 import os
 import zlib
 from bisect import bisect_right
-from collections.abc import Iterable, Iterator, Mapping, Sequence
+from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
 
 import numpy as np
 import pyarrow as pa
@@ -84,27 +84,53 @@ def _conform(carried: pa.Table, schema: pa.Schema) -> pa.RecordBatch:
 
 
 def merge_carried(pairs: Iterator[tuple[pa.RecordBatch, np.ndarray]], carried: pa.Table | None,
-                  schema: pa.Schema, n_regions: int) -> Iterator[tuple[pa.RecordBatch, np.ndarray]]:
+                  schema: pa.Schema, n_regions: int,
+                  untouched: Callable[[pa.RecordBatch], None] | None = None
+                  ) -> Iterator[tuple[pa.RecordBatch, np.ndarray]]:
     """Merge the carried rows into the stream of (sorted batch, marks) pairs, keeping it sorted as the input is
     (`_SORT`): each batch takes the carried rows up to its last (sortkey, key); the rest follow the stream (rows
-    of `schema`). A carried row's marks are zeros (it carries its own, in `carry`)."""
+    of `schema`). A carried row's marks are zeros (it carries its own, in `carry`).
+
+    `untouched`: where the *settled* carried rows of keys no new row has go instead (as carried records, for the
+    next state): they need no comparison (`leapfrog_keys.pass_untouched` says why), and at a tenth of a
+    nightly run's keys touched they are most of the state. A settled row whose sortkey a new row shares still
+    joins the stream (the key decides, and pass_untouched sorts out a shared crc)."""
     if carried is None or carried.num_rows == 0:
         yield from pairs
         return
+    from .leapfrog_state import carry_flags
+
     sks = carried.column("sortkey").to_pylist()
     keys = carried.column("key").to_pylist()
     n, pos = carried.num_rows, 0
+    settled = ((carry_flags(carried.column("carry").chunk(0)) & 4) != 0 if untouched is not None
+               else np.zeros(n, bool))
+    sk_np = np.asarray(sks, np.int64)
+
+    def split(lo: int, hi: int, new_sortkeys: np.ndarray) -> pa.Table:
+        """Rows lo..hi to merge; the untouched settled ones go to `untouched`."""
+        direct = settled[lo:hi] & ~np.isin(sk_np[lo:hi], new_sortkeys)
+        part = carried.slice(lo, hi - lo)
+        if direct.any():
+            untouched(part.filter(pa.array(direct)).drop_columns(["sortkey"]).combine_chunks().to_batches()[0])
+            part = part.filter(pa.array(~direct))
+        return part
+
     for batch, marks in pairs:
         if pos < n and batch.num_rows:
             last = (batch.column("sortkey")[-1].as_py(), batch.column("key")[-1].as_py())
             end = bisect_right(range(n), last, lo=pos, key=lambda i: (sks[i], keys[i]))
             if end > pos:
-                merged = pa.Table.from_batches([batch, _conform(carried.slice(pos, end - pos), schema)])
-                order = pc.sort_indices(merged, sort_keys=_SORT)
-                marks = np.concatenate([marks, np.zeros((end - pos, marks.shape[1]), marks.dtype)])
-                batch = merged.take(order).combine_chunks().to_batches()[0]
-                marks = marks[order.to_numpy()]
+                part = split(pos, end, batch.column("sortkey").to_numpy())
                 pos = end
+                if part.num_rows:
+                    merged = pa.Table.from_batches([batch, _conform(part, schema)])
+                    order = pc.sort_indices(merged, sort_keys=_SORT)
+                    marks = np.concatenate([marks, np.zeros((part.num_rows, marks.shape[1]), marks.dtype)])
+                    batch = merged.take(order).combine_chunks().to_batches()[0]
+                    marks = marks[order.to_numpy()]
         yield batch, marks
     if pos < n:
-        yield _conform(carried.slice(pos), schema), np.zeros((n - pos, n_regions), np.int64)
+        rest = split(pos, n, np.zeros(0, np.int64))
+        if rest.num_rows:
+            yield _conform(rest, schema), np.zeros((rest.num_rows, n_regions), np.int64)

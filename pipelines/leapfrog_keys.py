@@ -240,23 +240,36 @@ class StateSink:
     to the JVM, the cache, a write job). A task that runs again (a retry, a recomputed cache block) rewrites
     the same file with the same content; the file appears by rename, whole or not at all."""
 
+    ROW_GROUP = 1 << 16  # rows gathered per write: the stage hands over a few thousand at a time
+
     def __init__(self, directory: str, buckets: tuple[int, ...] | None = None) -> None:
         self.directory = directory
         self.schema = CARRIED_SCHEMA.with_metadata(buckets_tag(buckets)) if buckets else CARRIED_SCHEMA
         self.writer = None
         self.tmp = ""
+        self.held: list[pa.RecordBatch] = []
+        self.rows = 0
 
     def add(self, batch: pa.RecordBatch) -> None:
-        import pyarrow.parquet as pq
-
         if batch.num_rows == 0:
             return
+        self.held.append(batch.replace_schema_metadata(self.schema.metadata))
+        self.rows += batch.num_rows
+        if self.rows >= self.ROW_GROUP:
+            self._write()
+
+    def _write(self) -> None:
+        import pyarrow.parquet as pq
+
         if self.writer is None:
             self.tmp = os.path.join(self.directory, f".{self._name()}.{uuid.uuid4().hex}.tmp")
             self.writer = pq.ParquetWriter(self.tmp, self.schema)
-        self.writer.write_batch(batch.replace_schema_metadata(self.schema.metadata))
+        self.writer.write_table(pa.Table.from_batches(self.held, self.schema))
+        self.held, self.rows = [], 0
 
     def close(self) -> None:
+        if self.held:
+            self._write()
         if self.writer is None:
             return
         self.writer.close()
@@ -288,7 +301,8 @@ class VectorKeyStage:
         sink = StateSink(self.ctx.state_out, self.ctx.buckets) if self.ctx.emit_state else None
         stream = (marks.apply(b) for b in batches)
         if self.carried is not None:
-            stream = merge_carried(stream, self.carried, self.schema, self.ctx.n_regions)
+            stream = merge_carried(stream, self.carried, self.schema, self.ctx.n_regions,
+                                   sink.add if sink is not None else None)
         for table, hwb in _regroup(stream):
             if sink is not None:
                 table, hwb, passed = pass_untouched(table, hwb)

@@ -18,12 +18,13 @@ STREAM = pa.schema([("bucket", pa.int32()), ("sortkey", pa.int64()), ("order", p
                     ("value_hash", pa.int64()), ("src", pa.int32()), ("carry", pa.binary())])
 
 
-def _carried(rows) -> pa.Table:
-    """rows: (partition, key, region, offset, bucket)."""
+def _carried(rows, settled=()) -> pa.Table:
+    """rows: (partition, key, region, offset, bucket); `settled`: the keys whose records are flagged settled."""
     p, k, r, o, b = zip(*rows, strict=True)
+    carry = [bytes([4 if key in settled else 0]) + bytes(32) for key in k]
     return pa.table([pa.array(p, pa.int32()), pa.array(k, pa.binary()), pa.array(r, pa.int32()),
                      pa.array(o, pa.int64()), pa.nulls(len(rows), pa.int64()),
-                     pa.array([b"\x00" + bytes(32)] * len(rows)), pa.array(b, pa.int32())], schema=CARRIED_SCHEMA)
+                     pa.array(carry), pa.array(b, pa.int32())], schema=CARRIED_SCHEMA)
 
 
 @pytest.mark.spark
@@ -75,16 +76,19 @@ def _stream_batches(rows, sizes):
     return out
 
 
-def test_merged_stream_is_sorted_complete_and_keeps_marks():
+@pytest.mark.parametrize("pass_untouched", [False, True])
+def test_merged_stream_is_sorted_complete_and_keeps_marks(pass_untouched):
+    """...and with a place for them, the settled records of keys without new rows go there instead."""
     rng = random.Random(3)
     for _ in range(50):
         keys = sorted({bytes([rng.randrange(6), rng.randrange(256)]) for _ in range(rng.randint(1, 30))})
         new = [(0, k) for k in keys if rng.random() < 0.6]
         old = [(0, k) for k in keys if rng.random() < 0.6]
+        settled = {k for _, k in old if rng.random() < 0.5}
         new_rows = sorted((int(sortkeys(pa.array([0], pa.int32()), pa.array([k]))[0].as_py()), k, r, 100 + i)
                           for i, (_, k) in enumerate(new) for r in (0, 1) if rng.random() < 0.8)
-        carried = _carried([(0, k, r, i, 0) for i, (_, k) in enumerate(old) for r in (0, 1) if rng.random() < 0.8]) \
-            if old else None
+        carried = _carried([(0, k, r, i, 0) for i, (_, k) in enumerate(old) for r in (0, 1) if rng.random() < 0.8],
+                           settled) if old else None
         if carried is not None and carried.num_rows == 0:
             carried = None
         if carried is not None:
@@ -92,12 +96,17 @@ def test_merged_stream_is_sorted_complete_and_keeps_marks():
                                                                  carried.column("key").chunk(0))).sort_by(_SORT)
         sizes = [rng.randint(0, 5) for _ in range(len(new_rows) + 1)]
         pairs = _stream_batches(new_rows, sizes)
-        out = list(merge_carried(iter(pairs), carried, STREAM, 2))
+        passed = []
+        out = list(merge_carried(iter(pairs), carried, STREAM, 2, passed.append if pass_untouched else None))
         merged = pa.Table.from_batches([b for b, _ in out], schema=STREAM) if out else STREAM.empty_table()
         order = [(r["sortkey"], r["key"], r["region"], r["offset"]) for r in merged.to_pylist()]
         assert order == sorted(order)
-        n_old = carried.num_rows if carried is not None else 0
-        assert merged.num_rows == len(new_rows) + n_old
+        old_rows = carried.drop_columns(["sortkey"]).to_pylist() if carried is not None else []
+        with_new = {r[1] for r in new_rows}
+        untouched = [r for r in old_rows if pass_untouched and r["key"] in settled and r["key"] not in with_new]
+        got = pa.Table.from_batches(passed, CARRIED_SCHEMA).to_pylist() if passed else []
+        assert sorted(got, key=repr) == sorted(untouched, key=repr)
+        assert merged.num_rows == len(new_rows) + len(old_rows) - len(untouched)
         marks = np.concatenate([m for _, m in out]) if out else np.zeros((0, 2))
         is_carried = ~merged.column("carry").is_null().to_numpy(zero_copy_only=False)
         assert (marks[is_carried] == 0).all() and (marks[~is_carried] == 5).all()
