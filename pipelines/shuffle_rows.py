@@ -57,8 +57,10 @@ def rec_dtype(n_regions: int) -> np.dtype:
 
 
 def _offsets_and_bytes(arr: pa.Array) -> tuple[np.ndarray, np.ndarray]:
-    """A binary array's value offsets (rows + 1) and its bytes, without copying."""
-    offsets = np.frombuffer(arr.buffers()[1], np.int32, count=len(arr) + 1, offset=arr.offset * 4)
+    """A binary array's value offsets (rows + 1) and its bytes, without copying (Spark hands over large_binary
+    when spark.sql.execution.arrow.useLargeVarTypes is set)."""
+    width = np.int64 if pa.types.is_large_binary(arr.type) else np.int32
+    offsets = np.frombuffer(arr.buffers()[1], width, count=len(arr) + 1, offset=arr.offset * np.dtype(width).itemsize)
     return offsets, np.frombuffer(arr.buffers()[2] or b"", np.uint8)
 
 

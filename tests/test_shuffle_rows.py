@@ -114,3 +114,12 @@ def test_bucket_labels_put_each_bucket_in_its_own_shuffle_partition(spark):
         df = spark.createDataFrame([(i, v) for i, v in enumerate(labels)], "i int, bucket int")
         placed = df.repartition(buckets, "bucket").select("i", F.spark_partition_id().alias("p")).collect()
         assert sorted((r["i"], r["p"]) for r in placed) == [(i, i) for i in range(buckets)]
+
+
+def test_large_binary_from_spark_unpacks_alike():
+    """Spark sends large_binary columns when spark.sql.execution.arrow.useLargeVarTypes is on."""
+    _, batch = _data(2, 30, False, seed=4)
+    shuffled = _as_shuffled(batch)
+    large = pa.RecordBatch.from_arrays([c.cast(pa.large_binary()) if pa.types.is_binary(c.type) else c
+                                        for c in shuffled.columns], names=shuffled.schema.names)
+    assert R.unpack(large.slice(5), 2, False).to_pylist() == R.unpack(shuffled.slice(5), 2, False).to_pylist()
