@@ -2,16 +2,20 @@
 
 The job, stage by stage (no stage gathers a partition's history into one Python process):
 
-1. read each region's VT (`<store>_v<N>`) from an archive or a live cluster, and decode it in Arrow batches
-   into narrow rows (`pipelines.vt_decode`): kind, key, value hash, footer (region, RT offset), `hbw`;
-2. per (region, partition), from small aggregates: where the scan starts — right after End of Push, else at the
-   first heartbeat that carries a vector (a mid-stream scan), else at the first record;
-3. running high-water marks per region in VT order with Spark window functions (one component per region;
-   heartbeats raise every component in heartbeat mode), offset gaps (compaction) and final marks;
-4. rows shuffled by (partition, key), sorted, and compared key by key in `mapInArrow` (`pipelines.leapfrog_keys`,
-   which applies the pure rules of `leapfrog`); with `--state`, each reduce task merges in the records the
-   previous run carried for its buckets, read from its own files (`pipelines.leapfrog_carried`);
-5. findings to `inconsistencies/` (Parquet) and counters, facts and timings to `summary.json`.
+1. read each region's VT (`<store>_v<N>`) from an archive or a live cluster, one Spark task per split (a region's
+   partition or an offset range of it); each task decodes its records in Arrow batches (`pipelines.vt_decode`)
+   and keeps the split's running high-water marks with numpy (`pipelines.vt_scan`): a row per data record with
+   its local mark, and one summary per split (counts, End of Push, heartbeats, offset gaps, local maxima);
+2. from the summaries alone (`pipelines.leapfrog_plan`): where each region partition's scan starts — right after
+   End of Push, else at the first heartbeat that carries a vector (a mid-stream scan), else at the first record —,
+   each split's prefix mark, the gaps (compaction) and the final marks. The fused job sends every summary to
+   every reduce task, which plans from them; the two-phase job (chunked values, very many splits) plans on the
+   driver;
+3. rows shuffled by (partition, key) — in the fused job as narrow rows (`pipelines.shuffle_rows`) —, sorted, and
+   compared key by key in `mapInArrow` (`pipelines.leapfrog_keys`, which applies the pure rules of `leapfrog`);
+   with `--state`, each reduce task merges in the records the previous run carried for its buckets, read from
+   its own files (`pipelines.leapfrog_carried`);
+4. findings to `inconsistencies/` (Parquet) and counters, facts and timings to `summary.json`.
 """
 
 from __future__ import annotations
