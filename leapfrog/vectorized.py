@@ -284,7 +284,7 @@ def _group_bounds(gid: np.ndarray, groups: np.ndarray) -> tuple[np.ndarray, np.n
     return np.searchsorted(gid, groups, side="left"), np.searchsorted(gid, groups, side="right")
 
 
-def _ranges(lo: np.ndarray, hi: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+def ranges(lo: np.ndarray, hi: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
     """The row indices of the ranges [lo[k], hi[k]) one after another, and the k of each (no loop per group:
     a chunk holds tens of thousands of them)."""
     lengths = (hi - lo).astype(np.int64)
@@ -328,7 +328,7 @@ def compare(a: Histories, b: Histories, groups: np.ndarray) -> PairResult:
     a_lo, a_hi = _group_bounds(a.gid, groups)
     b_lo, b_hi = _group_bounds(b.gid, groups)
     # B rows of these groups, and their group's A bounds
-    b_rows, b_group = _ranges(b_lo, b_hi)
+    b_rows, b_group = ranges(b_lo, b_hi)
     start, end = a_lo[b_group], a_hi[b_group]
     n_regions = a.vector.shape[1] if len(a) else b.vector.shape[1] if len(b) else 0
     low = start.copy()
@@ -355,7 +355,7 @@ def compare(a: Histories, b: Histories, groups: np.ndarray) -> PairResult:
     np.add.at(diff, high[b_matched], -1)
     a_matched = np.cumsum(diff[:-1]) > 0
     a_group = np.full(len(a), -1, np.int64)
-    a_rows, a_row_group = _ranges(a_lo, a_hi)
+    a_rows, a_row_group = ranges(a_lo, a_hi)
     a_group[a_rows] = a_row_group
     a_in = a_group >= 0
     skipped = np.bincount(a_group[a_in & ~a_matched & ~a.absent], minlength=g)

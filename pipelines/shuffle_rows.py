@@ -25,6 +25,8 @@ import numpy as np
 import pyarrow as pa
 import pyarrow.compute as pc
 
+from leapfrog.vectorized import ranges
+
 HAS_VALUE = 1  # the value hash is set (a tombstone has none)
 HAS_RMD = 2  # an RMD vector follows the fixed record
 CARRIED = 4  # a carried record: its carry bytes follow the fixed record
@@ -80,8 +82,7 @@ def _binary(fixed: np.ndarray, tail: pa.Array | None = None) -> pa.Array:
     offsets = np.concatenate([[0], np.cumsum(width + tail_len)])
     out = np.empty(int(offsets[-1]), np.uint8)
     out[(offsets[:-1, None] + np.arange(width)).ravel()] = raw
-    tail_start = np.concatenate([[0], np.cumsum(tail_len)])
-    out[np.repeat(offsets[:-1] + width - tail_start[:-1], tail_len) + np.arange(int(tail_start[-1]))] = values
+    out[ranges(offsets[:-1] + width, offsets[1:])[0]] = values
     return pa.BinaryArray.from_buffers(pa.binary(), m, [None, pa.py_buffer(offsets.astype(np.int32)),
                                                         pa.py_buffer(out)])
 
@@ -191,12 +192,10 @@ def sortkey_column():
 
 def _tails(offsets: np.ndarray, data: np.ndarray, width: int) -> pa.Array:
     """What follows each row's fixed record, as a binary array (gathered: the tails are not contiguous)."""
-    tail_len = np.diff(offsets).astype(np.int64) - width
-    tail_start = np.concatenate([[0], np.cumsum(tail_len)])
-    total = int(tail_start[-1])
-    values = data[np.repeat(offsets[:-1] + width - tail_start[:-1], tail_len) + np.arange(total)]
-    return pa.BinaryArray.from_buffers(pa.binary(), len(tail_len), [None, pa.py_buffer(tail_start.astype(np.int32)),
-                                                                    pa.py_buffer(values)])
+    tail_start = np.concatenate([[0], np.cumsum(np.diff(offsets).astype(np.int64) - width)])
+    values = data[ranges(offsets[:-1] + width, offsets[1:])[0]]
+    return pa.BinaryArray.from_buffers(pa.binary(), len(offsets) - 1, [None, pa.py_buffer(tail_start.astype(np.int32)),
+                                                                       pa.py_buffer(values)])
 
 
 def unpacked_schema(n_regions: int, with_rmd: bool) -> pa.Schema:
