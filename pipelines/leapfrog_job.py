@@ -304,12 +304,16 @@ class _Job:
     state_out: str | None = None
     deadlines: dict[int, int] = field(default_factory=dict)  # live regions: see vt_source.compaction_deadlines
 
+    def _state_carries(self) -> bool:
+        """Whether the previous run left carried records."""
+        return self.state is not None and any(self.state.carried_dir.glob("*.parquet"))
+
     def _carried_rows(self) -> DataFrame | None:
         """The two-phase job: records the previous run carried, as rows that meet the new ones in the shuffle.
         Settled keys that no new record touches pass the reduce side straight into the next state
         (leapfrog_keys.pass_untouched): cheaper than finding them with a join before the shuffle, which needs the
         new keys first."""
-        if self.state is None or not any(self.state.carried_dir.glob("*.parquet")):
+        if not self._state_carries():
             return None
         df = self.spark.read.parquet(str(self.state.carried_dir))
         cols = {
@@ -344,7 +348,7 @@ class _Job:
         own = self._own_carried_files()
         reduce = ScanReduce(opts.mode, self.pairs, self.n, self.ends, self.carried, self.state_out, self.deadlines,
                             own)
-        if own is None and self.state is not None and any(self.state.carried_dir.glob("*.parquet")):
+        if own is None and self._state_carries():
             # the previous run's carried records join the shuffle (leapfrog_keys.pass_untouched passes the
             # settled keys no new record touches straight on)
             old = (self.spark.read.parquet(str(self.state.carried_dir))
