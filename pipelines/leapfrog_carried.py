@@ -92,9 +92,9 @@ def merge_carried(pairs: Iterator[tuple[pa.RecordBatch, np.ndarray]], carried: p
     of `schema`). A carried row's marks are zeros (it carries its own, in `carry`).
 
     `untouched`: where the *settled* carried rows of keys no new row has go instead (as carried records, for the
-    next state): they need no comparison (`leapfrog_keys.pass_untouched` says why), and at a tenth of a
-    nightly run's keys touched they are most of the state. A settled row whose sortkey a new row shares still
-    joins the stream (the key decides, and pass_untouched sorts out a shared crc)."""
+    next state): they need no comparison (`leapfrog_keys.pass_untouched` says why), and on a night that leaves
+    many keys alone they are most of the state. A settled row whose sortkey a new row shares still joins the
+    stream (the key decides, and pass_untouched sorts out a shared crc)."""
     if carried is None or carried.num_rows == 0:
         yield from pairs
         return
@@ -105,7 +105,7 @@ def merge_carried(pairs: Iterator[tuple[pa.RecordBatch, np.ndarray]], carried: p
     n, pos = carried.num_rows, 0
     settled = ((carry_flags(carried.column("carry").chunk(0)) & 4) != 0 if untouched is not None
                else np.zeros(n, bool))
-    sk_np = np.asarray(sks, np.int64)
+    sk_np = carried.column("sortkey").to_numpy()
 
     def split(lo: int, hi: int, new_sortkeys: np.ndarray) -> pa.Table:
         """Rows lo..hi to merge; the untouched settled ones go to `untouched`."""
