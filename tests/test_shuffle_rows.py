@@ -1,11 +1,11 @@
 """The fused job's narrow shuffle rows give the key stages back exactly what the scan and the state hold."""
 
-
 import numpy as np
 import pyarrow as pa
 import pytest
 
 from pipelines import shuffle_rows as R
+from pipelines.leapfrog_carried import sortkeys
 from pipelines.leapfrog_state import pack_carry_array, unpack_carry_array
 
 
@@ -28,12 +28,9 @@ def _data(n: int, m: int, rmd: bool, seed: int = 0) -> tuple[dict, pa.RecordBatc
 
 
 def _as_shuffled(batch: pa.RecordBatch, bucket: int = 3) -> pa.RecordBatch:
-    """What `keyed` adds in Spark: the bucket and the sort key (partition << 32 | crc32(key))."""
-    import zlib
-
-    part = batch.column("partition").to_numpy().astype(np.int64)
-    crc = np.array([zlib.crc32(k or b"") for k in batch.column("key").to_pylist()], np.int64)
-    return pa.RecordBatch.from_arrays([pa.array(np.full(batch.num_rows, bucket, np.int32)), pa.array((part << 32) + crc),
+    """What `keyed` adds in Spark: the bucket and the sort key (tested equal to Spark's in test_leapfrog_carried)."""
+    sortkey = sortkeys(batch.column("partition"), batch.column("key").fill_null(b""))
+    return pa.RecordBatch.from_arrays([pa.array(np.full(batch.num_rows, bucket, np.int32)), sortkey,
                                        batch.column("key"), batch.column("region"), batch.column("offset"),
                                        batch.column("rec")], names=R.SHUFFLE_COLUMNS)
 
@@ -101,6 +98,7 @@ def test_summaries_come_once_per_bucket_and_first():
     assert R.unpack(batch.slice(k), 2, False).num_rows == 3
 
 
+@pytest.mark.spark
 def test_bucket_labels_put_each_bucket_in_its_own_shuffle_partition(spark):
     """Spark places a shuffled row by the Murmur3 hash of its bucket column: the labels are chosen so that bucket
     i lands in partition i (the Python hash is Spark's)."""
