@@ -13,7 +13,6 @@ from __future__ import annotations
 
 import os
 import zlib
-from bisect import bisect_right
 from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
 
 import numpy as np
@@ -22,6 +21,13 @@ import pyarrow.compute as pc
 import pyarrow.parquet as pq
 
 BUCKETS_KEY = b"tidegauge.buckets"  # Parquet schema metadata: the reduce buckets a carried file holds
+# A record carried to the next run, as the state keeps it (pipelines.leapfrog_state.pack_carry_array packs carry).
+# `sortkey` is kept so that the next run need not compute a crc32 per carried row in Python; a state written
+# before it was kept lacks it, and `read_carried` computes it then.
+CARRIED_SCHEMA = pa.schema([("partition", pa.int32()), ("key", pa.binary()), ("region", pa.int32()),
+                            ("offset", pa.int64()), ("value_hash", pa.int64()), ("carry", pa.binary()),
+                            ("bucket", pa.int32()),  # the fused job's reduce bucket, -1 from the two-phase path
+                            ("sortkey", pa.int64())])
 # the fused reduce input's order (pipelines.shuffle_rows.sortkey_column)
 _SORT = [("sortkey", "ascending"), ("key", "ascending"), ("region", "ascending"), ("offset", "ascending")]
 
@@ -55,13 +61,16 @@ def read_carried(directory: str, files: Mapping[str, Sequence[int]], buckets: It
         t = pq.read_table(os.path.join(directory, name))
         if not held <= want:
             t = t.filter(pc.is_in(t.column("bucket"), pa.array(sorted(want), pa.int32())))
-        tables.append(t)
+        if "sortkey" not in t.schema.names:
+            t = t.combine_chunks()
+            t = t.append_column("sortkey", sortkeys(t.column("partition").combine_chunks(),
+                                                    t.column("key").combine_chunks()))
+        tables.append(t.select(CARRIED_SCHEMA.names))
     if not tables:
         return None
-    t = pa.concat_tables(tables).combine_chunks()
+    t = pa.concat_tables(tables)
     if not t.num_rows:
         return None
-    t = t.append_column("sortkey", sortkeys(t.column("partition").chunk(0), t.column("key").chunk(0)))
     return t.sort_by(_SORT).combine_chunks()
 
 
@@ -100,34 +109,39 @@ def merge_carried(pairs: Iterator[tuple[pa.RecordBatch, np.ndarray]], carried: p
         return
     from .leapfrog_state import carry_flags
 
-    sks = carried.column("sortkey").to_pylist()
-    keys = carried.column("key").to_pylist()
+    keys = carried.column("key").combine_chunks()
     n, pos = carried.num_rows, 0
     settled = ((carry_flags(carried.column("carry").chunk(0)) & 4) != 0 if untouched is not None
                else np.zeros(n, bool))
     sk_np = carried.column("sortkey").to_numpy()
+
+    def upto(sortkey: int, key: bytes) -> int:
+        """The end of the carried rows at or before (sortkey, key): a binary search on the sortkey, then the
+        keys of the few rows that share it (a crc32 collision, or the key itself) in Python."""
+        lo = int(np.searchsorted(sk_np, sortkey, "left"))
+        hi = int(np.searchsorted(sk_np, sortkey, "right"))
+        return lo + sum(1 for i in range(lo, hi) if keys[i].as_py() <= key)
 
     def split(lo: int, hi: int, new_sortkeys: np.ndarray) -> pa.Table:
         """Rows lo..hi to merge; the untouched settled ones go to `untouched`."""
         direct = settled[lo:hi] & ~np.isin(sk_np[lo:hi], new_sortkeys)
         part = carried.slice(lo, hi - lo)
         if direct.any():
-            untouched(part.filter(pa.array(direct)).drop_columns(["sortkey"]).combine_chunks().to_batches()[0])
+            untouched(part.filter(pa.array(direct)).combine_chunks().to_batches()[0])
             part = part.filter(pa.array(~direct))
         return part
 
     for batch, marks in pairs:
         if pos < n and batch.num_rows:
-            last = (batch.column("sortkey")[-1].as_py(), batch.column("key")[-1].as_py())
-            end = bisect_right(range(n), last, lo=pos, key=lambda i: (sks[i], keys[i]))
+            end = max(pos, upto(batch.column("sortkey")[-1].as_py(), batch.column("key")[-1].as_py()))
             if end > pos:
                 part = split(pos, end, batch.column("sortkey").to_numpy())
                 pos = end
                 if part.num_rows:
-                    merged = pa.Table.from_batches([batch, _conform(part, schema)])
+                    merged = pa.concat_batches([batch, _conform(part, schema)])
                     order = pc.sort_indices(merged, sort_keys=_SORT)
                     marks = np.concatenate([marks, np.zeros((part.num_rows, marks.shape[1]), marks.dtype)])
-                    batch = merged.take(order).combine_chunks().to_batches()[0]
+                    batch = merged.take(order)
                     marks = marks[order.to_numpy()]
         yield batch, marks
     if pos < n:

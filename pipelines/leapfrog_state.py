@@ -5,7 +5,8 @@ mark, how the first run started and the mark before its first gap; per key and r
 take part in a comparison; and every finding so far. Layout:
 
     DIR/state.json   meta (store, version, mode, pairs, regions) and the per region partition facts
-    DIR/carried/     Parquet: partition, key, region, offset, value_hash, carry (flags, vector, mark) — the
+    DIR/carried/     Parquet: partition, key, region, offset, value_hash, carry (flags, vector, mark), bucket
+                     and sortkey (where the fused job's shuffle puts the record, and in which order) — the
                      records of keys still in play, which every run takes into its comparison, and of *settled*
                      keys (flag 4): each region holds only its current record and every pair's current records
                      are already comparable, so only a new record can make the key matter again; a run compares
