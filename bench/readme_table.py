@@ -32,8 +32,8 @@ END = "<!-- bench-table:end -->"
 BENCHES: dict[str, list[str]] = {
     "simulate": ["bench/bench_simulate.py", "--records", "200000", "--quiet"],
     "simulate_goal": ["bench/bench_simulate.py", "--skip-legacy", "--quiet"],
-    "leapfrog": ["bench/bench_leapfrog.py", "--records", "2000000", "--repeat", "2", "--incremental"],
-    "leapfrog_50k_keys": ["bench/bench_leapfrog.py", "--records", "2000000", "--keys", "50000", "--repeat", "2",
+    "leapfrog": ["bench/bench_leapfrog.py", "--records", "2000000", "--repeat", "4", "--incremental"],
+    "leapfrog_50k_keys": ["bench/bench_leapfrog.py", "--records", "2000000", "--keys", "50000", "--repeat", "4",
                           "--incremental"],
     "div_validate": ["bench/bench_div_validate.py", "--records", "500000", "--repeat", "3"],
     "div_spark": ["bench/bench_div_spark.py", "--records", "2000000", "--repeat", "2"],
@@ -116,10 +116,11 @@ SHOWN: dict[str, tuple[str, list[str]]] = {
         ["config.records", "heartbeats.vt_records_per_region.0", "heartbeats.vt_records_per_region.1",
          "heartbeats.vt_records_per_region.2", "heartbeats.wall_s", "heartbeats.vt_records_per_s_per_region"]),
     "leapfrog": (
-        "`tidegauge leapfrog`, 2 regions: the job vs a decode-only pass over the same archives (after a warm-up "
-        "round, best of 4 each, alternating); an incremental run over day 2 (best of 2) vs a full rescan of both "
-        "days (the same job: its best run). The goals are checked on these best-of ratios; `*_neighbours` is the "
-        "median of the ratios within each round, shown because this shared machine's speed drifts within a run",
+        "`tidegauge leapfrog`, 2 regions, 4 rounds after a warm-up round, each timing a decode-only pass over "
+        "the archives, the job over them (a full rescan of both days) and an incremental run over day 2 from "
+        "day 1's state: job / decode-only and incremental / full, each on the best of 4 runs a side. The goals "
+        "are checked on these best-of ratios; `*_neighbours` is the median of the ratios within each round, "
+        "shown because this shared machine's speed drifts within a run",
         ["vt_records_per_region", "keys", "decode_only_s", "job_s", "ratio", "ratio_neighbours",
          "state_rows_after_day1", "incremental_day2_s", "full_rescan_s", "incremental_ratio",
          "incremental_ratio_neighbours"]),
