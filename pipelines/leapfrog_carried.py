@@ -22,8 +22,9 @@ import pyarrow.parquet as pq
 
 BUCKETS_KEY = b"tidegauge.buckets"  # Parquet schema metadata: the reduce buckets a carried file holds
 # A record carried to the next run, as the state keeps it (pipelines.leapfrog_state.pack_carry_array packs carry).
-# `sortkey` is kept so that the next run need not compute a crc32 per carried row in Python; a state written
-# before it was kept lacks it, and `read_carried` computes it then.
+# `sortkey` is kept so that the next run need not compute a crc32 per carried row in Python (null from the
+# two-phase path, whose untagged files the reduce tasks never read themselves); a state written before it was
+# kept lacks it, and `read_carried` computes it then.
 CARRIED_SCHEMA = pa.schema([("partition", pa.int32()), ("key", pa.binary()), ("region", pa.int32()),
                             ("offset", pa.int64()), ("value_hash", pa.int64()), ("carry", pa.binary()),
                             ("bucket", pa.int32()),  # the fused job's reduce bucket, -1 from the two-phase path

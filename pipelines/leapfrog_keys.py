@@ -33,7 +33,7 @@ from leapfrog import vectorized as vz
 from leapfrog.compare import FINDING_TYPES, lily_pad_walk
 from leapfrog.history import KeyRow, RegionView, key_history
 
-from .leapfrog_carried import CARRIED_SCHEMA, buckets_tag, merge_carried, read_carried, sortkeys
+from .leapfrog_carried import CARRIED_SCHEMA, buckets_tag, merge_carried, read_carried
 from .leapfrog_plan import failed_reads, mark_latest_kept, plan_marks, views
 from .shuffle_rows import unpack_marks
 
@@ -194,8 +194,8 @@ def _regroup(batches: Iterator[tuple[pa.RecordBatch, np.ndarray]]) -> Iterator[t
 
 
 def _tags_of(t: pa.Table, rows: np.ndarray) -> list[pa.Array]:
-    """The `bucket` and `sortkey` of carried records made from `rows` of `t` (the two-phase path's rows have
-    neither: bucket -1, and the sortkey computed)."""
+    """The `bucket` and `sortkey` of carried records made from `rows` of `t`. The two-phase path's rows have
+    neither: bucket -1 and a null sortkey, since only the fused path reads sortkeys back, from files it tagged."""
     idx = pa.array(rows, pa.int64())
     if "bucket" in t.schema.names:
         bucket = t.column("bucket").take(idx).combine_chunks().cast(pa.int32())
@@ -204,7 +204,7 @@ def _tags_of(t: pa.Table, rows: np.ndarray) -> list[pa.Array]:
     if "sortkey" in t.schema.names:
         sortkey = t.column("sortkey").take(idx).combine_chunks().cast(pa.int64())
     else:
-        sortkey = sortkeys(t.column("partition").take(idx).combine_chunks(), t.column("key").take(idx).combine_chunks())
+        sortkey = pa.nulls(len(rows), pa.int64())
     return [bucket, sortkey]
 
 
