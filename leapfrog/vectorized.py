@@ -47,6 +47,15 @@ def _segment_starts(gid: np.ndarray) -> np.ndarray:
     return np.flatnonzero(np.concatenate([[True], gid[1:] != gid[:-1]])) if len(gid) else np.zeros(0, np.int64)
 
 
+def _find_sorted(ref: np.ndarray, x: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    """(found, position) of each x in `ref`, sorted and unique: a binary search per value instead of a Python set
+    or dict lookup per row (carried and prefix rows run to hundreds of thousands per task)."""
+    pos = np.searchsorted(ref, x)
+    found = pos < len(ref)
+    found[found] = ref[pos[found]] == x[found]
+    return found, pos
+
+
 def segmented_cummax(values: np.ndarray, gid: np.ndarray) -> np.ndarray:
     """Running maximum of `values` (n, N) restarting at every change of `gid` (sorted)."""
     out = np.empty_like(values)
@@ -122,21 +131,19 @@ def build(view: RegionView, gid: np.ndarray, offset: np.ndarray, cls: np.ndarray
     parts = [Histories(gid, cls, np.zeros(m, bool), offset, vector, mark)]
     # the first new record of each group (for the value standing before it)
     starts = _segment_starts(gid)
-    first_of = dict(zip(gid[starts].tolist(), starts.tolist(), strict=True))
+    with_new = gid[starts]  # groups with a record in this scan
 
     def standing_from_start(gids: np.ndarray, base: np.ndarray) -> np.ndarray:
         out = base.copy()
         nxt = np.full(len(gids), np.iinfo(np.int64).max, np.int64)
-        has = np.array([g in first_of for g in gids.tolist()], bool) if len(gids) else np.zeros(0, bool)
+        has, at = _find_sorted(with_new, gids)
         if has.any():
-            firsts = np.array([first_of[g] for g in gids[has].tolist()], np.int64)
+            firsts = starts[at[has]]
             out[has] = hw_before[firsts]
             nxt[has] = offset[firsts]
         _cap(view, np.full(len(gids), view.start_after, np.int64), nxt, out)
         return out
 
-    with_carried = set(carried.gid.tolist()) if carried is not None and len(carried) else set()
-    with_new = gid[starts]  # groups with a record in this scan
     if carried is not None and len(carried):
         c_mark = carried.mark.copy()
         runs_on = carried.last_open[c_last]
@@ -149,7 +156,7 @@ def build(view: RegionView, gid: np.ndarray, offset: np.ndarray, cls: np.ndarray
         parts.insert(0, Histories(carried.gid.astype(np.int64), carried.cls, carried.absent, carried.offset,
                                   carried.vector, c_mark))
     if view.prefix_known:
-        p_gids = np.array([g for g in groups.tolist() if g not in with_carried], np.int64)
+        p_gids = groups[~_find_sorted(_carried_groups(carried), groups)[0]].astype(np.int64)
         g = len(p_gids)
         p_mark = standing_from_start(p_gids, np.tile(np.asarray(view.final_hw, np.int64), (g, 1)))
         if view.prefix_freeze is not None:  # an earlier run's gap lies before the key's first record (if any)
@@ -160,12 +167,18 @@ def build(view: RegionView, gid: np.ndarray, offset: np.ndarray, cls: np.ndarray
     return _merge(parts)
 
 
+def _carried_groups(carried: Carried | None) -> np.ndarray:
+    """The groups (sorted, unique) that have carried records."""
+    if carried is None or not len(carried):
+        return np.zeros(0, np.int64)
+    return carried.gid[_segment_starts(carried.gid)].astype(np.int64)
+
+
 def previous(view: RegionView, carried: Carried | None, groups: np.ndarray) -> Histories:
     """What the previous run held of these groups, with its marks: the carried records and, where the key had
     none, the absent prefix (its mark frozen at a gap, else the previous run's final mark)."""
     n = view.n_regions
     parts = []
-    with_carried: set[int] = set()
     if carried is not None and len(carried):
         mark = carried.mark
         if view.start_latest_kept and view.start_hw is not None:  # each key's last record stood to the previous end
@@ -173,9 +186,8 @@ def previous(view: RegionView, carried: Carried | None, groups: np.ndarray) -> H
             mark[np.concatenate([_segment_starts(carried.gid)[1:], [len(carried)]]) - 1] = view.start_hw
         parts.append(Histories(carried.gid.astype(np.int64), carried.cls, carried.absent, carried.offset,
                                carried.vector, mark))
-        with_carried = set(carried.gid.tolist())
     if view.prefix_known and view.start_hw is not None:
-        p_gids = np.array([g for g in groups.tolist() if g not in with_carried], np.int64)
+        p_gids = groups[~_find_sorted(_carried_groups(carried), groups)[0]].astype(np.int64)
         g = len(p_gids)
         prev = view.prefix_freeze if view.prefix_freeze is not None and not view.start_latest_kept else view.start_hw
         parts.insert(0, Histories(p_gids, np.full(g, NULL_CLASS, np.int64), np.ones(g, bool), np.full(g, -1, np.int64),
