@@ -60,6 +60,9 @@ def main(argv: list[str] | None = None) -> int:
         format="%(asctime)s %(levelname)s %(name)s: %(message)s",
         stream=sys.stderr,
     )
+    # py4j logs every Spark gateway connection it opens and closes (and at DEBUG, every call): not the user's
+    # business, even with --verbose
+    logging.getLogger("py4j").setLevel(logging.WARNING)
     if not getattr(args, "func", None):
         parser.print_help()
         return EXIT_USAGE

@@ -21,7 +21,6 @@ from __future__ import annotations
 import contextlib
 import io
 import json
-import logging
 import os
 import shutil
 import sys
@@ -508,7 +507,6 @@ def _run_steps(opts: DemoOptions, cfg: SimConfig, out: Path, progress: _Progress
 
     own_session = spark is None
     with progress.step("spark", f"start one local Spark session for the Spark jobs ({java})") as res:
-        logging.getLogger("py4j").setLevel(logging.WARNING)  # its INFO lines would reach the user at exit
         spark = spark or get_session(opts.master, app_name="tidegauge-demo")
         res.append(f"Spark {spark.version} on {spark.sparkContext.master}")
     try:

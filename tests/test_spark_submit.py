@@ -87,6 +87,8 @@ def test_leapfrog_under_spark_submit_with_py_files(tmp_path):
     assert summary["exit_code"] == 1
     rows = pq.read_table(out / "inconsistencies").to_pylist()
     assert [(r["key"], r["type"]) for r in rows] == [(b"differs", "VALUE_MISMATCH")]
+    # tidegauge's own INFO lines reach the user, py4j's (its connections opening and closing) do not
+    assert "INFO tidegauge.leapfrog" in output and "INFO py4j" not in output, output[-3000:]
 
 
 def test_spark_submit_master_and_settings_are_kept(tmp_path):
