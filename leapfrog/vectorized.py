@@ -204,8 +204,7 @@ def last_vectors(h: Histories, view: RegionView, groups: np.ndarray) -> np.ndarr
     if len(h):
         starts = _segment_starts(h.gid)
         lasts = np.concatenate([starts[1:], [len(h)]]) - 1
-        pos = np.searchsorted(groups, h.gid[lasts])
-        ok = (pos < len(groups)) & (groups[np.minimum(pos, len(groups) - 1)] == h.gid[lasts]) if len(groups) else pos < 0
+        ok, pos = _find_sorted(groups, h.gid[lasts])
         out[pos[ok]] = h.vector[lasts[ok]]
     return out
 
@@ -250,8 +249,7 @@ def carry(h: Histories, view: RegionView, real_groups: np.ndarray, partner_last:
     open_old = np.zeros(len(rows), bool)
     if carried_last is not None and len(carried_last[0]):
         cg, flags, c_marks = carried_last
-        at = np.searchsorted(cg, h.gid[rows])
-        found = (at < len(cg)) & (cg[np.minimum(at, len(cg) - 1)] == h.gid[rows])
+        found, at = _find_sorted(cg, h.gid[rows])
         old = found & ~new
         open_old[old] = flags[at[old]] & (len(firsts) == 0)
         was_closed = old & ~flags[np.minimum(at, len(cg) - 1)]
