@@ -71,6 +71,9 @@ def main(argv: list[str] | None = None) -> int:
     except UsageError as exc:
         print(f"tidegauge {args.command}: error: {exc}", file=sys.stderr)
         return EXIT_USAGE
+    except OSError as exc:  # a path that cannot be read or written (permissions, full disk, read-only storage)
+        print(f"tidegauge {args.command}: error: {_os_error(exc)}", file=sys.stderr)
+        return EXIT_USAGE
     except KeyboardInterrupt:
         print("interrupted", file=sys.stderr)
         return 130
@@ -81,6 +84,15 @@ def main(argv: list[str] | None = None) -> int:
         print(f"tidegauge {args.command}: internal error (the traceback above says where); no result was "
               "written for this run", file=sys.stderr)
         return EXIT_USAGE
+
+
+def _os_error(exc: OSError) -> str:
+    """One line naming the path and the reason, e.g. "cannot write /x/out: Read-only file system"."""
+    what = exc.strerror or str(exc)
+    if exc.filename is None:
+        return what
+    target = f"{exc.filename} -> {exc.filename2}" if exc.filename2 else str(exc.filename)
+    return f"{target}: {what} (nothing was replaced: an earlier output there is intact)"
 
 
 if __name__ == "__main__":

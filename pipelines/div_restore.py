@@ -21,7 +21,7 @@ from div.restore import ReadRange, Restored, restore_rt, restore_vt
 
 from . import config as cfg
 from .cli import EXIT_CLEAN, EXIT_PARTIAL, UsageError
-from .output import OutputDir
+from .output import OutputDir, guard, source_inputs
 from .sources import Source, SourceError, SourceSpec, check_unique, open_source, parse_source
 
 log = logging.getLogger("tidegauge.div")
@@ -171,7 +171,8 @@ def restore(opts: RestoreOptions) -> tuple[Restored, dict[str, Any]]:
 
 def run_restore(opts: RestoreOptions) -> int:
     """`tidegauge div restore`: writes partition_state.bin, state.json and summary.json. Returns the exit code."""
-    with OutputDir(opts.out) as out:
+    guard("div restore", {"--out": opts.out}, source_inputs([opts.source, *opts.rt_sources]))
+    with OutputDir(opts.out, "div restore") as out:
         restored, facts = restore(opts)
         code = EXIT_PARTIAL if facts["failed_rt_sources"] else EXIT_CLEAN
         out.file("partition_state.bin").write_bytes(ps.encode(restored.partition_state()))

@@ -64,7 +64,7 @@ from div.record_validators import ValidatorSpecError, build_chain
 
 from .cli import UsageError
 from .div_validate import PartitionTask, ValidateOptions, exit_code_for, plan, summarize, write_errors
-from .output import OutputDir
+from .output import OutputDir, guard, source_inputs
 from .sources import Source, SourceError, SourceSpec, open_source
 
 log = logging.getLogger("tidegauge.div")
@@ -525,6 +525,7 @@ def run_spark(opts: ValidateOptions, master: str | None = None, spark_conf: dict
     `read` chooses the plan: "auto", "shuffle" or "direct" (see the module docstring); None reads the Spark
     setting `tidegauge.div.read` (e.g. `spark: {conf: {tidegauge.div.read: shuffle}}` in the YAML file).
     """
+    guard("div validate", {"--out": opts.out}, source_inputs(opts.sources))
     try:
         build_chain(opts.record_validators)
     except ValidatorSpecError as exc:
@@ -545,7 +546,7 @@ def run_spark(opts: ValidateOptions, master: str | None = None, spark_conf: dict
         read = READ_SHUFFLE if mixed else READ_DIRECT
         log.info("reading with the %s plan%s", read, f" ({', '.join(mixed)} mix partitions)" if mixed else "")
     t0 = time.time()
-    with OutputDir(opts.out) as out:
+    with OutputDir(opts.out, "div validate") as out:
         outcomes, frames = _run_jobs(spark, opts, tasks, sizes, partitions_of, read) if tasks else ({}, [])
         try:
             summaries: list[PartitionSummary] = []

@@ -18,7 +18,7 @@ import pyarrow.parquet as pq
 from div.batch import PartitionRun, PartitionSummary, StopRun, is_realtime_topic, rows_to_table
 from div.validator import ValidatorConfig
 
-from .output import OutputDir
+from .output import OutputDir, guard, source_inputs
 from .sources import Source, SourceError, SourceSpec, open_source
 
 log = logging.getLogger("tidegauge.div")
@@ -124,6 +124,7 @@ def write_errors(out: OutputDir, table: pa.Table) -> None:
 
 def run_local(opts: ValidateOptions) -> int:
     """Validate every partition in this process. Returns the exit code; writes errors/ and summary.json."""
+    guard("div validate", {"--out": opts.out}, source_inputs(opts.sources))
     opened = [open_source(s, opts.kafka_conf.get(s.region)) for s in opts.sources]
     by_region = {s.region: s for s in opened}
     tasks = plan(opts, opened)
@@ -131,7 +132,7 @@ def run_local(opts: ValidateOptions) -> int:
     failed: list[dict] = []
     rows: list[tuple] = []
     t0 = time.time()
-    with OutputDir(opts.out) as out:
+    with OutputDir(opts.out, "div validate") as out:
         for i, task in enumerate(tasks, 1):
             try:
                 run = validate_partition(by_region[task.region], task, opts)

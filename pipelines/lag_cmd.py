@@ -24,7 +24,7 @@ from heartbeat.lag import LagMonitor, LagRow
 
 from . import config as cfg
 from .cli import UsageError
-from .output import OutputDir
+from .output import OutputDir, guard, source_inputs
 from .sources import Source, SourceError, SourceSpec, check_unique, open_source, parse_source
 
 log = logging.getLogger("tidegauge.lag")
@@ -232,6 +232,7 @@ def run(args) -> int:
     if not specs:
         raise UsageError("no source given: use --source ID=URI (or `sources:` in --conf)")
     rt_specs = _specs("rt-source", args.rt_source, conf.get("rt_sources"))
+    guard("lag", {"--out": args.out}, {**source_inputs(specs), **{f"--rt-source {s.region}": s.uri for s in rt_specs}})
     store = args.store if args.store is not None else conf.get("store")
     version = args.version if args.version is not None else conf.get("version")
     now_ms = args.now_ms if args.now_ms is not None else int(time.time() * 1000)
@@ -286,7 +287,7 @@ def _measure(args, opened: list[Source], topic: str, ends: dict[int, dict[int, i
     if failed:
         print(f"{len(failed)} partition(s) could not be read: see the log")
     if args.out:
-        with OutputDir(args.out) as out:
+        with OutputDir(args.out, "lag") as out:
             _write_dataset(out, "lag", lag_table(rows))
             _write_dataset(out, "heartbeats", heartbeat_table(monitors))
             out.write_json("lag.json", {

@@ -41,7 +41,7 @@ from . import vt_decode as V
 from .leapfrog_carried import file_buckets
 from .leapfrog_keys import OUT_DDL, ROW_COLUMNS, SORT_COLUMNS, CompareContext, ScanReduce, stage_for
 from .leapfrog_plan import RegionPartition, failed_reads, mark_latest_kept, plan_marks, views
-from .output import OutputDir, versions
+from .output import OutputDir, guard, source_inputs, versions
 from .sources import SourceError, SourceSpec
 
 log = logging.getLogger("tidegauge.leapfrog")
@@ -179,6 +179,7 @@ def run(opts: LeapfrogOptions, spark: SparkSession | None = None) -> int:
     from .spark_session import get_session
     from .vt_source import check_sources, chunked_version, compaction_deadlines, plan
 
+    guard("leapfrog", {"--out": opts.out, "--state": opts.state_dir}, source_inputs(opts.sources))
     timings: dict[str, float] = {}
     t0 = time.time()
     regions = sorted(s.region for s in opts.sources)
@@ -215,7 +216,7 @@ def run(opts: LeapfrogOptions, spark: SparkSession | None = None) -> int:
         (stage / "carried").mkdir()
     job = _Job(spark, opts, n, tuple(pairs), splits, ends, buckets, carried, state,
                str(stage / "carried") if stage is not None else None, deadlines)
-    with OutputDir(opts.out) as out:
+    with OutputDir(opts.out, "leapfrog") as out:
         fused = (len(splits) * buckets <= FUSED_MAX_SUMMARY_ROWS
                  and not chunked_version(splits, opts.topic, opts.kafka_conf))
         if fused:

@@ -72,8 +72,11 @@ def run(args: argparse.Namespace) -> int:
         _check_dir(flag, value)
     if args.expectations is not None and not pathlib.Path(args.expectations).is_file():
         raise UsageError(f"--expectations {args.expectations}: no such file")
-    if args.history is not None and pathlib.Path(args.history).exists() and not pathlib.Path(args.history).is_dir():
-        raise UsageError(f"--history {args.history}: exists and is not a directory")
+    from pipelines.output import check_history, guard
+
+    guard("report", {"--out": args.out, "--history": args.history},
+          {"--leapfrog": args.leapfrog, "--div": args.div, "--lag": args.lag})
+    check_history(args.history)
 
     from pipelines.report import ExpectationsConfigError, InputError, run_report
 

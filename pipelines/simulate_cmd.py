@@ -121,13 +121,22 @@ def build_config(args):
 
 
 def run_simulate(args) -> int:
+    from pathlib import Path
+
     from sim import run
     from sim.cluster import ClusterError
     from sim.config import ConfigError
     from sim.runner import SimulationError
     from sim.worker import WorkerError
 
+    from .output import MARKER, check_output, write_marker
+
     cfg = build_config(args)
+    check_output(cfg.out, "simulate")
+    out = Path(cfg.out)
+    out.mkdir(parents=True, exist_ok=True)
+    if not (out / MARKER).exists():
+        write_marker(out, "simulate")
     try:
         result = run(cfg)
     except ConfigError as exc:

@@ -125,7 +125,7 @@ def test_rerun_replaces_the_output_directory(tmp_path):
     assert _validate(tmp_path / "arc", tmp_path / "out")[0] == 1
     code, errors, summary = _validate(tmp_path / "clean", tmp_path / "out")
     assert code == 0 and errors.num_rows == 0 and summary["findings"] == 0
-    assert sorted(p.name for p in (tmp_path / "out").iterdir()) == ["errors", "summary.json"]
+    assert sorted(p.name for p in (tmp_path / "out").iterdir()) == [".tidegauge", "errors", "summary.json"]
 
 
 # -- exit code 2 ---------------------------------------------------------------------------------------------------

@@ -202,9 +202,11 @@ def test_lag_on_a_live_cluster_reads_rt_ends_from_the_same_cluster(embedded_kafk
         p.produce(f"{store}_rt", value=x.value, key=x.key, partition=0, headers=x.headers, timestamp=x.broker_ts)
     assert p.flush(30) == 0
     out = tmp_path / "out"
+    no_rt = tmp_path / "no-rt"  # an archive without the RT topic (the output may not be inside it)
+    no_rt.mkdir()
     assert main(["lag", "--source", f"0={embedded_kafka.uri}", "--store", store, "--version", "1",
-                 "--rt-source", f"2={tmp_path}", "--now-ms", str(NOW), "--out", str(out)]) == 0
+                 "--rt-source", f"2={no_rt}", "--now-ms", str(NOW), "--out", str(out)]) == 0
     rows = _rows(out)
     assert rows[(0, 0, 0)]["rt_end_offset"] == len(streams[0]) and rows[(0, 0, 0)]["offset_lag"] == 0
     assert rows[(0, 0, 1)]["time_lag_ms"] == 1_500
-    assert rows[(0, 0, 2)]["rt_end_offset"] is None  # tmp_path holds no RT topic
+    assert rows[(0, 0, 2)]["rt_end_offset"] is None  # no_rt holds no RT topic

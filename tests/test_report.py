@@ -181,7 +181,7 @@ def test_history_tells_new_still_and_healed_across_three_runs(tmp_path):
     assert [r["divergences"] for r in trends["runs"]] == [2, 2, 1]
     assert [r["fatal_div_findings"] for r in trends["runs"]] == [1, 2, 0]
     assert len(list(history.glob("run-*.parquet"))) == 3
-    assert not list(history.glob(".*"))  # no temporary files left behind
+    assert [p.name for p in history.glob(".*")] == [".tidegauge"]  # the marker; no temporary files left behind
 
     page = result3.html_path.read_text(encoding="utf-8")
     assert 'data-plot="trends"' in page

@@ -214,6 +214,10 @@ def run_report(
 
     out = pathlib.Path(out_dir)
     out.mkdir(parents=True, exist_ok=True)
+    from pipelines.output import MARKER, write_marker
+
+    if not (out / MARKER).exists():
+        write_marker(out, "report")
     t = time.perf_counter()
     from pipelines.report import html
 

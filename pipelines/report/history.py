@@ -148,6 +148,10 @@ def append_run(directory: str | pathlib.Path, record: RunRecord) -> pathlib.Path
     """Write `record` as a new Parquet file in `directory` (created if needed); returns its path."""
     directory = pathlib.Path(directory)
     directory.mkdir(parents=True, exist_ok=True)
+    from pipelines.output import MARKER, write_marker
+
+    if not (directory / MARKER).exists():
+        write_marker(directory, "report history")
     row = {
         **{name: getattr(record, name) for name in SCHEMA.names if name not in ("divergence_ids", "div_finding_ids")},
         "divergence_ids": [dict(zip(DIVERGENCE_ID, i, strict=True)) for i in record.divergence_ids],
