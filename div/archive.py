@@ -479,6 +479,7 @@ def describe(directory: str | os.PathLike) -> list[PartitionInfo]:
             out.append(PartitionInfo(topic, partition, chunks[0].min_offset, chunks[-1].max_offset,
                                      sum(c.rows for c in chunks)))
             continue
+        _check_no_conflicting_repeats(chunks, topic, partition)
         offsets = [b.column("offset").to_numpy() for b in
                    _iter_chunks(chunks, topic, partition, None, None, ["offset"], 1 << 20)]
         if not offsets:
@@ -486,6 +487,36 @@ def describe(directory: str | os.PathLike) -> list[PartitionInfo]:
         arr = np.concatenate(offsets)
         out.append(PartitionInfo(topic, partition, int(arr[0]), int(arr[-1]), int(arr.size)))
     return out
+
+
+def _check_no_conflicting_repeats(chunks: list[_Chunk], topic: str, partition: int) -> None:
+    """Raise ArchiveError when one offset holds two different records.
+
+    An archive may repeat a record (a writer that retried): the same offset with the same key and value is read
+    once. The same offset with another record cannot be one log: it is what two regions' archives under
+    one directory look like, and merging them would compare a region with a mix of two."""
+    files: dict[str, pq.ParquetFile] = {}
+    for cluster in _clusters(chunks):
+        if len(cluster) == 1 and cluster[0].trusted:
+            continue
+        offsets = np.concatenate([_read_chunk(files, c, topic, partition, None, None, ["offset"])
+                                  .column("offset").to_numpy() for c in cluster])
+        s = np.sort(offsets)
+        repeated = np.unique(s[1:][s[1:] == s[:-1]])
+        if repeated.size == 0:
+            continue
+        wanted = pa.array(repeated)
+        seen: dict[int, tuple] = {}
+        for c in cluster:
+            # key and value decide (a writer without a headers column loses headers, not the record)
+            t = _read_chunk(files, c, topic, partition, None, None, ["offset", "key", "value"])
+            t = t.filter(pc.is_in(t.column("offset"), value_set=wanted))
+            for row in t.to_pylist():
+                content = (row["key"], row["value"])
+                first = seen.setdefault(row["offset"], content)
+                if first != content:
+                    raise ArchiveError(f"holds offset {row['offset']} of {topic}[{partition}] twice, with different "
+                                       "records (several regions' archives under one directory?)")
 
 
 def iter_partition(

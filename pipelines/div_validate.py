@@ -55,6 +55,9 @@ def plan(opts: ValidateOptions, opened: list[Source]) -> list[PartitionTask]:
     tasks = []
     for src in opened:
         available = src.topics()
+        if not available:
+            what = "no topic" if src.spec.is_kafka else "no record (no Parquet file in the archive schema holds one)"
+            raise SourceError(f"source {src.region}={src.uri}: holds {what}; nothing to validate")
         topics = opts.topics or available
         for topic in topics:
             if topic not in available:

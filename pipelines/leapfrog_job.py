@@ -41,7 +41,7 @@ from . import vt_decode as V
 from .leapfrog_carried import file_buckets
 from .leapfrog_keys import OUT_DDL, ROW_COLUMNS, SORT_COLUMNS, CompareContext, ScanReduce, stage_for
 from .leapfrog_plan import RegionPartition, failed_reads, mark_latest_kept, plan_marks, views
-from .output import OutputDir, guard, source_inputs, versions
+from .output import OutputDir, guard, local_path, source_inputs, versions
 from .sources import SourceError, SourceSpec
 
 log = logging.getLogger("tidegauge.leapfrog")
@@ -66,6 +66,14 @@ class LeapfrogOptions:
     master: str | None = None
     spark_conf: dict[str, str] = field(default_factory=dict)
     kafka_conf: dict[int, dict[str, Any]] = field(default_factory=dict)
+
+    def __post_init__(self) -> None:
+        # executors read the state's carried files: a relative path would resolve in their working directory
+        if self.state_dir is not None:
+            local = local_path(self.state_dir)
+            if local is None:
+                raise SourceError(f"--state {self.state_dir}: only local paths and file:// URIs are supported so far")
+            self.state_dir = str(local)
 
     @property
     def topic(self) -> str:

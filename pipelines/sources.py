@@ -23,10 +23,23 @@ class SourceError(Exception):
     """A source that cannot be parsed or read; the message names it (exit code 2)."""
 
 
+def absolute_uri(uri: str) -> str:
+    """A local path or `file://` URI made absolute on the driver (executors resolve a relative path in their own
+    working directory, and would read nothing or something else); other URIs are returned unchanged."""
+    if uri.startswith("file://"):
+        return "file://" + os.path.abspath(os.path.expanduser(uri[len("file://"):]))
+    if "://" in uri:
+        return uri
+    return os.path.abspath(os.path.expanduser(uri))
+
+
 @dataclass(frozen=True)
 class SourceSpec:
     region: int
     uri: str
+
+    def __post_init__(self) -> None:
+        object.__setattr__(self, "uri", absolute_uri(self.uri))
 
     @property
     def is_kafka(self) -> bool:

@@ -90,7 +90,11 @@ def plan(sources: Mapping[int, str], topic: str, kafka_conf: Mapping[int, Mappin
                     low, high = kl.watermarks(topic, p)
                     ranges.append((p, low, high))
         else:
-            for info in archive.describe(_path(uri)):
+            try:
+                infos = archive.describe(_path(uri))
+            except archive.ArchiveError as exc:
+                raise ValueError(f"source {region}={uri}: {exc}") from exc
+            for info in infos:
                 if info.topic == topic:
                     ranges.append((info.partition, info.first_offset, info.last_offset + 1))
         for p, low, high in ranges:
