@@ -23,7 +23,7 @@ from . import keys
 from .keys import KNOWN_HEADERS
 from .record_validators import Chain, PartitionContext, Record
 from .validator import (
-    FATAL_KINDS,
+    NOT_FINDINGS,
     UNDECODABLE,
     Finding,
     PartitionValidator,
@@ -43,6 +43,9 @@ ERROR_COLUMNS = [
     ("detail", pa.string()),
 ]
 ERROR_SCHEMA = pa.schema(ERROR_COLUMNS)
+
+
+MAX_LISTED = 100  # undecodable offsets listed per partition in summaries; the counts are always whole
 
 
 def is_realtime_topic(topic: str) -> bool:
@@ -66,6 +69,9 @@ class PartitionSummary:
     producers_tracked: int = 0
     findings: Counter = field(default_factory=Counter)
     fatal_findings: int = 0
+    undecodable: int = 0
+    undecodable_offsets: list[int] = field(default_factory=list)  # the first MAX_LISTED
+    explained: int = 0  # gaps and mismatches that undecodable records in between can explain
     start_offset: int | None = None
     restored_from_heartbeat: int | None = None
 
@@ -74,7 +80,8 @@ class PartitionSummary:
             "region": self.region, "topic": self.topic, "partition": self.partition, "records": self.records,
             "first_offset": self.first_offset, "last_offset": self.last_offset, "eop_offset": self.eop_offset,
             "producers_tracked": self.producers_tracked, "findings": dict(sorted(self.findings.items())),
-            "fatal_findings": self.fatal_findings,
+            "fatal_findings": self.fatal_findings, "undecodable": self.undecodable,
+            "undecodable_offsets": list(self.undecodable_offsets), "explained_by_undecodable": self.explained,
             "start": {"offset": self.start_offset, "restored_from_heartbeat": self.restored_from_heartbeat},
         }
 
@@ -109,9 +116,17 @@ class PartitionRun:
 
     def _row(self, f: Finding) -> tuple:
         guid = f.producer_guid.hex() if f.producer_guid else ""
-        self.summary.findings[f.type] += 1
-        if f.fatal:
-            self.summary.fatal_findings += 1
+        s = self.summary
+        if f.type == UNDECODABLE:
+            s.undecodable += 1
+            if len(s.undecodable_offsets) < MAX_LISTED:
+                s.undecodable_offsets.append(f.offset)
+        elif f.type in NOT_FINDINGS:
+            s.explained += 1
+        else:
+            s.findings[f.type] += 1
+            if f.fatal:
+                s.fatal_findings += 1
         return (self.region, self.topic, self.partition, f.offset, guid, f.segment, f.sequence, f.type, f.fatal,
                 f.detail)
 
@@ -179,12 +194,10 @@ class PartitionRun:
         s.eop_offset = validator.eop_offset
 
     def _undecodable(self, offset: int, detail: str) -> tuple:
-        fatal = UNDECODABLE in FATAL_KINDS and not self.validator.end_of_push
-        row = self._row(Finding(offset, None, -1, -1, UNDECODABLE, fatal, detail))
-        if fatal and self.fail_fast:
-            self.rows.append(row)
-            raise StopRun(f"fatal UNDECODABLE at {self.topic}/{self.partition}@{offset}", offset)
-        return row
+        """A record no reader can decode: missing evidence (the run becomes partial), never a finding, and
+        never a reason for --fail-fast to stop."""
+        self.validator.note_undecodable(offset)
+        return self._row(Finding(offset, None, -1, -1, UNDECODABLE, False, detail))
 
     def _run_record_validators(self, offset, key, value, headers, env, broker_ms, undecodable) -> None:
         record = Record(self.region, self.topic, self.partition, offset, key, value, headers, env, broker_ms,

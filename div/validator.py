@@ -27,6 +27,7 @@ header 8) are validated like PUTs. Compaction tolerance (§3.4 #2) applies to ve
 
 from __future__ import annotations
 
+import bisect
 import struct
 from collections.abc import Callable
 from dataclasses import dataclass
@@ -43,8 +44,13 @@ CORRUPT = "CORRUPT"
 DUPLICATE = "DUPLICATE"
 DATA_AFTER_SEGMENT_END = "DATA_AFTER_SEGMENT_END"
 UNDECODABLE = "UNDECODABLE"
-FINDING_TYPES = (UNREGISTERED_PRODUCER, MISSING, CORRUPT, DUPLICATE, DATA_AFTER_SEGMENT_END, UNDECODABLE)
-FATAL_KINDS = frozenset({UNREGISTERED_PRODUCER, MISSING, CORRUPT, DATA_AFTER_SEGMENT_END, UNDECODABLE})
+EXPLAINED = "EXPLAINED_BY_UNDECODABLE"
+FINDING_TYPES = (UNREGISTERED_PRODUCER, MISSING, CORRUPT, DUPLICATE, DATA_AFTER_SEGMENT_END)
+FATAL_KINDS = frozenset({UNREGISTERED_PRODUCER, MISSING, CORRUPT, DATA_AFTER_SEGMENT_END})
+# Rows that are not findings: a record that could not be read is missing evidence, not a broken log (it makes a
+# run partial), and a gap or checksum mismatch that undecodable records in between can explain may be nothing but
+# them. Neither is ever fatal nor counted as a finding.
+NOT_FINDINGS = frozenset({UNDECODABLE, EXPLAINED})
 
 _FAST_KIND = {E.PUT: 1, E.DELETE: 2}
 _MASK64 = 0xFFFFFFFFFFFFFFFF
@@ -68,10 +74,16 @@ class Finding(NamedTuple):
 
 
 class _Fault(Exception):
-    def __init__(self, kind: str, detail: str) -> None:
+    """`needs`: how many unreadable records between the producer's last record and this one could account for the
+    fault (None: none could, e.g. a duplicate); `since_start`: count them from the segment's first record instead
+    (a checksum covers the whole segment)."""
+
+    def __init__(self, kind: str, detail: str, needs: int | None = None, since_start: bool = False) -> None:
         super().__init__(detail)
         self.kind = kind
         self.detail = detail
+        self.needs = needs
+        self.since_start = since_start
 
 
 class Segment:
@@ -79,7 +91,7 @@ class Segment:
 
     __slots__ = (
         "number", "sequence", "checksum", "debug_info", "aggregates", "registered", "started", "ended", "final",
-        "new_segment", "last_producer_ts", "fast", "adhash",
+        "new_segment", "last_producer_ts", "fast", "adhash", "first_offset", "last_offset",
     )
 
     def __init__(self, number: int, sequence: int, checksum: cks.Checksum) -> None:
@@ -96,6 +108,10 @@ class Segment:
         self.last_producer_ts = -1
         self.fast = False  # the validator's fast path may decide this segment's next data record
         self.adhash = False
+        # offsets of the segment's first and the producer's last record in this run (-1: none read in this run);
+        # they bound the undecodable records that could explain a gap
+        self.first_offset = -1
+        self.last_offset = -1
 
     def refresh_fast(self) -> None:
         """Recompute the fast-path flags after anything but a fast-path record changed this segment."""
@@ -147,6 +163,7 @@ class Segment:
     def copy(self) -> Segment:
         seg = Segment.from_state(self.to_state())
         seg.new_segment = self.new_segment
+        seg.first_offset, seg.last_offset = self.first_offset, self.last_offset
         if not self.checksum.finalized and seg.checksum.finalized:
             seg.checksum = self.checksum.copy()
         seg.refresh_fast()
@@ -183,6 +200,7 @@ class PartitionValidator:
         self._clock = clock
         self._bytes_since_checkpoint = 0
         self.records = 0  # counted by the caller (per batch) to keep the per-record path short
+        self.undecodable: list[int] = []  # offsets of records that could not be decoded, in order
         # Checkpoints only matter for max-age expiry; without it, skip the per-record byte accounting.
         self._track_bytes = self.config.max_age_ms is not None and self.config.max_age_ms >= 0
 
@@ -245,6 +263,7 @@ class PartitionValidator:
                     ck._adhash = (ck._adhash + crc) & _MASK64
                 seg.sequence += 1
                 seg.last_producer_ts = pm["messageTimestamp"]
+                seg.last_offset = offset
                 if self._track_bytes:
                     self._count_bytes(value_size)
                 return _NO_FINDINGS
@@ -266,15 +285,28 @@ class PartitionValidator:
         ctype = E.control_type(env) if kind == "CONTROL" else None
         eop = self.end_of_push
         findings: list[Finding] = []
+        pm = env["producerMetadata"]
+        before = self.segments.get(pm["producerGUID"])
+        bounds = (before.first_offset, before.last_offset) if before is not None else None
         try:
             self._validate(offset, key, env, kind, ctype, eop, broker_ts)
         except _Fault as fault:
-            pm = env["producerMetadata"]
-            fatal = fault.kind in FATAL_KINDS and not eop
+            kind_, fatal, detail = fault.kind, fault.kind in FATAL_KINDS and not eop, fault.detail
+            unread = self._unreadable_between(fault, bounds, offset)
+            if unread:
+                kind_, fatal = EXPLAINED, False
+                shown = ", ".join(str(o) for o in unread[:5]) + (", ..." if len(unread) > 5 else "")
+                detail = (f"{fault.kind} explained: {detail}; {len(unread)} undecodable record(s) in between "
+                          f"(offsets {shown}) may hold what is missing")
             findings.append(Finding(offset, pm["producerGUID"], pm["segmentNumber"], pm["messageSequenceNumber"],
-                                    fault.kind, fatal, fault.detail))
+                                    kind_, fatal, detail))
             if fault.kind != DUPLICATE:
                 self._resync(offset, key, env, kind, ctype, broker_ts)
+        seg = self.segments.get(pm["producerGUID"])
+        if seg is not None:
+            if seg is not before or seg.first_offset < 0:
+                seg.first_offset = offset
+            seg.last_offset = offset
         if kind == "CONTROL":
             if ctype == E.END_OF_PUSH and not self.is_realtime:
                 self.end_of_push = True
@@ -285,6 +317,23 @@ class PartitionValidator:
         if self._track_bytes:
             self._count_bytes(value_size)
         return findings
+
+    def note_undecodable(self, offset: int) -> None:
+        """A record of this partition that could not be decoded (offsets arrive in order)."""
+        self.undecodable.append(offset)
+
+    def _unreadable_between(self, fault: _Fault, bounds: tuple[int, int] | None, offset: int) -> list[int]:
+        """The undecodable offsets that can explain `fault` at `offset`, or [] when they cannot."""
+        if fault.needs is None or not self.undecodable:
+            return []
+        first, last = bounds if bounds is not None else (-1, -1)
+        # -1: no record of the producer (or its segment) was read in this run: its StartOfSegment, or what the
+        # restored state was missing, may be any unreadable record so far
+        low = first if fault.since_start else last
+        i = bisect.bisect_right(self.undecodable, low)
+        j = bisect.bisect_left(self.undecodable, offset)
+        between = self.undecodable[i:j]
+        return between if len(between) >= fault.needs else []
 
     def checkpoint(self) -> None:
         self._bytes_since_checkpoint = 0
@@ -335,7 +384,7 @@ class PartitionValidator:
         n = pm["segmentNumber"]
         if seg is None:
             if n != 0 and not eop:
-                raise _Fault(UNREGISTERED_PRODUCER, f"unknown producer starts at segment {n}, not 0")
+                raise _Fault(UNREGISTERED_PRODUCER, f"unknown producer starts at segment {n}, not 0", needs=1)
             return self._init_segment(guid, pm, env, kind, ctype, eop, True)
         if n == seg.number:
             return seg
@@ -345,7 +394,9 @@ class PartitionValidator:
             if tolerate():
                 return self._init_segment(guid, pm, env, kind, ctype, eop, True)
             reason = "was not ended" if n == seg.number + 1 else f"skipped segment(s) {seg.number + 1}..{n - 1}"
-            raise _Fault(MISSING, f"segment {n} after segment {seg.number}, which {reason}")
+            # at least its EndOfSegment, and a StartOfSegment and EndOfSegment per skipped segment
+            raise _Fault(MISSING, f"segment {n} after segment {seg.number}, which {reason}",
+                         needs=1 + 2 * (n - seg.number - 1))
         raise _Fault(DUPLICATE, f"segment {n} is older than the current segment {seg.number}")
 
     def _init_segment(self, guid, pm, env, kind, ctype, eop, tolerate_any_type) -> Segment:
@@ -366,7 +417,7 @@ class PartitionValidator:
         self.segments[guid] = seg  # stored before the possible raise, as Venice does
         if not is_sos and (not eop or not tolerate_any_type):
             raise _Fault(UNREGISTERED_PRODUCER,
-                         f"segment {seg.number} begins without a StartOfSegment (sequence {seq})")
+                         f"segment {seg.number} begins without a StartOfSegment (sequence {seq})", needs=1)
         seg.registered = is_sos
         return seg
 
@@ -394,7 +445,7 @@ class PartitionValidator:
             seg.sequence = inc
             seg.last_producer_ts = ts
             return
-        raise _Fault(MISSING, f"sequence jumped from {prev} to {inc} in segment {seg.number}")
+        raise _Fault(MISSING, f"sequence jumped from {prev} to {inc} in segment {seg.number}", needs=inc - prev - 1)
 
     def _track_checksum(self, seg: Segment, key: bytes, env, kind, ctype, tolerate) -> None:
         is_eos = kind == "CONTROL" and ctype == E.END_OF_SEGMENT
@@ -428,4 +479,4 @@ class PartitionValidator:
         seg.final = final
         raise _Fault(CORRUPT, f"segment {seg.number} checksum mismatch: EndOfSegment says "
                               f"{bytes(body['checksumValue']).hex()}, the data gives {expected.hex()} "
-                              f"({cks.NAMES.get(seg.checksum.type, seg.checksum.type)})")
+                              f"({cks.NAMES.get(seg.checksum.type, seg.checksum.type)})", needs=1, since_start=True)

@@ -63,7 +63,15 @@ from div.batch import ERROR_COLUMNS, PartitionRun, PartitionSummary, StopRun, ro
 from div.record_validators import ValidatorSpecError, build_chain
 
 from .cli import UsageError
-from .div_validate import PartitionTask, ValidateOptions, exit_code_for, plan, summarize, write_errors
+from .div_validate import (
+    PartitionTask,
+    ValidateOptions,
+    evidence_for,
+    exit_code_for,
+    plan,
+    summarize,
+    write_errors,
+)
 from .output import OutputDir, guard, source_inputs
 from .sources import Source, SourceError, SourceSpec, open_source
 
@@ -565,7 +573,8 @@ def run_spark(opts: ValidateOptions, master: str | None = None, spark_conf: dict
                 if outcome.stopped and opts.fail_fast:
                     log.warning("--fail-fast: stopped at %s", outcome.stopped)
                     break  # what the local engine, running tasks in order, would have kept
-            code = exit_code_for(summaries, failed)
+            evidence = evidence_for(tasks, summaries, failed, by_region)
+            code = exit_code_for(summaries, failed, evidence)
             _write_errors(out, frames, keep)
         finally:
             for f in frames:
@@ -575,5 +584,5 @@ def run_spark(opts: ValidateOptions, master: str | None = None, spark_conf: dict
         log.info("%d partitions, %d records, %d findings in %.1f s (%.0f records/s)", len(summaries), records,
                  sum(sum(s.findings.values()) for s in summaries), elapsed, records / elapsed)
         out.write_json("summary.json", summarize(out, summaries, failed, code,
-                                                 {s.region: s.uri for s in opts.sources}, "spark"))
+                                                 {s.region: s.uri for s in opts.sources}, "spark", evidence))
     return code

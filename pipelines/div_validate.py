@@ -18,6 +18,7 @@ import pyarrow.parquet as pq
 from div.batch import PartitionRun, PartitionSummary, StopRun, is_realtime_topic, rows_to_table
 from div.validator import ValidatorConfig
 
+from .evidence import PartitionEvidence, describe_short, summary_fields, verdict
 from .output import OutputDir, guard, source_inputs
 from .sources import Source, SourceError, SourceSpec, open_source
 
@@ -95,28 +96,60 @@ def validate_partition(src: Source, task: PartitionTask, opts: ValidateOptions) 
     return run
 
 
+def evidence_for(tasks: list[PartitionTask], summaries: list[PartitionSummary], failed: list[dict],
+                 sources: dict[int, Source]) -> list[PartitionEvidence]:
+    """What each planned partition promised (the source's bounds, fixed at planning) against what its run read
+    and decoded — counted where it ran, on an executor for the Spark engine."""
+    done = {(s.region, s.topic, s.partition): s for s in summaries}
+    errors = {(f["region"], f["topic"], f["partition"]): f["error"] for f in failed}
+    out = []
+    for t in tasks:
+        src = sources[t.region]
+        first, end = src.bounds(t.topic, t.partition)
+        s = done.get((t.region, t.topic, t.partition))
+        start = s.start_offset if s is not None and s.start_offset is not None else first
+        e = PartitionEvidence(t.region, t.topic, t.partition, start, end,
+                              planned_records=src.planned_records(t.topic, t.partition) if start == first else None,
+                              error=errors.get((t.region, t.topic, t.partition)))
+        if s is not None:
+            e.read_records = s.records
+            e.reached_end = s.last_offset is not None and s.last_offset >= end - 1
+            e.undecodable = s.undecodable
+            e.undecodable_offsets = list(s.undecodable_offsets)
+        elif e.error is None:
+            e.error = "not read (--fail-fast stopped the run before it)"
+        out.append(e)
+    return out
+
+
 def summarize(out: OutputDir, summaries: list[PartitionSummary], failed: list[dict], exit_code: int,
-              sources: dict[int, str], engine: str) -> dict[str, Any]:
+              sources: dict[int, str], engine: str, evidence: list[PartitionEvidence]) -> dict[str, Any]:
     by_type: Counter = Counter()
     for s in summaries:
         by_type.update(s.findings)
+    fatal = sum(s.fatal_findings for s in summaries)
     return {
         **out.common_fields("div validate", exit_code, sources),
+        **summary_fields(fatal, evidence, len(failed)),
         "engine": engine,
         "records_read": sum(s.records for s in summaries),
         "findings": sum(by_type.values()),
-        "fatal_findings": sum(s.fatal_findings for s in summaries),
+        "fatal_findings": fatal,
         "findings_by_type": dict(sorted(by_type.items())),
+        "undecodable_records": sum(s.undecodable for s in summaries),
+        "explained_by_undecodable": sum(s.explained for s in summaries),
         "producers_tracked": sum(s.producers_tracked for s in summaries),
         "partitions": [s.to_json() for s in summaries],
         "failed_partitions": failed,
     }
 
 
-def exit_code_for(summaries: list[PartitionSummary], failed: list[dict]) -> int:
-    if any(s.fatal_findings for s in summaries):
-        return EXIT_FINDINGS
-    return EXIT_PARTIAL if failed else EXIT_CLEAN
+def exit_code_for(summaries: list[PartitionSummary], failed: list[dict], evidence: list[PartitionEvidence]) -> int:
+    """Fatal findings → 1; else anything planned not read or not decoded → 3; else 0 (pipelines.evidence)."""
+    code = verdict(sum(s.fatal_findings for s in summaries), evidence, len(failed))[1]
+    for line in describe_short(evidence):
+        log.warning("%s", line)
+    return code
 
 
 def write_errors(out: OutputDir, table: pa.Table) -> None:
@@ -153,8 +186,9 @@ def run_local(opts: ValidateOptions) -> int:
             if run.stopped:
                 log.warning("--fail-fast: stopped at %s", run.stopped)
                 break
-        code = exit_code_for(summaries, failed)
+        evidence = evidence_for(tasks, summaries, failed, by_region)
+        code = exit_code_for(summaries, failed, evidence)
         write_errors(out, rows_to_table(rows))
         out.write_json("summary.json", summarize(out, summaries, failed, code,
-                                                 {s.region: s.uri for s in opts.sources}, "local"))
+                                                 {s.region: s.uri for s in opts.sources}, "local", evidence))
     return code

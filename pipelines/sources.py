@@ -95,6 +95,11 @@ class Source:
                        columns: list[str] | None = None, batch_size: int = 65536) -> Iterator[pa.RecordBatch]:
         raise NotImplementedError
 
+    def planned_records(self, topic: str, partition: int) -> int | None:
+        """How many records the planned snapshot of this partition holds, when the source knows exactly (an
+        archive's metadata); None when it does not (Kafka: compaction may leave holes between the bounds)."""
+        return None
+
     def min_compaction_lag_ms(self, topic: str) -> int | None:
         """The topic's min.compaction.lag.ms when it is compacted and the source can tell; else None."""
         return None
@@ -122,6 +127,10 @@ class ArchiveSource(Source):
         if info is None:
             return (0, 0)
         return (info.first_offset, info.last_offset + 1)
+
+    def planned_records(self, topic: str, partition: int) -> int | None:
+        info = self._info.get((topic, partition))
+        return info.records if info is not None else 0
 
     def iter_partition(self, topic, partition, start=None, end=None, columns=None, batch_size=65536):
         try:

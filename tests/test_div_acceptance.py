@@ -16,6 +16,7 @@ import pyarrow.parquet as pq
 import pytest
 import venice_reference as ref
 
+from div.validator import EXPLAINED, UNDECODABLE
 from pipelines.cli import main
 
 TOPIC = "accept_v1"
@@ -250,8 +251,10 @@ def _undecodable(log):
     f = producer("future")
     recs = f.put(b"k", b"1") + f.put(b"k", b"2") + f.end_segment()
     log.add("F", [_as_v99(r, with_vtp=i == 0) for i, r in enumerate(recs)])
-    return ([(label, "UNDECODABLE", True) for label in before]
-            + [("A:PUT0.2", "UNDECODABLE", True), ("A:PUT0.3", "MISSING", True), ("A:EOS0", "CORRUPT", True)]
+    # An unreadable record is missing evidence, never a finding (not fatal, before End of Push either); the
+    # sequence gap and the checksum mismatch it causes in its producer's segment are explained by it.
+    return ([(label, "UNDECODABLE", False) for label in before]
+            + [("A:PUT0.2", "UNDECODABLE", False), ("A:PUT0.3", EXPLAINED, False), ("A:EOS0", EXPLAINED, False)]
             + [(label, "UNDECODABLE", False) for label in after])
 
 
@@ -325,7 +328,13 @@ def test_the_run_goes_on_and_counts_everything(strict_run):
     code, rows, summary = strict_run
     assert code == 1  # fatal findings exist
     expected_total = sum(len(e) for _, _, e in SCENARIOS.values()) + len(COMPACTED_STRICT)
-    assert len(rows) == summary["findings"] == expected_total
+    assert len(rows) == expected_total
+    not_findings = [r for r in rows if r["type"] in (UNDECODABLE, EXPLAINED)]
+    assert summary["findings"] == expected_total - len(not_findings)
+    assert summary["undecodable_records"] == sum(r["type"] == UNDECODABLE for r in rows) > 0
+    assert summary["explained_by_undecodable"] == sum(r["type"] == EXPLAINED for r in rows) == 2
+    assert summary["evidence"]["undecodable_records"] == summary["undecodable_records"]
+    assert summary["verdict"] == "findings"  # findings outrank the partial evidence
     assert summary["fatal_findings"] == sum(r["fatal"] for r in rows)
     assert summary["records_read"] == sum(len(log.records) for _, log, _ in SCENARIOS.values()) + 10
     by_partition = {(p["topic"], p["partition"]): p for p in summary["partitions"]}
