@@ -40,6 +40,7 @@ class PartitionEvidence:
     undecodable_offsets: list[int] = field(default_factory=list)
     reached_end: bool = False
     error: str | None = None
+    newest_ms: int | None = None  # broker time of the newest record read (lag measures archives against it)
 
     @property
     def short(self) -> bool:

@@ -24,6 +24,7 @@ from heartbeat.lag import LagMonitor, LagRow
 
 from . import config as cfg
 from .cli import UsageError
+from .evidence import PartitionEvidence, describe_short, summary_fields, verdict
 from .output import OutputDir, guard, source_inputs
 from .sources import Source, SourceError, SourceSpec, check_unique, open_source, parse_source
 
@@ -135,24 +136,35 @@ def rt_end_offsets(rt_by_region: dict[int, Source], rt_topic: str, partitions: s
 
 
 # -- reading ---------------------------------------------------------------------------------------------
-def monitor_partition(src: Source, topic: str, partition: int, n_regions: int) -> LagMonitor:
-    """Read one VT partition into a LagMonitor (undecodable records are counted and skipped)."""
+def monitor_partition(src: Source, topic: str, partition: int, n_regions: int,
+                      evidence: PartitionEvidence | None = None) -> LagMonitor:
+    """Read one VT partition into a LagMonitor; undecodable records are skipped and counted in `evidence`, with
+    what was read and the newest record time (`evidence.newest_ms`, set as an attribute)."""
     codec = E.EnvelopeCodec()
     mon = LagMonitor(vt_region=src.region, partition=partition, n_regions=n_regions)
-    undecodable = 0
+    ev = evidence if evidence is not None else PartitionEvidence(src.region, topic, partition, 0, 0)
+    newest = None
     for batch in src.iter_partition(topic, partition, columns=["key", "value", "headers", "offset", "timestamp"]):
         ts = batch.column("timestamp").cast(pa.int64()).to_pylist()  # microseconds
+        offsets = batch.column("offset").to_pylist()
         rows = zip(batch.column("key").to_pylist(), batch.column("value").to_pylist(),
-                   batch.column("headers").to_pylist(), batch.column("offset").to_pylist(), ts, strict=True)
+                   batch.column("headers").to_pylist(), offsets, ts, strict=True)
+        ev.read_records += len(offsets)
+        if offsets and offsets[-1] >= ev.end - 1:
+            ev.reached_end = True
         for key, value, headers, offset, us in rows:
+            if us is not None and (newest is None or us > newest):
+                newest = us
             try:
                 env = codec.decode(value, headers)
             except E.UndecodableError:
-                undecodable += 1
+                ev.note_undecodable([offset])
                 continue
             mon.feed(key, env, headers, offset, None if us is None else us // 1000)
-    if undecodable:
-        log.warning("region %d %s[%d]: %d undecodable records skipped", src.region, topic, partition, undecodable)
+    if newest is not None:
+        ev.newest_ms = newest // 1000
+    if ev.undecodable:
+        log.warning("region %d %s[%d]: %d undecodable records skipped", src.region, topic, partition, ev.undecodable)
     return mon
 
 
@@ -235,7 +247,7 @@ def run(args) -> int:
     guard("lag", {"--out": args.out}, {**source_inputs(specs), **{f"--rt-source {s.region}": s.uri for s in rt_specs}})
     store = args.store if args.store is not None else conf.get("store")
     version = args.version if args.version is not None else conf.get("version")
-    now_ms = args.now_ms if args.now_ms is not None else int(time.time() * 1000)
+    now_ms = args.now_ms
     opened: list[Source] = []
     to_close: list[Source] = []
     try:
@@ -268,21 +280,40 @@ def _measure(args, opened: list[Source], topic: str, ends: dict[int, dict[int, i
     monitors: list[LagMonitor] = []
     rows: list[LagRow] = []
     failed: list[dict[str, Any]] = []
+    evidence: list[PartitionEvidence] = []
     for src in opened:
         for p in src.partitions(topic):
+            first, end = src.bounds(topic, p)
+            ev = PartitionEvidence(src.region, topic, p, first, end,
+                                   planned_records=src.planned_records(topic, p))
+            evidence.append(ev)
             try:
-                mon = monitor_partition(src, topic, p, n_regions)
+                mon = monitor_partition(src, topic, p, n_regions, ev)
             except (SourceError, OSError) as exc:
+                ev.error = str(exc)
                 failed.append({"region": src.region, "topic": topic, "partition": p, "error": str(exc)})
                 log.error("region %d %s[%d]: %s", src.region, topic, p, exc)
                 continue
             n_regions = max([n_regions, *(r + 1 for r in mon.regions())])
             monitors.append(mon)
+    now_basis = "--now-ms"
+    if now_ms is None:
+        newest = [e.newest_ms for e in evidence if e.newest_ms is not None]
+        if all(not s.spec.is_kafka for s in opened) and newest:
+            # an archive is a snapshot of the past: lag measured against the wall clock would be the archive's
+            # age, not the replicas' lag
+            now_ms, now_basis = max(newest), "the newest record in the sources"
+            log.info("lag measured at %s UTC, the newest record in the archives (give --now-ms to choose)",
+                     _fmt_ms(now_ms))
+        else:
+            now_ms, now_basis = int(time.time() * 1000), "the current time"
     for mon in monitors:
         mon.n_regions = n_regions
         rows += mon.rows(now_ms, {r: e[mon.partition] for r, e in ends.items() if mon.partition in e})
-    exit_code = EXIT_PARTIAL if failed else EXIT_CLEAN
-    print(f"lag of {topic} at {_fmt_ms(now_ms)} UTC (now_ms={now_ms})")
+    exit_code = verdict(0, evidence, len(failed))[1]
+    for line in describe_short(evidence):
+        log.warning("%s", line)
+    print(f"lag of {topic} at {_fmt_ms(now_ms)} UTC (now_ms={now_ms}, {now_basis})")
     print(format_table(rows))
     if failed:
         print(f"{len(failed)} partition(s) could not be read: see the log")
@@ -292,7 +323,9 @@ def _measure(args, opened: list[Source], topic: str, ends: dict[int, dict[int, i
             _write_dataset(out, "heartbeats", heartbeat_table(monitors))
             out.write_json("lag.json", {
                 **out.common_fields("lag", exit_code, sources),
+                **summary_fields(0, evidence, len(failed)),
                 "now_ms": now_ms,
+                "now_basis": now_basis,
                 "topic": topic,
                 "lag": [r.__dict__ for r in rows],
                 "failed_partitions": failed,

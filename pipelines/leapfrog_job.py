@@ -38,6 +38,7 @@ from pyspark.sql import DataFrame, SparkSession
 from pyspark.sql import functions as F
 
 from . import vt_decode as V
+from .evidence import PartitionEvidence, describe_short, summary_fields
 from .leapfrog_carried import file_buckets
 from .leapfrog_keys import OUT_DDL, ROW_COLUMNS, SORT_COLUMNS, CompareContext, ScanReduce, stage_for
 from .leapfrog_plan import RegionPartition, failed_reads, mark_latest_kept, plan_marks, views
@@ -265,7 +266,8 @@ def run(opts: LeapfrogOptions, spark: SparkSession | None = None) -> int:
                                   "settled_touched": 0, "settled_new": 0}
                 counter_rows.append(r)
             r["keys"] += n_settled - r["settled_touched"]
-        findings, table = _findings(result, opts, state, counter_rows, out)
+        unverified, overflow = _unverified(facts)
+        findings, table, withheld = _findings(result, opts, state, counter_rows, out, unverified, overflow)
         if table is not None:
             finding_counts = defaultdict(int)
             for p_, a_, b_, t_ in zip(*(table.column(c).to_pylist() for c in ("partition", "region_a", "region_b",
@@ -282,12 +284,18 @@ def run(opts: LeapfrogOptions, spark: SparkSession | None = None) -> int:
         if findings is not None:
             findings.unpersist()
         result.unpersist()
-        summary = _summary(opts, facts, counter_rows, finding_counts, pairs, failed)
+        summary = _summary(opts, facts, counter_rows, finding_counts, pairs, failed, unverified, overflow)
+        summary["totals"]["withheld_findings"] = withheld
         total_findings = sum(summary["totals"]["findings"].values())
-        code = EXIT_FINDINGS if total_findings else (EXIT_PARTIAL if failed else EXIT_CLEAN)
+        evidence = _evidence(opts.topic, splits, ends, facts, failed)
+        for line in describe_short(evidence):
+            log.warning("%s", line)
+        summary = {**summary_fields(total_findings, evidence, len(failed)), **summary}
+        code = summary["exit_code"]
         timings["total_s"] = round(time.time() - t0, 3)
         summary = {**out.common_fields("leapfrog", code, _sources(opts)), **summary,
                    "timings": timings, "versions": versions()}
+        summary["exit_code"] = code
         out.write_json("summary.json", summary)
     log.info("leapfrog %s: %d findings over %d pair(s), %d partition(s); summary in %s", opts.topic,
              total_findings, len(pairs), len(all_partitions), os.path.join(opts.out, "summary.json"))
@@ -419,12 +427,49 @@ def _counters(result: DataFrame) -> tuple[list[dict], dict | None, dict[tuple[in
     return list(sums.values()), facts, read_errors
 
 
-def _findings(result: DataFrame, opts: LeapfrogOptions, state, counter_rows, out: OutputDir):
-    """This run's findings, and with --state every finding so far: per (pair, key) the one first in
-    (B offset, A offset) order, as a full rescan would report. Written to OUT/inconsistencies.
+def _unverified(facts: dict) -> tuple[dict[tuple[int, int, bytes], list[int]], set[tuple[int, int]]]:
+    """(region, partition, key) → offsets of its unreadable records, and the region partitions with more of them
+    than a scan lists (every finding there is withheld). In a chunked version every value key carries the
+    `02 00` suffix; other suffixes are chunk keys, which a manifest's hash already accounts for."""
+    from leapfrog.unverified import index
 
-    Returns (DataFrame, None) when Spark wrote them (very many), else (None, table): the usual case, where the
-    findings are merged and written on the driver without another Spark job."""
+    chunked = any(rp.chunked or rp.chunk_rows for rp in facts.values())
+    rows = []
+    for (region, partition), rp in facts.items():
+        for key_hex, offset in rp.unverified:
+            key = bytes.fromhex(key_hex)
+            if chunked:
+                if key[-2:] != bytes([2, 0]):
+                    continue
+                key = key[:-2]
+            rows.append((region, partition, key, int(offset)))
+    overflow = {(rp.region, rp.partition) for rp in facts.values() if rp.unverified_overflow}
+    return index(rows), overflow
+
+
+def _withhold(table: pa.Table, unverified: dict, overflow: set) -> pa.Table:
+    """The findings that do not rest on an unreadable record (leapfrog.unverified)."""
+    from leapfrog.unverified import withheld_side
+
+    if table.num_rows == 0 or (not unverified and not overflow):
+        return table
+    cols = [table.column(c).to_pylist() for c in ("partition", "key", "region_a", "region_b", "a_vt_offset",
+                                                   "b_vt_offset")]
+    keep = []
+    for p, k, a, b, ao, bo in zip(*cols, strict=True):
+        held = (a, p) in overflow or (b, p) in overflow or withheld_side(unverified, p, k, a, b, ao, bo) is not None
+        keep.append(not held)
+    return table.filter(pa.array(keep, pa.bool_()))
+
+
+def _findings(result: DataFrame, opts: LeapfrogOptions, state, counter_rows, out: OutputDir, unverified: dict,
+              overflow: set):
+    """This run's findings, and with --state every finding so far: per (pair, key) the one first in
+    (B offset, A offset) order, as a full rescan would report, less those that rest on an unreadable record
+    (withheld: the key is unverified there). Written to OUT/inconsistencies.
+
+    Returns (DataFrame, None, withheld) when Spark wrote them (very many), else (None, table, withheld): the usual
+    case, where the findings are merged and written on the driver without another Spark job."""
     new = (result.where(F.col("row") == "F")
            .select(F.lit(opts.store).alias("store"), F.lit(opts.version).cast("int").alias("version"),
                    *FINDING_COLUMNS[2:]))
@@ -434,11 +479,12 @@ def _findings(result: DataFrame, opts: LeapfrogOptions, state, counter_rows, out
         table = new.toArrow()
         if old_dir is not None:
             table = _first_per_key(table, _read_findings(old_dir, table.schema))
-        table = table.sort_by(_ORDER)
+        before = table.num_rows
+        table = _withhold(table, unverified, overflow).sort_by(_ORDER)
         path = out.file("inconsistencies")
         path.mkdir(parents=True, exist_ok=True)
         pq.write_table(table, path / "part-00000.parquet")
-        return None, table
+        return None, table, before - table.num_rows
     if old_dir is not None:
         from pyspark.sql import Window
 
@@ -447,9 +493,19 @@ def _findings(result: DataFrame, opts: LeapfrogOptions, state, counter_rows, out
             F.coalesce("b_vt_offset", F.lit(-1)), F.coalesce("a_vt_offset", F.lit(-1)))
         new = (new.unionByName(old).withColumn("_rank", F.row_number().over(w)).where(F.col("_rank") == 1)
                .drop("_rank"))
+    before = None
+    if unverified or overflow:
+        schema = new.schema
+
+        def keep(batches):
+            for b in batches:
+                yield from _withhold(pa.Table.from_batches([b]), unverified, overflow).to_batches()
+
+        before = new.count()
+        new = new.mapInArrow(keep, schema)
     new = new.persist(StorageLevel.MEMORY_AND_DISK)
     new.write.mode("overwrite").parquet(str(out.file("inconsistencies")))
-    return new, None
+    return new, None, (before - new.count()) if before is not None else 0
 
 
 def _parquet_rows(path) -> int:
@@ -508,6 +564,8 @@ def _commit_state(stage, opts: LeapfrogOptions, facts: dict, ends: dict, carried
             "baseline": list(rp.baseline) if rp.baseline is not None and not rp.prefix_known else None,
             "prefix_known": rp.prefix_known, "gap_hw": list(rp.next_freeze()) if rp.next_freeze() else None,
             "eop_offset": rp.eop_offset, "chunked": rp.chunked, "latest_kept": rp.latest_kept,
+            # kept across runs: a later run must not compare a value that an unreadable record replaced
+            "unverified": rp.unverified, "unverified_overflow": rp.unverified_overflow,
         })
     settled_counts = []
     for r in counter_rows:
@@ -522,13 +580,39 @@ def _commit_state(stage, opts: LeapfrogOptions, facts: dict, ends: dict, carried
     S.write_meta(stage, meta, region_rows)
     S.commit(opts.state_dir, stage)
 
-def _summary(opts: LeapfrogOptions, facts: dict, counter_rows, finding_counts: dict, pairs, failed) -> dict[str, Any]:
+def _evidence(topic: str, splits, ends: dict, facts: dict, failed: list[dict]) -> list[PartitionEvidence]:
+    """Per region partition: the offsets planned (the splits, fixed on the driver) against what the executors
+    read and decoded (their scan summaries, reconciled into `facts`)."""
+    planned: dict[tuple[int, int], list[int]] = {}
+    for sp in splits:
+        lo_hi = planned.setdefault((sp.region, sp.partition), [sp.start, sp.end])
+        lo_hi[0], lo_hi[1] = min(lo_hi[0], sp.start), max(lo_hi[1], sp.end)
+    errors = {(f["region"], f["partition"]): f["error"] for f in failed}
+    out = []
+    for key in sorted(set(planned) | set(errors)):
+        start, end = planned.get(key, [0, 0])
+        e = PartitionEvidence(key[0], topic, key[1], start, end, error=errors.get(key))
+        rp = facts.get(key)
+        if rp is not None and e.error is None:
+            e.read_records = rp.records_read
+            e.reached_end = rp.last_offset is not None and rp.last_offset >= end - 1
+            e.undecodable = rp.undecodable
+            e.undecodable_offsets = list(rp.undecodable_offsets)
+        out.append(e)
+    return out
+
+
+def _summary(opts: LeapfrogOptions, facts: dict, counter_rows, finding_counts: dict, pairs, failed,
+             unverified: dict, overflow: set) -> dict[str, Any]:
     by_pair = []
     totals = defaultdict(int)
     types = {"VALUE_MISMATCH": "value_mismatch", "MISSING_IN_A": "missing_in_a", "MISSING_IN_B": "missing_in_b"}
     found = {(r["partition"], r["region_a"], r["region_b"]): r for r in counter_rows}
     by_type = defaultdict(int, finding_counts)  # from the findings written (with --state: every finding so far)
     partitions = sorted({p for _, p in facts})
+    keys_of: dict[tuple[int, int], set[bytes]] = defaultdict(set)  # (region, partition) → unverified keys
+    for region, partition, key in unverified:
+        keys_of[(region, partition)].add(key)
     for p in partitions:
         for a, b in pairs:
             r = found.get((p, a, b))
@@ -536,6 +620,8 @@ def _summary(opts: LeapfrogOptions, facts: dict, counter_rows, finding_counts: d
             for c in ("keys", "comparable_pairs", "skipped_pairs", "pending_keys"):
                 entry[c] = int(r[c]) if r else 0
                 totals[c] += entry[c]
+            entry["unverified_keys"] = len(keys_of[(a, p)] | keys_of[(b, p)])
+            entry["all_keys_unverified"] = (a, p) in overflow or (b, p) in overflow
             entry["findings"] = {t: by_type[(p, a, b, t)] for t in types}
             by_pair.append(entry)
     by_region = []
@@ -547,7 +633,11 @@ def _summary(opts: LeapfrogOptions, facts: dict, counter_rows, finding_counts: d
             "last_offset": rp.last_offset, "final_high_watermark": list(rp.final_hw),
             "compacted_ranges": [[g[0], g[1]] for g in rp.gaps], "latest_records_kept": rp.latest_kept,
             "undecodable": rp.undecodable,
-            "undecodable_offsets": rp.undecodable_offsets, "out_of_range": rp.out_of_range,
+            "undecodable_offsets": rp.undecodable_offsets,
+            "unverified_keys": len(keys_of[(region, p)]), "all_keys_unverified": rp.unverified_overflow,
+            "unverified": [{"key": k.hex(), "offsets": offs[:10]} for (r_, p_, k), offs in sorted(unverified.items())
+                           if (r_, p_) == (region, p)][:100],
+            "out_of_range": rp.out_of_range,
             "out_of_range_offsets": rp.out_of_range_offsets,
         })
     finding_totals = {t: sum(e["findings"][t] for e in by_pair) for t in types}
@@ -562,6 +652,7 @@ def _summary(opts: LeapfrogOptions, facts: dict, counter_rows, finding_counts: d
             "skipped_pairs": totals["skipped_pairs"], "pending_keys": totals["pending_keys"],
             "findings": finding_totals,
             "undecodable": sum(rp.undecodable for rp in facts.values()),
+            "unverified_keys": len({(p_, k) for (_, p_, k) in unverified}),
             "out_of_range": sum(rp.out_of_range for rp in facts.values()),
         },
         "by_pair": by_pair,

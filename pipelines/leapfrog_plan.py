@@ -30,6 +30,11 @@ class RegionPartition:
     chunk_rows: int = 0  # manifests and chunks seen (values stored chunked)
     undecodable: int = 0
     undecodable_offsets: list[int] = field(default_factory=list)
+    # [key hex, offset] of undecodable records with a readable key, this run's and earlier runs' (--state);
+    # overflow: a keyless unreadable record, or more than a scan lists: every finding about this region partition
+    # is withheld
+    unverified: list[list] = field(default_factory=list)
+    unverified_overflow: bool = False
     start_after: int = -1
     prefix_known: bool = True
     baseline: tuple[int, ...] | None = None
@@ -111,6 +116,10 @@ def plan_marks(summaries: list[dict], ends: dict[tuple[int, int], int], n: int,
         rp.chunk_rows = sum(sm.get("chunk_rows", 0) for sm in splits)
         rp.undecodable = sum(sm["undecodable"] for sm in splits)
         rp.undecodable_offsets = [o for sm in splits for o in sm["undecodable_offsets"]][:MAX_LISTED_OFFSETS]
+        rp.unverified = [list(u) for u in (state or {}).get("unverified") or []]
+        rp.unverified += [u for sm in splits for u in sm.get("unverified", [])]
+        rp.unverified_overflow = bool((state or {}).get("unverified_overflow")) or any(
+            sm.get("unverified_overflow") for sm in splits)
         if state is not None:
             rp.start_after, rp.prefix_known, rp.start_kind, start_seg = state["last_offset"], state["prefix_known"], \
                 "state", None

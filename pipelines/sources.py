@@ -26,6 +26,8 @@ class SourceError(Exception):
 def absolute_uri(uri: str) -> str:
     """A local path or `file://` URI made absolute on the driver (executors resolve a relative path in their own
     working directory, and would read nothing or something else); other URIs are returned unchanged."""
+    if not isinstance(uri, str):
+        return uri  # not a path: the opener names what is wrong with it
     if uri.startswith("file://"):
         return "file://" + os.path.abspath(os.path.expanduser(uri[len("file://"):]))
     if "://" in uri:

@@ -127,6 +127,7 @@ class VtDecoder:
                     env = decode(values[i], headers[i])
                 except E.UndecodableError:
                     kind[i] = UNDECODABLE
+                    key_out[i] = key[1:]  # the key is readable: it is unverified in this region from here
                     continue
                 name, body = env["payloadUnion"]
                 content = key[1:]

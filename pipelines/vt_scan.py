@@ -38,6 +38,9 @@ SCAN_DDL = ("order byte, split int, seg byte, region int, partition int, offset 
             "key binary, value_hash long, deleted boolean, src int, src_offset long, rmd array<long>, hw binary, "
             "chunk_keys array<binary>, payload binary, summary string, carry binary")
 MAX_LISTED = 100
+# unreadable records with a readable key listed per split (each makes its key unverified); past this, the whole
+# region partition is treated as unverified rather than sending an unbounded list around
+MAX_UNVERIFIED = 10_000
 _KEEP = (V.DATA, V.MANIFEST, V.CHUNK)
 
 
@@ -91,6 +94,8 @@ class SplitScan:
         chunked = False
         undecodable = 0
         undecodable_offsets: list[int] = []
+        unverified: list[list] = []  # [key hex, offset] of undecodable records whose key is readable
+        unverified_overflow = False
         chunk_rows = 0
         error: str | None = None
         for batch in batches:
@@ -139,6 +144,17 @@ class SplitScan:
             bad = np.flatnonzero(kind == V.UNDECODABLE)
             undecodable += len(bad)
             undecodable_offsets.extend(int(o) for o in offsets[bad][: max(0, MAX_LISTED - len(undecodable_offsets))])
+            if len(bad):
+                bad_keys = d.column("key").take(pa.array(bad)).to_pylist()
+                for o, k in zip(offsets[bad].tolist(), bad_keys, strict=True):
+                    if k is None:
+                        # no readable key: it may have replaced any key's value, so every key of this region
+                        # partition is unverified
+                        unverified_overflow = True
+                    elif len(unverified) < MAX_UNVERIFIED:
+                        unverified.append([k.hex(), o])
+                    else:
+                        unverified_overflow = True
             # contributions of each row to the running mark
             contrib = np.full((rows, n), -1, np.int64)
             in_range = (src >= 0) & (src < n)
@@ -194,7 +210,8 @@ class SplitScan:
         summary = {"split": split, "region": region, "partition": partition, "first_offset": first_offset,
                    "last_offset": prev_offset, "eop_offset": eop_offset, "hbw_boundary": hbw_boundary,
                    "baseline": baseline, "chunked": chunked, "chunk_rows": chunk_rows, "undecodable": undecodable,
-                   "undecodable_offsets": undecodable_offsets, "segments": [s.to_json() for s in segs],
+                   "undecodable_offsets": undecodable_offsets, "unverified": unverified,
+                   "unverified_overflow": unverified_overflow, "segments": [s.to_json() for s in segs],
                    "error": error}
         if self.buckets is not None:
             yield R.summary_batch(summary, self.buckets)

@@ -210,12 +210,16 @@ def test_same_findings_and_summary(spark, archives, validator_modules, tmp_path,
     code, summary, errors = _both(spark, archives, tmp_path, read, record_validators=VALIDATORS)
     assert code == 1
     by_type = summary["findings_by_type"]
-    for kind in ("MISSING", "DUPLICATE", "CORRUPT", "UNREGISTERED_PRODUCER", "UNDECODABLE",
+    for kind in ("MISSING", "DUPLICATE", "CORRUPT", "UNREGISTERED_PRODUCER",
                  "VALIDATOR:timestamp_drift", "VALIDATOR:key_present", "VALIDATOR:schema_ids",
                  "VALIDATOR:producer_clock_backwards", "VALIDATOR:Flaky"):
         assert by_type.get(kind), (kind, by_type)
+    # unreadable records are counted, never findings (the verdict is "findings" for the others)
+    assert "UNDECODABLE" not in by_type and summary["undecodable_records"] > 0
+    assert {(e["region"], e["partition"]) for e in errors if e["type"] == "UNDECODABLE"} >= {(0, 1)}
     fatal = {(e["region"], e["partition"], e["type"]) for e in errors if e["fatal"]}
-    assert {(0, 1, "MISSING"), (0, 1, "UNDECODABLE"), (0, 2, "UNREGISTERED_PRODUCER")} <= fatal
+    assert {(0, 1, "MISSING"), (0, 2, "UNREGISTERED_PRODUCER")} <= fatal
+    assert not any(e["fatal"] for e in errors if e["type"] == "UNDECODABLE")
     # the compaction window: region 1's early gap is tolerated, the late one is not (nor its segment's checksum)
     assert [e["type"] for e in errors if e["region"] == 1 and e["partition"] == 0 and not e["type"].startswith("V")] \
         == ["MISSING", "CORRUPT"]
@@ -352,7 +356,9 @@ def test_cli_engine_spark(spark, archives, tmp_path):
                  "--validator", "builtin:offsets_increasing"])
     with open(out / "summary.json") as f:
         summary = json.load(f)
-    assert (code, summary["engine"], summary["exit_code"]) == (0, "spark", 0)  # region 1 has no fatal finding
+    # region 1 has no fatal finding, but one record it cannot decode: partial, not clean
+    assert (code, summary["engine"], summary["exit_code"], summary["verdict"]) == (3, "spark", 3, "partial")
+    assert summary["undecodable_records"] == 1
     assert summary["findings_by_type"]["MISSING"] == 1
     assert main(["div", "validate", "--engine", "spark", "--source", f"1={archives[1]}", "--out", str(out),
                  "--validator", "builtin:nope"]) == 2

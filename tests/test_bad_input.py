@@ -1,0 +1,247 @@
+"""Bad input, as a property: every job, on archives damaged every way tests/damage.py knows, keeps the contract.
+
+One small simulation (3 regions, a dropped and a poisoned write, so the undamaged run has real findings) is the
+truth. Hypothesis damages one region's archive (random bytes, truncation, bit flips and nulls in keys, values and
+headers; reordered, foreign-topic and repeated rows; files in another schema, empty and zero-byte files) and runs
+each job on it through the CLI, in this process. The properties:
+
+- no traceback and no "internal error": the exit code is one of the contract's (0, 1, 2, 3) and the one the
+  damage calls for: 2 when the source is unusable, else 1 with findings, else 3 when a record was undecodable;
+- every undecodable record is counted with its offset (leapfrog's and div validate's summaries, or an
+  UNDECODABLE row);
+- Safe under damage: no finding the undamaged input would not produce, except about a record that was altered
+  so that it still decodes (its offset or its key) — no reader can tell such a record from the truth.
+
+Bounded for CI: a few examples per job (the simulation and the baselines are computed once per module).
+"""
+
+from __future__ import annotations
+
+import contextlib
+import io
+import json
+import shutil
+from pathlib import Path
+
+import pyarrow.parquet as pq
+import pytest
+from damage import ALTERED, KINDS, RECORD_KINDS, UNDECODABLE, UNUSABLE, Damage, damage_archive, read_archive
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
+
+from pipelines.cli import main
+from sim import SimConfig
+from sim import run as simulate
+
+pytestmark = [pytest.mark.slow]
+REGIONS = 3
+
+
+@pytest.fixture(scope="module")
+def world(tmp_path_factory):
+    root = tmp_path_factory.mktemp("bad-input")
+    cfg = SimConfig(out=str(root / "sim"), seed=7, regions=REGIONS, partitions=2, records=1500, keys=300,
+                    batch_records=100, heartbeat_every_records=100, heartbeat_every_ms=400, default_lag_ms=100,
+                    faults={"dropped": 1, "poisoned": 1}, step_records=1500, progress=False, workers="inline")
+    sim = simulate(cfg)
+    t = sim.truth["run"]
+    return {"root": root, "archives": {int(k): v for k, v in sim.archives.items()}, "store": t["store"],
+            "version": t["version"], "topic": f"{t['store']}_v{t['version']}", "n": [0]}
+
+
+def _cli(argv: list[str]) -> tuple[int, str]:
+    err = io.StringIO()
+    with contextlib.redirect_stderr(err):
+        code = main(argv)
+    return code, err.getvalue()
+
+
+def _fresh(world, name: str) -> Path:
+    world["n"][0] += 1
+    return world["root"] / f"{name}-{world['n'][0]}"
+
+
+def _damaged_sources(world, region: int, damages: list[Damage]):
+    dst = _fresh(world, f"dc-{region}-damaged")
+    other = world["archives"][(region + 1) % REGIONS]
+    truth = damage_archive(world["archives"][region], dst, damages, other=other)
+    archives = dict(world["archives"])
+    archives[region] = str(dst)
+    return archives, truth
+
+
+def _check_contract(code: int, err: str, truth) -> None:
+    assert "Traceback" not in err and "internal error" not in err, err
+    assert code in (0, 1, 2, 3), err
+    if truth.unusable:
+        assert code == 2, f"an unusable source must be exit 2, got {code}: {err}"
+        assert len([ln for ln in err.splitlines() if "error" in ln.lower()]) >= 1
+
+
+# ---- leapfrog ----------------------------------------------------------------------------------------------------
+
+def _leapfrog(world, archives, out: Path) -> tuple[int, str]:
+    argv = ["leapfrog", "--store", world["store"], "--version", str(world["version"]), "--out", str(out)]
+    for r, a in sorted(archives.items()):
+        argv += ["--source", f"{r}={a}"]
+    return _cli(argv)
+
+
+def _leapfrog_findings(out: Path) -> list[dict]:
+    return pq.read_table(out / "inconsistencies").to_pylist()
+
+
+def _finding_id(f: dict) -> tuple:
+    return (f["type"], f["region_a"], f["region_b"], f["partition"], f["key"])
+
+
+@pytest.fixture(scope="module")
+def leapfrog_baseline(world, spark):
+    out = _fresh(world, "leapfrog-baseline")
+    code, err = _leapfrog(world, world["archives"], out)
+    assert code == 1, err  # the simulation's dropped and poisoned writes
+    return {_finding_id(f) for f in _leapfrog_findings(out)}
+
+
+damages = st.lists(
+    st.builds(Damage, kind=st.sampled_from(sorted(KINDS)), row=st.integers(0, 10**6), seed=st.integers(0, 10**6)),
+    min_size=1, max_size=4)
+record_damages = st.lists(
+    st.builds(Damage, kind=st.sampled_from(sorted(RECORD_KINDS)), row=st.integers(0, 10**6),
+              seed=st.integers(0, 10**6)),
+    min_size=1, max_size=6)
+SETTINGS = settings(max_examples=6, deadline=None, derandomize=True,
+                    suppress_health_check=[HealthCheck.function_scoped_fixture, HealthCheck.too_slow])
+
+
+def _undecodable_offsets_in(summary: dict) -> set[tuple[int, int]]:
+    """(partition, offset) of every undecodable record a summary lists, wherever the job lists them."""
+    out = set()
+    for e in (summary.get("evidence") or {}).get("by_partition", []):
+        out |= {(e["partition"], o) for o in e.get("undecodable_offsets", [])}
+    for e in summary.get("by_region", []):
+        out |= {(e["partition"], o) for o in e.get("undecodable_offsets", [])}
+    return out
+
+
+@pytest.mark.spark
+@SETTINGS
+@given(region=st.integers(0, REGIONS - 1), damage=damages)
+def test_leapfrog_keeps_the_contract_under_damage(world, leapfrog_baseline, region, damage):
+    archives, truth = _damaged_sources(world, region, damage)
+    out = _fresh(world, "leapfrog")
+    code, err = _leapfrog(world, archives, out)
+    _check_contract(code, err, truth)
+    if truth.unusable:
+        assert not (out / "inconsistencies").exists()
+        return
+    found = _leapfrog_findings(out)
+    altered_offsets = {(p, o) for t, p, o in truth.offsets(ALTERED) if t == world["topic"]}
+    for f in found:
+        if _finding_id(f) in leapfrog_baseline:
+            continue
+        own = f["a_vt_offset"] if f["region_a"] == region else f["b_vt_offset"] if f["region_b"] == region else None
+        damaged_keys = truth.keys()  # Venice keys: the findings name them without their header byte
+        assert (f["partition"], own) in altered_offsets or f["key"] in damaged_keys or \
+            b"\x00" + f["key"] in damaged_keys, (
+            f"finding not in the undamaged run and not about an altered record: {f}")
+    summary = json.loads((out / "summary.json").read_text())
+    listed = _undecodable_offsets_in(summary)
+    unreadable = {(p, o) for t, p, o in truth.offsets(UNDECODABLE) if t == world["topic"]}  # leapfrog reads the VT
+    for p, o in unreadable:
+        assert (p, o) in listed, f"undecodable record at partition {p} offset {o} not counted"
+    expected = 1 if found else (3 if unreadable else None)
+    if expected is not None:
+        assert code == expected, err
+    assert summary.get("verdict") == {0: "clean", 1: "findings", 3: "partial"}[code]
+
+
+# ---- div validate ------------------------------------------------------------------------------------------------
+
+def _div(world, source: str, out: Path, engine: str = "local") -> tuple[int, str]:
+    return _cli(["div", "validate", "--source", f"0={source}", "--topic", world["topic"], "--out", str(out),
+                 "--now-ms", "1800000000000", "--engine", engine])
+
+
+def _div_findings(out: Path) -> list[dict]:
+    path = out / "errors"
+    return pq.read_table(path).to_pylist() if path.exists() else []
+
+
+def _div_id(f: dict) -> tuple:
+    return (f["topic"], f["partition"], f["offset"], f["type"])
+
+
+@pytest.fixture(scope="module")
+def div_baselines(world):
+    base = {}
+    for region, src in world["archives"].items():
+        out = _fresh(world, f"div-baseline-{region}")
+        code, err = _div(world, src, out)
+        assert code in (0, 1), err
+        base[region] = {_div_id(f) for f in _div_findings(out) if f["type"] != "UNDECODABLE"}
+    return base
+
+
+@SETTINGS
+@given(region=st.integers(0, REGIONS - 1), damage=damages)
+def test_div_validate_keeps_the_contract_under_damage(world, div_baselines, region, damage):
+    archives, truth = _damaged_sources(world, region, damage)
+    out = _fresh(world, "div")
+    code, err = _div(world, archives[region], out)
+    _check_contract(code, err, truth)
+    if truth.unusable:
+        return
+    rows = _div_findings(out)
+    undecodable_rows = {(f["partition"], f["offset"]) for f in rows if f["type"] == "UNDECODABLE"}
+    summary = json.loads((out / "summary.json").read_text())
+    listed = _undecodable_offsets_in(summary) | undecodable_rows
+    unreadable = {(p, o) for t, p, o in truth.offsets(UNDECODABLE) if t == world["topic"]}  # --topic: the VT
+    for p, o in unreadable:
+        assert (p, o) in listed, f"undecodable record at partition {p} offset {o} not counted"
+    first_altered = {}
+    for t, p, o in truth.offsets(ALTERED):
+        if t == world["topic"]:
+            first_altered[p] = min(o, first_altered.get(p, o))
+    for f in rows:
+        if f["type"] == "UNDECODABLE" or _div_id(f) in div_baselines[region]:
+            continue
+        # an altered record that still decodes may break its producer's sequence or checksum from there on
+        assert f["partition"] in first_altered and f["offset"] >= first_altered[f["partition"]], (
+            f"DIV finding not in the undamaged run and before any altered record: {f}")
+    fatal = [f for f in rows if f["fatal"]]
+    if not fatal and unreadable:
+        assert code == 3, err
+    assert summary.get("verdict") == {0: "clean", 1: "findings", 3: "partial"}[code]
+
+
+# ---- lag ---------------------------------------------------------------------------------------------------------
+
+@SETTINGS
+@given(region=st.integers(0, REGIONS - 1), damage=damages)
+def test_lag_keeps_the_contract_under_damage(world, region, damage):
+    archives, truth = _damaged_sources(world, region, damage)
+    out = _fresh(world, "lag")
+    argv = ["lag", "--store", world["store"], "--version", str(world["version"]), "--out", str(out)]
+    for r, a in sorted(archives.items()):
+        argv += ["--source", f"{r}={a}"]
+    code, err = _cli(argv)
+    _check_contract(code, err, truth)
+    if not truth.unusable and any(t == world["topic"] for t, _, _ in truth.offsets(UNDECODABLE)):
+        assert code == 3, err  # lag reads the VT; the archives' RT records are not its evidence
+
+
+def test_damage_kinds_are_all_applied(world, tmp_path):
+    """The generator itself: every record kind changes the record it names, and the truth says so."""
+    src = world["archives"][0]
+    before = read_archive(src).to_pylist()
+    for i, kind in enumerate(sorted(RECORD_KINDS)):
+        row = next(j for j, r in enumerate(before) if r["headers"]) if kind.startswith("header") else 17
+        truth = damage_archive(src, tmp_path / kind, [Damage(kind, row=row, seed=i)])
+        after = read_archive(tmp_path / kind).to_pylist()
+        assert len(truth.records) == 1 and truth.records[0].cls == KINDS[kind]
+        changed = [j for j, (a, b) in enumerate(zip(before, after, strict=True)) if a != b]
+        assert changed == [row], kind
+    truth = damage_archive(src, tmp_path / "dup", [Damage("duplicate_offsets")], other=world["archives"][1])
+    assert truth.unusable and UNUSABLE in truth.classes
+    shutil.rmtree(tmp_path / "dup")
