@@ -96,4 +96,4 @@ def run(args: argparse.Namespace) -> int:
     lines += [f"failed: {name}" for name in result.failed_checks]
     lines.append(f"report: {result.html_path}")
     print("\n".join(lines))
-    return result.exit_code if result.exit_code in (0, 1) else EXIT_USAGE
+    return result.exit_code if result.exit_code in (0, 1, 3) else EXIT_USAGE

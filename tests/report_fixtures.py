@@ -61,7 +61,8 @@ def _write_json(path: pathlib.Path, data: dict) -> None:
 
 def _common(job: str, exit_code: int) -> dict:
     return {"job": job, "tidegauge_version": "0.1.0", "started_at": "2026-09-21T06:00:00Z", "elapsed_s": 1.5,
-            "exit_code": exit_code, "sources": {str(r): f"/archive/region{r}" for r in REGIONS}}
+            "exit_code": exit_code, "verdict": {0: "clean", 1: "findings", 3: "partial"}[exit_code],
+            "sources": {str(r): f"/archive/region{r}" for r in REGIONS}}
 
 
 def _divergence(pair: tuple[int, int], partition: int, kind: str, key: bytes, store: str) -> dict:

@@ -30,7 +30,7 @@ from pipelines.report.tables import build_tables, summary_numbers
 
 __all__ = ["ExpectationsConfigError", "InputError", "ReportResult", "run_report"]
 
-EXIT_CLEAN, EXIT_FAILED = 0, 1
+EXIT_CLEAN, EXIT_FAILED, EXIT_PARTIAL = 0, 1, 3
 
 
 @dataclass
@@ -68,7 +68,15 @@ def compute_verdict(numbers: dict[str, Any], validation: ValidationRun, threshol
     whose thresholds may tolerate some findings; the page shows both so neither hides the other.
     """
     div = numbers["div"]
-    undecodable = numbers["decoding"]["undecodable_leapfrog"] + numbers["decoding"]["undecodable_div"]
+    undecodable = numbers["decoding"]["undecodable_records"]
+    ev = numbers["evidence"]
+    # CONSISTENT and LOGS WHOLE are claims about evidence: only over records that were all read and decoded, by a
+    # job that said so itself (an output without a verdict, from an older version, proves nothing either way)
+    regions_read = ev["leapfrog_verdict"] in ("clean", "findings") and ev["leapfrog_records"] > 0 \
+        and ev["unverified_keys"] == 0 and numbers["leapfrog_failed_partitions"] == 0 \
+        and numbers["decoding"]["undecodable_leapfrog"] == 0
+    logs_read = ev["div_verdict"] in ("clean", "findings") and ev["div_records"] > 0 \
+        and div["failed_partitions"] == 0 and numbers["decoding"]["undecodable_div"] == 0
     limit = thresholds.get("max_lag_ms")
     lag = {"measured": "lag" in numbers, "limit_ms": limit, "by_region": [], "any_over_limit": False}
     if "lag" in numbers:
@@ -90,12 +98,14 @@ def compute_verdict(numbers: dict[str, Any], validation: ValidationRun, threshol
         "checks_evaluated": validation.evaluated,
         "checks_failed": validation.failed,
         "checks_not_run": [s.name for s in validation.suites if s.success is None],
-        "regions": {"status": "CONSISTENT" if pairs["total"] == 0 else "DIVERGENT",
+        "regions": {"status": "DIVERGENT" if pairs["total"] else ("CONSISTENT" if regions_read else "UNVERIFIED"),
+                    "evidence_whole": regions_read, "unverified_keys": ev["unverified_keys"],
+                    "records": ev["leapfrog_records"],
                     "check_passed": _suite_ok(validation, "consistency", pairs["total"] == 0),
                     "divergences": pairs["total"], "pairs_with_divergences": pairs["region_pairs_with_divergences"],
                     "pairs": pairs["region_pairs"]},
-        "logs": {"status": "LOGS WHOLE" if (div["fatal_findings"] == 0 and undecodable == 0
-                                            and div["failed_partitions"] == 0) else "DIV ERRORS",
+        "logs": {"status": "DIV ERRORS" if div["fatal_findings"] else ("LOGS WHOLE" if logs_read else "UNVERIFIED"),
+                 "evidence_whole": logs_read, "records": ev["div_records"],
                  "check_passed": _suite_ok(validation, "integrity", div["fatal_findings"] == 0)
                  and _suite_ok(validation, "decoding", undecodable == 0),
                  "fatal_findings": div["fatal_findings"], "warnings": div["warnings"], "undecodable": undecodable,
@@ -233,6 +243,8 @@ def run_report(
     timings["render_s"] = time.perf_counter() - t
 
     exit_code = EXIT_CLEAN if validation.success else EXIT_FAILED
+    if exit_code == EXIT_CLEAN and not (verdict["regions"]["evidence_whole"] and verdict["logs"]["evidence_whole"]):
+        exit_code = EXIT_PARTIAL  # every check passed, over evidence that is not whole: never a clean exit
     history_path = append_run(history_dir, record) if history_dir is not None else None
     failed = [f"{s.name}: {e.meaning or e.type}" for s in validation.suites for e in s.expectations if not e.success]
     report = {

@@ -203,11 +203,19 @@ def _verdict(page: Page) -> str:
     tiles = []
 
     consistent = regions["status"] == "CONSISTENT"
-    sub = ("No divergent keys in any region pair." if consistent else
-           f"{_plural(regions['divergences'], 'divergent key')} in {regions['pairs_with_divergences']} of "
-           f"{_plural(regions['pairs'], 'region pair')}.")
+    if regions["status"] == "UNVERIFIED":
+        sub = (f"No divergent key found, but not every record was read and decoded: "
+               f"{_plural(regions['unverified_keys'], 'key')} unverified, "
+               f"{_plural(n['decoding']['undecodable_leapfrog'], 'undecodable record')}, "
+               f"{_plural(n['leapfrog_failed_partitions'], 'partition')} not read (see Decoding).")
+    elif consistent:
+        sub = "No divergent keys in any region pair."
+    else:
+        sub = (f"{_plural(regions['divergences'], 'divergent key')} in {regions['pairs_with_divergences']} of "
+               f"{_plural(regions['pairs'], 'region pair')}.")
     sub += f" {_n(n['coverage']['keys'])} keys compared; {n['coverage']['pending_percent']:.1f} % still pending."
-    tiles.append(_tile("Are the regions consistent?", regions["status"], consistent, sub, "#divergences"))
+    tiles.append(_tile("Are the regions consistent?", regions["status"],
+                       None if regions["status"] == "UNVERIFIED" else consistent, sub, "#divergences"))
 
     whole = logs["status"] == "LOGS WHOLE"
     parts = [_plural(logs["fatal_findings"], "fatal DIV finding"), _plural(logs["warnings"], "warning") + " (not fatal)"]
@@ -216,7 +224,8 @@ def _verdict(page: Page) -> str:
     if logs["unread_partitions"]:
         parts.append(_plural(logs["unread_partitions"], "partition") + " not read")
     parts.append(f"{_n(page.numbers['div']['records_read'])} records checked")
-    tiles.append(_tile("Are the logs whole?", logs["status"], whole, "; ".join(parts) + ".", "#div"))
+    tiles.append(_tile("Are the logs whole?", logs["status"],
+                       None if logs["status"] == "UNVERIFIED" else whole, "; ".join(parts) + ".", "#div"))
 
     if lag["measured"]:
         items = []
@@ -284,7 +293,7 @@ def _fmt_threshold(thresholds: dict[str, float], name: str, unit: str = "") -> s
     return f"{value:g}{' ' + unit if unit else ''}"
 
 
-def _tile(question: str, status: str, ok: bool, sub: str, href: str) -> str:
+def _tile(question: str, status: str, ok: bool | None, sub: str, href: str) -> str:
     return _tile_html(question, f'<div class="big">{_e(status)}</div><div class="sub">{sub}</div>', ok, href)
 
 

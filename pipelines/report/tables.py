@@ -12,6 +12,7 @@ from typing import Any
 
 import pandas as pd
 
+from div.validator import NOT_FINDINGS
 from pipelines.report.inputs import DivOutput, Inputs, LagOutput, LeapfrogOutput
 
 DIVERGENCE_TYPES = ("VALUE_MISMATCH", "MISSING_IN_A", "MISSING_IN_B")
@@ -234,7 +235,8 @@ def summary_numbers(inputs: Inputs, tables: dict[str, pd.DataFrame]) -> dict[str
     div_parts = tables["div_partitions"]
     grid = tables["heartbeat_grid"]
     decoding = tables["decoding"]
-    errors = div.errors
+    # UNDECODABLE and EXPLAINED_BY_UNDECODABLE rows are missing evidence, not findings (div.validator)
+    errors = div.errors[~div.errors["type"].isin(list(NOT_FINDINGS))] if len(div.errors) else div.errors
     divergent = pairs[pairs["divergences"] > 0]
     keys = int(pairs["keys"].sum())
     pending = int(pairs["pending_keys"].sum())
@@ -275,8 +277,18 @@ def summary_numbers(inputs: Inputs, tables: dict[str, pd.DataFrame]) -> dict[str
         "decoding": {
             "undecodable_leapfrog": int(decoding.loc[decoding["job"] == "leapfrog", "undecodable"].sum()),
             "undecodable_div": int(decoding.loc[decoding["job"] == "div validate", "undecodable"].sum()),
+            # both jobs read the same VT partitions: a record neither could decode is one record, counted once
+            "undecodable_records": int(decoding.groupby(["region", "topic", "partition"])["undecodable"].max().sum())
+            if len(decoding) else 0,
         },
         "leapfrog_failed_partitions": len(lf.summary.get("failed_partitions") or []),
+        "evidence": {
+            "leapfrog_verdict": lf.summary.get("verdict"),
+            "div_verdict": div.summary.get("verdict"),
+            "leapfrog_records": _int((lf.summary.get("totals") or {}).get("records")),
+            "unverified_keys": _int((lf.summary.get("totals") or {}).get("unverified_keys")),
+            "div_records": _int(div.summary.get("records_read")),
+        },
     }
     if "lag" in tables:
         by_region = lag_by_region(tables["lag"])
