@@ -213,6 +213,25 @@ def resolve_class(path: str) -> type:
     return obj
 
 
+def _check_params(cls: type, params: dict, name: str, i: int) -> None:
+    """An unknown parameter names the closest one the validator takes (a typo must not pass silently)."""
+    import difflib
+    import inspect
+
+    try:
+        sig = inspect.signature(cls)
+    except (TypeError, ValueError):
+        return
+    if any(p.kind is p.VAR_KEYWORD for p in sig.parameters.values()):
+        return
+    valid = [n for n, p in sig.parameters.items() if p.kind in (p.POSITIONAL_OR_KEYWORD, p.KEYWORD_ONLY)]
+    for key in params:
+        if key not in valid:
+            match = difflib.get_close_matches(str(key), valid, n=1, cutoff=0.5)
+            hint = f" (did you mean {match[0]!r}?)" if match else f" (it takes: {', '.join(valid) or 'none'})"
+            raise ValidatorSpecError(f"validator {name!r} (validators[{i}]): unknown parameter {key!r}{hint}")
+
+
 def build_chain(specs: list | None) -> Chain:
     """Instantiate the configured validators, in order.
 
@@ -224,6 +243,7 @@ def build_chain(specs: list | None) -> Chain:
         entry = _entry(spec, i)
         cls = resolve_class(entry["class"])
         params = {k: v for k, v in entry.items() if k not in ("class", "name")}
+        _check_params(cls, params, entry["class"], i)
         try:
             inst = cls(**params)
         except (TypeError, ValueError) as exc:

@@ -4,20 +4,81 @@ The file can name the sources (`sources: {0: uri, 1: uri}`), Kafka client settin
 (`kafka: {...}`) or per region (`kafka_by_region: {1: {...}}`), Spark settings (`spark: {master: ..., conf: {...}}`)
 and job defaults (`store`, `version`, `mode`, ...). Kafka settings are passed to librdkafka verbatim and never
 echoed in logs or outputs.
+
+The file is checked against a schema (pydantic, `JobConfig`) before anything runs: a misspelled key (`kafak:`)
+would otherwise silently drop the settings under it — security settings included —, so an unknown key is a
+usage error naming the file, the key and the closest valid one. Kafka and Spark settings themselves are free-form
+(librdkafka and Spark check their own names); only their shape is checked here.
 """
 
 from __future__ import annotations
 
+import difflib
 import os
 from pathlib import Path
-from typing import Any
+from typing import Any, Literal
 
 import yaml
+from pydantic import BaseModel, ConfigDict, ValidationError
 
 from .cli import UsageError
 from .sources import SourceError, SourceSpec, check_unique, parse_source
 
 DEFAULT_CONF = Path("conf/tidegauge.yaml")
+
+
+class _Strict(BaseModel):
+    model_config = ConfigDict(extra="forbid")
+
+
+class SparkSettings(_Strict):
+    master: str | None = None
+    conf: dict[str, str | int | float | bool] = {}
+
+
+class JobConfig(_Strict):
+    """Every key a job configuration file may hold."""
+
+    store: str | None = None
+    version: int | None = None
+    mode: Literal["heartbeat", "footer", "rmd"] | None = None
+    sources: dict[int, str] = {}
+    rt_sources: dict[int, str] = {}
+    kafka: dict[str, Any] = {}
+    kafka_by_region: dict[int, dict[str, Any]] = {}
+    spark: SparkSettings = SparkSettings()
+    validators: list[str | dict[str, Any]] = []  # div validate's record validators (docs/validators.md)
+    simulate: dict[str, Any] | None = None  # checked by sim.config (tidegauge simulate)
+
+
+def closest(name: str, valid) -> str:
+    """" (did you mean X?)" for the valid name closest to a misspelled one, or ""."""
+    match = difflib.get_close_matches(str(name), [str(v) for v in valid], n=1, cutoff=0.5)
+    return f" (did you mean {match[0]!r}?)" if match else ""
+
+
+def _model_at(loc: tuple) -> type[BaseModel] | None:
+    """The model that holds the field at `loc`, for the list of valid keys."""
+    model: type[BaseModel] | None = JobConfig
+    for part in loc[:-1]:
+        field = model.model_fields.get(str(part)) if model is not None else None
+        ann = field.annotation if field is not None else None
+        model = ann if isinstance(ann, type) and issubclass(ann, BaseModel) else None
+    return model
+
+
+def validation_message(exc: ValidationError, path: str, model: type[BaseModel] = JobConfig) -> str:
+    """One line for the first problem: the file, the key's path, what is wrong, and the closest valid key."""
+    err = exc.errors()[0]
+    loc = tuple(err["loc"])
+    where = ".".join(str(p) for p in loc) or "(top level)"
+    if err["type"] == "extra_forbidden":
+        holder = _model_at(loc) if model is JobConfig else None
+        valid = holder.model_fields if holder is not None else {}
+        return f"{path}: unknown key {where!r}{closest(loc[-1], valid)}"
+    if str(loc[0]).startswith("kafka"):  # client settings may hold credentials: never echo them
+        return f"{path}: {where}: {err['msg']}"
+    return f"{path}: {where}: {err['msg']} (got {err.get('input')!r})"
 
 
 def load(path: str | None) -> dict[str, Any]:
@@ -35,6 +96,10 @@ def load(path: str | None) -> dict[str, Any]:
         raise UsageError(f"--conf {path}: not valid YAML: {exc}") from None
     if not isinstance(data, dict):
         raise UsageError(f"--conf {path}: the top level must be a mapping")
+    try:
+        JobConfig.model_validate(data)
+    except ValidationError as exc:
+        raise UsageError(f"--conf {validation_message(exc, path)}") from None
     return data
 
 

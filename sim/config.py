@@ -273,5 +273,9 @@ def from_mapping(data: Mapping[str, Any], base: SimConfig | None = None) -> SimC
         elif key == "kafka_bootstrap":
             changes["kafka"] = None if value in (None, "embedded") else {int(k): str(v) for k, v in value.items()}
         else:
-            raise ConfigError(f"unknown simulate setting {key!r}")
+            import difflib
+
+            valid = [*_SIMPLE, "write_rate", "value_size", "quiet", "lag_ms", "faults", "kafka_bootstrap"]
+            match = difflib.get_close_matches(str(key), valid, n=1, cutoff=0.5)
+            raise ConfigError(f"unknown simulate setting {key!r}" + (f" (did you mean {match[0]!r}?)" if match else ""))
     return replace(cfg, **changes)

@@ -91,7 +91,7 @@ def test_builtin_names_resolve_with_or_without_prefix():
     ("builtin:nope", "no built-in validator 'nope'"),
     (":X", "expected module:Class"),
     ({"class": "builtin:schema_ids"}, "allowed"),
-    ({"class": "builtin:timestamp_drift", "max_drift": 5}, "unexpected keyword argument 'max_drift'"),
+    ({"class": "builtin:timestamp_drift", "max_drift": 5}, "unknown parameter 'max_drift' (did you mean 'max_drift_ms'?)"),
     ({"class": "builtin:timestamp_drift", "max_drift_ms": -5}, "non-negative"),
     ({"class": "builtin:key_present", "pattern": "("}, "not a valid regular expression"),
     ({"name": "x"}, "needs `class: module:Class`"),

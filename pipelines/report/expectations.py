@@ -10,6 +10,7 @@ our output.
 
 from __future__ import annotations
 
+import difflib
 import logging
 import os
 import pathlib
@@ -122,11 +123,21 @@ def _read_yaml(path: pathlib.Path) -> dict[str, Any]:
         raise ExpectationsConfigError(f"expectations file {path} is not readable YAML: {exc}") from exc
     if data is None:
         return {}
-    if not isinstance(data, dict) or not set(data) <= {"thresholds", "suites"}:
+    if not isinstance(data, dict):
         raise ExpectationsConfigError(
             f"expectations file {path}: expected a mapping with `thresholds:` and/or `suites:`"
         )
+    for key in data:
+        if key not in ("thresholds", "suites"):
+            raise ExpectationsConfigError(f"expectations file {path}: unknown key {key!r}"
+                                          f"{_closest(key, ['thresholds', 'suites'])}; expected `thresholds:` "
+                                          "and/or `suites:`")
     return data
+
+
+def _closest(name: Any, valid) -> str:
+    match = difflib.get_close_matches(str(name), [str(v) for v in valid], n=1, cutoff=0.5)
+    return f" (did you mean {match[0]!r}?)" if match else ""
 
 
 def _parse_thresholds(raw: Any, path: pathlib.Path) -> dict[str, float]:
@@ -177,15 +188,25 @@ def load_expectations(override: str | pathlib.Path | None = None,
     thresholds: dict[str, float] = {}
     suites: dict[str, SuiteSpec] = {}
     suite_file: dict[str, pathlib.Path] = {}
+    overridden: dict[str, pathlib.Path] = {}
     for path in files:
         data = _read_yaml(path)
-        thresholds.update(_parse_thresholds(data.get("thresholds"), path))
+        given = _parse_thresholds(data.get("thresholds"), path)
+        if path != default:
+            overridden.update(dict.fromkeys(given, path))
+        thresholds.update(given)
         raw_suites = data.get("suites") or {}
         if not isinstance(raw_suites, dict):
             raise ExpectationsConfigError(f"expectations file {path}: `suites:` must be a mapping of name: suite")
         for name, raw in raw_suites.items():
             suites[str(name)] = _parse_suite(str(name), raw, path)
             suite_file[str(name)] = path
+    used = {ref for suite in suites.values() for spec in suite.expectations for ref in spec.thresholds.values()}
+    for name, path in overridden.items():
+        if name not in used:  # a misspelled threshold would otherwise change nothing, silently
+            raise ExpectationsConfigError(
+                f"expectations file {path}: threshold {name!r} is used by no expectation"
+                f"{_closest(name, sorted(used))}")
     for suite in suites.values():
         for i, spec in enumerate(suite.expectations):
             where = f"expectations file {suite_file[suite.name]}: suite {suite.name!r}, expectation #{i + 1}"
