@@ -26,7 +26,9 @@ import yaml
 
 from pipelines.report.tables import ID_COLUMNS, TABLES
 
-DEFAULT_EXPECTATIONS = pathlib.Path(__file__).resolve().parents[2] / "conf" / "expectations.yaml"
+# Package data, so that a wheel installed on a cluster node has it; the repository's conf/expectations.yaml is a
+# link to this file (one copy, no drift)
+DEFAULT_EXPECTATIONS = pathlib.Path(__file__).resolve().parent / "expectations.yaml"
 
 # Keys of an expectation entry that are ours, not arguments of the GX expectation.
 _OWN_KEYS = {"type", "meaning"}
@@ -115,7 +117,7 @@ class ValidationRun:
 
 def _read_yaml(path: pathlib.Path) -> dict[str, Any]:
     if not path.is_file():
-        hint = " (conf/ comes with the source tree)" if path == DEFAULT_EXPECTATIONS else ""
+        hint = " (it ships inside the tidegauge package: reinstall it)" if path == DEFAULT_EXPECTATIONS else ""
         raise ExpectationsConfigError(f"expectations file {path} not found{hint}")
     try:
         data = yaml.safe_load(path.read_text(encoding="utf-8"))
