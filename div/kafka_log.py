@@ -61,6 +61,41 @@ def bootstrap_of(source: str) -> str:
     return parse_kafka_uri(source) if source.startswith("kafka://") else source
 
 
+class _OncePerKind(logging.Filter):
+    """Pass a librdkafka log line only the first time its kind is seen in `every_s` seconds.
+
+    An unreachable broker makes librdkafka log the same refusal every few milliseconds (about 190 lines before a
+    job gives up); one line per distinct error says as much. Kinds ignore numbers (times, counters, ports of the
+    same broker are kept by the text around them)."""
+
+    def __init__(self, every_s: float = 60.0) -> None:
+        super().__init__()
+        self.every_s = every_s
+        self._last: dict[str, float] = {}
+
+    def filter(self, record: logging.LogRecord) -> bool:
+        import re
+        import time
+
+        kind = re.sub(r"\d+(ms)?\b", "#", record.getMessage())
+        now = time.monotonic()
+        last = self._last.get(kind)
+        if last is not None and now - last < self.every_s:
+            return False
+        if len(self._last) > 1000:
+            self._last.clear()
+        self._last[kind] = now
+        return True
+
+
+def client_logger() -> logging.Logger:
+    """The logger librdkafka's own lines go to (through Python logging, rate-limited), instead of stderr."""
+    logger = logging.getLogger("tidegauge.kafka.client")
+    if not any(isinstance(f, _OncePerKind) for f in logger.filters):
+        logger.addFilter(_OncePerKind())
+    return logger
+
+
 def consumer_config(bootstrap: str, conf: Mapping[str, object] | None = None) -> dict[str, object]:
     """Settings for a reading consumer: the caller's `conf` wins over our defaults, except bootstrap.servers."""
     base: dict[str, object] = {
@@ -72,6 +107,7 @@ def consumer_config(bootstrap: str, conf: Mapping[str, object] | None = None) ->
         "enable.partition.eof": True,
         "fetch.wait.max.ms": 10,
         "queued.min.messages": 200000,
+        "logger": client_logger(),
     }
     base.update(dict(conf or {}))
     base["bootstrap.servers"] = bootstrap_of(bootstrap)
@@ -255,7 +291,7 @@ def topic_config(bootstrap: str, conf: Mapping[str, object] | None, topic: str, 
                  timeout_s: float = 3.0) -> str | None:
     """A topic's configuration value (e.g. `cleanup.policy`), or None when the cluster cannot tell us
     (librdkafka's mock cluster does not implement DescribeConfigs)."""
-    admin_conf = dict(conf or {})
+    admin_conf = {"logger": client_logger(), **dict(conf or {})}
     admin_conf["bootstrap.servers"] = bootstrap_of(bootstrap)
     try:
         admin = AdminClient(admin_conf)

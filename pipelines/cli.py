@@ -96,4 +96,8 @@ def _os_error(exc: OSError) -> str:
 
 
 if __name__ == "__main__":
-    sys.exit(main())
+    # `python -m pipelines.cli` runs this file as __main__; the jobs raise pipelines.cli's errors, so run that
+    # module's main (a second copy of the classes here would not catch them)
+    from pipelines.cli import main as _main
+
+    sys.exit(_main())

@@ -1,0 +1,41 @@
+"""A quiet console (issue 16, finding 7): an unreachable broker is one line and exit 2, not ~190 librdkafka lines."""
+
+from __future__ import annotations
+
+import logging
+import subprocess
+import sys
+
+import pytest
+
+from div.kafka_log import _OncePerKind, client_logger, consumer_config
+
+
+def _record(msg: str) -> logging.LogRecord:
+    return logging.LogRecord("tidegauge.kafka.client", logging.ERROR, __file__, 1, msg, (), None)
+
+
+def test_one_line_per_kind_of_client_error():
+    f = _OncePerKind(every_s=60)
+    refused = "FAIL [rdkafka#consumer-1] 127.0.0.1:1/bootstrap: Connect failed: Connection refused (after {}ms)"
+    assert f.filter(_record(refused.format(0)))
+    assert not f.filter(_record(refused.format(51)))  # the same refusal again, other numbers
+    assert f.filter(_record("FAIL [rdkafka#consumer-1] SASL authentication error"))  # another kind passes
+
+
+def test_clients_log_through_python_logging_and_user_settings_win():
+    conf = consumer_config("kafka://h:9092", {"security.protocol": "SSL"})
+    assert conf["logger"] is client_logger() and conf["security.protocol"] == "SSL"
+
+
+@pytest.mark.parametrize("argv", [
+    ["lag", "--store", "s", "--version", "1", "--source", "0=kafka://127.0.0.1:1"],
+    ["div", "validate", "--source", "0=kafka://127.0.0.1:1"],
+])
+def test_an_unreachable_broker_is_one_line_and_exit_2(tmp_path, argv):
+    run = subprocess.run([sys.executable, "-m", "pipelines.cli", *argv, "--out", str(tmp_path / "out")],
+                         capture_output=True, text=True, timeout=120, cwd=tmp_path)
+    assert run.returncode == 2
+    lines = run.stderr.strip().splitlines()
+    assert len(lines) == 1, run.stderr
+    assert "kafka://127.0.0.1:1" in lines[0]
