@@ -161,6 +161,8 @@ def monitor_partition(src: Source, topic: str, partition: int, n_regions: int,
                 ev.note_undecodable([offset])
                 continue
             mon.feed(key, env, headers, offset, None if us is None else us // 1000)
+    if src.spec.is_kafka:
+        ev.reached_end = True  # the reader raises when it stalls before the end; the end may be compacted
     if newest is not None:
         ev.newest_ms = newest // 1000
     if ev.undecodable:

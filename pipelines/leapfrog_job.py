@@ -287,7 +287,7 @@ def run(opts: LeapfrogOptions, spark: SparkSession | None = None) -> int:
         summary = _summary(opts, facts, counter_rows, finding_counts, pairs, failed, unverified, overflow)
         summary["totals"]["withheld_findings"] = withheld
         total_findings = sum(summary["totals"]["findings"].values())
-        evidence = _evidence(opts.topic, splits, ends, facts, failed)
+        evidence = _evidence(opts.topic, splits, ends, facts, failed, {s.region for s in opts.sources if s.is_kafka})
         for line in describe_short(evidence):
             log.warning("%s", line)
         summary = {**summary_fields(total_findings, evidence, len(failed)), **summary}
@@ -580,9 +580,12 @@ def _commit_state(stage, opts: LeapfrogOptions, facts: dict, ends: dict, carried
     S.write_meta(stage, meta, region_rows)
     S.commit(opts.state_dir, stage)
 
-def _evidence(topic: str, splits, ends: dict, facts: dict, failed: list[dict]) -> list[PartitionEvidence]:
+def _evidence(topic: str, splits, ends: dict, facts: dict, failed: list[dict],
+              kafka_regions: set[int]) -> list[PartitionEvidence]:
     """Per region partition: the offsets planned (the splits, fixed on the driver) against what the executors
-    read and decoded (their scan summaries, reconciled into `facts`)."""
+    read and decoded (their scan summaries, reconciled into `facts`). An archive's last planned offset is a
+    record, so a whole read ends there; a Kafka partition may end in compacted offsets, and its reader reports a
+    read that stalled before the planned end as an error (a failed partition)."""
     planned: dict[tuple[int, int], list[int]] = {}
     for sp in splits:
         lo_hi = planned.setdefault((sp.region, sp.partition), [sp.start, sp.end])
@@ -595,7 +598,7 @@ def _evidence(topic: str, splits, ends: dict, facts: dict, failed: list[dict]) -
         rp = facts.get(key)
         if rp is not None and e.error is None:
             e.read_records = rp.records_read
-            e.reached_end = rp.last_offset is not None and rp.last_offset >= end - 1
+            e.reached_end = key[0] in kafka_regions or (rp.last_offset is not None and rp.last_offset >= end - 1)
             e.undecodable = rp.undecodable
             e.undecodable_offsets = list(rp.undecodable_offsets)
         out.append(e)

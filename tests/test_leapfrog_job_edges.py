@@ -80,8 +80,10 @@ def test_broken_records_are_counted_with_their_offsets(spark, tmp_path, chunked)
         logs[x] = vt
     dirs = {x: write_archive([vt], tmp_path / f"dc-{x}", TOPIC) for x, vt in logs.items()}
     code, summary, found = _run(spark, dirs, tmp_path / "out")
-    assert found == [] and code == 0
+    # nothing found, over evidence that is not whole: partial, never clean
+    assert found == [] and code == 3 and summary["verdict"] == "partial"
     facts = {r["region"]: r for r in summary["by_region"]}
+    assert facts[1]["unverified_keys"] == 2  # m and t: readable keys, unreadable values
     undecodable = [broken[k] for k in ("bad_magic", "truncated", "unknown_key_header", "garbage_control")]
     out_of_range = [broken[k] for k in ("region_9", "no_footer", "heartbeat_from_region_7")]
     assert facts[1]["undecodable_offsets"] == undecodable and facts[1]["undecodable"] == len(undecodable)
