@@ -158,12 +158,16 @@ class OutputDir:
 
     def __enter__(self) -> OutputDir:
         check_output(self.path, self.command)
-        self.path.parent.mkdir(parents=True, exist_ok=True)
-        for old in self.path.parent.glob(f".{self.path.name}.staging-*"):
-            if (old / MARKER).exists():  # only staging directories an earlier run of ours left
-                shutil.rmtree(old, ignore_errors=True)
-        self.staging.mkdir()
-        write_marker(self.staging, self.command)
+        try:
+            self.path.parent.mkdir(parents=True, exist_ok=True)
+            for old in self.path.parent.glob(f".{self.path.name}.staging-*"):
+                if (old / MARKER).exists():  # only staging directories an earlier run of ours left
+                    shutil.rmtree(old, ignore_errors=True)
+            self.staging.mkdir()
+            write_marker(self.staging, self.command)
+        except OSError as exc:  # before any work: say where, not which staging file
+            shutil.rmtree(self.staging, ignore_errors=True)
+            raise OutputRefused(f"--out {self.path}: cannot write there: {exc.strerror or exc}") from None
         return self
 
     def __exit__(self, exc_type, exc, tb) -> None:

@@ -166,7 +166,8 @@ def test_out_on_read_only_storage_is_one_line_and_exit_2(sim, tmp_path):
     with _mounted(tmp_path / "ro", "ro,size=1m") as ro:
         code, err = _lag(sim, ro / "lag")
         assert code == 2
-        assert "Read-only file system" in _one_error_line(err)
+        line = _one_error_line(err)
+        assert "Read-only file system" in line and str(ro / "lag") in line
 
 
 def test_a_full_disk_keeps_the_previous_output_intact(sim, tmp_path):
