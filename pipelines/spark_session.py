@@ -6,11 +6,13 @@ error for a missing JVM is a long, unhelpful stack trace.
 
 from __future__ import annotations
 
+import logging
 import os
 import re
 import shutil
 import subprocess
 import sys
+from pathlib import Path
 
 from pyspark.sql import SparkSession
 
@@ -71,11 +73,18 @@ def get_session(master: str | None = None, app_name: str = "tidegauge", conf: di
         "spark.sql.adaptive.enabled": "true",
         "spark.driver.memory": "2g",
     }
+    if not submitted and active is None and "spark.driver.extraJavaOptions" not in (conf or {}):
+        # the driver JVM starts here: give it our log4j2 file, so Spark's start-up notices (default profile,
+        # NativeCodeLoader, ...) stay below the default level. Under spark-submit the JVM already runs with the
+        # cluster's own logging, which is left alone.
+        props = Path(__file__).resolve().parent / "log4j2.properties"
+        builder = builder.config("spark.driver.extraJavaOptions", f"-Dlog4j2.configurationFile=file:{props}")
     for k, v in defaults.items():
         if k not in given:  # spark-submit's own --conf wins over our defaults
             builder = builder.config(k, v)
     for k, v in (conf or {}).items():
         builder = builder.config(k, v)
     spark = builder.getOrCreate()
-    spark.sparkContext.setLogLevel("WARN")
+    # `tidegauge -v` shows Spark's warnings too
+    spark.sparkContext.setLogLevel("WARN" if logging.getLogger().isEnabledFor(logging.DEBUG) else "ERROR")
     return spark

@@ -39,3 +39,23 @@ def test_an_unreachable_broker_is_one_line_and_exit_2(tmp_path, argv):
     lines = run.stderr.strip().splitlines()
     assert len(lines) == 1, run.stderr
     assert "kafka://127.0.0.1:1" in lines[0]
+
+
+@pytest.mark.spark
+@pytest.mark.slow
+def test_spark_start_up_notices_stay_below_the_default_level(tmp_path):
+    from pathlib import Path
+
+    from sim import SimConfig
+    from sim import run as simulate
+
+    sim = simulate(SimConfig(out=str(tmp_path / "sim"), seed=2, regions=2, partitions=1, records=200, keys=50,
+                             batch_records=10, step_records=200, progress=False, workers="inline"))
+    tidegauge = Path(sys.executable).parent / "tidegauge"
+    run = subprocess.run([str(tidegauge), "leapfrog", "--store", "sim_store", "--version", "1",
+                          "--source", f"0={sim.archives[0]}", "--source", f"1={sim.archives[1]}",
+                          "--out", str(tmp_path / "out")], capture_output=True, text=True, timeout=600)
+    assert run.returncode in (0, 1), run.stderr
+    for noise in ("Using Spark's default log4j profile", "NativeCodeLoader", "setLogLevel", " WARN "):
+        assert noise not in run.stderr, run.stderr
+    assert "tidegauge.leapfrog" in run.stderr  # our own summary line still arrives
