@@ -5,8 +5,12 @@ payload kind is always read from the union branch *name* — never from `message
 the branch order (Put=0, Update=1, Delete=2, ControlMessage=3 vs PUT=0, DELETE=1, CONTROL_MESSAGE=2, UPDATE=3).
 
 Two decoders give identical dicts: cavro (about 3× faster here) and fastavro (the reference). Both run on parsed
-schemas. Older protocol versions are resolved against our v14 reader schema; versions we do not ship are learnt
-from the `vtp` header (the writer's schema as JSON), as Venice does.
+schemas. Every writer schema is resolved against our v14 reader schema (Avro schema resolution: fields matched by
+name, unknown fields skipped, missing ones defaulted, union branches matched by name). Writer schemas come from two
+places: the versions we ship (`envelope_versions`), and the `vtp` header (the writer's schema as JSON), which every
+segment-0/sequence-0 message carries, heartbeats included. The header is the writer's own word, so it wins: a
+version we do not ship is learnt from it, and a shipped version whose header announces a different schema (a fork,
+or a Venice release that changed a version after we copied it) is decoded with the announced schema from then on.
 """
 
 from __future__ import annotations
@@ -19,6 +23,7 @@ from collections.abc import Iterable
 from typing import Any
 
 import fastavro
+import fastavro.schema
 
 from . import schemas
 from .avro_bits import write_long
@@ -29,6 +34,7 @@ CURRENT_VERSION = 14
 NS = "com.linkedin.venice.kafka.protocol."
 PUT, UPDATE, DELETE, CONTROL = NS + "Put", NS + "Update", NS + "Delete", NS + "ControlMessage"
 LEADER_METADATA = NS + "LeaderMetadata"
+KME_NAME = NS + "KafkaMessageEnvelope"
 PAYLOAD_KIND = {PUT: "PUT", UPDATE: "UPDATE", DELETE: "DELETE", CONTROL: "CONTROL"}
 MESSAGE_TYPE = {"PUT": 0, "DELETE": 1, "CONTROL": 2, "UPDATE": 3}
 
@@ -71,6 +77,8 @@ class EnvelopeCodec:
         self._reader_json = schemas.load_json("KafkaMessageEnvelope.v14.avsc")
         self._reader = fastavro.parse_schema(self._reader_json)
         self._writer_json: dict[int, Any] = {}
+        self._vtp_seen: dict[int, bytes] = {}  # by raw version byte: the last vtp header already taken into account
+        self._canonical: dict[int, str] = {}  # by protocol version: canonical form of the schema in use
         self._decoders: dict[int, Any] = {}  # by protocol version
         self._by_byte: dict[int, Any] = {}  # by the raw version byte: the per-record lookup
         self._lock = threading.Lock()
@@ -89,10 +97,13 @@ class EnvelopeCodec:
         try:
             schema = (json.loads(writer_schema_json) if isinstance(writer_schema_json, (str, bytes))
                       else writer_schema_json)
-            fastavro.parse_schema(schema, _force=True)
+            parsed = fastavro.parse_schema(schema, _force=True)
         except Exception as exc:
             raise UndecodableError(f"vtp header for protocol version {version} is not a valid Avro schema: "
                                    f"{type(exc).__name__}: {exc}") from None
+        if not isinstance(parsed, dict) or parsed.get("name") != KME_NAME:
+            raise UndecodableError(f"vtp header for protocol version {version} is an Avro schema, but not of a "
+                                   f"{KME_NAME}")
         with self._lock:
             previous = self._writer_json.get(version)
             self._writer_json[version] = schema
@@ -108,6 +119,7 @@ class EnvelopeCodec:
                 self._decoders.pop(version, None)
                 raise UndecodableError(f"vtp header for protocol version {version} is not a KafkaMessageEnvelope "
                                        f"schema we can resolve: {type(exc).__name__}: {exc}") from None
+            self._canonical.pop(version, None)
 
     def _writer_schema(self, version: int) -> Any | None:
         if version in self._writer_json:
@@ -191,6 +203,10 @@ class EnvelopeCodec:
         if value[0] != MAGIC:
             raise UndecodableError(f"bad magic byte {value[0]} (Venice values start with {MAGIC})")
         version = value[1]
+        if headers:
+            vtp = header_value(headers, "vtp")
+            if vtp is not None and self._vtp_seen.get(version) != vtp:
+                self._take_vtp(version if version < 128 else version - 256, vtp)
         dec = self._by_byte.get(version)
         if dec is None:
             dec = self._decoder_or_learn(version if version < 128 else version - 256, headers)
@@ -204,6 +220,38 @@ class EnvelopeCodec:
             raise UndecodableError(
                 f"messageType {env.get('messageType')} does not match payload branch {name.rsplit('.', 1)[-1]}")
         return env
+
+    def _take_vtp(self, version: int, vtp: bytes) -> None:
+        """Use the writer schema a `vtp` header announces for `version`, unless it is the one already in use.
+
+        For a version we cannot otherwise decode, a bad header makes the record undecodable (UndecodableError). For
+        one we can, a header we cannot use is ignored: the record is decoded with the schema we have, and fails on
+        its own if that schema is wrong.
+        """
+        byte = version & 0xFF
+        try:
+            schema = json.loads(vtp)
+            announced = fastavro.schema.to_parsing_canonical_form(schema)
+        except Exception as exc:  # noqa: BLE001 - any garbage header
+            if self._writer_schema(version) is None:
+                raise UndecodableError(f"vtp header for protocol version {version} is not a valid Avro schema: "
+                                       f"{type(exc).__name__}: {exc}") from None
+            self._vtp_seen[byte] = vtp
+            return
+        if announced != self._canonical_form(version):
+            try:
+                self.learn(version, schema)
+            except UndecodableError:
+                if self._writer_schema(version) is None:
+                    raise
+        self._vtp_seen[byte] = vtp
+
+    def _canonical_form(self, version: int) -> str | None:
+        if version not in self._canonical:
+            writer = self._writer_schema(version)
+            self._canonical[version] = (None if writer is None
+                                        else fastavro.schema.to_parsing_canonical_form(writer))
+        return self._canonical[version]
 
     def _decoder_or_learn(self, version: int, headers):
         dec = self._decoder_for(version)

@@ -45,6 +45,7 @@ records with `Restored.feed_vt` / `feed_vt_record` (and `feed_rt` for a new lead
 
 from __future__ import annotations
 
+import contextlib
 from collections import Counter
 from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
@@ -83,6 +84,7 @@ the archive schema (only `columns` when given; the reader may return more)."""
 SEARCH_COLUMNS = ["key", "offset", "headers"]
 REPLAY_COLUMNS = ["key", "value", "offset", "timestamp", "headers"]
 FIRST_WINDOW = 4096
+MAX_LISTED = 100  # undecodable offsets listed per replay; the count is always whole
 MAX_WINDOW = 1 << 22
 STATUS_NAMES = {NOT_STARTED: "NOT_STARTED", IN_PROGRESS: "IN_PROGRESS",
                 END_OF_INTERMEDIATE_SEGMENT: "END_OF_INTERMEDIATE_SEGMENT", END_OF_FINAL_SEGMENT: "END_OF_FINAL_SEGMENT"}
@@ -185,7 +187,8 @@ def find_heartbeat(read: ReadRange, at: int, first_offset: int = 0, *, first_win
 
 class Replay:
     """Feeds records to a PartitionValidator exactly as `div.batch.PartitionRun` does (undecodable records leave
-    the state alone) and, for a VT, tracks per region the highest RT offset the records fed so far reflect."""
+    the state alone, and are counted: a state replayed over them may be incomplete) and, for a VT, tracks per
+    region the highest RT offset the records fed so far reflect."""
 
     def __init__(self, validator: PartitionValidator, upstream: dict[int, int] | None = None,
                  codec: E.EnvelopeCodec | None = None) -> None:
@@ -193,6 +196,8 @@ class Replay:
         self.upstream: dict[int, int] = dict(upstream or {})
         self.codec = codec or E.EnvelopeCodec()
         self.records = 0
+        self.undecodable = 0
+        self.undecodable_offsets: list[int] = []  # the first MAX_LISTED of them
         self.findings: Counter = Counter()
         self.last_offset: int | None = None
         self.last_heartbeat_ms = -1
@@ -207,10 +212,12 @@ class Replay:
         self.records += 1
         self.last_offset = offset
         if not key or key[0] not in keys.KNOWN_HEADERS:
+            self._undecodable(offset)
             return []
         try:
             env = self.codec.decode(value, headers)
         except E.UndecodableError:
+            self._undecodable(offset)
             return []
         found = self.validator.process(offset, key, env, broker_ts_ms, len(value or b""))
         if found:
@@ -230,6 +237,11 @@ class Replay:
                 except HeaderError:
                     pass  # a broken vector claims nothing
         return found
+
+    def _undecodable(self, offset: int) -> None:
+        self.undecodable += 1
+        if len(self.undecodable_offsets) < MAX_LISTED:
+            self.undecodable_offsets.append(offset)
 
     def feed(self, batch: pa.RecordBatch | pa.Table) -> list[Finding]:
         """Validate a batch of VT records (archive schema, offset order); returns their DIV findings."""
@@ -266,6 +278,8 @@ class RtRegion:
     state_offset: int | None
     replayed: int = 0
     replayed_from: int | None = None
+    undecodable: int = 0
+    undecodable_offsets: list[int] = field(default_factory=list)
     findings: Counter = field(default_factory=Counter)
     warning: str | None = None
 
@@ -284,6 +298,9 @@ class Restored:
     replay: Replay | None = None
     replayed_from: int | None = None
     rt: dict[int, RtRegion] = field(default_factory=dict)
+    # One codec for every replay: a writer schema learnt from any `vtp` header (the restore point's included)
+    # serves the VT and the RTs alike, as protocol versions are global.
+    codec: E.EnvelopeCodec = field(default_factory=E.EnvelopeCodec)
 
     @property
     def source(self) -> str:
@@ -316,7 +333,7 @@ class Restored:
 
     def _replay(self) -> Replay:
         if self.replay is None:
-            self.replay = Replay(self.vt, _watermark_upstream(self.heartbeat))
+            self.replay = Replay(self.vt, _watermark_upstream(self.heartbeat), codec=self.codec)
         return self.replay
 
     def rt_region(self, region: int, config: ValidatorConfig | None = None) -> RtRegion:
@@ -337,9 +354,11 @@ class Restored:
         """Advance region's RT state over RT records after its current state offset (offset order), e.g. a new
         leader catching up to its resume offset. Returns their (RT) findings."""
         entry = self.rt_region(region)
-        replay = Replay(entry.validator)
+        replay = Replay(entry.validator, codec=self.codec)
         out = replay.feed(batch)
         entry.replayed += replay.records
+        entry.undecodable += replay.undecodable
+        entry.undecodable_offsets.extend(replay.undecodable_offsets[:MAX_LISTED - len(entry.undecodable_offsets)])
         entry.findings.update(replay.findings)
         if replay.last_offset is not None:
             if entry.replayed_from is None:
@@ -453,18 +472,21 @@ def _load(vt: PartitionValidator, hb: Heartbeat) -> None:
 
 
 def restore_vt(read: ReadRange, at: int, *, first_offset: int = 0, validator: PartitionValidator | None = None,
-               config: ValidatorConfig | None = None, first_window: int = FIRST_WINDOW) -> Restored:
+               config: ValidatorConfig | None = None, first_window: int = FIRST_WINDOW,
+               codec: E.EnvelopeCodec | None = None) -> Restored:
     """The VT DIV state after offset `at`: the last usable heartbeat at or before it, advanced over the records
     after it up to `at`; without one, a full replay from `first_offset` (`fallback_reason` says why).
 
-    `validator` (fresh, e.g. a PartitionRun's) receives the state; by default a new one with `config`.
+    `validator` (fresh, e.g. a PartitionRun's) receives the state; by default a new one with `config`. `codec`
+    (e.g. the same PartitionRun's) decodes the replay and keeps the writer schemas it learns for the caller.
     """
     vt = validator if validator is not None else PartitionValidator(config=config)
     search = find_heartbeat(read, at, first_offset, first_window=first_window)
     restored = Restored(at, vt, search.heartbeat, skipped=search.skipped, search_records=search.records_read,
-                        search_reads=search.reads)
+                        search_reads=search.reads, codec=codec if codec is not None else E.EnvelopeCodec())
     if search.heartbeat is not None:
         _load(vt, search.heartbeat)
+        _learn_writer_schema(restored.codec, read, search.heartbeat.offset)
         start = search.heartbeat.offset + 1
     else:
         if search.skipped:
@@ -480,6 +502,17 @@ def restore_vt(read: ReadRange, at: int, *, first_offset: int = 0, validator: Pa
         for batch in read(start, at + 1, REPLAY_COLUMNS):
             replay.feed(_clip(batch, start, at + 1))
     return restored
+
+
+def _learn_writer_schema(codec: E.EnvelopeCodec, read: ReadRange, offset: int) -> None:
+    """Decode the heartbeat at `offset` once, for its `vtp` header: the replay after it starts mid-log, where a
+    newer writer's records are readable only with the schema that header announces."""
+    for batch in read(offset, offset + 1, ("offset", "value", "headers")):
+        for o, value, headers in zip(batch.column("offset").to_pylist(), batch.column("value").to_pylist(),
+                                     batch.column("headers").to_pylist(), strict=True):
+            if o == offset:
+                with contextlib.suppress(E.UndecodableError):
+                    codec.decode(value, headers)
 
 
 def restore_rt(restored: Restored, region: int, read: ReadRange, *, first_offset: int = 0,

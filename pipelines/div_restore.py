@@ -17,10 +17,12 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from div import partition_state as ps
-from div.restore import ReadRange, Restored, restore_rt, restore_vt
+from div.batch import MAX_LISTED
+from div.restore import ReadRange, Restored, RtRegion, restore_rt, restore_vt
 
 from . import config as cfg
-from .cli import EXIT_CLEAN, EXIT_PARTIAL, UsageError
+from .cli import UsageError
+from .evidence import PartitionEvidence, describe_short, summary_fields
 from .output import OutputDir, guard, source_inputs
 from .sources import Source, SourceError, SourceSpec, check_unique, open_source, parse_source
 
@@ -36,8 +38,10 @@ RESTORE_HELP = textwrap.dedent("""\
 
     Writes OUT/partition_state.bin (Venice's PartitionState v24: the VT producer states and the offset),
     OUT/state.json (the same for people and tools, plus the RT states and resume offsets per region) and
-    OUT/summary.json. Exit codes: 0 restored, 2 bad usage or unreadable VT, 3 some RT source could not be read
-    (the rest is written).""")
+    OUT/summary.json (with `verdict` and the `evidence` read). Exit codes: 0 restored from whole evidence, 2 bad
+    usage or unreadable VT, 3 partial: an RT source could not be read, an RT ends before the offset the replica
+    resumes at, or replayed records could not be decoded (everything is still written; summary.json and stderr
+    say which).""")
 
 RESTORE_EPILOG = textwrap.dedent("""\
     examples:
@@ -70,8 +74,13 @@ def restore_validator(src: Source, topic: str, partition: int, restore_at: int, 
     if at < first:
         run.summary.start_offset = first
         return first
-    restored = restore_vt(source_reader(src, topic, partition), at, first_offset=first, validator=run.validator)
+    restored = restore_vt(source_reader(src, topic, partition), at, first_offset=first, validator=run.validator,
+                          codec=run.codec)
     run.summary.start_offset = at + 1
+    if restored.replay is not None and restored.replay.undecodable:
+        # the state validation starts from was replayed over records it could not read: not whole evidence
+        run.summary.undecodable += restored.replay.undecodable
+        run.summary.undecodable_offsets[:] = restored.replay.undecodable_offsets[:MAX_LISTED]
     run.summary.restored_from_heartbeat = restored.heartbeat.offset if restored.heartbeat is not None else None
     if restored.heartbeat is None:
         log.warning("region %d %s[%d]: %s; replayed %d records from offset %d instead", src.region, topic,
@@ -147,6 +156,7 @@ def restore(opts: RestoreOptions) -> tuple[Restored, dict[str, Any]]:
     for r in sorted(regions):
         restored.rt_region(r)
     failed: list[dict[str, Any]] = []
+    evidence = [_vt_evidence(opts, restored)]
     for spec in opts.rt_sources:
         try:
             rt_src = _open_partition(spec, opts.kafka_conf.get(spec.region), opts.rt, opts.partition, "--rt-source")
@@ -155,8 +165,10 @@ def restore(opts: RestoreOptions) -> tuple[Restored, dict[str, Any]]:
                                first_offset=rt_first)
         except (SourceError, OSError) as exc:
             failed.append({"region": spec.region, "uri": spec.uri, "error": str(exc)})
+            evidence.append(PartitionEvidence(spec.region, opts.rt, opts.partition, 0, 0, error=str(exc)))
             log.error("RT of region %d could not be replayed: %s", spec.region, exc)
             continue
+        evidence.append(_rt_evidence(opts, entry, rt_first))
         if entry.warning:
             log.warning("%s", entry.warning)
     facts = {
@@ -165,8 +177,33 @@ def restore(opts: RestoreOptions) -> tuple[Restored, dict[str, Any]]:
         "vt_first_offset": first,
         "vt_end_offset": end,
         "failed_rt_sources": failed,
+        "evidence": evidence,
     }
     return restored, facts
+
+
+def _vt_evidence(opts: RestoreOptions, restored: Restored) -> PartitionEvidence:
+    """What the VT replay read: from the restore point to --at-offset (the search reads headers only)."""
+    replay = restored.replay
+    start = restored.replayed_from if restored.replayed_from is not None else opts.at + 1
+    ev = PartitionEvidence(opts.source.region, opts.vt, opts.partition, start, opts.at + 1,
+                           read_records=restored.vt_replayed, reached_end=True)
+    if replay is not None:
+        ev.note_undecodable(replay.undecodable_offsets)
+        ev.undecodable = replay.undecodable
+    return ev
+
+
+def _rt_evidence(opts: RestoreOptions, entry: RtRegion, first: int) -> PartitionEvidence:
+    """What one region's RT replay read: from the restore point's watermark to the replica's resume offset."""
+    start = first if entry.watermark is None else entry.watermark + 1
+    end = entry.resume_offset + 1
+    reached = entry.state_offset is not None and entry.state_offset >= entry.resume_offset
+    ev = PartitionEvidence(entry.region, opts.rt, opts.partition, start, max(start, end),
+                           read_records=entry.replayed, reached_end=reached or end <= start)
+    ev.note_undecodable(entry.undecodable_offsets)
+    ev.undecodable = entry.undecodable
+    return ev
 
 
 def run_restore(opts: RestoreOptions) -> int:
@@ -174,7 +211,11 @@ def run_restore(opts: RestoreOptions) -> int:
     guard("div restore", {"--out": opts.out}, source_inputs([opts.source, *opts.rt_sources]))
     with OutputDir(opts.out, "div restore") as out:
         restored, facts = restore(opts)
-        code = EXIT_PARTIAL if facts["failed_rt_sources"] else EXIT_CLEAN
+        evidence = facts.pop("evidence")
+        verdict = summary_fields(0, evidence)
+        code = verdict["exit_code"]
+        for line in describe_short(evidence):
+            log.warning("%s", line)
         out.file("partition_state.bin").write_bytes(ps.encode(restored.partition_state()))
         where = {"store": opts.store, "version": opts.version, "vt_topic": opts.vt, "rt_topic": opts.rt,
                  "region": opts.source.region, "partition": opts.partition}
@@ -196,6 +237,7 @@ def run_restore(opts: RestoreOptions) -> int:
             "rt_producers": {str(r): len(e.validator.segments) for r, e in sorted(restored.rt.items())},
             "warnings": [e.warning for _, e in sorted(restored.rt.items()) if e.warning],
             **facts,
+            **verdict,
         })
     return code
 

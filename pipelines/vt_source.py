@@ -190,13 +190,14 @@ def chunked_version(splits: list[VtSplit], topic: str, kafka_conf: Mapping[int, 
                                                    s.start, end)
             else:
                 batches = archive.iter_partition(_path(s.uri), topic, s.partition, s.start, end,
-                                                 columns=["key", "value"])
+                                                 columns=["key", "value", "headers"])
             for b in batches:
-                for key, value in zip(b.column("key").to_pylist(), b.column("value").to_pylist(), strict=True):
+                for key, value, headers in zip(b.column("key").to_pylist(), b.column("value").to_pylist(),
+                                               b.column("headers").to_pylist(), strict=True):
                     if not key or key[0] != HEADER_CONTROL_MESSAGE:
                         continue
                     try:
-                        env = codec.decode(value)
+                        env = codec.decode(value, headers)
                     except E.UndecodableError:
                         continue
                     if E.control_type(env) == E.START_OF_PUSH and E.control_body(env).get("chunked"):
