@@ -31,6 +31,7 @@ from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
 
+from pipelines.progress import duration
 from sim.config import QuietPeriod, SimConfig
 
 EXIT_MATCH, EXIT_MISMATCH, EXIT_USAGE, EXIT_STEP_FAILED = 0, 1, 2, 3
@@ -315,7 +316,7 @@ class _Progress:
             raise
         s = time.perf_counter() - t
         self.steps.append(Step(name, s, "; ".join(result)))
-        self.emit(f"      {'; '.join(result)}  ({s:.1f} s, {time.perf_counter() - self.t0:.0f} s so far)")
+        self.emit(f"      {'; '.join(result)}  ({duration(s * 1000)}, {duration((time.perf_counter() - self.t0) * 1000)} so far)")
 
 
 def prepare_out(out: Path) -> None:
@@ -576,7 +577,7 @@ def _final_block(result: DemoResult, emit: Callable[[str], None]) -> None:
         emit(f"        {result.report_html.as_uri()}")
     ok = result.exit_code == EXIT_MATCH
     emit(f"{'Every injected fault was found, and nothing else' if ok else 'MISMATCH: see the ✗ lines above'} "
-         f"({result.elapsed_s:.0f} s). Outputs of every job: {result.out}")
+         f"({duration(result.elapsed_s * 1000)}). Outputs of every job: {result.out}")
 
 
 def _write_marker(out: Path, opts: DemoOptions, result: DemoResult) -> None:

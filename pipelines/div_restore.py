@@ -24,6 +24,7 @@ from . import config as cfg
 from .cli import UsageError
 from .evidence import PartitionEvidence, describe_short, summary_fields
 from .output import OutputDir, guard, source_inputs
+from .progress import Progress
 from .sources import Source, SourceError, SourceSpec, check_unique, open_source, parse_source
 
 log = logging.getLogger("tidegauge.div")
@@ -55,12 +56,13 @@ RESTORE_EPILOG = textwrap.dedent("""\
 # ------------------------------------------------------------------------------- the hook of div validate
 
 
-def source_reader(src: Source, topic: str, partition: int) -> ReadRange:
-    """`div.restore`'s record callback over one partition of a source."""
+def source_reader(src: Source, topic: str, partition: int, progress: Progress | None = None) -> ReadRange:
+    """`div.restore`'s record callback over one partition of a source (counting what it reads in `progress`)."""
 
     def read(start: int, end: int, columns=None):
-        return src.iter_partition(topic, partition, start=start, end=end,
-                                  columns=list(columns) if columns is not None else None)
+        batches = src.iter_partition(topic, partition, start=start, end=end,
+                                     columns=list(columns) if columns is not None else None)
+        return progress.counted(batches) if progress is not None else batches
 
     return read
 
@@ -127,7 +129,7 @@ def _open_partition(spec: SourceSpec, conf: dict[str, Any] | None, topic: str, p
     return src
 
 
-def restore(opts: RestoreOptions) -> tuple[Restored, dict[str, Any]]:
+def restore(opts: RestoreOptions, progress: Progress | None = None) -> tuple[Restored, dict[str, Any]]:
     """Restore the state; returns it and the run's facts for summary.json (timings, RT sources that failed).
     Raises UsageError for an unusable VT source or offset."""
     t0 = time.time()
@@ -141,7 +143,9 @@ def restore(opts: RestoreOptions) -> tuple[Restored, dict[str, Any]]:
         raise UsageError(f"--at-offset {opts.at}: {opts.vt}[{opts.partition}] of source {opts.source.region} "
                          f"holds offsets {first}..{end - 1}")
     try:
-        restored = restore_vt(source_reader(src, opts.vt, opts.partition), opts.at, first_offset=first)
+        if progress is not None:
+            progress.stage(f"restoring {opts.vt}[{opts.partition}] at {opts.at} (heartbeat search, VT replay)")
+        restored = restore_vt(source_reader(src, opts.vt, opts.partition, progress), opts.at, first_offset=first)
     except SourceError as exc:
         raise UsageError(str(exc)) from None
     t_vt = time.time()
@@ -161,7 +165,9 @@ def restore(opts: RestoreOptions) -> tuple[Restored, dict[str, Any]]:
         try:
             rt_src = _open_partition(spec, opts.kafka_conf.get(spec.region), opts.rt, opts.partition, "--rt-source")
             rt_first, _ = rt_src.bounds(opts.rt, opts.partition)
-            entry = restore_rt(restored, spec.region, source_reader(rt_src, opts.rt, opts.partition),
+            if progress is not None:
+                progress.stage(f"replaying the RT of region {spec.region}")
+            entry = restore_rt(restored, spec.region, source_reader(rt_src, opts.rt, opts.partition, progress),
                                first_offset=rt_first)
         except (SourceError, OSError) as exc:
             failed.append({"region": spec.region, "uri": spec.uri, "error": str(exc)})
@@ -209,8 +215,8 @@ def _rt_evidence(opts: RestoreOptions, entry: RtRegion, first: int) -> Partition
 def run_restore(opts: RestoreOptions) -> int:
     """`tidegauge div restore`: writes partition_state.bin, state.json and summary.json. Returns the exit code."""
     guard("div restore", {"--out": opts.out}, source_inputs([opts.source, *opts.rt_sources]))
-    with OutputDir(opts.out, "div restore") as out:
-        restored, facts = restore(opts)
+    with OutputDir(opts.out, "div restore") as out, Progress("div restore") as progress:
+        restored, facts = restore(opts, progress)
         evidence = facts.pop("evidence")
         verdict = summary_fields(0, evidence)
         code = verdict["exit_code"]

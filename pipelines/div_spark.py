@@ -73,6 +73,7 @@ from .div_validate import (
     write_errors,
 )
 from .output import OutputDir, guard, source_inputs
+from .progress import Progress, duration
 from .sources import Source, SourceError, SourceSpec, open_source
 
 log = logging.getLogger("tidegauge.div")
@@ -237,9 +238,10 @@ class ValidateTasks:
     partition is kept beyond what PartitionRun keeps (DIV state and the findings not yet handed back).
     """
 
-    def __init__(self, tasks: list[PartitionTask], opts: ValidateOptions) -> None:
+    def __init__(self, tasks: list[PartitionTask], opts: ValidateOptions, records=None) -> None:
         self.tasks = tasks
         self.opts = opts
+        self.records = records  # a Spark accumulator of the records read, for the driver's progress line
 
     def __call__(self, batches: Iterator[pa.RecordBatch]) -> Iterator[pa.RecordBatch]:
         current: _TaskRun | None = None
@@ -247,6 +249,8 @@ class ValidateTasks:
             n = batch.num_rows
             if n == 0:
                 continue
+            if self.records is not None:
+                self.records.add(n)
             tids = batch.column("tid").to_numpy(zero_copy_only=False)
             cuts = (np.flatnonzero(np.diff(tids)) + 1).tolist()
             for s, e in zip([0, *cuts], [*cuts, n], strict=True):
@@ -265,9 +269,10 @@ class ReadAndValidate:
     """The `mapInArrow` function of the direct plan: task ids in; each task reads its partition itself with the
     local engine's reader (`Source.iter_partition`) and streams it through a PartitionRun."""
 
-    def __init__(self, tasks: list[PartitionTask], opts: ValidateOptions) -> None:
+    def __init__(self, tasks: list[PartitionTask], opts: ValidateOptions, records=None) -> None:
         self.tasks = tasks
         self.opts = opts
+        self.records = records  # a Spark accumulator of the records read, for the driver's progress line
 
     def __call__(self, batches: Iterator[pa.RecordBatch]) -> Iterator[pa.RecordBatch]:
         sources: dict[int, Source] = {}
@@ -295,6 +300,8 @@ class ReadAndValidate:
                 try:
                     if not current.done:
                         for records in source.iter_partition(task.topic, task.partition, start=current.start):
+                            if self.records is not None:
+                                self.records.add(records.num_rows)
                             yield from current.feed(records)
                             if current.done:
                                 break
@@ -417,14 +424,15 @@ def sorted_records(spark, opts: ValidateOptions, tasks: list[PartitionTask], tid
 
 
 def _job(spark, opts: ValidateOptions, tasks: list[PartitionTask], tids: list[int], sizes: list[int],
-         partitions_of: dict[tuple[int, str], list[int]], read: str):
-    """The output DataFrame (OUT_DDL rows) of validating the tasks `tids`."""
+         partitions_of: dict[tuple[int, str], list[int]], read: str, records=None):
+    """The output DataFrame (OUT_DDL rows) of validating the tasks `tids`; tasks add what they read to the
+    accumulator `records`."""
     if read == READ_DIRECT:
         n, task_df = _task_frame(spark, tasks, tids, sizes)
         placed = task_df.select("tid", "tkey").repartition(n, "tkey").sortWithinPartitions("tid")
-        return placed.mapInArrow(ReadAndValidate(tasks, opts), OUT_DDL)
+        return placed.mapInArrow(ReadAndValidate(tasks, opts, records), OUT_DDL)
     data = sorted_records(spark, opts, tasks, tids, sizes, partitions_of)
-    return data.mapInArrow(ValidateTasks(tasks, opts), OUT_DDL)
+    return data.mapInArrow(ValidateTasks(tasks, opts, records), OUT_DDL)
 
 
 def _spark_error(exc: BaseException) -> str:
@@ -439,12 +447,17 @@ def _collect(df) -> dict[int, TaskOutcome]:
     return {int(r["task"]): TaskOutcome.from_json(r["summary"]) for r in rows}
 
 
-def _run_jobs(spark, opts, tasks, sizes, partitions_of, read) -> tuple[dict[int, TaskOutcome], list]:
+def _run_jobs(spark, opts, tasks, sizes, partitions_of, read, progress: Progress | None = None,
+              ) -> tuple[dict[int, TaskOutcome], list]:
     """Run every task; returns outcomes by task id and the cached output DataFrames holding their error rows."""
     from pyspark import StorageLevel
 
     all_tids = list(range(len(tasks)))
-    df = _job(spark, opts, tasks, all_tids, sizes, partitions_of, read).persist(StorageLevel.MEMORY_AND_DISK)
+    records = progress.accumulator() if progress is not None else None
+    if progress is not None:
+        progress.stage(f"validating {len(tasks)} partition(s)")
+    df = _job(spark, opts, tasks, all_tids, sizes, partitions_of, read, records).persist(
+        StorageLevel.MEMORY_AND_DISK)
     try:
         return _collect(df), [df]
     except Exception as exc:  # Py4JJavaError, SparkException, ...: the job as a whole failed
@@ -454,7 +467,10 @@ def _run_jobs(spark, opts, tasks, sizes, partitions_of, read) -> tuple[dict[int,
     outcomes: dict[int, TaskOutcome] = {}
     frames = []
     for tid in all_tids:
-        one = _job(spark, opts, tasks, [tid], sizes, partitions_of, read).persist(StorageLevel.MEMORY_AND_DISK)
+        if progress is not None:
+            progress.stage(f"retrying partition by partition ({tid + 1}/{len(all_tids)})")
+        one = _job(spark, opts, tasks, [tid], sizes, partitions_of, read, records).persist(
+            StorageLevel.MEMORY_AND_DISK)
         try:
             outcomes.update(_collect(one))
             frames.append(one)
@@ -554,8 +570,10 @@ def run_spark(opts: ValidateOptions, master: str | None = None, spark_conf: dict
         read = READ_SHUFFLE if mixed else READ_DIRECT
         log.info("reading with the %s plan%s", read, f" ({', '.join(mixed)} mix partitions)" if mixed else "")
     t0 = time.time()
-    with OutputDir(opts.out, "div validate") as out:
-        outcomes, frames = _run_jobs(spark, opts, tasks, sizes, partitions_of, read) if tasks else ({}, [])
+    with OutputDir(opts.out, "div validate") as out, Progress("div validate", spark=spark) as progress:
+        outcomes, frames = (_run_jobs(spark, opts, tasks, sizes, partitions_of, read, progress) if tasks
+                            else ({}, []))
+        progress.stage("writing the results")
         try:
             summaries: list[PartitionSummary] = []
             failed: list[dict] = []
@@ -581,8 +599,8 @@ def run_spark(opts: ValidateOptions, master: str | None = None, spark_conf: dict
                 f.unpersist()
         records = sum(s.records for s in summaries)
         elapsed = max(time.time() - t0, 1e-9)
-        log.info("%d partitions, %d records, %d findings in %.1f s (%.0f records/s)", len(summaries), records,
-                 sum(sum(s.findings.values()) for s in summaries), elapsed, records / elapsed)
+        log.info("%d partitions, %d records, %d findings in %s (%.0f records/s)", len(summaries), records,
+                 sum(sum(s.findings.values()) for s in summaries), duration(elapsed * 1000), records / elapsed)
         out.write_json("summary.json", summarize(out, summaries, failed, code,
                                                  {s.region: s.uri for s in opts.sources}, "spark", evidence))
     return code

@@ -20,6 +20,7 @@ from div.validator import ValidatorConfig
 
 from .evidence import PartitionEvidence, describe_short, summary_fields, verdict
 from .output import OutputDir, guard, source_inputs
+from .progress import Progress
 from .sources import Source, SourceError, SourceSpec, open_source
 
 log = logging.getLogger("tidegauge.div")
@@ -73,7 +74,8 @@ def plan(opts: ValidateOptions, opened: list[Source]) -> list[PartitionTask]:
     return tasks
 
 
-def validate_partition(src: Source, task: PartitionTask, opts: ValidateOptions) -> PartitionRun:
+def validate_partition(src: Source, task: PartitionTask, opts: ValidateOptions,
+                       progress: Progress | None = None) -> PartitionRun:
     """Run DIV (and record validators) over one partition; returns the finished run.
 
     With --fail-fast the run stops at its first fatal finding; `run.stopped` then says where.
@@ -88,7 +90,8 @@ def validate_partition(src: Source, task: PartitionTask, opts: ValidateOptions) 
 
         start = restore_validator(src, task.topic, task.partition, opts.restore_at, run)
     try:
-        for batch in src.iter_partition(task.topic, task.partition, start=start):
+        batches = src.iter_partition(task.topic, task.partition, start=start)
+        for batch in (progress.counted(batches) if progress is not None else batches):
             run.feed(batch)
     except StopRun as stop:
         run.stopped = str(stop)
@@ -170,10 +173,11 @@ def run_local(opts: ValidateOptions) -> int:
     failed: list[dict] = []
     rows: list[tuple] = []
     t0 = time.time()
-    with OutputDir(opts.out, "div validate") as out:
+    with OutputDir(opts.out, "div validate") as out, Progress("div validate") as progress:
         for i, task in enumerate(tasks, 1):
+            progress.stage(f"partition {i}/{len(tasks)} (region {task.region} {task.topic}[{task.partition}])")
             try:
-                run = validate_partition(by_region[task.region], task, opts)
+                run = validate_partition(by_region[task.region], task, opts, progress)
             except (SourceError, OSError) as exc:
                 failed.append({"region": task.region, "topic": task.topic, "partition": task.partition,
                                "error": str(exc)})

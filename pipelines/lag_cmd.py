@@ -26,6 +26,7 @@ from . import config as cfg
 from .cli import UsageError
 from .evidence import PartitionEvidence, describe_short, summary_fields, verdict
 from .output import OutputDir, guard, source_inputs
+from .progress import Progress, duration
 from .sources import Source, SourceError, SourceSpec, check_unique, open_source, parse_source
 
 log = logging.getLogger("tidegauge.lag")
@@ -137,14 +138,15 @@ def rt_end_offsets(rt_by_region: dict[int, Source], rt_topic: str, partitions: s
 
 # -- reading ---------------------------------------------------------------------------------------------
 def monitor_partition(src: Source, topic: str, partition: int, n_regions: int,
-                      evidence: PartitionEvidence | None = None) -> LagMonitor:
+                      evidence: PartitionEvidence | None = None, progress: Progress | None = None) -> LagMonitor:
     """Read one VT partition into a LagMonitor; undecodable records are skipped and counted in `evidence`, with
     what was read and the newest record time (`evidence.newest_ms`, set as an attribute)."""
     codec = E.EnvelopeCodec()
     mon = LagMonitor(vt_region=src.region, partition=partition, n_regions=n_regions)
     ev = evidence if evidence is not None else PartitionEvidence(src.region, topic, partition, 0, 0)
     newest = None
-    for batch in src.iter_partition(topic, partition, columns=["key", "value", "headers", "offset", "timestamp"]):
+    batches = src.iter_partition(topic, partition, columns=["key", "value", "headers", "offset", "timestamp"])
+    for batch in (progress.counted(batches) if progress is not None else batches):
         ts = batch.column("timestamp").cast(pa.int64()).to_pylist()  # microseconds
         offsets = batch.column("offset").to_pylist()
         rows = zip(batch.column("key").to_pylist(), batch.column("value").to_pylist(),
@@ -178,14 +180,7 @@ def _fmt_ms(ms: int | None) -> str:
 
 
 def _fmt_lag(ms: int | None) -> str:
-    if ms is None:
-        return "never"
-    s = ms / 1000
-    if abs(s) < 120:
-        return f"{s:.1f} s"
-    if abs(s) < 7200:
-        return f"{s / 60:.1f} min"
-    return f"{s / 3600:.1f} h"
+    return "never" if ms is None else duration(ms)
 
 
 def format_table(rows: list[LagRow]) -> str:
@@ -277,27 +272,35 @@ def run(args) -> int:
                 close()
 
 
+def _read_partitions(opened: list[Source], topic: str, n_regions: int, monitors: list[LagMonitor],
+                     failed: list[dict[str, Any]], evidence: list[PartitionEvidence], progress: Progress) -> None:
+    """Read every VT partition of every source into a LagMonitor (appended to `monitors`), with its evidence."""
+    for src in opened:
+        for p in src.partitions(topic):
+            progress.stage(f"reading region {src.region} {topic}[{p}]")
+            first, end = src.bounds(topic, p)
+            ev = PartitionEvidence(src.region, topic, p, first, end,
+                                   planned_records=src.planned_records(topic, p))
+            evidence.append(ev)
+            try:
+                mon = monitor_partition(src, topic, p, n_regions, ev, progress)
+            except (SourceError, OSError) as exc:
+                ev.error = str(exc)
+                failed.append({"region": src.region, "topic": topic, "partition": p, "error": str(exc)})
+                log.error("region %d %s[%d]: %s", src.region, topic, p, exc)
+                continue
+            monitors.append(mon)
+
+
 def _measure(args, opened: list[Source], topic: str, ends: dict[int, dict[int, int]], n_regions: int,
              now_ms: int, sources: dict[int, str]) -> int:
     monitors: list[LagMonitor] = []
     rows: list[LagRow] = []
     failed: list[dict[str, Any]] = []
     evidence: list[PartitionEvidence] = []
-    for src in opened:
-        for p in src.partitions(topic):
-            first, end = src.bounds(topic, p)
-            ev = PartitionEvidence(src.region, topic, p, first, end,
-                                   planned_records=src.planned_records(topic, p))
-            evidence.append(ev)
-            try:
-                mon = monitor_partition(src, topic, p, n_regions, ev)
-            except (SourceError, OSError) as exc:
-                ev.error = str(exc)
-                failed.append({"region": src.region, "topic": topic, "partition": p, "error": str(exc)})
-                log.error("region %d %s[%d]: %s", src.region, topic, p, exc)
-                continue
-            n_regions = max([n_regions, *(r + 1 for r in mon.regions())])
-            monitors.append(mon)
+    with Progress("lag") as progress:
+        _read_partitions(opened, topic, n_regions, monitors, failed, evidence, progress)
+    n_regions = max([n_regions, *(r + 1 for mon in monitors for r in mon.regions())])
     now_basis = "--now-ms"
     if now_ms is None:
         newest = [e.newest_ms for e in evidence if e.newest_ms is not None]

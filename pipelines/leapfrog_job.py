@@ -43,6 +43,7 @@ from .leapfrog_carried import file_buckets
 from .leapfrog_keys import OUT_DDL, ROW_COLUMNS, SORT_COLUMNS, CompareContext, ScanReduce, stage_for
 from .leapfrog_plan import RegionPartition, failed_reads, mark_latest_kept, plan_marks, views
 from .output import OutputDir, guard, local_path, source_inputs, versions
+from .progress import Progress
 from .sources import SourceError, SourceSpec
 
 log = logging.getLogger("tidegauge.leapfrog")
@@ -85,7 +86,8 @@ def _sources(opts: LeapfrogOptions) -> dict[int, str]:
     return {s.region: s.uri for s in opts.sources}
 
 
-def _scan(spark: SparkSession, opts: LeapfrogOptions, n: int, splits, buckets: int | None = None) -> DataFrame:
+def _scan(spark: SparkSession, opts: LeapfrogOptions, n: int, splits, buckets: int | None = None,
+          records=None) -> DataFrame:
     """Stage A's rows: the two-phase job's (`vt_scan.SCAN_SCHEMA`), or with `buckets` the fused job's shuffle
     rows (`shuffle_rows`, chunk rows left out: a fused run falls back to two-phase when it meets any)."""
     from . import shuffle_rows as R
@@ -94,8 +96,9 @@ def _scan(spark: SparkSession, opts: LeapfrogOptions, n: int, splits, buckets: i
 
     vt = read_vt(spark, splits, opts.topic, opts.kafka_conf)
     if buckets is None:
-        return vt.mapInArrow(SplitScan(n, opts.mode), SCAN_DDL)
-    return R.keyed(vt.mapInArrow(SplitScan(n, opts.mode, keep_chunks=False, buckets=buckets), R.SCAN_DDL), buckets)
+        return vt.mapInArrow(SplitScan(n, opts.mode, records=records), SCAN_DDL)
+    return R.keyed(vt.mapInArrow(SplitScan(n, opts.mode, keep_chunks=False, buckets=buckets, records=records),
+                                 R.SCAN_DDL), buckets)
 
 
 def decode_only(spark: SparkSession, opts: LeapfrogOptions) -> int:
@@ -223,9 +226,10 @@ def run(opts: LeapfrogOptions, spark: SparkSession | None = None) -> int:
     if opts.state_dir is not None:  # the reduce tasks write the next state's carried records here
         stage = S.staging_dir(opts.state_dir)
         (stage / "carried").mkdir()
+    progress = Progress("leapfrog", spark=spark)
     job = _Job(spark, opts, n, tuple(pairs), splits, ends, buckets, carried, state,
-               str(stage / "carried") if stage is not None else None, deadlines)
-    with OutputDir(opts.out, "leapfrog") as out:
+               str(stage / "carried") if stage is not None else None, deadlines, progress)
+    with OutputDir(opts.out, "leapfrog") as out, progress:
         fused = (len(splits) * buckets <= FUSED_MAX_SUMMARY_ROWS
                  and not chunked_version(splits, opts.topic, opts.kafka_conf))
         if fused:
@@ -267,6 +271,7 @@ def run(opts: LeapfrogOptions, spark: SparkSession | None = None) -> int:
                 counter_rows.append(r)
             r["keys"] += n_settled - r["settled_touched"]
         unverified, overflow = _unverified(facts)
+        progress.stage("writing the findings" + (" and the next state" if opts.state_dir is not None else ""))
         findings, table, withheld = _findings(result, opts, state, counter_rows, out, unverified, overflow)
         if table is not None:
             finding_counts = defaultdict(int)
@@ -320,6 +325,14 @@ class _Job:
     state: Any
     state_out: str | None = None
     deadlines: dict[int, int] = field(default_factory=dict)  # live regions: see vt_source.compaction_deadlines
+    progress: Progress | None = None
+
+    def _stage(self, name: str) -> None:
+        if self.progress is not None:
+            self.progress.stage(name)
+
+    def _records(self):
+        return self.progress.accumulator() if self.progress is not None else None
 
     def _state_carries(self) -> bool:
         """Whether the previous run left carried records."""
@@ -361,7 +374,8 @@ class _Job:
         from . import shuffle_rows as R
 
         opts = self.opts
-        rows = _scan(self.spark, opts, self.n, self.splits, buckets=self.buckets)
+        self._stage("reading, shuffling and comparing every region's records (one pass)")
+        rows = _scan(self.spark, opts, self.n, self.splits, buckets=self.buckets, records=self._records())
         own = self._own_carried_files()
         reduce = ScanReduce(opts.mode, self.pairs, self.n, self.ends, self.carried, self.state_out, self.deadlines,
                             own)
@@ -378,7 +392,9 @@ class _Job:
     def two_phase(self):
         """Scan (persisted) → plan on the driver → chunked values resolved in Spark → shuffle → per-key stage."""
         opts, n = self.opts, self.n
-        scanned = _scan(self.spark, opts, n, self.splits).persist(StorageLevel.MEMORY_AND_DISK)
+        self._stage("reading every region's records")
+        scanned = _scan(self.spark, opts, n, self.splits, records=self._records()).persist(
+            StorageLevel.MEMORY_AND_DISK)
         summaries = [json.loads(r["summary"]) for r in scanned.where(F.col("order") == 0).select("summary").collect()]
         self.read_errors = failed_reads(summaries)
         facts, prefixes = plan_marks(summaries, self.ends, n, self.carried)
@@ -390,6 +406,7 @@ class _Job:
             data = data.unionByName(old)
         keyed = data.repartition(self.buckets, "partition", F.xxhash64("key")).sortWithinPartitions(*SORT_COLUMNS)
         result = keyed.mapInArrow(stage_for(ctx), OUT_DDL).persist(StorageLevel.MEMORY_AND_DISK)
+        self._stage("shuffling and comparing by key")
         result.count()
         scanned.unpersist()
         return result, facts

@@ -10,6 +10,7 @@ import argparse
 import pathlib
 
 from pipelines.cli import EXIT_USAGE, UsageError
+from pipelines.progress import duration
 
 DESCRIPTION = """\
 Make the morning report from the outputs of the nightly jobs: run the Great Expectations suites of
@@ -91,7 +92,7 @@ def run(args: argparse.Namespace) -> int:
              f"logs: {v['logs']['status']} ({v['logs']['fatal_findings']} fatal DIV findings)"]
     if v["lag"]["measured"]:
         lines.append("lag: " + ", ".join(
-            f"region {r['region']} {'unknown' if r['max_time_lag_ms'] is None else str(r['max_time_lag_ms']) + ' ms'}"
+            f"region {r['region']} {duration(r['max_time_lag_ms'])}"
             for r in v["lag"]["by_region"]))
     lines += [f"failed: {name}" for name in result.failed_checks]
     lines.append(f"report: {result.html_path}")

@@ -10,6 +10,7 @@ from pathlib import Path
 
 from . import config as cfg_file
 from .cli import EXIT_CLEAN, EXIT_PARTIAL, UsageError
+from .progress import duration
 
 DEFAULT_CONF = Path("conf/simulate.yaml")
 
@@ -151,7 +152,7 @@ def run_simulate(args) -> int:
 def format_summary(s: dict, truth_path: str, summary_path: str) -> str:
     """The human summary printed at the end of a run."""
     lines = [f"simulated {s['regions']} regions x {s['partitions']} partitions, {s['records']:,} writes, seed "
-             f"{s['seed']}{' (legacy RMD vectors)' if s['legacy_rmd'] else ''} in {s['elapsed_s']:.1f} s "
+             f"{s['seed']}{' (legacy RMD vectors)' if s['legacy_rmd'] else ''} in {duration(s['elapsed_s'] * 1000)} "
              f"({s['records_per_s']:,} records/s)"]
     rt_topic = f"{s['store']}_rt"
     vt_topic = f"{s['store']}_v{s['version']}"

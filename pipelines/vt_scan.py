@@ -75,11 +75,13 @@ class SplitScan:
     before its data rows. Otherwise they are the two-phase job's rows (`SCAN_SCHEMA`).
     """
 
-    def __init__(self, n_regions: int, mode: str, keep_chunks: bool = True, buckets: int | None = None) -> None:
+    def __init__(self, n_regions: int, mode: str, keep_chunks: bool = True, buckets: int | None = None,
+                 records=None) -> None:
         self.n = n_regions
         self.mode = mode
         self.keep_chunks = keep_chunks
         self.buckets = buckets
+        self.records = records  # a Spark accumulator of the records read, for the driver's progress line
 
     def __call__(self, batches):
         dec = V.VtDecoder()
@@ -113,6 +115,8 @@ class SplitScan:
                 batch = batch.filter(pa.array(~failed))
                 if batch.num_rows == 0:
                     continue
+            if self.records is not None:
+                self.records.add(batch.num_rows)
             d = dec.decode(batch, region)
             kind = np.asarray(d.column("kind").to_numpy(zero_copy_only=False), np.int8)
             offsets = d.column("offset").to_numpy()

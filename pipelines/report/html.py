@@ -23,6 +23,7 @@ from typing import Any
 
 import pandas as pd
 
+from pipelines.progress import duration
 from pipelines.report import plots
 from pipelines.report.expectations import ExpectationOutcome, SuiteOutcome, ValidationRun
 from pipelines.report.history import DIV_FINDING_ID, DIVERGENCE_ID, Trend, div_finding_ids, divergence_ids
@@ -73,17 +74,7 @@ def _plural(count: int, word: str, plural: str | None = None) -> str:
     return f"{_n(count)} {word if count == 1 else (plural or word + 's')}"
 
 
-def fmt_ms(ms: Any) -> str:
-    """A duration in the unit a person reads fastest: 850 ms, 12.3 s, 4.2 min, 3.1 h, 2.0 days."""
-    if ms is None or (isinstance(ms, float) and math.isnan(ms)):
-        return "unknown"
-    ms = float(ms)
-    if abs(ms) < 1000:
-        return f"{ms:.0f} ms"
-    for unit, size in (("days", 86_400_000), ("h", 3_600_000), ("min", 60_000)):
-        if abs(ms) >= size:
-            return f"{ms / size:.1f} {unit}"
-    return f"{ms / 1000:.1f} s"
+fmt_ms = duration  # one human format for durations everywhere (pipelines.progress)
 
 
 def fmt_time(when: dt.datetime | int | None) -> str:
