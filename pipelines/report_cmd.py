@@ -33,10 +33,12 @@ What each flag reads:
 
 EPILOG = """\
 exit codes:
-  0  every expectation passed
-  1  at least one expectation failed (divergence, fatal DIV finding, lag over the limit, missing heartbeats,
-     too many pending keys, undecodable records): read report.html
+  0  every expectation passed, over whole evidence
+  1  at least one expectation about the replicas or their logs failed (divergence, fatal DIV finding, lag over
+     the limit, missing heartbeats, too many pending keys): read report.html
   2  bad usage, or an input is missing or unreadable (the message names it); nothing is written
+  3  no such expectation failed, but the evidence is partial: records that could not be decoded, partitions
+     not read, or keys left unverified (report.html says how many and where)
 
 example:
   tidegauge report --leapfrog out/leapfrog --div out/div --lag out/lag \\

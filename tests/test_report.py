@@ -58,7 +58,9 @@ def test_each_suite_fails_only_on_its_planted_problem(tmp_path, problem):
     result, report = _report(tmp_path, [problem])
     expected = {PROBLEMS[problem]} - {None}
     assert _failed_suites(report) == expected
-    assert result.exit_code == (1 if expected else 0)
+    # a check of the evidence (a record not decoded, a partition not read) makes the report partial, not failed
+    evidence_only = problem in ("undecodable_leapfrog", "undecodable_div", "div_unreadable")
+    assert result.exit_code == (0 if not expected else 3 if evidence_only else 1)
     assert report["exit_code"] == result.exit_code
 
 

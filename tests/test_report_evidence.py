@@ -67,3 +67,13 @@ def test_a_record_both_jobs_could_not_decode_is_counted_once(tmp_path):
     assert (d["undecodable_leapfrog"], d["undecodable_div"]) == (1, 1)
     assert report["verdict"]["logs"]["undecodable"] == d["undecodable_records"] == 1
     assert "1 undecodable record" in result.html_path.read_text()
+
+
+def test_undecodable_records_alone_make_the_report_partial_not_failed(tmp_path):
+    # The decoding suite fails (a record could not be read), but no check of the replicas or the logs did: the
+    # report pages as partial (3), like the jobs, never as a finding (1).
+    result, report = _report(tmp_path, problems=["undecodable_div"])
+    decoding = next(s for s in report["expectations"]["suites"] if s["table"] == "decoding")
+    assert decoding["success"] is False
+    assert all(s["success"] is not False for s in report["expectations"]["suites"] if s["table"] != "decoding")
+    assert result.exit_code == report["exit_code"] == 3

@@ -31,6 +31,12 @@ from pipelines.report.tables import build_tables, summary_numbers
 __all__ = ["ExpectationsConfigError", "InputError", "ReportResult", "run_report"]
 
 EXIT_CLEAN, EXIT_FAILED, EXIT_PARTIAL = 0, 1, 3
+# Checks of the evidence (could every record be read and decoded?), not of the replicas or the logs: every check
+# of a suite over one of these tables, and every check of one of these columns. Their failure makes the report
+# partial (exit 3), never a finding (exit 1), as in every job.
+EVIDENCE_TABLES = frozenset({"decoding"})
+EVIDENCE_COLUMNS = frozenset({"read_ok", "undecodable"})
+OVERALL = {EXIT_CLEAN: "PASS", EXIT_FAILED: "FAIL", EXIT_PARTIAL: "PARTIAL"}
 
 
 @dataclass
@@ -143,6 +149,22 @@ def _record(run_at: dt.datetime, inputs: Inputs, numbers: dict[str, Any], verdic
     )
 
 
+def is_evidence_check(table: str, column: str | None) -> bool:
+    return table in EVIDENCE_TABLES or column in EVIDENCE_COLUMNS
+
+
+def exit_code_for(validation, verdict: dict) -> int:
+    """1 when a check of the replicas or logs failed; else 3 when an evidence check failed or the evidence is
+    not whole (every check passed, over records not all read: never a clean exit); else 0."""
+    failed = [(s.table, e.column) for s in validation.suites if s.success is False
+              for e in s.expectations if not e.success]
+    if any(not is_evidence_check(table, column) for table, column in failed):
+        return EXIT_FAILED
+    if failed or not (verdict["regions"]["evidence_whole"] and verdict["logs"]["evidence_whole"]):
+        return EXIT_PARTIAL
+    return EXIT_CLEAN
+
+
 def _consistency_warnings(inputs: Inputs, numbers: dict[str, Any]) -> list[str]:
     """Say so when a job's summary disagrees with its own finding rows: the report counts the rows."""
     out = []
@@ -228,6 +250,8 @@ def run_report(
 
     if not (out / MARKER).exists():
         write_marker(out, "report")
+    exit_code = exit_code_for(validation, verdict)
+    verdict["overall"] = OVERALL[exit_code]
     t = time.perf_counter()
     from pipelines.report import html
 
@@ -242,9 +266,6 @@ def run_report(
     _write_atomic(html_path, html.render(page))
     timings["render_s"] = time.perf_counter() - t
 
-    exit_code = EXIT_CLEAN if validation.success else EXIT_FAILED
-    if exit_code == EXIT_CLEAN and not (verdict["regions"]["evidence_whole"] and verdict["logs"]["evidence_whole"]):
-        exit_code = EXIT_PARTIAL  # every check passed, over evidence that is not whole: never a clean exit
     history_path = append_run(history_dir, record) if history_dir is not None else None
     failed = [f"{s.name}: {e.meaning or e.type}" for s in validation.suites for e in s.expectations if not e.success]
     report = {

@@ -189,8 +189,12 @@ def _verdict(page: Page) -> str:
     v = page.verdict
     n = page.numbers
     regions, logs, lag, changes = v["regions"], v["logs"], v["lag"], v["changes"]
-    headline = (f"All {v['checks_evaluated']} checks passed" if v["overall"] == "PASS"
-                else f"{v['checks_failed']} of {v['checks_evaluated']} checks failed")
+    if v["checks_failed"]:
+        headline = f"{v['checks_failed']} of {v['checks_evaluated']} checks failed"
+    elif v["overall"] == "PARTIAL":
+        headline = f"All {v['checks_evaluated']} checks passed, over partial evidence"
+    else:
+        headline = f"All {v['checks_evaluated']} checks passed"
     tiles = []
 
     consistent = regions["status"] == "CONSISTENT"
@@ -264,7 +268,7 @@ def _verdict(page: Page) -> str:
     if failed_suites:
         others.append("<li>Failed checks: " + ", ".join(
             f'<a href="#check-{_e(s.name)}">{_e(s.name)}</a>' for s in failed_suites) + "</li>")
-    cls = "pass" if v["overall"] == "PASS" else "fail"
+    cls = {"PASS": "pass", "PARTIAL": "partial"}.get(v["overall"], "fail")
     warn = "".join(f'<p class="warn">Warning: {_e(w)}</p>' for w in page.warnings)
     return f"""
 <section id="verdict" class="verdict {cls}" data-verdict="{_e(v['overall'])}">
@@ -735,6 +739,7 @@ h3 { font-size: 16px; margin: 20px 0 6px; }
 section { background: #fff; border: 1px solid var(--line); border-radius: 6px; padding: 4px 18px 14px; margin: 14px 0; }
 .verdict { padding: 16px 18px; border-width: 2px; }
 .verdict.pass { border-color: var(--good); } .verdict.fail { border-color: var(--bad); }
+.verdict.partial { border-color: var(--warn); } .partial .overall { background: var(--warn); }
 .overall { display: inline-block; padding: 2px 10px; border-radius: 4px; color: #fff; margin-right: 8px; }
 .pass .overall { background: var(--good); } .fail .overall { background: var(--bad); }
 .tiles { display: grid; grid-template-columns: repeat(auto-fit, minmax(260px, 1fr)); gap: 12px; }
