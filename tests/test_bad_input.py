@@ -29,7 +29,9 @@ from damage import ALTERED, KINDS, RECORD_KINDS, UNDECODABLE, UNUSABLE, Damage, 
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
+from div.validator import NOT_FINDINGS
 from pipelines.cli import main
+from pipelines.evidence import MAX_LISTED_OFFSETS
 from sim import SimConfig
 from sim import run as simulate
 
@@ -183,12 +185,10 @@ def div_baselines(world):
     return base
 
 
-@SETTINGS
-@given(region=st.integers(0, REGIONS - 1), damage=damages)
-def test_div_validate_keeps_the_contract_under_damage(world, div_baselines, region, damage):
+def _check_div_under_damage(world, div_baselines, region, damage, engine):
     archives, truth = _damaged_sources(world, region, damage)
-    out = _fresh(world, "div")
-    code, err = _div(world, archives[region], out)
+    out = _fresh(world, f"div-{engine}")
+    code, err = _div(world, archives[region], out, engine)
     _check_contract(code, err, truth)
     if truth.unusable:
         return
@@ -204,7 +204,7 @@ def test_div_validate_keeps_the_contract_under_damage(world, div_baselines, regi
         if t == world["topic"]:
             first_altered[p] = min(o, first_altered.get(p, o))
     for f in rows:
-        if f["type"] == "UNDECODABLE" or _div_id(f) in div_baselines[region]:
+        if f["type"] in NOT_FINDINGS or _div_id(f) in div_baselines[region]:
             continue
         # an altered record that still decodes may break its producer's sequence or checksum from there on
         assert f["partition"] in first_altered and f["offset"] >= first_altered[f["partition"]], (
@@ -213,6 +213,91 @@ def test_div_validate_keeps_the_contract_under_damage(world, div_baselines, regi
     if not fatal and unreadable:
         assert code == 3, err
     assert summary.get("verdict") == {0: "clean", 1: "findings", 3: "partial"}[code]
+
+
+@SETTINGS
+@given(region=st.integers(0, REGIONS - 1), damage=damages)
+def test_div_validate_keeps_the_contract_under_damage(world, div_baselines, region, damage):
+    _check_div_under_damage(world, div_baselines, region, damage, "local")
+
+
+@pytest.mark.spark
+@settings(SETTINGS, max_examples=3)
+@given(region=st.integers(0, REGIONS - 1), damage=damages)
+def test_div_validate_on_spark_keeps_the_contract_under_damage(world, div_baselines, spark, region, damage):
+    _check_div_under_damage(world, div_baselines, region, damage, "spark")
+
+
+# ---- div restore -------------------------------------------------------------------------------------------------
+
+RESTORE_PARTITION = 1
+
+
+def _restore(world, archives, region: int, at: int, out: Path) -> tuple[int, str]:
+    argv = ["div", "restore", "--store", world["store"], "--version", str(world["version"]), "--partition",
+            str(RESTORE_PARTITION), "--at-offset", str(at), "--out", str(out), "--source", f"{region}={archives[region]}"]
+    for r, a in sorted(archives.items()):
+        argv += ["--rt-source", f"{r}={a}"]
+    return _cli(argv)
+
+
+@SETTINGS
+@given(region=st.integers(0, REGIONS - 1), damage=damages, where=st.floats(0.3, 1.0))
+def test_div_restore_keeps_the_contract_under_damage(world, region, damage, where):
+    rows = read_archive(world["archives"][region]).to_pylist()  # in the order Damage.row indexes
+    vt = [r["offset"] for r in rows if r["topic"] == world["topic"] and r["partition"] == RESTORE_PARTITION]
+    at = vt[min(len(vt) - 1, int(where * len(vt)))]
+    # aim the record damage at the last records before the offset, where the replay reads
+    window = [i for i, r in enumerate(rows) if r["topic"] == world["topic"] and r["partition"] == RESTORE_PARTITION
+              and at - 30 <= r["offset"] <= at]
+    damage = [Damage(d.kind, window[d.row % len(window)], d.seed) if d.kind in RECORD_KINDS else d for d in damage]
+    archives, truth = _damaged_sources(world, region, damage)
+    out = _fresh(world, "restore")
+    code, err = _restore(world, archives, region, at, out)
+    _check_contract(code, err, truth)
+    assert code in (0, 2, 3), err  # a restore reports no findings
+    if truth.unusable:
+        return
+    summary = json.loads((out / "summary.json").read_text())
+    assert summary["verdict"] == {0: "clean", 3: "partial"}[code]
+    replays = summary["evidence"]["by_partition"]
+    # every undecodable record inside a replayed range is counted with its offset, and makes the restore partial
+    for topic, p, o in truth.offsets(UNDECODABLE):
+        for e in replays:  # the damaged archive is `region`'s: its VT replay and its RT replay read it
+            start, end = e["planned_offsets"]
+            if p == RESTORE_PARTITION and e["topic"] == topic and e["region"] == region and start <= o < end:
+                assert o in e["undecodable_offsets"] or len(e["undecodable_offsets"]) == MAX_LISTED_OFFSETS, (
+                    f"undecodable record {topic}[{p}]@{o} in a replayed range not counted: {e}")
+                assert code == 3, err
+    if code == 0:
+        assert all(e["undecodable"] == 0 and not e["short"] for e in replays)
+    assert (out / "partition_state.bin").exists() and (out / "state.json").exists()
+
+
+# ---- report ------------------------------------------------------------------------------------------------------
+
+@pytest.mark.spark
+@settings(SETTINGS, max_examples=3)
+@given(region=st.integers(0, REGIONS - 1), damage=record_damages)
+def test_report_keeps_the_contract_over_damaged_runs(world, spark, region, damage):
+    """The report over the jobs' outputs on a damaged archive: no traceback, FAIL only for what the jobs found,
+    PARTIAL when they read partial evidence, never PASS over records they could not decode."""
+    archives, truth = _damaged_sources(world, region, damage)
+    lf, dv, rep = _fresh(world, "rep-lf"), _fresh(world, "rep-div"), _fresh(world, "rep")
+    lf_code, err = _leapfrog(world, archives, lf)
+    _check_contract(lf_code, err, truth)
+    div_code, err = _div(world, archives[region], dv)
+    _check_contract(div_code, err, truth)
+    code, err = _cli(["report", "--leapfrog", str(lf), "--div", str(dv), "--out", str(rep)])
+    _check_contract(code, err, truth)
+    report = json.loads((rep / "report.json").read_text())
+    assert report["verdict"]["overall"] == {0: "PASS", 1: "FAIL", 3: "PARTIAL"}[code]
+    if 1 in (lf_code, div_code):
+        assert code == 1, err  # the simulation's divergences (and any DIV finding) are checks that fail
+    elif 3 in (lf_code, div_code):
+        assert code == 3, err
+    if any(t == world["topic"] for t, _, _ in truth.offsets(UNDECODABLE)):
+        assert code != 0 and report["verdict"]["overall"] != "PASS"
 
 
 # ---- lag ---------------------------------------------------------------------------------------------------------
