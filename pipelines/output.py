@@ -72,6 +72,22 @@ def _is_legacy_output(path: Path, command: str) -> bool:
     return known[0] in names and names <= set(known)
 
 
+def _check_writable(p: Path, flag: str) -> None:
+    """Refuse before any work when the output cannot be created: it is staged beside itself, in its parent (or
+    the nearest parent that exists, where the missing ones will be made)."""
+    where = p.absolute().parent
+    while not where.exists() and where != where.parent:
+        where = where.parent
+    if os.access(where, os.W_OK | os.X_OK):
+        return
+    try:
+        read_only = bool(os.statvfs(where).f_flag & os.ST_RDONLY)
+    except OSError:
+        read_only = False
+    why = "Read-only file system" if read_only else "Permission denied"
+    raise OutputRefused(f"{flag} {p.absolute()}: cannot write there: {why} ({where} is not writable)")
+
+
 def check_output(path: str | os.PathLike, command: str, flag: str = "--out") -> None:
     """Refuse (OutputRefused) unless `path` is absent, an empty directory, or an earlier output of `command`."""
     p = local_path(path)
@@ -79,6 +95,7 @@ def check_output(path: str | os.PathLike, command: str, flag: str = "--out") -> 
         return
     if p.is_symlink() and not p.exists():
         raise OutputRefused(f"{flag} {path}: is a dangling symbolic link")
+    _check_writable(p, flag)
     if not p.exists():
         return
     if not p.is_dir():
@@ -248,8 +265,12 @@ def guard(command: str, outputs: dict[str, str | os.PathLike | None],
     output, none inside or around an input. Raises OutputRefused naming the path."""
     check_disjoint(outputs, inputs)  # first: "it is your input" says more than "it is not empty"
     for flag, path in outputs.items():
-        if path is not None and flag != "--state":  # a state directory is checked by its own loader
+        if path is None:
+            continue
+        if flag != "--state":
             check_output(path, command, flag)
+        elif (local := local_path(path)) is not None:  # a state directory's content is checked by its loader
+            _check_writable(local, flag)
 
 
 def source_inputs(specs) -> dict[str, str]:

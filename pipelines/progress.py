@@ -50,12 +50,12 @@ class Progress:
     """Logs `job: stage, N records read, tasks d/t done, elapsed` at least every interval while in use.
 
     Use as a context manager; `stage(name)` names what runs now. Nothing is printed for a job shorter than one
-    interval.
+    interval, nor before the first stage (opening the sources: a source that cannot be opened is one error line).
     """
 
     def __init__(self, job: str, *, spark: Any = None, every_s: float | None = None) -> None:
         self.job = job
-        self.current = "starting"
+        self.current: str | None = None  # no line until the job names its first stage
         self.records = 0
         self._spark = spark
         self._acc = None
@@ -112,7 +112,8 @@ class Progress:
     # -- the ticker --------------------------------------------------------------------------------------
     def _tick(self) -> None:
         while not self._stop.wait(self._every):
-            log.info("%s", self.line())
+            if self.current is not None:
+                log.info("%s", self.line())
 
     def __enter__(self) -> Progress:
         self._t0 = time.monotonic()

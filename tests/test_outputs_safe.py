@@ -170,6 +170,35 @@ def test_out_on_read_only_storage_is_one_line_and_exit_2(sim, tmp_path):
         assert "Read-only file system" in line and str(ro / "lag") in line
 
 
+def _cli_out(argv: list[str]) -> tuple[int, str, str]:
+    err, out = io.StringIO(), io.StringIO()
+    with contextlib.redirect_stderr(err), contextlib.redirect_stdout(out):
+        code = main(argv)
+    return code, err.getvalue(), out.getvalue()
+
+
+def test_every_output_on_read_only_storage_is_refused_before_any_work(sim, tmp_path, caplog):
+    # Found trying it: lag printed its table and leapfrog started Spark before failing on a read-only --out, and
+    # leapfrog --state ended in "cannot write .state.next-PID". Now the check comes first, naming the flag.
+    t = sim.truth["run"]
+    sources = [a for r, p in sorted(sim.archives.items()) for a in ("--source", f"{r}={p}")]
+    job = ["--store", t["store"], "--version", str(t["version"]), *sources]
+    with _mounted(tmp_path / "ro", "ro,size=1m") as ro:
+        for flag, argv in [
+            ("--out", ["lag", *job, "--out", str(ro / "lag")]),
+            ("--out", ["leapfrog", *job, "--out", str(ro / "lf")]),
+            ("--state", ["leapfrog", *job, "--out", str(tmp_path / "lf"), "--state", str(ro / "state")]),
+            ("--out", ["simulate", "--records", "100", "--out", str(ro / "sim")]),
+        ]:
+            caplog.clear()
+            code, err, out = _cli_out(argv)
+            assert code == 2, (argv, err)
+            line = _one_error_line(err)
+            assert f"{flag} {ro}" in line and "Read-only file system" in line, line
+            assert out == "" and not caplog.records, (argv, out, caplog.text)  # refused before any work
+        assert not (tmp_path / "lf").exists()
+
+
 def test_a_full_disk_keeps_the_previous_output_intact(sim, tmp_path):
     with _mounted(tmp_path / "small", "size=200k") as small:
         out = small / "lag"

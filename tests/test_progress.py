@@ -101,3 +101,11 @@ def test_div_validate_and_lag_report_progress(archives, caplog, monkeypatch):
     lines = _progress_lines(caplog, ["lag", "--store", archives["store"], "--version", archives["version"],
                                      "--out", str(archives["root"] / "lag"), *archives["sources"]], monkeypatch)
     assert any(re.match(r"lag: reading region \d .*, [\d,]+ records read", ln) for ln in lines), lines
+
+
+def test_no_progress_line_before_the_first_stage(caplog):
+    # while a job still opens its sources (an unreachable broker takes 10 s to give up) the one line is its error
+    caplog.set_level(logging.INFO, logger="tidegauge.progress")
+    with Progress("job", every_s=0.02):
+        time.sleep(0.1)
+    assert not [r for r in caplog.records if r.name == "tidegauge.progress"]
