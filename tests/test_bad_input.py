@@ -28,12 +28,11 @@ import pytest
 from damage import ALTERED, KINDS, RECORD_KINDS, UNDECODABLE, UNUSABLE, Damage, damage_archive, read_archive
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
+from small_sim import small_sim
 
 from div.validator import NOT_FINDINGS
 from pipelines.cli import main
 from pipelines.evidence import MAX_LISTED_OFFSETS
-from sim import SimConfig
-from sim import run as simulate
 
 pytestmark = [pytest.mark.slow]
 REGIONS = 3
@@ -42,13 +41,9 @@ REGIONS = 3
 @pytest.fixture(scope="module")
 def world(tmp_path_factory):
     root = tmp_path_factory.mktemp("bad-input")
-    cfg = SimConfig(out=str(root / "sim"), seed=7, regions=REGIONS, partitions=2, records=1500, keys=300,
-                    batch_records=100, heartbeat_every_records=100, heartbeat_every_ms=400, default_lag_ms=100,
-                    faults={"dropped": 1, "poisoned": 1}, step_records=1500, progress=False, workers="inline")
-    sim = simulate(cfg)
-    t = sim.truth["run"]
-    return {"root": root, "archives": {int(k): v for k, v in sim.archives.items()}, "store": t["store"],
-            "version": t["version"], "topic": f"{t['store']}_v{t['version']}", "n": [0]}
+    sim = small_sim(root / "sim", regions=REGIONS, faults={"dropped": 1, "poisoned": 1})
+    return {"root": root, "archives": sim.archives, "store": sim.store, "version": sim.version, "topic": sim.topic,
+            "n": [0]}
 
 
 def _cli(argv: list[str]) -> tuple[int, str]:

@@ -19,10 +19,8 @@ from pathlib import Path
 
 import pyarrow.parquet as pq
 import pytest
+from small_sim import small_sim
 from standalone_cluster import standalone_cluster
-
-from sim import SimConfig
-from sim import run as simulate
 
 pytestmark = [pytest.mark.slow, pytest.mark.spark]
 
@@ -30,16 +28,12 @@ pytestmark = [pytest.mark.slow, pytest.mark.spark]
 @pytest.fixture(scope="module")
 def world(tmp_path_factory):
     root = tmp_path_factory.mktemp("cluster")
-    cfg = SimConfig(out=str(root / "sim"), seed=5, regions=3, partitions=2, records=1200, keys=250,
-                    batch_records=100, heartbeat_every_records=100, heartbeat_every_ms=400, default_lag_ms=100,
-                    faults={"dropped": 1, "poisoned": 1}, step_records=1200, progress=False, workers="inline")
-    sim = simulate(cfg)
-    t = sim.truth["run"]
-    archives = {int(k): os.path.relpath(v, root) for k, v in sim.archives.items()}
+    sim = small_sim(root / "sim", seed=5, records=1200, keys=250, faults={"dropped": 1, "poisoned": 1})
+    archives = {r: os.path.relpath(a, root) for r, a in sim.archives.items()}
     assert all(not os.path.isabs(a) for a in archives.values())
     with standalone_cluster(root / "spark") as cluster:
-        yield {"root": root, "cluster": cluster, "store": t["store"], "version": str(t["version"]),
-               "topic": f"{t['store']}_v{t['version']}", "archives": archives}
+        yield {"root": root, "cluster": cluster, "store": sim.store, "version": str(sim.version),
+               "topic": sim.topic, "archives": archives}
 
 
 def _run(world, argv: list[str]) -> tuple[int, str]:

@@ -32,13 +32,12 @@ from newer_protocol import (
     reencode_archive,
     to_newer,
 )
+from small_sim import small_sim
 
 from div import envelope as E
 from div import partition_state as ps
 from div.writer import vtp_header_value
 from pipelines.cli import main
-from sim import SimConfig
-from sim import run as simulate
 
 BACKENDS = ["fastavro", "cavro"]
 VERSIONS = [15, 16]
@@ -123,20 +122,17 @@ REGIONS = 3
 @pytest.fixture(scope="module")
 def worlds(tmp_path_factory):
     root = tmp_path_factory.mktemp("newer-protocol")
-    cfg = SimConfig(out=str(root / "sim"), seed=11, regions=REGIONS, partitions=2, records=900, keys=200,
-                    batch_records=100, heartbeat_every_records=100, heartbeat_every_ms=400, default_lag_ms=100,
-                    faults={"dropped": 1, "poisoned": 1}, step_records=900, progress=False, workers="inline")
-    sim = simulate(cfg)
-    t = sim.truth["run"]
-    original = {int(k): v for k, v in sim.archives.items()}
+    sim = small_sim(root / "sim", seed=11, regions=REGIONS, records=900, keys=200,
+                    faults={"dropped": 1, "poisoned": 1})
+    original = sim.archives
     newer = {}
     for region, src in original.items():
         version = 15 if region == 0 else 16  # a shipped version with another schema, and an unknown one
         dst = root / f"newer-{region}"
         assert reencode_archive(src, dst, version) == read_archive(src).num_rows
         newer[region] = str(dst)
-    return {"root": root, "store": t["store"], "version": t["version"], "topic": f"{t['store']}_v{t['version']}",
-            "original": original, "newer": newer}
+    return {"root": root, "store": sim.store, "version": sim.version, "topic": sim.topic, "original": original,
+            "newer": newer}
 
 
 def _cli(argv: list[str]) -> tuple[int, str]:

@@ -14,11 +14,10 @@ import re
 import time
 
 import pytest
+from small_sim import small_sim
 
 from pipelines.cli import main
 from pipelines.progress import Progress, duration
-from sim import SimConfig
-from sim import run as simulate
 
 
 @pytest.mark.parametrize("ms,text", [
@@ -51,12 +50,8 @@ def test_a_short_job_prints_no_progress(caplog):
 @pytest.fixture(scope="module")
 def archives(tmp_path_factory):
     root = tmp_path_factory.mktemp("progress")
-    cfg = SimConfig(out=str(root / "sim"), seed=3, regions=2, partitions=2, records=600, keys=100,
-                    batch_records=100, heartbeat_every_records=100, heartbeat_every_ms=400, default_lag_ms=100,
-                    step_records=600, progress=False, workers="inline")
-    sim = simulate(cfg)
-    t = sim.truth["run"]
-    return {"root": root, "store": t["store"], "version": str(t["version"]),
+    sim = small_sim(root / "sim", seed=3, regions=2, records=600, keys=100)
+    return {"root": root, "store": sim.store, "version": str(sim.version),
             "sources": [a for r, p in sorted(sim.archives.items()) for a in ("--source", f"{r}={p}")]}
 
 

@@ -15,11 +15,10 @@ import pyarrow as pa
 import pyarrow.parquet as pq
 import pytest
 from damage import read_archive
+from small_sim import small_sim
 
 from div import archive
 from pipelines.cli import main
-from sim import SimConfig
-from sim import run as simulate
 
 PARTITION, AT = 1, 300
 
@@ -27,13 +26,8 @@ PARTITION, AT = 1, 300
 @pytest.fixture(scope="module")
 def world(tmp_path_factory):
     root = tmp_path_factory.mktemp("restore-evidence")
-    cfg = SimConfig(out=str(root / "sim"), seed=11, regions=3, partitions=2, records=900, keys=200,
-                    batch_records=100, heartbeat_every_records=100, heartbeat_every_ms=400, default_lag_ms=100,
-                    step_records=900, progress=False, workers="inline")
-    sim = simulate(cfg)
-    t = sim.truth["run"]
-    world = {"root": root, "store": t["store"], "version": t["version"],
-             "archives": {int(k): v for k, v in sim.archives.items()}}
+    sim = small_sim(root / "sim", seed=11, records=900, keys=200)
+    world = {"root": root, "store": sim.store, "version": sim.version, "archives": sim.archives}
     code, err, summary = _restore(world, world["archives"], "clean")
     assert code == 0 and summary["verdict"] == "clean", err
     world["clean"] = summary
