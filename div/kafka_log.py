@@ -77,7 +77,8 @@ class _OncePerKind(logging.Filter):
         import re
         import time
 
-        kind = re.sub(r"\d+(ms)?\b", "#", record.getMessage())
+        # "(after 0ms in state CONNECT, 1 identical error(s) suppressed)": librdkafka's own tally, not a new kind
+        kind = re.sub(r"\d+(ms)?\b", "#", re.sub(r"\s*\(after [^)]*\)?[^(]*$", "", record.getMessage()))
         now = time.monotonic()
         last = self._last.get(kind)
         if last is not None and now - last < self.every_s:

@@ -86,6 +86,22 @@ def register(sub) -> None:
     p.set_defaults(func=run_simulate)
 
 
+def _check_clusters(cfg) -> None:
+    """Given clusters (--kafka) must answer before anything is written: an unreachable one is a usage error
+    naming the region and bootstrap (exit 2), not a run that failed half-way."""
+    if not cfg.kafka:
+        return
+    from div.kafka_log import KafkaLog, KafkaLogError
+
+    for region, bootstrap in sorted(cfg.kafka.items()):
+        conf = {**cfg.kafka_conf, **cfg.kafka_conf_by_region.get(region, {})}
+        try:
+            with KafkaLog(bootstrap, conf) as kl:
+                kl.topics()
+        except KafkaLogError as exc:
+            raise UsageError(f"--kafka {region}={bootstrap}: {exc}") from None
+
+
 def build_config(args):
     """SimConfig from the conf file (if any) and the flags; raises UsageError naming the bad input."""
     from sim.config import ConfigError, SimConfig, from_mapping, parse_faults, parse_kafka
@@ -99,6 +115,9 @@ def build_config(args):
         raise UsageError(f"--conf {path}: `simulate:` must be a mapping")
     try:
         cfg = from_mapping(section, SimConfig())
+    except ConfigError as exc:
+        raise UsageError(f"--conf {path}: {exc}") from None
+    try:
         changes = {"out": args.out, "kafka_conf": {str(k): v for k, v in (data.get("kafka") or {}).items()},
                    "kafka_conf_by_region": {int(r): dict(v or {}) for r, v in
                                             (data.get("kafka_by_region") or {}).items()}}
@@ -134,6 +153,7 @@ def run_simulate(args) -> int:
 
     cfg = build_config(args)
     check_output(cfg.out, "simulate")
+    _check_clusters(cfg)
     out = Path(cfg.out)
     out.mkdir(parents=True, exist_ok=True)
     if not (out / MARKER).exists():

@@ -80,6 +80,16 @@ def test_an_unknown_simulate_setting_names_the_closest(tmp_path):
     conf.write_text("simulate:\n  recrods: 100\n")
     code, err = _cli(["simulate", "--conf", str(conf), "--out", str(tmp_path / "sim")])
     assert code == 2 and "'recrods'" in err and "did you mean 'records'" in err
+    assert f"--conf {conf}" in err  # the file is named
+
+
+def test_simulate_on_an_unreachable_cluster_is_a_usage_error_before_anything_is_written(tmp_path):
+    code, err = _cli(["simulate", "--out", str(tmp_path / "sim"), "--records", "100",
+                      "--kafka", "0=127.0.0.1:1", "1=127.0.0.1:1", "2=127.0.0.1:1"])
+    assert code == 2, err
+    lines = [ln for ln in err.splitlines() if "error:" in ln]
+    assert len(lines) == 1 and "--kafka 0=127.0.0.1:1" in lines[0] and "Traceback" not in err
+    assert not (tmp_path / "sim").exists()
 
 
 def test_an_unknown_validator_parameter_names_the_closest(tmp_path):
