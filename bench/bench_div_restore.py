@@ -32,10 +32,10 @@ from collections import Counter
 from div import archive
 from div import envelope as E
 from div.batch import PartitionRun
+from div.heartbeat_headers import DivState, Watermarks
 from div.restore import restore_vt
 from div.validator import PartitionValidator, ValidatorConfig
 from div.writer import SegmentWriter
-from heartbeat.codecs import DivState, Watermarks
 from heartbeat.records import vt_heartbeat
 from pipelines.div_restore import source_reader
 from pipelines.div_validate import PartitionTask, ValidateOptions, validate_partition

@@ -83,7 +83,7 @@ def one_run(k, records, regions: int, heartbeats: bool, run_id: int) -> dict:
 def heartbeat_build_us(leader, n: int = 200) -> float:
     """CPU cost of building one VT heartbeat (hbd of the run's DIV state, hbw, the record) — what each VT
     heartbeat adds to the loop besides one produce call."""
-    from heartbeat.codecs import Watermarks, encode_hbw
+    from div.heartbeat_headers import Watermarks, encode_hbw
     from heartbeat.records import vt_heartbeat
 
     t = time.process_time()

@@ -14,7 +14,7 @@ from dataclasses import dataclass
 from div import envelope as E
 from div import keys as K
 from div.archive import ArchiveWriter
-from heartbeat.codecs import Watermarks, encode_hbw
+from div.heartbeat_headers import Watermarks, encode_hbw
 
 
 @dataclass

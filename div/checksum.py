@@ -7,7 +7,6 @@ CRC32 of each feed *separately*, so it does not depend on how the feeds are spli
 
 from __future__ import annotations
 
-import hashlib
 import struct
 import zlib
 
@@ -109,10 +108,6 @@ class Checksum:
         cs = Checksum.restore(self.type, self.state())
         cs._final = self._final
         return cs
-
-
-def md5_hex(data: bytes) -> str:  # used by tests to cross-check MD5State
-    return hashlib.md5(data).hexdigest()
 
 
 def int_bytes(n: int) -> bytes:

@@ -6,7 +6,7 @@ that readers never need per-record offset vectors (DESIGN.md, wire format rules 
 so an unmodified Venice consumer skips them.
 
 The codec lives in `div` (not in `heartbeat`, which writes these headers) because DIV restore reads them and
-`div` imports nothing of ours; `heartbeat.codecs` re-exports every name, so there is one codec.
+`div` imports nothing of ours; the heartbeat library imports the codecs from here, so there is one codec.
 
 Framing (normative, DESIGN.md rule 2):
 

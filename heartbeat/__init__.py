@@ -29,7 +29,16 @@ Modules: `codecs` (hbw/hbd), `records` (heartbeat records, byte-exact with Venic
 acknowledged watermark tracker, pure logic), `leader` (HeartbeatLeader), `lag` (LagMonitor).
 """
 
-from .codecs import DivState, HeaderError, Watermarks, decode_hbd, decode_hbw, encode_hbd, encode_hbw
+from div.heartbeat_headers import (
+    DivState,
+    HeaderError,
+    Watermarks,
+    decode_hbd,
+    decode_hbw,
+    encode_hbd,
+    encode_hbw,
+)
+
 from .lag import LagMonitor, LagRow
 from .leader import HeartbeatLeader, LeaderBrokenError, LeaderStats, LeaderUsageError, RtRecord
 from .records import VtHeartbeat, parse_vt_heartbeat, rt_heartbeat, vt_heartbeat

@@ -26,8 +26,8 @@ from dataclasses import dataclass, field
 
 from div import envelope as E
 from div import keys
+from div.heartbeat_headers import HeaderError
 
-from .codecs import HeaderError
 from .records import parse_vt_heartbeat
 
 

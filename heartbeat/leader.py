@@ -48,6 +48,7 @@ from typing import Any
 from div import checksum as cks
 from div import envelope as E
 from div import keys
+from div.heartbeat_headers import DivState, Watermarks, encode_hbd, encode_hbw, producer_state_schema
 from div.validator import (
     END_OF_FINAL_SEGMENT,
     END_OF_INTERMEDIATE_SEGMENT,
@@ -59,7 +60,6 @@ from div.validator import (
 )
 from div.writer import OutRecord, SegmentWriter, random_guid
 
-from .codecs import DivState, Watermarks, encode_hbd, encode_hbw, producer_state_schema
 from .records import rt_heartbeat, vt_heartbeat, vt_heartbeat_timestamp
 from .watermarks import WatermarkTracker
 

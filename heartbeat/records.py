@@ -22,10 +22,7 @@ from dataclasses import dataclass
 from div import checksum as cks
 from div import envelope as E
 from div import keys, positions
-from div.heartbeat_headers import header_value
-from div.writer import OutRecord, vtp_header_value
-
-from .codecs import (
+from div.heartbeat_headers import (
     HBD_HEADER,
     HBW_HEADER,
     DivState,
@@ -34,7 +31,9 @@ from .codecs import (
     decode_hbw,
     encode_hbd,
     encode_hbw,
+    header_value,
 )
+from div.writer import OutRecord, vtp_header_value
 
 LCS_HEADER = "lcs"
 LEADER_NOT_COMPLETED = b"\x00"

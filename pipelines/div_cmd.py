@@ -80,14 +80,8 @@ def register(sub) -> None:
     _add_common(v)
     v.set_defaults(func=run_validate)
 
-    import importlib
+    from . import div_restore
 
-    try:
-        div_restore = importlib.import_module("pipelines.div_restore")
-    except ModuleNotFoundError as exc:
-        if exc.name != "pipelines.div_restore":
-            raise
-        return
     div_restore.register(div_sub, _add_common)
 
 

@@ -42,7 +42,6 @@ from __future__ import annotations
 
 import base64
 import dataclasses
-import importlib.util
 import json
 import logging
 import os
@@ -554,8 +553,6 @@ def run_spark(opts: ValidateOptions, master: str | None = None, spark_conf: dict
         build_chain(opts.record_validators)
     except ValidatorSpecError as exc:
         raise UsageError(str(exc)) from None
-    if opts.restore_at is not None and importlib.util.find_spec("pipelines.div_restore") is None:
-        raise UsageError("--restore-at needs pipelines.div_restore, which this installation lacks")
     from .spark_session import get_session
 
     opened = [open_source(s, opts.kafka_conf.get(s.region)) for s in opts.sources]

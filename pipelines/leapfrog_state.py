@@ -38,21 +38,6 @@ class StateError(Exception):
     """A state directory that does not fit this run (other store, mode or pairs) or cannot be read."""
 
 
-def pack_carry(absent: bool, last_open: bool, vector, mark) -> bytes:
-    """One carried record's flags, per-key vector and mark as bytes (little-endian longs)."""
-    flags = (1 if absent else 0) | (2 if last_open else 0)
-    return bytes([flags]) + np.asarray(vector, "<i8").tobytes() + np.asarray(mark, "<i8").tobytes()
-
-
-def unpack_carry(blobs: list[bytes], n: int) -> tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray]:
-    """(absent, last_open, vectors (rows, n), marks (rows, n)) of packed carried records."""
-    m = len(blobs)
-    raw = np.frombuffer(b"".join(blobs), np.uint8).reshape(m, 1 + 16 * n) if m else np.zeros((0, 1 + 16 * n), np.uint8)
-    flags = raw[:, 0]
-    body = np.ascontiguousarray(raw[:, 1:]).view("<i8").reshape(m, 2 * n)
-    return (flags & 1).astype(bool), (flags & 2).astype(bool), body[:, :n].astype(np.int64), body[:, n:].astype(np.int64)
-
-
 def pack_carry_array(absent: np.ndarray, last_open: np.ndarray, vectors: np.ndarray, marks: np.ndarray,
                      settled: np.ndarray | None = None):
     """Carried records as an Arrow binary array: a flags byte (absent, last_open, settled) then the per-key

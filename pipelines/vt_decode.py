@@ -17,8 +17,6 @@ from div.heartbeat_headers import header_value
 from div.positions import offset_with_fallback
 
 DATA, HEARTBEAT, END_OF_PUSH, START_OF_PUSH, OTHER, UNDECODABLE, CHUNK, MANIFEST, BAD_FOOTER = range(9)
-KIND_NAMES = ["DATA", "HEARTBEAT", "END_OF_PUSH", "START_OF_PUSH", "OTHER", "UNDECODABLE", "CHUNK", "MANIFEST",
-              "BAD_FOOTER"]
 CHUNK_SCHEMA_ID, MANIFEST_SCHEMA_ID = -10, -20
 
 DECODED_SCHEMA = pa.schema([
@@ -75,7 +73,7 @@ def _rmd_vector(body: dict) -> list[int] | None:
 class VtDecoder:
     """Turns archive-schema batches of one or more VT partitions into DECODED_SCHEMA batches."""
 
-    def __init__(self, region_of_row=None) -> None:
+    def __init__(self) -> None:
         self.codec = E.EnvelopeCodec()
         self._manifest_schema = None
 
@@ -205,7 +203,7 @@ class VtDecoder:
 
 
 def _decode_hbw(raw: bytes) -> list[int] | None:
-    from heartbeat.codecs import HeaderError, decode_hbw
+    from div.heartbeat_headers import HeaderError, decode_hbw
 
     try:
         return list(decode_hbw(raw).high_watermarks)

@@ -27,7 +27,7 @@ from dataclasses import dataclass, field
 
 import venice_reference as V
 
-from heartbeat.codecs import DivState, Watermarks, encode_hbd, encode_hbw
+from div.heartbeat_headers import DivState, Watermarks, encode_hbd, encode_hbw
 
 STORE = "rs"
 VT = f"{STORE}_v1"
@@ -332,7 +332,7 @@ def build(seed: int = 1, regions: int = 3, per_region: int = 150, hb_every: int 
 
 def _reflected(recs: list[V.Rec]) -> dict[int, int]:
     """Per region, the highest RT offset among the records' footers and heartbeat vectors."""
-    from heartbeat.codecs import decode_hbw
+    from div.heartbeat_headers import decode_hbw
 
     out: dict[int, int] = {}
     for rec in recs:

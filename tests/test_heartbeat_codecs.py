@@ -10,8 +10,7 @@ import pytest
 
 from div import envelope as E
 from div import keys, schemas
-from div.validator import PartitionValidator
-from heartbeat.codecs import (
+from div.heartbeat_headers import (
     DivState,
     HeaderError,
     Watermarks,
@@ -20,6 +19,7 @@ from heartbeat.codecs import (
     encode_hbd,
     encode_hbw,
 )
+from div.validator import PartitionValidator
 from heartbeat.records import parse_vt_heartbeat, rt_heartbeat, vt_heartbeat
 
 RT_VECTOR = ("170e0481545f3cbd093909a467a583ef39e468000080a0abfef96201060400040800"
@@ -97,7 +97,7 @@ def test_bad_hbd_is_refused_with_the_reason():
 
 def fastavro_map_with_key(key: str) -> bytes:
     """Avro of HeartbeatDivState with one VT producer under `key` (not a 16-byte GUID)."""
-    from heartbeat.codecs import _hbd_schema
+    from div.heartbeat_headers import _hbd_schema
 
     buf = io.BytesIO()
     fastavro.schemaless_writer(buf, _hbd_schema(), {"vtProducerStates": {key: _state(1)}, "rtProducerStates": [],

@@ -21,10 +21,10 @@ from heartbeat_fixtures import (
 
 from div import envelope as E
 from div import keys
+from div.heartbeat_headers import decode_hbd
 from div.validator import PartitionValidator
 from div.writer import SegmentWriter
 from heartbeat import HeartbeatLeader, LeaderBrokenError, LeaderUsageError, parse_vt_heartbeat
-from heartbeat.codecs import decode_hbd
 from heartbeat.records import rt_heartbeat
 
 VT, RT = "store_v1", "store_rt"

@@ -29,7 +29,7 @@ import xxhash
 from div import envelope as E
 from div import keys as K
 from div.archive import ArchiveWriter
-from heartbeat.codecs import Watermarks, encode_hbw
+from div.heartbeat_headers import Watermarks, encode_hbw
 
 SCHEMAS = pathlib.Path(__file__).resolve().parents[1] / "div" / "schemas"
 CODEC = E.EnvelopeCodec("fastavro")

@@ -11,8 +11,8 @@ from __future__ import annotations
 from div import envelope as E
 from div import keys as K
 from div.archive import ArchiveWriter
+from div.heartbeat_headers import Watermarks, encode_hbw
 from div.rmd import encode_value_level_rmd
-from heartbeat.codecs import Watermarks, encode_hbw
 from leapfrog import DataEntry, HeartbeatEntry, OtherEntry
 from pipelines.vt_decode import value_hash
 

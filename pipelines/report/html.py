@@ -135,10 +135,6 @@ def a_dec(job: str, region: int, topic: str, partition: int) -> str:
     return f"dec-{_slug(job)}-{region}-p{partition}-{_slug(topic)}"
 
 
-def _td(value: Any, cls: str = "") -> str:
-    return f'<td class="{cls}">{_e(value)}</td>' if cls else f"<td>{_e(value)}</td>"
-
-
 def _table(headers: Sequence[str], rows: Iterable[str], cls: str = "", caption: str = "") -> str:
     head = "".join(f"<th>{_e(h)}</th>" for h in headers)
     cap = f"<caption>{caption}</caption>" if caption else ""
