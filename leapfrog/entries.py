@@ -22,10 +22,7 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING
-
-if TYPE_CHECKING:
-    from leapfrog.state import IncrementalState
+from typing import Any
 
 
 @dataclass(frozen=True)
@@ -77,9 +74,12 @@ class FromHeartbeat:
 
 @dataclass(frozen=True)
 class FromState:
-    """An incremental scan resuming right after the last offset the carried ``state`` had read in this region."""
+    """An incremental scan resuming right after the last offset the carried ``state`` had read in this region.
 
-    state: IncrementalState = field(repr=False)
+    ``state`` is a ``leapfrog.state.IncrementalState``; it is typed loosely because that module builds on this one
+    (and an import back would be a cycle)."""
+
+    state: Any = field(repr=False)
 
 
 ScanStart = FromEndOfPush | FromHeartbeat | FromState

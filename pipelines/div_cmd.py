@@ -86,7 +86,8 @@ def register(sub) -> None:
 
 
 def run_validate(args) -> int:
-    from div.record_validators import ValidatorSpecError, build_chain
+    from div.record_validators import ValidatorSpecError
+    from div.validator_registry import build_chain
 
     from .div_validate import ValidateOptions, run_local
 

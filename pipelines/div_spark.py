@@ -59,7 +59,8 @@ import pyarrow.parquet as pq
 
 from div.archive import KAFKA_ARROW_SCHEMA
 from div.batch import ERROR_COLUMNS, PartitionRun, PartitionSummary, StopRun, rows_to_table
-from div.record_validators import ValidatorSpecError, build_chain
+from div.record_validators import ValidatorSpecError
+from div.validator_registry import build_chain
 
 from .cli import UsageError
 from .div_validate import (

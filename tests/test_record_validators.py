@@ -23,10 +23,10 @@ from div.record_validators import (
     Record,
     RecordValidator,
     ValidatorSpecError,
-    build_chain,
     run_chain,
 )
 from div.validator import ValidatorConfig
+from div.validator_registry import build_chain
 from div.writer import SegmentWriter
 from pipelines.cli import main
 from sim.div_traffic import TrafficSpec, generate

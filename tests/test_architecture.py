@@ -1,0 +1,129 @@
+"""Dependencies point one way (issue 17): the import graph, built from the source with `ast`, obeys the layers.
+
+    pipelines  →  leapfrog / div / heartbeat          sim  →  heartbeat  →  div
+
+- no import cycle between our modules (imports inside functions and under TYPE_CHECKING count: a lazy import
+  is still a dependency);
+- `leapfrog` (the rules) imports only the standard library, numpy, xxhash and itself;
+- `div` imports none of our other packages; `heartbeat` only `div`; neither imports `pipelines` or `sim`.
+"""
+
+from __future__ import annotations
+
+import ast
+import sys
+from pathlib import Path
+
+import pytest
+
+REPO = Path(__file__).resolve().parents[1]
+PACKAGES = ("div", "heartbeat", "leapfrog", "pipelines", "sim")
+
+
+def _module_name(path: Path) -> str:
+    parts = list(path.relative_to(REPO).with_suffix("").parts)
+    if parts[-1] == "__init__":
+        parts.pop()
+    return ".".join(parts)
+
+
+def _imports(path: Path, module: str, modules: set[str] | frozenset[str] = frozenset()) -> set[str]:
+    """Every module `path` imports, absolute, relative ones resolved. `from p import m` is p.m when that is one of
+    `modules`, else p (a name defined in p)."""
+    tree = ast.parse(path.read_text(encoding="utf-8"), str(path))
+    package = module if path.name == "__init__.py" else module.rpartition(".")[0]
+    out: set[str] = set()
+    for node in ast.walk(tree):
+        if isinstance(node, ast.Import):
+            out.update(alias.name for alias in node.names)
+        elif isinstance(node, ast.ImportFrom):
+            if node.level:
+                base = package.split(".")
+                base = base[: len(base) - (node.level - 1)]
+                target = ".".join([*base, node.module] if node.module else base)
+            else:
+                target = node.module or ""
+            for alias in node.names:
+                sub = f"{target}.{alias.name}"
+                out.add(sub if sub in modules else target)
+    return out
+
+
+def _graph() -> dict[str, set[str]]:
+    paths = {_module_name(p): p for pkg in PACKAGES for p in (REPO / pkg).rglob("*.py")}
+    names = frozenset(paths)
+    return {name: {m for m in _imports(path, name, names) if m in names and m != name}
+            for name, path in paths.items()}
+
+
+def _external(package: str) -> dict[str, set[str]]:
+    """Per module of `package`: the top-level names of everything it imports."""
+    out = {}
+    for path in (REPO / package).rglob("*.py"):
+        name = _module_name(path)
+        out[name] = {m.split(".")[0] for m in _imports(path, name) if m}
+    return out
+
+
+def _cycle(graph: dict[str, set[str]]) -> list[str] | None:
+    """One import cycle (as a path that ends where it starts), or None."""
+    state: dict[str, int] = {}
+    stack: list[str] = []
+
+    def visit(node: str) -> list[str] | None:
+        state[node] = 1
+        stack.append(node)
+        for nxt in sorted(graph.get(node, ())):
+            if state.get(nxt) == 1:
+                return [*stack[stack.index(nxt):], nxt]
+            if nxt not in state:
+                found = visit(nxt)
+                if found:
+                    return found
+        stack.pop()
+        state[node] = 2
+        return None
+
+    for node in sorted(graph):
+        if node not in state:
+            found = visit(node)
+            if found:
+                return found
+    return None
+
+
+def test_the_graph_is_built_from_every_module():
+    graph = _graph()
+    assert {"div.envelope", "leapfrog.compare", "pipelines.cli", "heartbeat.leader", "sim.runner"} <= set(graph)
+    assert "div.envelope" in graph["div.batch"]  # relative imports are resolved
+
+
+def test_no_import_cycle():
+    cycle = _cycle(_graph())
+    assert cycle is None, " → ".join(cycle)
+
+
+def test_cycle_finder_finds_one():
+    assert _cycle({"a": {"b"}, "b": {"c"}, "c": {"a"}}) == ["a", "b", "c", "a"]
+    assert _cycle({"a": {"b"}, "b": set()}) is None
+
+
+STDLIB = set(sys.stdlib_module_names) | {"__future__"}
+
+
+@pytest.mark.parametrize("package,allowed", [
+    ("leapfrog", STDLIB | {"numpy", "xxhash", "leapfrog"}),
+])
+def test_the_rules_stay_pure(package, allowed):
+    bad = {m: sorted(deps - allowed) for m, deps in _external(package).items() if deps - allowed}
+    assert not bad, f"{package} must import only the standard library, numpy, xxhash and itself: {bad}"
+
+
+@pytest.mark.parametrize("package,forbidden", [
+    ("div", {"heartbeat", "leapfrog", "pipelines", "sim"}),
+    ("heartbeat", {"leapfrog", "pipelines", "sim"}),
+    ("leapfrog", {"div", "heartbeat", "pipelines", "sim"}),
+])
+def test_lower_layers_do_not_import_upper_ones(package, forbidden):
+    bad = {m: sorted(deps & forbidden) for m, deps in _external(package).items() if deps & forbidden}
+    assert not bad, f"{package} imports a layer above it: {bad}"
