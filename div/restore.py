@@ -55,7 +55,7 @@ import pyarrow.compute as pc
 
 from . import checksum as cks
 from . import envelope as E
-from . import keys, positions
+from . import keys
 from . import partition_state as ps
 from .heartbeat_headers import (
     HBD_HEADER,
@@ -222,11 +222,9 @@ class Replay:
         found = self.validator.process(offset, key, env, broker_ts_ms, len(value or b""))
         if found:
             self.findings.update(f.type for f in found)
-        f = E.footer(env)
-        if f is not None:
-            self._reflect(f["upstreamKafkaClusterId"],
-                          positions.offset_with_fallback(f.get("upstreamPubSubPosition") or b"",
-                                                         f.get("upstreamOffset", -1)))
+        up = E.upstream(env)
+        if up is not None:
+            self._reflect(*up)
         if key == keys.HEARTBEAT_KEY:
             self.last_heartbeat_ms = env["producerMetadata"]["messageTimestamp"]
             raw = header_value(headers, HBW_HEADER)

@@ -107,11 +107,11 @@ class LagMonitor:
         if key is not None and keys.is_heartbeat_key(bytes(key)):
             return self._heartbeat(key, env, headers, vt_offset, broker_ts_ms)
         if key and key[0] == keys.HEADER_PUT_OR_DELETE:
-            f = E.footer(env)
-            if f is not None and f["upstreamKafkaClusterId"] >= 0:
-                st = self._source(f["upstreamKafkaClusterId"])
-                if f["upstreamOffset"] > st.footer_offset:
-                    st.footer_offset = f["upstreamOffset"]
+            up = E.upstream(env)
+            if up is not None and up[0] >= 0:
+                st = self._source(up[0])
+                if up[1] > st.footer_offset:
+                    st.footer_offset = up[1]
         return None
 
     def _heartbeat(self, key, env, headers, vt_offset, broker_ts_ms) -> HeartbeatSeen | None:

@@ -21,7 +21,7 @@ from dataclasses import dataclass
 
 from div import checksum as cks
 from div import envelope as E
-from div import keys, positions
+from div import keys
 from div.heartbeat_headers import (
     HBD_HEADER,
     HBW_HEADER,
@@ -121,8 +121,7 @@ def parse_vt_heartbeat(key: bytes | None, env: dict, headers: Iterable | None, *
     if key is None or not keys.is_heartbeat_key(bytes(key)):
         return None
     footer = E.footer(env) or {}
-    offset = positions.offset_with_fallback(footer.get("upstreamPubSubPosition") or b"",
-                                            footer.get("upstreamOffset", -1))
+    offset = (E.upstream(env) or (-1, -1))[1]
     hbw = header_value(headers, HBW_HEADER)
     hbd = header_value(headers, HBD_HEADER)
     lcs = header_value(headers, LCS_HEADER)

@@ -14,7 +14,6 @@ import xxhash
 from div import envelope as E
 from div import keys as K
 from div.heartbeat_headers import header_value
-from div.positions import offset_with_fallback
 
 DATA, HEARTBEAT, END_OF_PUSH, START_OF_PUSH, OTHER, UNDECODABLE, CHUNK, MANIFEST, BAD_FOOTER = range(9)
 CHUNK_SCHEMA_ID, MANIFEST_SCHEMA_ID = -10, -20
@@ -152,13 +151,11 @@ class VtDecoder:
                     deleted[i] = True
                 else:
                     continue  # an UPDATE in a VT: not a replicated value
-                f = env["leaderMetadataFooter"]
-                if f is None:
+                up = E.upstream(env)
+                if up is None:
                     kind[i] = BAD_FOOTER
                     continue
-                f = f[1]
-                src[i] = f["upstreamKafkaClusterId"]
-                src_off[i] = offset_with_fallback(f["upstreamPubSubPosition"], f["upstreamOffset"])
+                src[i], src_off[i] = up
                 rmd[i] = _rmd_vector(body)
             elif header == K.HEADER_CONTROL_MESSAGE:
                 try:
@@ -168,10 +165,9 @@ class VtDecoder:
                     continue
                 if key == K.HEARTBEAT_KEY:
                     kind[i] = HEARTBEAT
-                    f = E.footer(env)
-                    if f is not None:
-                        src[i] = f["upstreamKafkaClusterId"]
-                        src_off[i] = offset_with_fallback(f["upstreamPubSubPosition"], f["upstreamOffset"])
+                    up = E.upstream(env)
+                    if up is not None:
+                        src[i], src_off[i] = up
                     raw = header_value(headers[i], "hbw")
                     if raw is not None:
                         hbw[i] = _decode_hbw(raw)

@@ -210,3 +210,20 @@ def test_lag_on_a_live_cluster_reads_rt_ends_from_the_same_cluster(embedded_kafk
     assert rows[(0, 0, 0)]["rt_end_offset"] == len(streams[0]) and rows[(0, 0, 0)]["offset_lag"] == 0
     assert rows[(0, 0, 1)]["time_lag_ms"] == 1_500
     assert rows[(0, 0, 2)]["rt_end_offset"] is None  # no_rt holds no RT topic
+
+
+def test_lag_reads_a_footers_position_as_every_other_reader_does():
+    # Issue 17: heartbeat/lag.py read the raw upstreamOffset long while every other reader applies Venice's
+    # position fallback (div.envelope.upstream). A footer whose long is the -1 sentinel but whose position blob
+    # says 41 reflects RT offset 41.
+    from div import envelope as E
+    from div import keys
+    from heartbeat.lag import LagMonitor
+
+    footer = E.leader_footer("leader-1", 41, 2)
+    footer[1]["upstreamOffset"] = -1
+    env = {"messageType": 0, "producerMetadata": {}, "payloadUnion": (E.PUT, {}), "leaderMetadataFooter": footer}
+    mon = LagMonitor(vt_region=0, partition=0, n_regions=3)
+    mon.feed(bytes([keys.HEADER_PUT_OR_DELETE]) + b"k", env, None, 7, None)
+    assert mon.sources[2].footer_offset == 41
+    assert E.upstream(env) == (2, 41)
