@@ -1,7 +1,7 @@
 """The `tidegauge` command: one console script, one subcommand per job.
 
 Each job module exposes `register(subparsers)`, which adds its parser and sets `func` (a callable taking the
-parsed arguments and returning the exit code). Exit codes are the contract of DESIGN.md: 0 clean, 1 findings,
+parsed arguments and returning the exit code). Exit codes are the contract of `pipelines.core.errors`: 0 clean, 1 findings,
 2 bad usage or unreadable input, 3 partial. An unexpected error (a bug) also exits 2, never 1.
 """
 
@@ -12,7 +12,7 @@ import importlib
 import logging
 import sys
 
-EXIT_CLEAN, EXIT_FINDINGS, EXIT_USAGE, EXIT_PARTIAL = 0, 1, 2, 3
+from pipelines.core.errors import EXIT_USAGE, UsageError
 
 # module path, in the order `--help` lists them
 _JOBS = [
@@ -23,10 +23,6 @@ _JOBS = [
     "pipelines.report_cmd",
     "pipelines.demo_cmd",
 ]
-
-
-class UsageError(Exception):
-    """Bad command-line input; the message names the offending flag or value. Exit code 2."""
 
 
 def build_parser() -> argparse.ArgumentParser:

@@ -21,7 +21,7 @@ from typing import Any, Literal
 import yaml
 from pydantic import BaseModel, ConfigDict, ValidationError
 
-from .cli import UsageError
+from .core.errors import UsageError
 from .sources import SourceError, SourceSpec, check_unique, parse_source
 
 DEFAULT_CONF = Path("conf/tidegauge.yaml")

@@ -31,10 +31,11 @@ from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
 
+from pipelines.core.errors import EXIT_CLEAN as EXIT_MATCH
+from pipelines.core.errors import EXIT_FINDINGS as EXIT_MISMATCH
+from pipelines.core.errors import EXIT_PARTIAL as EXIT_STEP_FAILED
 from pipelines.progress import duration
 from sim.config import QuietPeriod, SimConfig
-
-EXIT_MATCH, EXIT_MISMATCH, EXIT_USAGE, EXIT_STEP_FAILED = 0, 1, 2, 3
 
 DEMO_FAULTS = {"dropped": 2, "poisoned": 1, "failover": 1, "duplicate": 1, "gap": 1, "corrupt": 1, "compaction": 1}
 """Every fault kind the jobs can find (dropped, poisoned: leapfrog; gap, corrupt, duplicate: div validate) and

@@ -5,7 +5,7 @@ from __future__ import annotations
 import argparse
 import textwrap
 
-from .cli import UsageError
+from .core.errors import UsageError
 
 HELP = textwrap.dedent("""\
     Run the whole nightly job on embedded defaults: no cluster, no configuration.

@@ -21,7 +21,7 @@ from div.batch import MAX_LISTED
 from div.restore import ReadRange, Restored, RtRegion, restore_rt, restore_vt
 
 from . import config as cfg
-from .cli import UsageError
+from .core.errors import UsageError
 from .evidence import PartitionEvidence, describe_short, summary_fields
 from .output import OutputDir, guard, source_inputs
 from .progress import Progress

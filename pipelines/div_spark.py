@@ -62,7 +62,7 @@ from div.batch import ERROR_COLUMNS, PartitionRun, PartitionSummary, StopRun, ro
 from div.record_validators import ValidatorSpecError
 from div.validator_registry import build_chain
 
-from .cli import UsageError
+from .core.errors import UsageError
 from .div_validate import (
     PartitionTask,
     ValidateOptions,

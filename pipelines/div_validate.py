@@ -24,7 +24,6 @@ from .progress import Progress
 from .sources import Source, SourceError, SourceSpec, open_source
 
 log = logging.getLogger("tidegauge.div")
-EXIT_CLEAN, EXIT_FINDINGS, EXIT_USAGE, EXIT_PARTIAL = 0, 1, 2, 3
 
 
 @dataclass

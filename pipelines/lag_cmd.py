@@ -23,14 +23,13 @@ from div.batch import is_realtime_topic
 from heartbeat.lag import LagMonitor, LagRow
 
 from . import config as cfg
-from .cli import UsageError
+from .core.errors import UsageError
 from .evidence import PartitionEvidence, describe_short, summary_fields, verdict
 from .output import OutputDir, guard, source_inputs
 from .progress import Progress, duration
 from .sources import Source, SourceError, SourceSpec, check_unique, open_source, parse_source
 
 log = logging.getLogger("tidegauge.lag")
-EXIT_CLEAN, EXIT_USAGE, EXIT_PARTIAL = 0, 2, 3
 
 LAG_SCHEMA = pa.schema([
     ("vt_region", pa.int32()), ("partition", pa.int32()), ("source_region", pa.int32()),

@@ -6,7 +6,7 @@ import argparse
 import textwrap
 
 from . import config as cfg
-from .cli import UsageError
+from .core.errors import UsageError
 from .sources import SourceError
 
 HELP = textwrap.dedent("""\

@@ -47,7 +47,7 @@ from .progress import Progress
 from .sources import SourceError, SourceSpec
 
 log = logging.getLogger("tidegauge.leapfrog")
-EXIT_CLEAN, EXIT_FINDINGS, EXIT_USAGE, EXIT_PARTIAL = 0, 1, 2, 3
+
 FINDING_COLUMNS = [
     "store", "version", "partition", "region_a", "region_b", "type", "key", "key_hash", "a_value_hash",
     "b_value_hash", "a_deleted", "b_deleted", "a_vt_offset", "b_vt_offset", "a_vector", "b_vector",

@@ -25,7 +25,7 @@ from typing import Any
 
 from div.checkpoint import atomic_write
 
-from .cli import UsageError
+from .core.errors import UsageError
 
 MARKER = ".tidegauge"
 

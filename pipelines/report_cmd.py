@@ -9,7 +9,7 @@ from __future__ import annotations
 import argparse
 import pathlib
 
-from pipelines.cli import EXIT_USAGE, UsageError
+from pipelines.core.errors import EXIT_USAGE, UsageError
 from pipelines.progress import duration
 
 DESCRIPTION = """\

@@ -9,7 +9,7 @@ import textwrap
 from pathlib import Path
 
 from . import config as cfg_file
-from .cli import EXIT_CLEAN, EXIT_PARTIAL, UsageError
+from .core.errors import EXIT_CLEAN, EXIT_PARTIAL, UsageError
 from .progress import duration
 
 DEFAULT_CONF = Path("conf/simulate.yaml")

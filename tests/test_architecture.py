@@ -127,3 +127,18 @@ def test_the_rules_stay_pure(package, allowed):
 def test_lower_layers_do_not_import_upper_ones(package, forbidden):
     bad = {m: sorted(deps & forbidden) for m, deps in _external(package).items() if deps & forbidden}
     assert not bad, f"{package} imports a layer above it: {bad}"
+
+
+def test_the_exit_codes_are_defined_once():
+    # Issue 17: they were defined in six modules. Every other module imports them from pipelines.core.errors.
+    import re
+
+    pattern = re.compile(r"^EXIT_\w+(\s*,\s*EXIT_\w+)*\s*=\s*\d", re.M)
+    defining = sorted(str(p.relative_to(REPO)) for pkg in PACKAGES for p in (REPO / pkg).rglob("*.py")
+                      if pattern.search(p.read_text(encoding="utf-8")))
+    assert defining == ["pipelines/core/errors.py"]
+
+
+def test_no_module_but_the_entry_points_imports_the_cli():
+    importers = sorted(m for m, deps in _graph().items() if "pipelines.cli" in deps)
+    assert importers == ["pipelines.submit"], importers  # spark-submit's entry runs the CLI's main

@@ -289,7 +289,7 @@ def test_validator_the_executors_cannot_import_fails_its_partitions(spark, archi
 
 
 def test_bad_validator_is_a_usage_error(spark, archives, tmp_path):
-    from pipelines.cli import UsageError
+    from pipelines.core.errors import UsageError
 
     with pytest.raises(UsageError, match="nosuch.module"):
         run_spark(_opts(archives, str(tmp_path / "o"), record_validators=[{"class": "nosuch.module:X"}]))

@@ -30,7 +30,9 @@ from pipelines.report.tables import build_tables, summary_numbers
 
 __all__ = ["ExpectationsConfigError", "InputError", "ReportResult", "run_report"]
 
-EXIT_CLEAN, EXIT_FAILED, EXIT_PARTIAL = 0, 1, 3
+from pipelines.core.errors import EXIT_CLEAN, EXIT_PARTIAL
+from pipelines.core.errors import EXIT_FINDINGS as EXIT_FAILED
+
 # Checks of the evidence (could every record be read and decoded?), not of the replicas or the logs: every check
 # of a suite over one of these tables, and every check of one of these columns. Their failure makes the report
 # partial (exit 3), never a finding (exit 1), as in every job.
