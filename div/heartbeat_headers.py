@@ -2,13 +2,13 @@
 
 Venice's heartbeats carry one upstream coordinate each (the RT heartbeat they came from). Ours also carry the
 leader's whole high-water-mark vector and the DIV state a follower needs to resume right after the heartbeat, so
-that readers never need per-record offset vectors (DESIGN.md, wire format rules 2-4). Both live only in headers,
+that readers never need per-record offset vectors (docs/design.md, rules 2-4). Both live only in headers,
 so an unmodified Venice consumer skips them.
 
 The codec lives in `div` (not in `heartbeat`, which writes these headers) because DIV restore reads them and
 `div` imports nothing of ours; the heartbeat library imports the codecs from here, so there is one codec.
 
-Framing (normative, DESIGN.md rule 2):
+Framing (normative, docs/design.md, rule 2):
 
 * `hbw` = bytes `0x48 0x01` + Avro `HeartbeatWatermarks` v1;
 * `hbd` = bytes `0x44 0x01` + Avro `HeartbeatDivState` v1, producer maps keyed by the 16 GUID bytes read as

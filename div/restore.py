@@ -3,7 +3,7 @@
 A follower that restarts, rewinds or is promoted needs the DIV state of every producer at the offset where it
 resumes; without it Venice's validator reports false UNREGISTERED_PRODUCER errors and skips checksum checks of
 every segment it joins mid-way. Replaying the VT from offset 0 costs the length of the topic. Our VT heartbeats
-carry the state instead (DESIGN.md rule 4): `hbd.vtProducerStates` is the VT DIV state just before heartbeat H,
+carry the state instead (docs/design.md, rule 4): `hbd.vtProducerStates` is the VT DIV state just before heartbeat H,
 `hbd.rtProducerStates[r]` the DIV state of RT[r] after the heartbeat's watermark `hbw[r]`. So the state after
 VT offset O is the `hbd` state of the last usable heartbeat H ≤ O advanced over the VT records (H, O], and the RT
 state at a resume position is the `hbd` RT state advanced over RT[r] (hbw[r], resume]. Cost: the distance from
@@ -16,7 +16,7 @@ heartbeats); a new leader consumes RT[r] from resume + 1 with the RT state resto
 H can reflect RT records beyond hbw[r] — sent but not yet acknowledged when the leader wrote H, or written by an
 earlier term that got further than where its successor resumed — and finding them would mean reading the VT
 from its start, so they are not counted: a leader resuming at our offset re-applies those writes, as a takeover
-from the heartbeat itself does (DESIGN.md rule 4), and its RT state matches where it resumes. (The footer-only
+from the heartbeat itself does (docs/design.md, rule 4), and its RT state matches where it resumes. (The footer-only
 rule, "the highest upstream offset among the VT records up to O", also misses RT records that wrote nothing to
 the VT, such as producers' EndOfSegments and conflict losers; hbw covers those.)
 

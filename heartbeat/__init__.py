@@ -1,7 +1,7 @@
 """Leader-side heartbeats that carry high-water marks (`hbw`) and DIV state (`hbd`), and follower-side lag.
 
 Readers trust a VT heartbeat H with vector V to mean: every VT record derived from RT[r] offset ≤ V[r] lies
-before H, and every later record of the same term derived from r has offset > V[r] (DESIGN.md rule 3). This
+before H, and every later record of the same term derived from r has offset > V[r] (docs/design.md, rule 3). This
 package makes a leader keep that promise with a handful of calls:
 
     from heartbeat import HeartbeatLeader, LeaderBrokenError

@@ -10,7 +10,7 @@ its local VT partition p. This class owns the parts that must be right for reade
 * RT heartbeats to the local RT every `interval_ms`, and a VT heartbeat for every RT heartbeat consumed, carrying
   `hbw` (the acknowledged watermark vector) and `hbd` (VT and RT DIV state).
 
-The VT heartbeat rule (DESIGN.md rule 3): the VT heartbeat H for the RT heartbeat at offset o of region r is
+The VT heartbeat rule (docs/design.md, rule 3): the VT heartbeat H for the RT heartbeat at offset o of region r is
 produced only once every VT send caused by RT[r] records before o is acknowledged. H then carries the
 tracker's watermarks at that moment (V[r] ≥ o), the VT DIV state of every VT producer as a follower holds it
 just before H (this writer's segments when H is enqueued, plus the producers inherited at takeover), and each

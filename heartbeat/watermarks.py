@@ -2,11 +2,11 @@
 
 A leader turns each RT record of each region into zero or more VT sends (zero when conflict resolution drops it).
 A heartbeat may claim RT offset o of region r only when every VT send caused by RT[r] records ≤ o has been
-*acknowledged* by Kafka — produced is not enough, a produced record may still fail (DESIGN.md rule 3). The
+*acknowledged* by Kafka — produced is not enough, a produced record may still fail (docs/design.md, rule 3). The
 tracker keeps, per region, the records whose sends are still in flight, in RT order; acknowledgements may arrive
 in any order; the watermark is the offset of the last record of the longest fully acknowledged prefix.
 
-It also keeps the RT DIV state *at* the watermark (DESIGN.md rule 4): a second validator per region that is fed
+It also keeps the RT DIV state *at* the watermark (docs/design.md, rule 4): a second validator per region that is fed
 each RT record only once the watermark passes it. Replaying through Venice's own validator (its fast path costs
 about a microsecond) gives exactly the state a full replay of RT[r] up to V[r] would, including resyncs and
 new segments, without copying producer states per record.

@@ -10,7 +10,7 @@ to write and *when*:
   write's timestamp and, in legacy mode, Venice's per-key offset vector (`div.rmd.encode_value_level_rmd`).
 * heartbeats: before handing an RT heartbeat to the library the leader flushes its producer, so every VT send
   before it is acknowledged and the watermark vector is exactly "everything processed so far" — deterministic,
-  and never more than what Kafka has acknowledged (DESIGN.md rule 3).
+  and never more than what Kafka has acknowledged (docs/design.md, rule 3).
 
 Faults that act inside a leader (a write dropped or poisoned in this region) are looked up by the RT
 coordinates of the record, so a successor after a failover repeats them instead of healing them.

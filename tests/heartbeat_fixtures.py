@@ -1,5 +1,5 @@
 """Helpers for the heartbeat tests: RT streams with known content, a leader loop, producers that record what
-happened, and checks of the heartbeat invariant (DESIGN.md rules 3 and 4) on a VT read back."""
+happened, and checks of the heartbeat invariant (docs/design.md, rules 3 and 4) on a VT read back."""
 
 from __future__ import annotations
 

@@ -7,7 +7,7 @@ interleaving, or stopping early), resolves conflicts last-writer-wins with a tot
 region id, then RT offset) and appends a ``DataEntry`` to its VT only when the incoming write wins (losers
 are dropped, as A/A leaders do). On consuming an RT heartbeat it writes a VT heartbeat whose vector is its
 acknowledged frontier — at most what it processed, sometimes strictly less, never decreasing within a term,
-and covering the heartbeat's own RT offset (DESIGN.md, wire-format rule 3).
+and covering the heartbeat's own RT offset (docs/design.md, rule 3).
 
 Faults, each with ground truth kept by the generator:
 

@@ -1,6 +1,6 @@
 """The Leap Frog job on what goes wrong: broken records, missing partitions, bad sources and flags, damaged files.
 
-The contract (DESIGN.md, docs/outputs.md): undecodable records and records without a usable region are counted
+The contract (docs/design.md, docs/outputs.md): undecodable records and records without a usable region are counted
 with their offsets in summary.json and never stop the job; a partition that cannot be processed in some region
 is listed in `failed_partitions` and the job exits 3 with the rest written; a source that cannot be read or a
 bad flag exits 2 with a message naming it. A crash is never an answer: its exit code (1) would read as

@@ -96,7 +96,7 @@ def test_the_generated_histories_exercise_every_fault():
 
 
 def test_generated_heartbeats_keep_the_heartbeat_invariant():
-    """DESIGN.md rule 3, within each leader term: V never decreases, V[origin] covers the RT heartbeat, and
+    """docs/design.md, rule 3, within each leader term: V never decreases, V[origin] covers the RT heartbeat, and
     every later record of the same term from region r has an RT offset above V[r]."""
     checked = 0
     for h in histories():

@@ -1,6 +1,6 @@
 """The replication simulator, checked from the outside: its archives are read back with Venice's own schema file
 (fastavro) and our protocol schemas from ../shared, and every claim is verified independently of the code that
-wrote it — the heartbeat invariant (DESIGN.md rule 3) for every heartbeat, hbd against a replay of the RTs,
+wrote it — the heartbeat invariant (docs/design.md, rule 3) for every heartbeat, hbd against a replay of the RTs,
 convergence of the regions, the findings each injected fault must cause, and determinism for a seed.
 
 One small run with every fault kind (3 regions x 2 partitions, a few thousand writes) is shared by the module.
@@ -200,9 +200,9 @@ def test_every_partition_has_heartbeats_from_every_region(sim_run, vts):
     assert terms == {1, 2}, "heartbeats from the failed leader's term and from its successor's"
 
 
-# ---------------------------------------------------------------------------------------- DESIGN.md rule 3
+# ---------------------------------------------------------------------------------------- docs/design.md, rule 3
 def rule3_violations(recs: list[VtRecord], regions: int) -> tuple[list[str], int]:
-    """DESIGN.md rule 3 checked on one VT partition: for a heartbeat H with vector V, no record derived from RT[r]
+    """docs/design.md, rule 3 checked on one VT partition: for a heartbeat H with vector V, no record derived from RT[r]
     offset <= V[r] comes after H; V never decreases (within a term, and across terms since a successor resumes
     from the last heartbeat); V[origin] >= originRtOffset. Returns (violations, heartbeats checked)."""
     problems: list[str] = []

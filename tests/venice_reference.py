@@ -282,7 +282,7 @@ def dol_stamp(ts: int, host: str = "leader:1234") -> Rec:
     return Rec(DOL_KEY, encode_envelope(env), [], ts, DOL_GUID, 0, 0, "DOL")
 
 
-# -- archives, written with pyarrow alone in Spark's Kafka source schema (DESIGN.md "Archive") -------------
+# -- archives, written with pyarrow alone in Spark's Kafka source schema (docs/design.md, "Contracts") -------------
 HEADERS_TYPE = pa.list_(pa.struct([pa.field("key", pa.string()), pa.field("value", pa.binary())]))
 SPARK_KAFKA_SCHEMA = pa.schema([
     pa.field("key", pa.binary()), pa.field("value", pa.binary()), pa.field("topic", pa.string()),
