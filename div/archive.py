@@ -65,6 +65,13 @@ class PartitionInfo:
     records: int
 
 
+
+def timestamps_ms(batch: pa.RecordBatch | pa.Table) -> list[int | None]:
+    """The broker timestamps of an archive-schema batch in epoch milliseconds, as every reader takes them: the
+    archive keeps Kafka's milliseconds as microseconds, and this is the one conversion back."""
+    us = batch.column(batch.schema.get_field_index("timestamp")).cast(pa.int64())
+    return pc.divide(us, 1000).to_pylist()
+
 def file_name(topic: str, partition: int, first_offset: int) -> str:
     """The name ArchiveWriter gives a file. '+' cannot occur in a Kafka topic name and sorts before every
     character that can, so a plain listing sorts by (topic, partition, first offset)."""

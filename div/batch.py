@@ -16,10 +16,10 @@ from dataclasses import dataclass, field
 from typing import Any
 
 import pyarrow as pa
-import pyarrow.compute as pc
 
 from . import envelope as E
 from . import keys
+from .archive import timestamps_ms
 from .keys import KNOWN_HEADERS
 from .record_validators import Chain, PartitionContext, Record
 from .validator import (
@@ -139,7 +139,7 @@ class PartitionRun:
         key_col = batch.column(cols.index("key")).to_pylist()
         val_col = batch.column(cols.index("value")).to_pylist()
         off_col = batch.column(cols.index("offset")).to_pylist()
-        ts_col = pc.divide(batch.column(cols.index("timestamp")).cast(pa.int64()), 1000).to_pylist()  # → ms
+        ts_col = timestamps_ms(batch)
         hdr_col = batch.column(cols.index("headers")).to_pylist() if "headers" in cols else [None] * n
         s = self.summary
         if s.first_offset is None:

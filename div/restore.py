@@ -57,6 +57,7 @@ from . import checksum as cks
 from . import envelope as E
 from . import keys
 from . import partition_state as ps
+from .archive import timestamps_ms
 from .heartbeat_headers import (
     HBD_HEADER,
     HBW_HEADER,
@@ -250,7 +251,7 @@ class Replay:
         key_col = batch.column(names.index("key")).to_pylist()
         val_col = batch.column(names.index("value")).to_pylist()
         off_col = batch.column(names.index("offset")).to_pylist()
-        ts_col = pc.divide(batch.column(names.index("timestamp")).cast(pa.int64()), 1000).to_pylist()
+        ts_col = timestamps_ms(batch)
         hdr_col = batch.column(names.index("headers")).to_pylist() if "headers" in names else [None] * n
         out: list[Finding] = []
         for rec in zip(off_col, key_col, val_col, hdr_col, ts_col, strict=True):

@@ -373,11 +373,11 @@ def _replayed_vt_state(archive: str, topic: str, partition: int, upto: int, now_
     val = PartitionValidator(config=ValidatorConfig(min_compaction_lag_ms=0, now_ms=now_ms))
     for batch in A.iter_partition(archive, topic, partition, None, upto + 1, ["offset", "key", "value", "headers",
                                                                                 "timestamp"]):
-        stamps = batch.column("timestamp").cast("int64").to_pylist()
-        for off, key, value, headers, us in zip(batch.column("offset").to_pylist(), batch.column("key").to_pylist(),
+        stamps = A.timestamps_ms(batch)
+        for off, key, value, headers, ms in zip(batch.column("offset").to_pylist(), batch.column("key").to_pylist(),
                                                 batch.column("value").to_pylist(), batch.column("headers").to_pylist(),
                                                 stamps, strict=True):
-            val.process(off, key, codec.decode(value, headers), None if us is None else us // 1000, len(value or b""))
+            val.process(off, key, codec.decode(value, headers), ms, len(value or b""))
     return {g.decode("latin-1"): st for g, st in val.producer_states().items()}
 
 

@@ -19,6 +19,7 @@ import pyarrow as pa
 import pyarrow.parquet as pq
 
 from div import envelope as E
+from div.archive import timestamps_ms
 from div.batch import is_realtime_topic
 from heartbeat.lag import LagMonitor, LagRow
 
@@ -146,26 +147,26 @@ def monitor_partition(src: Source, topic: str, partition: int, n_regions: int,
     newest = None
     batches = src.iter_partition(topic, partition, columns=["key", "value", "headers", "offset", "timestamp"])
     for batch in (progress.counted(batches) if progress is not None else batches):
-        ts = batch.column("timestamp").cast(pa.int64()).to_pylist()  # microseconds
+        ts = timestamps_ms(batch)
         offsets = batch.column("offset").to_pylist()
         rows = zip(batch.column("key").to_pylist(), batch.column("value").to_pylist(),
                    batch.column("headers").to_pylist(), offsets, ts, strict=True)
         ev.read_records += len(offsets)
         if offsets and offsets[-1] >= ev.end - 1:
             ev.reached_end = True
-        for key, value, headers, offset, us in rows:
-            if us is not None and (newest is None or us > newest):
-                newest = us
+        for key, value, headers, offset, ms in rows:
+            if ms is not None and (newest is None or ms > newest):
+                newest = ms
             try:
                 env = codec.decode(value, headers)
             except E.UndecodableError:
                 ev.note_undecodable([offset])
                 continue
-            mon.feed(key, env, headers, offset, None if us is None else us // 1000)
+            mon.feed(key, env, headers, offset, ms)
     if src.spec.is_kafka:
         ev.reached_end = True  # the reader raises when it stalls before the end; the end may be compacted
     if newest is not None:
-        ev.newest_ms = newest // 1000
+        ev.newest_ms = newest
     if ev.undecodable:
         log.warning("region %d %s[%d]: %d undecodable records skipped", src.region, topic, partition, ev.undecodable)
     return mon

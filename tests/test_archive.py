@@ -270,3 +270,16 @@ def test_archive_written_by_spark_reads_in_offset_order(spark, tmp_path):
     assert read_archive(spark, src, ["other"]).count() == 0
     offs = np.array([r.offset for r in read_archive(spark, src, "s_v1").where("partition = 1").collect()])
     assert sorted(offs.tolist()) == list(range(200))
+
+
+def test_broker_times_come_back_in_milliseconds_one_way():
+    # Issue 17: readers turned the archive's microseconds into milliseconds two ways (Arrow division, `// 1000`);
+    # div.archive.timestamps_ms is the one conversion every reader uses.
+    import pyarrow as pa
+
+    from div.archive import timestamps_ms
+
+    us = [1_700_000_000_123_456, None, 0]
+    batch = pa.RecordBatch.from_arrays([pa.array(us, pa.timestamp("us", tz="UTC"))], ["timestamp"])
+    assert timestamps_ms(batch) == [1_700_000_000_123, None, 0]
+    assert timestamps_ms(pa.Table.from_batches([batch])) == [1_700_000_000_123, None, 0]
