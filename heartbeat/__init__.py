@@ -25,8 +25,9 @@ On `LeaderBrokenError` (a VT send failed for good) restart with a new leader, `t
 heartbeat. Readers decode heartbeats with `parse_vt_heartbeat` (works on plain Venice heartbeats too) or the
 header codecs directly; `LagMonitor` turns a VT into per-region time and offset lag.
 
-Modules: `codecs` (hbw/hbd), `records` (heartbeat records, byte-exact with Venice), `watermarks` (the
-acknowledged watermark tracker, pure logic), `leader` (HeartbeatLeader), `lag` (LagMonitor).
+Modules: `records` (heartbeat records, byte-exact with Venice), `watermarks` (the
+acknowledged watermark tracker, pure logic), `leader` (HeartbeatLeader), `lag` (LagMonitor). The hbw/hbd
+header codecs live in `div.heartbeat_headers` (DIV restore reads them too) and are re-exported here.
 """
 
 from div.heartbeat_headers import (
