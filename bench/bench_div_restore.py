@@ -37,9 +37,9 @@ from div.restore import restore_vt
 from div.validator import PartitionValidator, ValidatorConfig
 from div.writer import SegmentWriter
 from heartbeat.records import vt_heartbeat
-from pipelines.div_restore import source_reader
-from pipelines.div_validate import PartitionTask, ValidateOptions, validate_partition
-from pipelines.sources import SourceSpec, open_source
+from pipelines.core.sources import SourceSpec, open_source
+from pipelines.div.restore import source_reader
+from pipelines.div.validate import PartitionTask, ValidateOptions, validate_partition
 
 TOPIC = "bench_v1"
 START_MS = 1_700_000_000_000

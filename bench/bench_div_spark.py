@@ -2,7 +2,7 @@
 
 Builds (or reuses) a realistic archive — a push job, online producers, rolling segments, 2M records in 4
 partitions — then alternates the local engine and the Spark engine's two plans (shuffle and direct, see
-pipelines.div_spark) and reports the best wall time of each; `ratio` = local / Spark with the plan the job
+pipelines.div.spark) and reports the best wall time of each; `ratio` = local / Spark with the plan the job
 chooses on its own for this archive (`auto_plan`; goal ≥ 1.5), `ratio_shuffle` and `ratio_direct` per plan. To say where Spark's time goes it also times, on
 the same session: reading the columns the job uses (`read_s`); reading + joining + shuffling + sorting + handing the Arrow batches to a Python worker that
 drops them (`shuffle_sort_s`); the job without writing outputs, with the time each Python worker spent
@@ -24,7 +24,8 @@ import time
 import pyarrow as pa
 
 from div.archive import ArchiveWriter
-from pipelines.div_spark import (
+from pipelines.core.sources import SourceSpec, open_source
+from pipelines.div.spark import (
     OUT_ARROW_SCHEMA,
     OUT_DDL,
     ValidateTasks,
@@ -33,8 +34,7 @@ from pipelines.div_spark import (
     run_spark,
     sorted_records,
 )
-from pipelines.div_validate import ValidateOptions, run_local
-from pipelines.sources import SourceSpec, open_source
+from pipelines.div.validate import ValidateOptions, run_local
 from sim.div_traffic import TrafficSpec, generate
 
 
@@ -94,7 +94,7 @@ def _jvm_cpu_s(spark) -> float:
 def stages(spark, opts: ValidateOptions) -> dict[str, float]:
     from pyspark.sql import functions as F
 
-    from pipelines.archive_source import read_archive
+    from pipelines.core.archive_source import read_archive
 
     t = time.perf_counter()
     read_archive(spark, opts.sources[0].uri).agg(
@@ -139,7 +139,7 @@ def main() -> None:
     out = os.path.join(args.dir, "out")
     opts = ValidateOptions(sources=[SourceSpec(0, path)], out=out)
 
-    from pipelines.spark_session import get_session
+    from pipelines.core.spark_session import get_session
 
     t = time.perf_counter()
     spark = get_session(args.master, app_name="bench-div-spark")

@@ -99,8 +99,8 @@ def bench_kafka(n: int, partitions: int, value_size: int, spark: bool) -> dict:
         out["archiver_produce_and_archive_records_per_s"] = round(n / tail_s)
 
         if spark:
-            from pipelines.kafka_source import read_kafka
-            from pipelines.spark_session import get_session
+            from pipelines.core.kafka_source import read_kafka
+            from pipelines.core.spark_session import get_session
 
             session = get_session("local[2]", app_name="bench-kafka-io")
             read_kafka(session, k.bootstrap_servers, "bench", ending={"bench": {"0": 10}}).count()  # warm-up

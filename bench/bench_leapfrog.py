@@ -2,7 +2,7 @@
 
 Builds (once, cached) 2 regions × ~2M VT records, then runs `--repeat` rounds after `--warmup` untimed ones (the
 first runs of a session pay for JIT compilation and worker start-up). A round times (a) reading the archives and
-decoding every record (`pipelines.vt_decode`, the minimum any job must do) and (b) the whole `leapfrog` job; with
+decoding every record (`pipelines.leapfrog.decode`, the minimum any job must do) and (b) the whole `leapfrog` job; with
 `--incremental` also (c) an incremental run over day 2 from day 1's state (built once, before the rounds, and
 restored before each run). The job in (b) is the full rescan of both days that (c) is compared with.
 
@@ -27,9 +27,9 @@ sys.path.insert(0, os.path.dirname(__file__))
 
 from leapfrog_workload import Workload, generate  # noqa: E402
 
-from pipelines.leapfrog_job import LeapfrogOptions, decode_only, run  # noqa: E402
-from pipelines.sources import SourceSpec  # noqa: E402
-from pipelines.spark_session import get_session  # noqa: E402
+from pipelines.core.sources import SourceSpec  # noqa: E402
+from pipelines.core.spark_session import get_session  # noqa: E402
+from pipelines.leapfrog.job import LeapfrogOptions, decode_only, run  # noqa: E402
 
 
 def decode_pass(spark, dirs: dict[int, str], store: str) -> float:

@@ -38,7 +38,7 @@ Decisions:
 
 Everything here is pure with respect to sources: records come through a `ReadRange` callback
 `read(start, end, columns) -> iterable of Arrow batches` (archive schema, offsets in [start, end), ascending), so
-the batch job (`pipelines.div_restore`), `div validate --restore-at` and a live follower or new leader use the
+the batch job (`pipelines.div.restore`), `div validate --restore-at` and a live follower or new leader use the
 same code. A live process that already has the heartbeat's headers uses `from_heartbeat` and then keeps feeding
 records with `Restored.feed_vt` / `feed_vt_record` (and `feed_rt` for a new leader's RT catch-up).
 """

@@ -16,12 +16,12 @@ from pipelines.core.errors import EXIT_USAGE, UsageError
 
 # module path, in the order `--help` lists them
 _JOBS = [
-    "pipelines.simulate_cmd",
-    "pipelines.lag_cmd",
-    "pipelines.leapfrog_cmd",
-    "pipelines.div_cmd",
-    "pipelines.report_cmd",
-    "pipelines.demo_cmd",
+    "pipelines.simulate.job",
+    "pipelines.lag.job",
+    "pipelines.leapfrog.cli",
+    "pipelines.div.cli",
+    "pipelines.report.cli",
+    "pipelines.demo.cli",
 ]
 
 

@@ -21,7 +21,7 @@ def shared_dir() -> pathlib.Path:
 @pytest.fixture(scope="session")
 def spark():
     """The one SparkSession of this test run (a session costs ~7 s to start)."""
-    from pipelines.spark_session import get_session
+    from pipelines.core.spark_session import get_session
 
     session = get_session("local[2]", app_name="tidegauge-tests", conf={"spark.sql.shuffle.partitions": "4"})
     yield session

@@ -247,7 +247,7 @@ def test_split_by_partition_keeps_order_within_partitions():
 
 @pytest.mark.spark
 def test_archive_written_by_spark_reads_in_offset_order(spark, tmp_path):
-    from pipelines.archive_source import read_archive
+    from pipelines.core.archive_source import read_archive
 
     src = tmp_path / "ours"
     recs = make_records("s_v1", 0, range(500)) + make_records("s_v1", 1, range(200))

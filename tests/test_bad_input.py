@@ -32,7 +32,7 @@ from small_sim import small_sim
 
 from div.validator import NOT_FINDINGS
 from pipelines.cli import main
-from pipelines.evidence import MAX_LISTED_OFFSETS
+from pipelines.core.evidence import MAX_LISTED_OFFSETS
 
 pytestmark = [pytest.mark.slow]
 REGIONS = 3

@@ -104,7 +104,7 @@ def test_the_shipped_configuration_files_are_valid():
 
     import yaml
 
-    from pipelines.config import JobConfig
+    from pipelines.core.config import JobConfig
     from pipelines.report.expectations import load_expectations
 
     repo = pathlib.Path(__file__).resolve().parent.parent

@@ -12,7 +12,7 @@ import json
 import pytest
 
 from pipelines.cli import main as cli_main
-from pipelines.demo import (
+from pipelines.demo.job import (
     MARKER,
     DemoError,
     DemoOptions,

@@ -13,8 +13,8 @@ from div import checksum as cks
 from div import envelope as E
 from div.validator import END_OF_FINAL_SEGMENT, PartitionValidator, Segment, ValidatorConfig
 from div.writer import SegmentWriter
-from pipelines import div_validate
-from pipelines.sources import SourceSpec
+from pipelines.core.sources import SourceSpec
+from pipelines.div import validate as div_validate
 
 CODEC = E.EnvelopeCodec("fastavro")
 
@@ -215,7 +215,7 @@ def test_compaction_lag_comes_from_the_flag_else_the_topic_else_strict():
 
 
 def test_kafka_source_reads_cleanup_policy_and_min_compaction_lag(monkeypatch):
-    from pipelines import sources
+    from pipelines.core import sources
 
     cases = [
         ({"cleanup.policy": "compact", "min.compaction.lag.ms": "86400000"}, 86_400_000),

@@ -21,9 +21,9 @@ from div import envelope as E
 from div.batch import PartitionRun
 from div.restore import Replay, restore_rt, restore_vt
 from div.validator import PartitionValidator, ValidatorConfig
-from pipelines.div_restore import source_reader
-from pipelines.div_validate import PartitionTask, ValidateOptions, validate_partition
-from pipelines.sources import SourceSpec, open_source
+from pipelines.core.sources import SourceSpec, open_source
+from pipelines.div.restore import source_reader
+from pipelines.div.validate import PartitionTask, ValidateOptions, validate_partition
 from sim import SimConfig, run
 
 pytestmark = [pytest.mark.kafka]

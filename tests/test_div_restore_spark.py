@@ -18,9 +18,9 @@ import pytest
 import venice_reference as V
 
 from pipelines.cli import main as cli_main
-from pipelines.div_spark import run_spark
-from pipelines.div_validate import ValidateOptions, run_local
-from pipelines.sources import SourceSpec
+from pipelines.core.sources import SourceSpec
+from pipelines.div.spark import run_spark
+from pipelines.div.validate import ValidateOptions, run_local
 
 SCENARIOS = {  # (region, partition) -> build arguments
     (0, 0): dict(seed=1),

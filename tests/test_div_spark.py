@@ -22,9 +22,9 @@ from validator_examples import write_modules
 from div import envelope as E
 from div.archive import KAFKA_ARROW_SCHEMA, ArchiveWriter, records_to_batch
 from div.writer import SegmentWriter
-from pipelines.div_spark import _assign_buckets, _bucket_keys, archive_is_tidy, run_spark, spark_hash_int
-from pipelines.div_validate import ValidateOptions, run_local
-from pipelines.sources import SourceSpec
+from pipelines.core.sources import SourceSpec
+from pipelines.div.spark import _assign_buckets, _bucket_keys, archive_is_tidy, run_spark, spark_hash_int
+from pipelines.div.validate import ValidateOptions, run_local
 from sim.div_traffic import TrafficSpec, generate
 
 pytestmark = pytest.mark.spark

@@ -1,6 +1,6 @@
-"""The verdict rule, written once in pipelines.evidence: findings outrank partial, partial outranks clean."""
+"""The verdict rule, written once in pipelines.core.evidence: findings outrank partial, partial outranks clean."""
 
-from pipelines.evidence import PartitionEvidence, describe_short, summary_fields, verdict
+from pipelines.core.evidence import PartitionEvidence, describe_short, summary_fields, verdict
 
 
 def _whole(**kw) -> PartitionEvidence:

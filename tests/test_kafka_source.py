@@ -9,9 +9,15 @@ import pytest
 from confluent_kafka import Producer
 
 from div import kafka_log
-from pipelines import kafka_source
-from pipelines.archive_source import read_archive
-from pipelines.kafka_source import KAFKA_SPARK_SCHEMA, KafkaSplit, TidegaugeKafkaReader, _Options, read_kafka
+from pipelines.core import kafka_source
+from pipelines.core.archive_source import read_archive
+from pipelines.core.kafka_source import (
+    KAFKA_SPARK_SCHEMA,
+    KafkaSplit,
+    TidegaugeKafkaReader,
+    _Options,
+    read_kafka,
+)
 from sim.archiver import Archiver
 
 pytestmark = pytest.mark.kafka

@@ -1,4 +1,4 @@
-"""Reduce tasks reading their own carried records (pipelines.leapfrog_carried): the right files, the right rows,
+"""Reduce tasks reading their own carried records (pipelines.leapfrog.carried): the right files, the right rows,
 merged into the input in its order."""
 
 from __future__ import annotations
@@ -10,7 +10,7 @@ import pyarrow as pa
 import pyarrow.parquet as pq
 import pytest
 
-from pipelines.leapfrog_carried import (
+from pipelines.leapfrog.carried import (
     _SORT,
     CARRIED_SCHEMA,
     buckets_tag,
@@ -38,7 +38,7 @@ def _carried(rows, settled=(), sortkey=None) -> pa.Table:
 
 @pytest.mark.spark
 def test_sortkey_in_python_is_sparks(spark):
-    from pipelines.shuffle_rows import sortkey_column
+    from pipelines.leapfrog.rows import sortkey_column
 
     keys = [b"", b"k", bytes(range(256)), "ключ".encode()]
     df = spark.createDataFrame([(p, k) for p in (0, 7, 2**31 - 1) for k in keys], "partition int, key binary")

@@ -30,8 +30,8 @@ from chunked_scenario import (
 from vt_builder import NON_CHUNK_SUFFIX, value_hash
 
 from div.keys import fnv1a_64
-from pipelines.leapfrog_job import LeapfrogOptions, run
-from pipelines.sources import SourceSpec
+from pipelines.core.sources import SourceSpec
+from pipelines.leapfrog.job import LeapfrogOptions, run
 
 pytestmark = [pytest.mark.spark, pytest.mark.slow]
 

@@ -19,8 +19,8 @@ from vt_builder import CODEC, TS, RegionVt, write_archive
 from div import envelope as E
 from div import keys as K
 from pipelines.cli import main
-from pipelines.leapfrog_job import LeapfrogOptions, run
-from pipelines.sources import SourceSpec
+from pipelines.core.sources import SourceSpec
+from pipelines.leapfrog.job import LeapfrogOptions, run
 
 STORE, TOPIC = "edge", "edge_v1"
 

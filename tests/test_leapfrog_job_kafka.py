@@ -21,8 +21,8 @@ from leapfrog_histories import generated
 from vt_builder import RegionVt, produce, write_archive
 from vt_fixtures import record_of
 
-from pipelines.leapfrog_job import LeapfrogOptions, run
-from pipelines.sources import SourceSpec
+from pipelines.core.sources import SourceSpec
+from pipelines.leapfrog.job import LeapfrogOptions, run
 from sim.embedded_kafka import EmbeddedKafka
 
 pytestmark = [pytest.mark.spark, pytest.mark.kafka, pytest.mark.slow]
@@ -147,8 +147,8 @@ def test_compacted_range_at_the_end_of_a_kafka_partition(spark, tmp_path, cluste
 ])
 def test_compaction_deadlines(monkeypatch, policy, lag, deadline):
     from div import kafka_log
-    from pipelines.leapfrog_plan import RegionPartition, mark_latest_kept
-    from pipelines.vt_source import compaction_deadlines
+    from leapfrog.plan import RegionPartition, mark_latest_kept
+    from pipelines.leapfrog.source import compaction_deadlines
 
     def topic_config(uri, conf, topic, name, timeout_s=3.0):
         assert uri == "kafka://b:9092" and topic == "s_v1" and conf == {"security.protocol": "SSL"}

@@ -21,8 +21,8 @@ import json
 import pyarrow.parquet as pq
 import pytest
 
-from pipelines.leapfrog_job import LeapfrogOptions, parse_pairs, run
-from pipelines.sources import SourceSpec
+from pipelines.core.sources import SourceSpec
+from pipelines.leapfrog.job import LeapfrogOptions, parse_pairs, run
 from sim import QuietPeriod, SimConfig
 from sim import run as simulate
 

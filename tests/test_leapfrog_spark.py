@@ -15,8 +15,8 @@ from leapfrog_histories import generated
 from vt_fixtures import STORE, spark_value_hash, write_archives
 
 from leapfrog import RegionLog, check_partition
-from pipelines.leapfrog_job import LeapfrogOptions, run
-from pipelines.sources import SourceSpec
+from pipelines.core.sources import SourceSpec
+from pipelines.leapfrog.job import LeapfrogOptions, run
 
 pytestmark = [pytest.mark.spark, pytest.mark.slow]
 

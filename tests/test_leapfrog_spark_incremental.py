@@ -21,9 +21,9 @@ from leapfrog_histories import generated
 from vt_fixtures import STORE, write_archives
 
 from leapfrog import FromState, RegionLog, carry_state, check_partition
-from pipelines.leapfrog_job import LeapfrogOptions, run
-from pipelines.leapfrog_state import carry_flags
-from pipelines.sources import SourceSpec
+from pipelines.core.sources import SourceSpec
+from pipelines.leapfrog.job import LeapfrogOptions, run
+from pipelines.leapfrog.state import carry_flags
 
 pytestmark = [pytest.mark.spark, pytest.mark.slow]
 
@@ -91,7 +91,7 @@ def test_two_days_equal_one_rescan(spark, tmp_path):
                   (e["keys"], e["comparable_pairs"], e["skipped_pairs"], e["pending_keys"]) for e in summary["by_pair"]}
     assert got_counts == expected_counts
     # a state of another run is refused with a clear error
-    from pipelines.sources import SourceError
+    from pipelines.core.sources import SourceError
 
     with pytest.raises(SourceError, match="built with"):
         run(LeapfrogOptions(store=STORE, version=1, out=str(tmp_path / "o"), state_dir=str(state),
@@ -102,10 +102,10 @@ def test_two_days_equal_one_rescan(spark, tmp_path):
                          ids=["tasks-read-their-own-state", "bucket-count-changed", "state-before-bucket-labels"])
 def test_carried_records_are_read_by_each_task_or_shuffled_in(spark, tmp_path, monkeypatch, change):
     """With day 1's bucket count, day 2's reduce tasks read their carried records from their own files
-    (pipelines.leapfrog_carried); with another, or from a state whose files were tagged before the buckets got
-    their labels (shuffle_rows.bucket_labels), the state goes through the shuffle. Same findings either way."""
-    from pipelines import leapfrog_job
-    from pipelines.shuffle_rows import bucket_labels
+    (pipelines.leapfrog.carried); with another, or from a state whose files were tagged before the buckets got
+    their labels (rows.bucket_labels), the state goes through the shuffle. Same findings either way."""
+    from pipelines.leapfrog import job as leapfrog_job
+    from pipelines.leapfrog.rows import bucket_labels
 
     histories = [h for h in generated(30) if h.n_regions == 3][:60]
     _, day1, day2, expected = _two_days(spark, histories, 7, tmp_path)
@@ -140,7 +140,7 @@ def test_carried_records_are_read_by_each_task_or_shuffled_in(spark, tmp_path, m
 
 def test_many_findings_take_the_spark_path_with_the_same_result(spark, tmp_path, monkeypatch):
     """Findings are merged on the driver when few (the usual case) and by Spark when very many: same findings."""
-    import pipelines.leapfrog_job as J
+    import pipelines.leapfrog.job as J
 
     histories = [h for h in generated(61) if h.n_regions == 2][:80]
     _, day1, day2, expected = _two_days(spark, histories, 8, tmp_path)
@@ -211,7 +211,7 @@ def test_three_days_equal_one_rescan_and_untouched_settled_keys_carry_over(spark
 def test_first_finding_per_key_wins_as_in_a_full_rescan():
     import pyarrow as pa
 
-    from pipelines.leapfrog_job import _first_per_key
+    from pipelines.leapfrog.job import _first_per_key
 
     def t(rows):
         cols = ["partition", "region_a", "region_b", "key", "type", "a_vt_offset", "b_vt_offset"]

@@ -6,7 +6,7 @@ import os
 
 import pytest
 
-from pipelines import leapfrog_state as S
+from pipelines.leapfrog import state as S
 
 IDENTITY = {"store": "s", "version": 1, "mode": "heartbeat", "pairs": [(0, 1)], "regions": [0, 1]}
 

@@ -16,8 +16,8 @@ import pyarrow.parquet as pq
 import pytest
 from damage import Damage, damage_archive, read_archive
 
-from pipelines.leapfrog_job import LeapfrogOptions, run
-from pipelines.sources import SourceSpec
+from pipelines.core.sources import SourceSpec
+from pipelines.leapfrog.job import LeapfrogOptions, run
 from sim import SimConfig
 from sim import run as simulate
 

@@ -16,7 +16,7 @@ import subprocess
 import pytest
 
 from pipelines.cli import main
-from pipelines.output import MARKER, OutputRefused, check_disjoint, check_output
+from pipelines.core.output import MARKER, OutputRefused, check_disjoint, check_output
 from sim import SimConfig
 from sim import run as simulate
 
@@ -139,7 +139,7 @@ def test_inputs_inside_outputs_and_outputs_inside_inputs_are_refused(tmp_path):
 
 
 def test_report_history_holding_other_files_is_refused(tmp_path):
-    from pipelines.output import check_history
+    from pipelines.core.output import check_history
 
     h = tmp_path / "history"
     h.mkdir()

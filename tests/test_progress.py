@@ -2,7 +2,7 @@
 
 `leapfrog` used to print nothing for ~40 s; `lag` showed "26530.9 h" and the report "95511319724 ms". Each job
 now logs a progress line at least every interval (10 s by default; TIDEGAUGE_PROGRESS_S shortens it here) with
-its stage and the records read so far, and every duration goes through `pipelines.progress.duration`.
+its stage and the records read so far, and every duration goes through `pipelines.core.progress.duration`.
 """
 
 from __future__ import annotations
@@ -17,7 +17,7 @@ import pytest
 from small_sim import small_sim
 
 from pipelines.cli import main
-from pipelines.progress import Progress, duration
+from pipelines.core.progress import Progress, duration
 
 
 @pytest.mark.parametrize("ms,text", [
@@ -77,7 +77,7 @@ def test_leapfrog_reports_progress_with_spark_tasks(archives, spark, caplog, mon
 @pytest.mark.slow
 def test_div_validate_and_lag_report_progress(archives, caplog, monkeypatch):
     # slow the reading down so that a 0.05 s ticker fires inside each partition, whatever the machine
-    from pipelines import sources
+    from pipelines.core import sources
 
     original = sources.ArchiveSource.iter_partition
 

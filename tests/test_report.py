@@ -19,8 +19,8 @@ import pytest
 from report_fixtures import HOSTILE, PROBLEMS, build_outputs
 
 from pipelines.cli import main as cli_main
-from pipelines.report import ExpectationsConfigError, InputError, run_report
 from pipelines.report.expectations import load_expectations
+from pipelines.report.job import ExpectationsConfigError, InputError, run_report
 
 DAY = dt.timedelta(days=1)
 T0 = dt.datetime(2026, 9, 20, 6, 0, tzinfo=dt.UTC)

@@ -20,7 +20,7 @@ import subprocess
 import pytest
 from report_fixtures import build_outputs
 
-from pipelines.report import run_report
+from pipelines.report.job import run_report
 
 pytestmark = pytest.mark.browser
 

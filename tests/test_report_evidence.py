@@ -10,7 +10,7 @@ import json
 
 from report_fixtures import build_outputs
 
-from pipelines.report import run_report
+from pipelines.report.job import run_report
 
 
 def _report(tmp_path, edit=None, problems=()):

@@ -4,9 +4,9 @@ import numpy as np
 import pyarrow as pa
 import pytest
 
-from pipelines import shuffle_rows as R
-from pipelines.leapfrog_carried import sortkeys
-from pipelines.leapfrog_state import pack_carry_array, unpack_carry_array
+from pipelines.leapfrog import rows as R
+from pipelines.leapfrog.carried import sortkeys
+from pipelines.leapfrog.state import pack_carry_array, unpack_carry_array
 
 
 def _data(n: int, m: int, rmd: bool, seed: int = 0) -> tuple[dict, pa.RecordBatch]:

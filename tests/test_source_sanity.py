@@ -16,8 +16,8 @@ import shutil
 import pytest
 
 from pipelines.cli import main
-from pipelines.sources import SourceSpec, parse_source
-from pipelines.vt_source import plan
+from pipelines.core.sources import SourceSpec, parse_source
+from pipelines.leapfrog.source import plan
 from sim import SimConfig
 from sim import run as simulate
 

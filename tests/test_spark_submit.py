@@ -95,7 +95,7 @@ def test_spark_submit_master_and_settings_are_kept(tmp_path):
     """Without --master on the tidegauge command line, the job runs on the master spark-submit was given, and
     spark-submit's --conf beats tidegauge's defaults."""
     probe = tmp_path / "probe.py"
-    probe.write_text("from pipelines.spark_session import get_session\n"
+    probe.write_text("from pipelines.core.spark_session import get_session\n"
                      "s = get_session()\n"
                      "print('MASTER=' + s.sparkContext.master)\n"
                      "print('shuffle.partitions=' + s.conf.get('spark.sql.shuffle.partitions'))\n")

@@ -14,7 +14,7 @@ from div.archive import ArchiveWriter
 from div.heartbeat_headers import Watermarks, encode_hbw
 from div.rmd import encode_value_level_rmd
 from leapfrog import DataEntry, HeartbeatEntry, OtherEntry
-from pipelines.vt_decode import value_hash
+from pipelines.leapfrog.decode import value_hash
 
 STORE = "lf"
 TOPIC = f"{STORE}_v1"

@@ -1,2 +1,4 @@
-"""What every command shares: the exit codes and the usage error (`errors`); more of the commands' common ground
-(configuration, outputs, sources, the Spark session) moves here as the commands become packages (issue 17)."""
+"""What every command shares, and the only part of `pipelines` a command may import besides itself: exit codes
+and the usage error (`errors`), configuration files (`config`), safe outputs (`output`), the table of source kinds
+(`sources`, with the Spark readers `kafka_source` and `archive_source`), the Spark session (`spark_session`), the
+evidence behind a verdict (`evidence`) and progress lines (`progress`)."""

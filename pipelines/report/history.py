@@ -148,7 +148,7 @@ def append_run(directory: str | pathlib.Path, record: RunRecord) -> pathlib.Path
     """Write `record` as a new Parquet file in `directory` (created if needed); returns its path."""
     directory = pathlib.Path(directory)
     directory.mkdir(parents=True, exist_ok=True)
-    from pipelines.output import MARKER, write_marker
+    from pipelines.core.output import MARKER, write_marker
 
     if not (directory / MARKER).exists():
         write_marker(directory, "report history")

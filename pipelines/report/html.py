@@ -23,7 +23,7 @@ from typing import Any
 
 import pandas as pd
 
-from pipelines.progress import duration
+from pipelines.core.progress import duration
 from pipelines.report import plots
 from pipelines.report.expectations import ExpectationOutcome, SuiteOutcome, ValidationRun
 from pipelines.report.history import DIV_FINDING_ID, DIVERGENCE_ID, Trend, div_finding_ids, divergence_ids
@@ -74,7 +74,7 @@ def _plural(count: int, word: str, plural: str | None = None) -> str:
     return f"{_n(count)} {word if count == 1 else (plural or word + 's')}"
 
 
-fmt_ms = duration  # one human format for durations everywhere (pipelines.progress)
+fmt_ms = duration  # one human format for durations everywhere (pipelines.core.progress)
 
 
 def fmt_time(when: dt.datetime | int | None) -> str:

@@ -17,7 +17,7 @@ from collections.abc import Iterable
 from dataclasses import dataclass, field
 from typing import Any
 
-from .core.errors import EXIT_CLEAN, EXIT_FINDINGS, EXIT_PARTIAL
+from pipelines.core.errors import EXIT_CLEAN, EXIT_FINDINGS, EXIT_PARTIAL
 
 CLEAN, FINDINGS, PARTIAL = "clean", "findings", "partial"
 MAX_LISTED_OFFSETS = 100  # offsets listed per partition in summary.json; the counts are always whole

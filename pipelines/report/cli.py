@@ -10,7 +10,7 @@ import argparse
 import pathlib
 
 from pipelines.core.errors import EXIT_USAGE, UsageError
-from pipelines.progress import duration
+from pipelines.core.progress import duration
 
 DESCRIPTION = """\
 Make the morning report from the outputs of the nightly jobs: run the Great Expectations suites of
@@ -75,13 +75,13 @@ def run(args: argparse.Namespace) -> int:
         _check_dir(flag, value)
     if args.expectations is not None and not pathlib.Path(args.expectations).is_file():
         raise UsageError(f"--expectations {args.expectations}: no such file")
-    from pipelines.output import check_history, guard
+    from pipelines.core.output import check_history, guard
 
     guard("report", {"--out": args.out, "--history": args.history},
           {"--leapfrog": args.leapfrog, "--div": args.div, "--lag": args.lag})
     check_history(args.history)
 
-    from pipelines.report import ExpectationsConfigError, InputError, run_report
+    from pipelines.report.job import ExpectationsConfigError, InputError, run_report
 
     try:
         result = run_report(args.leapfrog, args.div, args.out, lag_dir=args.lag, history_dir=args.history,

@@ -1,6 +1,6 @@
 """`tidegauge div validate`: DIV over whole topics, each partition independently.
 
-The local engine runs partitions one after another in this process; the Spark engine (pipelines.div_spark) runs
+The local engine runs partitions one after another in this process; the Spark engine (pipelines.div.spark) runs
 them in parallel. Both feed each partition to `div.batch.PartitionRun`, so they share every rule.
 """
 
@@ -17,11 +17,10 @@ import pyarrow.parquet as pq
 
 from div.batch import PartitionRun, PartitionSummary, StopRun, is_realtime_topic, rows_to_table
 from div.validator import ValidatorConfig
-
-from .evidence import PartitionEvidence, describe_short, summary_fields, verdict
-from .output import OutputDir, guard, source_inputs
-from .progress import Progress
-from .sources import Source, SourceError, SourceSpec, open_source
+from pipelines.core.evidence import PartitionEvidence, describe_short, summary_fields, verdict
+from pipelines.core.output import OutputDir, guard, source_inputs
+from pipelines.core.progress import Progress
+from pipelines.core.sources import Source, SourceError, SourceSpec, open_source
 
 log = logging.getLogger("tidegauge.div")
 
@@ -85,7 +84,7 @@ def validate_partition(src: Source, task: PartitionTask, opts: ValidateOptions,
                        record_validators=build_chain(opts.record_validators))
     start = None
     if opts.restore_at is not None:
-        from .div_restore import restore_validator
+        from pipelines.div.restore import restore_validator
 
         start = restore_validator(src, task.topic, task.partition, opts.restore_at, run)
     try:
@@ -149,7 +148,7 @@ def summarize(out: OutputDir, summaries: list[PartitionSummary], failed: list[di
 
 
 def exit_code_for(summaries: list[PartitionSummary], failed: list[dict], evidence: list[PartitionEvidence]) -> int:
-    """Fatal findings → 1; else anything planned not read or not decoded → 3; else 0 (pipelines.evidence)."""
+    """Fatal findings → 1; else anything planned not read or not decoded → 3; else 0 (pipelines.core.evidence)."""
     code = verdict(sum(s.fatal_findings for s in summaries), evidence, len(failed))[1]
     for line in describe_short(evidence):
         log.warning("%s", line)

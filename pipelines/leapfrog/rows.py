@@ -9,10 +9,10 @@ travels as one binary column, `rec`, packed and unpacked here with numpy:
 - a data row: a fixed little-endian record (`rec_dtype`) of flags, segment, split, origin region, value hash,
   origin offset and the local running mark; in mode rmd followed by the record's RMD vector;
 - a carried record of an incremental run that goes through the shuffle: the same record, flagged, followed by
-  its `carry` bytes (`pipelines.leapfrog_state.pack_carry_array`);
+  its `carry` bytes (`pipelines.leapfrog.state.pack_carry_array`);
 - a split summary (sortkey -1, so it sorts first): the summary's JSON.
 
-`unpack` gives the reduce side the columns the key stages read (`pipelines.leapfrog_keys`), so they work the same
+`unpack` gives the reduce side the columns the key stages read (`pipelines.leapfrog.keys`), so they work the same
 on either path of the job.
 """
 
@@ -120,7 +120,7 @@ def summary_batch(summary: dict, buckets: int) -> pa.RecordBatch:
 
 def carried_batches(n_regions: int):
     """Callable for `mapInArrow` over a state's carried records: the rows that join the shuffle when the reduce
-    tasks cannot read their own (`pipelines.leapfrog_carried`)."""
+    tasks cannot read their own (`pipelines.leapfrog.carried`)."""
 
     def fn(batches):
         for b in batches:
@@ -184,7 +184,7 @@ def sortkey_column():
     """(partition << 32) | crc32(key): the reduce side's first sort column. Spark sorts on a 64-bit prefix of the
     first sort column and compares whole rows only where prefixes tie; with (partition, key) first, nearly every
     comparison went on to the binary key. Rows of one key stay together (then by key, region, offset); key groups
-    come in this order instead of the keys' (`pipelines.leapfrog_carried.sortkeys` computes it in Python)."""
+    come in this order instead of the keys' (`pipelines.leapfrog.carried.sortkeys` computes it in Python)."""
     from pyspark.sql import functions as F
 
     return F.shiftleft(F.col("partition").cast("long"), 32) + F.crc32("key")

@@ -1,13 +1,13 @@
-"""`tidegauge leapfrog`: the command-line face of the Leap Frog job (pipelines.leapfrog_job)."""
+"""`tidegauge leapfrog`: the command-line face of the Leap Frog job (pipelines.leapfrog.job)."""
 
 from __future__ import annotations
 
 import argparse
 import textwrap
 
-from . import config as cfg
-from .core.errors import UsageError
-from .sources import SourceError
+from pipelines.core import config as cfg
+from pipelines.core.errors import UsageError
+from pipelines.core.sources import SourceError
 
 HELP = textwrap.dedent("""\
     Find divergences between the regions of an active/active store (Leap Frog), on Spark.
@@ -62,8 +62,8 @@ def register(sub) -> None:
 
 
 def run(args) -> int:
-    from .leapfrog_job import LeapfrogOptions, parse_pairs
-    from .leapfrog_job import run as run_job
+    from pipelines.leapfrog.job import LeapfrogOptions, parse_pairs
+    from pipelines.leapfrog.job import run as run_job
 
     conf = cfg.load(args.conf)
     specs = cfg.sources(args.source, conf)

@@ -22,13 +22,12 @@ from div import envelope as E
 from div.archive import timestamps_ms
 from div.batch import is_realtime_topic
 from heartbeat.lag import LagMonitor, LagRow
-
-from . import config as cfg
-from .core.errors import UsageError
-from .evidence import PartitionEvidence, describe_short, summary_fields, verdict
-from .output import OutputDir, guard, source_inputs
-from .progress import Progress, duration
-from .sources import Source, SourceError, SourceSpec, check_unique, open_source, parse_source
+from pipelines.core import config as cfg
+from pipelines.core.errors import UsageError
+from pipelines.core.evidence import PartitionEvidence, describe_short, summary_fields, verdict
+from pipelines.core.output import OutputDir, guard, source_inputs
+from pipelines.core.progress import Progress, duration
+from pipelines.core.sources import Source, SourceError, SourceSpec, check_unique, open_source, parse_source
 
 log = logging.getLogger("tidegauge.lag")
 

@@ -1,11 +1,11 @@
-"""`tidegauge demo`: the command-line face of `pipelines.demo` — the first thing a new user runs."""
+"""`tidegauge demo`: the command-line face of `pipelines.demo.job` — the first thing a new user runs."""
 
 from __future__ import annotations
 
 import argparse
 import textwrap
 
-from .core.errors import UsageError
+from pipelines.core.errors import UsageError
 
 HELP = textwrap.dedent("""\
     Run the whole nightly job on embedded defaults: no cluster, no configuration.
@@ -45,7 +45,7 @@ def register(sub) -> None:
 
 
 def run(args) -> int:
-    from .demo import DemoError, DemoOptions, run_demo
+    from pipelines.demo.job import DemoError, DemoOptions, run_demo
 
     if args.records < 3000:
         raise UsageError(f"--records {args.records}: the demo needs at least 3000 writes to place every fault")

@@ -3,7 +3,7 @@
 Why a second engine: one process validates partitions one after another; Spark spreads them over cores or a
 cluster. Both run `div.batch.PartitionRun` per partition, so they share every rule; only the plumbing differs:
 
-1. the driver plans exactly as the local engine does (`div_validate.plan`: same tasks, same `now`, same
+1. the driver plans exactly as the local engine does (`validate.plan`: same tasks, same `now`, same
    compaction lag per topic) and numbers the tasks;
 2. every source is read as a DataFrame in Spark's Kafka schema (`read_archive` / `read_kafka`), joined with the
    task table, shuffled so that each task's records meet in one Spark partition (tasks are spread over the
@@ -17,7 +17,7 @@ That is the "shuffle" plan: it reads any archive at one pass over the data whate
 JVM's share of the work (read, shuffle, sort, hand-over to Python), which bench/bench_div_spark.py measures at
 about 80% of the CPU of the Python validation itself, so on 2 cores it is no faster than the local engine. The
 "direct" plan skips it: Spark only distributes the task list, and each task reads its partition with the local
-engine's reader (`pipelines.sources`) — about 1.7x the local engine on 2 cores. Every executor must then reach the
+engine's reader (`pipelines.core.sources`) — about 1.7x the local engine on 2 cores. Every executor must then reach the
 sources (a shared filesystem for archives, the brokers for Kafka, as with the shuffle plan). It is cheap for
 live clusters and for archives whose row groups each hold one partition (what tidegauge writes); in a foreign
 archive that mixes partitions in its row groups every task would read the whole archive. The Spark setting
@@ -61,9 +61,11 @@ from div.archive import KAFKA_ARROW_SCHEMA
 from div.batch import ERROR_COLUMNS, PartitionRun, PartitionSummary, StopRun, rows_to_table
 from div.record_validators import ValidatorSpecError
 from div.validator_registry import build_chain
-
-from .core.errors import UsageError
-from .div_validate import (
+from pipelines.core.errors import UsageError
+from pipelines.core.output import OutputDir, guard, source_inputs
+from pipelines.core.progress import Progress, duration
+from pipelines.core.sources import Source, SourceError, SourceSpec, open_source
+from pipelines.div.validate import (
     PartitionTask,
     ValidateOptions,
     evidence_for,
@@ -72,9 +74,6 @@ from .div_validate import (
     summarize,
     write_errors,
 )
-from .output import OutputDir, guard, source_inputs
-from .progress import Progress, duration
-from .sources import Source, SourceError, SourceSpec, open_source
 
 log = logging.getLogger("tidegauge.div")
 
@@ -99,12 +98,12 @@ def _error_text(exc: BaseException) -> str:
 
 def start_run(task: PartitionTask, opts: ValidateOptions, source: Source | None = None) -> tuple[PartitionRun, int | None]:
     """A fresh run for one task (record validators built, DIV state restored with --restore-at), and the offset
-    to start from (None: the first record). Mirrors `div_validate.validate_partition`."""
+    to start from (None: the first record). Mirrors `validate.validate_partition`."""
     run = PartitionRun(task.region, task.topic, task.partition, config=task.config, fail_fast=opts.fail_fast,
                        record_validators=build_chain(opts.record_validators))
     start = None
     if opts.restore_at is not None:
-        from .div_restore import restore_validator
+        from pipelines.div.restore import restore_validator
 
         if source is None:
             spec = next(s for s in opts.sources if s.region == task.region)
@@ -365,14 +364,14 @@ def _read_source(spark, spec: SourceSpec, kafka_conf: dict[str, Any] | None, top
     from pyspark.sql import functions as F
 
     if spec.is_kafka:
-        from .kafka_source import LATEST, read_kafka
+        from pipelines.core.kafka_source import LATEST, read_kafka
 
         starting = None
         if only is not None:  # a single partition: start every other one at its end, so it reads nothing
             starting = {only[0]: {p: LATEST for p in partitions_of[only[0]] if p != only[1]}}
         df = read_kafka(spark, spec.uri, topics, kafka_conf, starting=starting)
     else:
-        from .archive_source import read_archive
+        from pipelines.core.archive_source import read_archive
 
         df = read_archive(spark, _archive_path(spec), topics)
         if only is not None:
@@ -554,7 +553,7 @@ def run_spark(opts: ValidateOptions, master: str | None = None, spark_conf: dict
         build_chain(opts.record_validators)
     except ValidatorSpecError as exc:
         raise UsageError(str(exc)) from None
-    from .spark_session import get_session
+    from pipelines.core.spark_session import get_session
 
     opened = [open_source(s, opts.kafka_conf.get(s.region)) for s in opts.sources]
     by_region = {s.region: s for s in opened}

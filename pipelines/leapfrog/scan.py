@@ -1,10 +1,10 @@
 """Stage A of Leap Frog: decode each VT split in offset order and keep its running marks, in one pass.
 
 Inside `mapInArrow`, each task reads one split (one region's partition, an offset range, in order). For every
-record it decodes what Leap Frog needs (`pipelines.vt_decode`) and computes, with numpy running maxima, the split's
+record it decodes what Leap Frog needs (`pipelines.leapfrog.decode`) and computes, with numpy running maxima, the split's
 *local* running high-water mark. It emits one row per data record (with the local mark before it), the rows that
 chunked values need, and at the end one summary row: counts, End of Push, heartbeats, gaps inside the split, and
-the local maxima (and, when the split could not be read to its end, the error: see `pipelines.vt_source`).
+the local maxima (and, when the split could not be read to its end, the error: see `pipelines.leapfrog.source`).
 The driver turns the small summaries into each split's prefix mark (the mark the region had
 reached before the split), so `true mark = max(local mark, prefix)` — no shuffle, no window, no second pass.
 
@@ -21,11 +21,11 @@ from collections import Counter
 import numpy as np
 import pyarrow as pa
 
-from . import shuffle_rows as R
-from . import vt_decode as V
+from pipelines.leapfrog import decode as V
+from pipelines.leapfrog import rows as R
 
 SUMMARY = 10
-READ_ERROR_OFFSET = -1  # a source's row saying the split could not be read to its end (pipelines.vt_source)
+READ_ERROR_OFFSET = -1  # a source's row saying the split could not be read to its end (pipelines.leapfrog.source)
 SCAN_SCHEMA = pa.schema([
     ("order", pa.int8()),
     ("split", pa.int32()), ("seg", pa.int8()), ("region", pa.int32()), ("partition", pa.int32()),
@@ -71,7 +71,7 @@ class SplitScan:
 
     `keep_chunks`: also emit the rows chunked values need (manifests, chunks); otherwise they are only counted.
     `buckets`: the fused job's reduce bucket count; the rows are then its narrow shuffle rows
-    (`pipelines.shuffle_rows`), each summary once per bucket so that every reduce task receives every summary
+    (`pipelines.leapfrog.rows`), each summary once per bucket so that every reduce task receives every summary
     before its data rows. Otherwise they are the two-phase job's rows (`SCAN_SCHEMA`).
     """
 

@@ -2,7 +2,7 @@
 
 Spark's own Kafka connector is a JVM package that cannot be installed offline, so jobs read a live cluster with
 this `pyspark.sql.datasource` source instead. It returns Spark's Kafka source schema, the same rows an archive of
-those records gives through `pipelines.archive_source`, so every job can take either.
+those records gives through `pipelines.core.archive_source`, so every job can take either.
 
 Planning fixes the range: `partitions()` reads each partition's watermarks once, and the job reads up to those
 end offsets even if producers keep writing. `read_kafka()` goes one step further and fixes the end offsets when

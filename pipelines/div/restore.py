@@ -2,7 +2,7 @@
 
 Both are thin: the work is `div.restore` (find the last usable heartbeat at or before the offset by reading
 backwards, load its `hbd`, replay the VT records after it; bring each region's RT state to the replica's resume
-offset), fed through the sources every job reads (`pipelines.sources`: an archive or a live Kafka cluster).
+offset), fed through the sources every job reads (`pipelines.core.sources`: an archive or a live Kafka cluster).
 `restore_validator` is the hook `div validate` calls per partition (in the local engine and on Spark executors
 alike): it loads the state after offset O into the partition's validator and validation resumes at O + 1.
 """
@@ -19,13 +19,12 @@ from typing import Any
 from div import partition_state as ps
 from div.batch import MAX_LISTED
 from div.restore import ReadRange, Restored, RtRegion, restore_rt, restore_vt
-
-from . import config as cfg
-from .core.errors import UsageError
-from .evidence import PartitionEvidence, describe_short, summary_fields
-from .output import OutputDir, guard, source_inputs
-from .progress import Progress
-from .sources import Source, SourceError, SourceSpec, check_unique, open_source, parse_source
+from pipelines.core import config as cfg
+from pipelines.core.errors import UsageError
+from pipelines.core.evidence import PartitionEvidence, describe_short, summary_fields
+from pipelines.core.output import OutputDir, guard, source_inputs
+from pipelines.core.progress import Progress
+from pipelines.core.sources import Source, SourceError, SourceSpec, check_unique, open_source, parse_source
 
 log = logging.getLogger("tidegauge.div")
 
@@ -249,7 +248,7 @@ def run_restore(opts: RestoreOptions) -> int:
 
 
 def register(div_sub, add_common) -> None:
-    """Add `div restore` to the `div` subcommands (called by pipelines.div_cmd)."""
+    """Add `div restore` to the `div` subcommands (called by pipelines.div.cli)."""
     p = div_sub.add_parser("restore", help="rebuild a replica's DIV state at a VT offset from heartbeats",
                            description=RESTORE_HELP, epilog=RESTORE_EPILOG,
                            formatter_class=argparse.RawDescriptionHelpFormatter)

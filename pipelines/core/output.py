@@ -24,8 +24,7 @@ from pathlib import Path
 from typing import Any
 
 from div.checkpoint import atomic_write
-
-from .core.errors import UsageError
+from pipelines.core.errors import UsageError
 
 MARKER = ".tidegauge"
 

@@ -1,12 +1,12 @@
 """Incremental runs without sending the carried state through the shuffle.
 
 The fused job shuffles every row to a reduce bucket by (partition, key), and each reduce task writes the records
-the next run must carry as one Parquet file (`leapfrog_keys.StateSink`), tagged with the buckets it held. When
+the next run must carry as one Parquet file (`keys.StateSink`), tagged with the buckets it held. When
 the next run has the same number of buckets, a key lands in the same bucket again, so each reduce task reads the
 files of its own buckets straight from the state directory and merges their rows into its sorted input here:
 the carried records — often as many as a day's new records — skip the read into Spark, the shuffle and the sort.
 With another bucket count (or a state written by the two-phase path) the job unions them into the shuffle
-instead (`leapfrog_job._Job._carried_rows`).
+instead (`job._Job._carried_rows`).
 """
 
 from __future__ import annotations
@@ -21,7 +21,7 @@ import pyarrow.compute as pc
 import pyarrow.parquet as pq
 
 BUCKETS_KEY = b"tidegauge.buckets"  # Parquet schema metadata: the reduce buckets a carried file holds
-# A record carried to the next run, as the state keeps it (pipelines.leapfrog_state.pack_carry_array packs carry).
+# A record carried to the next run, as the state keeps it (pipelines.leapfrog.state.pack_carry_array packs carry).
 # `sortkey` is kept so that the next run need not compute a crc32 per carried row in Python (null from the
 # two-phase path, whose untagged files the reduce tasks never read themselves); a state written before it was
 # kept lacks it, and `read_carried` computes it then.
@@ -29,12 +29,12 @@ CARRIED_SCHEMA = pa.schema([("partition", pa.int32()), ("key", pa.binary()), ("r
                             ("offset", pa.int64()), ("value_hash", pa.int64()), ("carry", pa.binary()),
                             ("bucket", pa.int32()),  # the fused job's reduce bucket, -1 from the two-phase path
                             ("sortkey", pa.int64())])
-# the fused reduce input's order (pipelines.shuffle_rows.sortkey_column)
+# the fused reduce input's order (pipelines.leapfrog.rows.sortkey_column)
 _SORT = [("sortkey", "ascending"), ("key", "ascending"), ("region", "ascending"), ("offset", "ascending")]
 
 
 def sortkeys(partition: pa.Array, key: pa.Array) -> pa.Array:
-    """`pipelines.shuffle_rows.sortkey_column` in Python: (partition << 32) | crc32(key)."""
+    """`pipelines.leapfrog.rows.sortkey_column` in Python: (partition << 32) | crc32(key)."""
     crc = np.fromiter((zlib.crc32(k) for k in key.to_pylist()), np.int64, count=len(key))
     return pa.array((partition.to_numpy(zero_copy_only=False).astype(np.int64) << 32) + crc)
 
@@ -102,13 +102,13 @@ def merge_carried(pairs: Iterator[tuple[pa.RecordBatch, np.ndarray]], carried: p
     of `schema`). A carried row's marks are zeros (it carries its own, in `carry`).
 
     `untouched`: where the *settled* carried rows of keys no new row has go instead (as carried records, for the
-    next state): they need no comparison (`leapfrog_keys.pass_untouched` says why), and on a night that leaves
+    next state): they need no comparison (`keys.pass_untouched` says why), and on a night that leaves
     many keys alone they are most of the state. A settled row whose sortkey a new row shares still joins the
     stream (the key decides, and pass_untouched sorts out a shared crc)."""
     if carried is None or carried.num_rows == 0:
         yield from pairs
         return
-    from .leapfrog_state import carry_flags
+    from pipelines.leapfrog.state import carry_flags
 
     keys = carried.column("key").combine_chunks()
     n, pos = carried.num_rows, 0

@@ -1,6 +1,6 @@
 """The per-key stage of the Leap Frog job: runs inside `mapInArrow` on rows sorted by (partition, key, region, offset).
 
-Rows arrive as stage A left them (`pipelines.vt_scan`): each with its split, segment and *local* running mark.
+Rows arrive as stage A left them (`pipelines.leapfrog.scan`): each with its split, segment and *local* running mark.
 The stage drops rows that lie before their region's scan start, raises each local mark by its (split, segment)
 prefix, cuts the rows into key groups (a group may straddle batches) and applies the mode's rule to every
 requested region pair:
@@ -9,7 +9,7 @@ requested region pair:
 - footer and rmd modes: `KeyStage`, Venice's lily-pad walk key by key (`leapfrog.compare`).
 
 `ScanReduce` wraps either one when the job runs fused (scan and compare in one Spark job): it reads the split
-summaries that stage A sent ahead of the data rows, plans from them (`pipelines.leapfrog_plan`) and reports the
+summaries that stage A sent ahead of the data rows, plans from them (`leapfrog.plan`) and reports the
 plan's facts in one "S" row. Output: finding rows ("F"), one counter row per (partition, pair) ("C").
 Memory is bounded by the largest single key's history, never by a partition's.
 """
@@ -32,10 +32,9 @@ from div.keys import fnv1a_64
 from leapfrog import vectorized as vz
 from leapfrog.compare import FINDING_TYPES, lily_pad_walk
 from leapfrog.history import KeyRow, RegionView, key_history
-
-from .leapfrog_carried import CARRIED_SCHEMA, buckets_tag, merge_carried, read_carried
-from .leapfrog_plan import failed_reads, mark_latest_kept, plan_marks, views
-from .shuffle_rows import unpack_marks
+from leapfrog.plan import failed_reads, mark_latest_kept, plan_marks, views
+from pipelines.leapfrog.carried import CARRIED_SCHEMA, buckets_tag, merge_carried, read_carried
+from pipelines.leapfrog.rows import unpack_marks
 
 OUT_SCHEMA = pa.schema([
     ("row", pa.string()),  # "F" finding, "C" counters, "S" the plan's facts (fused runs)
@@ -212,7 +211,7 @@ def pass_untouched(t: pa.Table, hwb: np.ndarray) -> tuple[pa.Table, np.ndarray, 
     """Split off the keys that only the previous run's *settled* state holds — no new record touches them — as
     carried records for the next state, unchanged and not compared again; return the rest of the chunk with its
     marks."""
-    from .leapfrog_state import carry_flags
+    from pipelines.leapfrog.state import carry_flags
 
     m = t.num_rows
     if m == 0 or "carry" not in t.schema.names:
@@ -295,7 +294,7 @@ class VectorKeyStage:
     def __init__(self, ctx: CompareContext, carried: pa.Table | None = None, schema: pa.Schema | None = None
                  ) -> None:
         """`carried`: this task's records from the previous run's state, read here rather than shuffled in
-        (`pipelines.leapfrog_carried`), to merge into the input rows (of `schema`)."""
+        (`pipelines.leapfrog.carried`), to merge into the input rows (of `schema`)."""
         self.ctx = ctx
         self.carried, self.schema = carried, schema
 
@@ -423,7 +422,7 @@ class VectorKeyStage:
         """The records the next run needs, as batches of carried records built column-wise (settled ones flagged
         in `carry`), and the settled groups. A key is settled when every region that has it carries only its current record
         and every pair's current records are comparable: later marks cannot make any other pair comparable."""
-        from .leapfrog_state import pack_carry_array
+        from pipelines.leapfrog.state import pack_carry_array
 
         kept = {}
         for x, h in hist.items():
@@ -460,7 +459,7 @@ class VectorKeyStage:
 
 def _carried(carry_col, sel: np.ndarray, gid, offset, cls, n: int) -> tuple[vz.Carried, np.ndarray]:
     """Carried records of one region (and which of them came from the settled part of the state)."""
-    from .leapfrog_state import unpack_carry_array
+    from pipelines.leapfrog.state import unpack_carry_array
 
     col = carry_col.take(pa.array(sel))
     absent, last_open, settled, vectors, marks = unpack_carry_array(
@@ -552,7 +551,7 @@ def stage_for(ctx: CompareContext, carried: pa.Table | None = None, schema: pa.S
 
 
 class ScanReduce:
-    """The fused job's reduce side, over its shuffle rows (`pipelines.shuffle_rows`): summaries first (sortkey -1),
+    """The fused job's reduce side, over its shuffle rows (`pipelines.leapfrog.rows`): summaries first (sortkey -1),
     then the data rows of this task's buckets."""
 
     def __init__(self, mode: str, pairs: tuple[tuple[int, int], ...], n_regions: int,
@@ -560,13 +559,13 @@ class ScanReduce:
                  state_out: str | None = None, deadlines: dict[int, int] | None = None,
                  carried_files: tuple[str, dict[str, list[int]]] | None = None) -> None:
         """`carried_files`: (directory, file name → buckets) of the previous state's carried records when each
-        task reads its own (`pipelines.leapfrog_carried`) instead of receiving them through the shuffle."""
+        task reads its own (`pipelines.leapfrog.carried`) instead of receiving them through the shuffle."""
         self.mode, self.pairs, self.n, self.ends = mode, pairs, n_regions, ends
         self.carried, self.state_out, self.deadlines = carried or {}, state_out, deadlines or {}
         self.carried_files = carried_files
 
     def __call__(self, batches: Iterator[pa.RecordBatch]) -> Iterator[pa.RecordBatch]:
-        from . import shuffle_rows as R
+        from pipelines.leapfrog import rows as R
 
         summaries: dict[int, dict] = {}
         buckets: set[int] = set()  # every summary comes once per bucket: they name this task's buckets

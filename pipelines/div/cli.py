@@ -5,9 +5,9 @@ from __future__ import annotations
 import argparse
 import textwrap
 
-from . import config as cfg
-from .core.errors import UsageError
-from .sources import SourceError
+from pipelines.core import config as cfg
+from pipelines.core.errors import UsageError
+from pipelines.core.sources import SourceError
 
 VALIDATE_HELP = textwrap.dedent("""\
     Validate whole topics with Venice's Data Integrity Validation (DIV): segments, sequence numbers and
@@ -80,7 +80,7 @@ def register(sub) -> None:
     _add_common(v)
     v.set_defaults(func=run_validate)
 
-    from . import div_restore
+    from pipelines.div import restore as div_restore
 
     div_restore.register(div_sub, _add_common)
 
@@ -88,8 +88,7 @@ def register(sub) -> None:
 def run_validate(args) -> int:
     from div.record_validators import ValidatorSpecError
     from div.validator_registry import build_chain
-
-    from .div_validate import ValidateOptions, run_local
+    from pipelines.div.validate import ValidateOptions, run_local
 
     conf = cfg.load(args.conf)
     specs = cfg.sources(args.source, conf)
@@ -108,7 +107,7 @@ def run_validate(args) -> int:
     )
     try:
         if args.engine == "spark":
-            from .div_spark import run_spark
+            from pipelines.div.spark import run_spark
 
             master, spark_conf = cfg.spark_settings(conf, args.master)
             return run_spark(opts, master, spark_conf)

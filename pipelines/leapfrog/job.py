@@ -3,18 +3,18 @@
 The job, stage by stage (no stage gathers a partition's history into one Python process):
 
 1. read each region's VT (`<store>_v<N>`) from an archive or a live cluster, one Spark task per split (a region's
-   partition or an offset range of it); each task decodes its records in Arrow batches (`pipelines.vt_decode`)
-   and keeps the split's running high-water marks with numpy (`pipelines.vt_scan`): a row per data record with
+   partition or an offset range of it); each task decodes its records in Arrow batches (`pipelines.leapfrog.decode`)
+   and keeps the split's running high-water marks with numpy (`pipelines.leapfrog.scan`): a row per data record with
    its local mark, and one summary per split (counts, End of Push, heartbeats, offset gaps, local maxima);
-2. from the summaries alone (`pipelines.leapfrog_plan`): where each region partition's scan starts — right after
+2. from the summaries alone (`leapfrog.plan`): where each region partition's scan starts — right after
    End of Push, else at the first heartbeat that carries a vector (a mid-stream scan), else at the first record —,
    each split's prefix mark, the gaps (compaction) and the final marks. The fused job sends every summary to
    every reduce task, which plans from them; the two-phase job (chunked values, very many splits) plans on the
    driver;
-3. rows shuffled by (partition, key) — in the fused job as narrow rows (`pipelines.shuffle_rows`) —, sorted, and
-   compared key by key in `mapInArrow` (`pipelines.leapfrog_keys`, which applies the pure rules of `leapfrog`);
+3. rows shuffled by (partition, key) — in the fused job as narrow rows (`pipelines.leapfrog.rows`) —, sorted, and
+   compared key by key in `mapInArrow` (`pipelines.leapfrog.keys`, which applies the pure rules of `leapfrog`);
    with `--state`, each reduce task merges in the records the previous run carried for its buckets, read from
-   its own files (`pipelines.leapfrog_carried`);
+   its own files (`pipelines.leapfrog.carried`);
 4. findings to `inconsistencies/` (Parquet) and counters, facts and timings to `summary.json`.
 """
 
@@ -37,14 +37,14 @@ from pyspark import StorageLevel
 from pyspark.sql import DataFrame, SparkSession
 from pyspark.sql import functions as F
 
-from . import vt_decode as V
-from .evidence import PartitionEvidence, describe_short, summary_fields
-from .leapfrog_carried import file_buckets
-from .leapfrog_keys import OUT_DDL, ROW_COLUMNS, SORT_COLUMNS, CompareContext, ScanReduce, stage_for
-from .leapfrog_plan import RegionPartition, failed_reads, mark_latest_kept, plan_marks, views
-from .output import OutputDir, guard, local_path, source_inputs, versions
-from .progress import Progress
-from .sources import SourceError, SourceSpec
+from leapfrog.plan import RegionPartition, failed_reads, mark_latest_kept, plan_marks, views
+from pipelines.core.evidence import PartitionEvidence, describe_short, summary_fields
+from pipelines.core.output import OutputDir, guard, local_path, source_inputs, versions
+from pipelines.core.progress import Progress
+from pipelines.core.sources import SourceError, SourceSpec
+from pipelines.leapfrog import decode as V
+from pipelines.leapfrog.carried import file_buckets
+from pipelines.leapfrog.keys import OUT_DDL, ROW_COLUMNS, SORT_COLUMNS, CompareContext, ScanReduce, stage_for
 
 log = logging.getLogger("tidegauge.leapfrog")
 
@@ -87,11 +87,11 @@ def _sources(opts: LeapfrogOptions) -> dict[int, str]:
 
 def _scan(spark: SparkSession, opts: LeapfrogOptions, n: int, splits, buckets: int | None = None,
           records=None) -> DataFrame:
-    """Stage A's rows: the two-phase job's (`vt_scan.SCAN_SCHEMA`), or with `buckets` the fused job's shuffle
-    rows (`shuffle_rows`, chunk rows left out: a fused run falls back to two-phase when it meets any)."""
-    from . import shuffle_rows as R
-    from .vt_scan import SCAN_DDL, SplitScan
-    from .vt_source import read_vt
+    """Stage A's rows: the two-phase job's (`scan.SCAN_SCHEMA`), or with `buckets` the fused job's shuffle
+    rows (`rows`, chunk rows left out: a fused run falls back to two-phase when it meets any)."""
+    from pipelines.leapfrog import rows as R
+    from pipelines.leapfrog.scan import SCAN_DDL, SplitScan
+    from pipelines.leapfrog.source import read_vt
 
     vt = read_vt(spark, splits, opts.topic, opts.kafka_conf)
     if buckets is None:
@@ -102,7 +102,7 @@ def _scan(spark: SparkSession, opts: LeapfrogOptions, n: int, splits, buckets: i
 
 def decode_only(spark: SparkSession, opts: LeapfrogOptions) -> int:
     """Read and decode every record of every region's VT, nothing else: the floor of any Leap Frog run."""
-    from .vt_source import plan, read_vt
+    from pipelines.leapfrog.source import plan, read_vt
 
     splits = plan(_sources(opts), opts.topic, opts.kafka_conf)
 
@@ -186,9 +186,9 @@ def parse_pairs(text: str | None, regions: list[int]) -> list[tuple[int, int]]:
 
 def run(opts: LeapfrogOptions, spark: SparkSession | None = None) -> int:
     """Run the job; writes OUT/inconsistencies and OUT/summary.json (and the next --state); returns the exit code."""
-    from . import leapfrog_state as S
-    from .spark_session import get_session
-    from .vt_source import check_sources, chunked_version, compaction_deadlines, plan
+    from pipelines.core.spark_session import get_session
+    from pipelines.leapfrog import state as S
+    from pipelines.leapfrog.source import check_sources, chunked_version, compaction_deadlines, plan
 
     guard("leapfrog", {"--out": opts.out, "--state": opts.state_dir}, source_inputs(opts.sources))
     timings: dict[str, float] = {}
@@ -323,7 +323,7 @@ class _Job:
     carried: dict[tuple[int, int], dict]
     state: Any
     state_out: str | None = None
-    deadlines: dict[int, int] = field(default_factory=dict)  # live regions: see vt_source.compaction_deadlines
+    deadlines: dict[int, int] = field(default_factory=dict)  # live regions: see source.compaction_deadlines
     progress: Progress | None = None
 
     def _stage(self, name: str) -> None:
@@ -340,7 +340,7 @@ class _Job:
     def _carried_rows(self) -> DataFrame | None:
         """The two-phase job: records the previous run carried, as rows that meet the new ones in the shuffle.
         Settled keys that no new record touches pass the reduce side straight into the next state
-        (leapfrog_keys.pass_untouched): cheaper than finding them with a join before the shuffle, which needs the
+        (keys.pass_untouched): cheaper than finding them with a join before the shuffle, which needs the
         new keys first."""
         if not self._state_carries():
             return None
@@ -370,7 +370,7 @@ class _Job:
 
     def fused(self):
         """One Spark job: scan → shuffle by key → per-key stage; each reduce task plans from the summaries it gets."""
-        from . import shuffle_rows as R
+        from pipelines.leapfrog import rows as R
 
         opts = self.opts
         self._stage("reading, shuffling and comparing every region's records (one pass)")
@@ -379,7 +379,7 @@ class _Job:
         reduce = ScanReduce(opts.mode, self.pairs, self.n, self.ends, self.carried, self.state_out, self.deadlines,
                             own)
         if own is None and self._state_carries():
-            # the previous run's carried records join the shuffle (leapfrog_keys.pass_untouched passes the
+            # the previous run's carried records join the shuffle (keys.pass_untouched passes the
             # settled keys no new record touches straight on)
             old = (self.spark.read.parquet(str(self.state.carried_dir))
                    .mapInArrow(R.carried_batches(self.n), R.SCAN_DDL))
@@ -564,7 +564,7 @@ def _commit_state(stage, opts: LeapfrogOptions, facts: dict, ends: dict, carried
     """Complete the next state in its staging directory (the reduce tasks wrote its carried records there)
     and swap it in (before the output is committed). `buckets`: the fused job's bucket count, under which the
     carried files are tagged (None: the two-phase path, whose files the next run shuffles in)."""
-    from . import leapfrog_state as S
+    from pipelines.leapfrog import state as S
 
     if findings_table is not None:
         (stage / "findings").mkdir()
@@ -590,7 +590,7 @@ def _commit_state(stage, opts: LeapfrogOptions, facts: dict, ends: dict, carried
                                "keys": r["settled_new"] + old_settled.get(k, 0) - r["settled_touched"]})
     meta = {"store": opts.store, "version": opts.version, "mode": opts.mode, "pairs": [list(p) for p in pairs],
             "regions": sorted(regions), "settled_keys": settled_counts,
-            # the bucket count the carried files' tags belong to (shuffle_rows.bucket_labels; older states
+            # the bucket count the carried files' tags belong to (rows.bucket_labels; older states
             # wrote "buckets", tagged otherwise: their records are shuffled in)
             "reduce_buckets": buckets}
     S.write_meta(stage, meta, region_rows)

@@ -1,7 +1,7 @@
 """Reading an archive (a directory of Kafka-schema Parquet files, see `div.archive`) as a Spark DataFrame.
 
 Jobs take either an archive or a live cluster and must give the same answer for the same records; this reader
-and `pipelines.kafka_source.read_kafka` return DataFrames with the same schema and the same rows for the same
+and `pipelines.core.kafka_source.read_kafka` return DataFrames with the same schema and the same rows for the same
 records. Spark, like `div.archive`, ignores files whose names start with '.' or '_', so the writer's
 temporary files never show up here.
 """
@@ -14,7 +14,7 @@ from pyspark.sql import DataFrame, SparkSession
 from pyspark.sql import functions as F
 
 from div.archive import ArchiveError
-from pipelines.kafka_source import KAFKA_SPARK_SCHEMA
+from pipelines.core.kafka_source import KAFKA_SPARK_SCHEMA
 
 
 def read_archive(spark: SparkSession, directory: str | os.PathLike, topics: str | list[str] | None = None) -> DataFrame:

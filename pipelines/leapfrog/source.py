@@ -36,8 +36,7 @@ from pyspark.sql.types import (
 )
 
 from div import archive, kafka_log
-
-from .vt_scan import READ_ERROR_OFFSET
+from pipelines.leapfrog.scan import READ_ERROR_OFFSET
 
 SHORT_NAME = "tidegauge_vt"
 _READ_ERRORS = (archive.ArchiveError, kafka_log.KafkaLogError, OSError, pa.ArrowException)

@@ -8,9 +8,9 @@ import sys
 import textwrap
 from pathlib import Path
 
-from . import config as cfg_file
-from .core.errors import EXIT_CLEAN, EXIT_PARTIAL, UsageError
-from .progress import duration
+from pipelines.core import config as cfg_file
+from pipelines.core.errors import EXIT_CLEAN, EXIT_PARTIAL, UsageError
+from pipelines.core.progress import duration
 
 DEFAULT_CONF = Path("conf/simulate.yaml")
 
@@ -143,13 +143,12 @@ def build_config(args):
 def run_simulate(args) -> int:
     from pathlib import Path
 
+    from pipelines.core.output import MARKER, check_output, write_marker
     from sim import run
     from sim.cluster import ClusterError
     from sim.config import ConfigError
     from sim.runner import SimulationError
     from sim.worker import WorkerError
-
-    from .output import MARKER, check_output, write_marker
 
     cfg = build_config(args)
     check_output(cfg.out, "simulate")

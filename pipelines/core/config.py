@@ -21,8 +21,8 @@ from typing import Any, Literal
 import yaml
 from pydantic import BaseModel, ConfigDict, ValidationError
 
-from .core.errors import UsageError
-from .sources import SourceError, SourceSpec, check_unique, parse_source
+from pipelines.core.errors import UsageError
+from pipelines.core.sources import SourceError, SourceSpec, check_unique, parse_source
 
 DEFAULT_CONF = Path("conf/tidegauge.yaml")
 

@@ -34,7 +34,7 @@ from typing import Any
 from pipelines.core.errors import EXIT_CLEAN as EXIT_MATCH
 from pipelines.core.errors import EXIT_FINDINGS as EXIT_MISMATCH
 from pipelines.core.errors import EXIT_PARTIAL as EXIT_STEP_FAILED
-from pipelines.progress import duration
+from pipelines.core.progress import duration
 from sim.config import QuietPeriod, SimConfig
 
 DEMO_FAULTS = {"dropped": 2, "poisoned": 1, "failover": 1, "duplicate": 1, "gap": 1, "corrupt": 1, "compaction": 1}
@@ -339,7 +339,7 @@ def _lag_step(out: Path, truth: dict) -> str:
     """`tidegauge lag` on the archives, measured at the simulation's end (its clock is simulated)."""
     import argparse
 
-    from . import lag_cmd
+    from pipelines.lag import job as lag_cmd
 
     run = truth["run"]
     archives = [f"{x}={out / 'sim' / 'archive' / f'dc-{x}'}" for x in range(run["regions"])]
@@ -401,9 +401,8 @@ def _restore_step(out: Path, truth: dict, checks: list[Check]) -> str:
     returns the step's one-line result."""
     from div import partition_state as ps
     from div.checkpoint import CheckpointStore
-
-    from .div_restore import RestoreOptions, run_restore
-    from .sources import SourceSpec
+    from pipelines.core.sources import SourceSpec
+    from pipelines.div.restore import RestoreOptions, run_restore
 
     run = truth["run"]
     topic = run["vt_topic"]
@@ -460,7 +459,7 @@ def run_demo(opts: DemoOptions, emit: Callable[[str], None] | None = None, spark
     emit = emit or (lambda line: print(line, flush=True))
     out = Path(opts.out).resolve()
     prepare_out(out)
-    from .spark_session import JavaMissingError, check_java
+    from pipelines.core.spark_session import JavaMissingError, check_java
 
     try:
         java = check_java()
@@ -491,10 +490,9 @@ def run_demo(opts: DemoOptions, emit: Callable[[str], None] | None = None, spark
 
 def _run_steps(opts: DemoOptions, cfg: SimConfig, out: Path, progress: _Progress, result: DemoResult,
                spark: Any, java: str) -> None:
+    from pipelines.core.sources import SourceSpec
+    from pipelines.core.spark_session import get_session
     from sim import run as simulate
-
-    from .sources import SourceSpec
-    from .spark_session import get_session
 
     kinds = ", ".join(f"{k}" if v == 1 else f"{k} x{v}" for k, v in cfg.faults.items())
     with progress.step("simulate", f"{cfg.regions} regions x {cfg.partitions} partitions, one embedded Kafka "
@@ -519,10 +517,10 @@ def _run_steps(opts: DemoOptions, cfg: SimConfig, out: Path, progress: _Progress
 
 
 def _run_jobs(out: Path, truth: dict, sources: list, spark: Any, progress: _Progress, result: DemoResult) -> None:
-    from .div_validate import ValidateOptions, run_local
-    from .leapfrog_job import LeapfrogOptions
-    from .leapfrog_job import run as leapfrog
-    from .report import run_report
+    from pipelines.div.validate import ValidateOptions, run_local
+    from pipelines.leapfrog.job import LeapfrogOptions
+    from pipelines.leapfrog.job import run as leapfrog
+    from pipelines.report.job import run_report
 
     run = truth["run"]
 

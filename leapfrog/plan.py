@@ -1,6 +1,6 @@
 """Leap Frog's plan from split summaries: where each region's scan starts, its marks, gaps and per-key views.
 
-Stage A (`pipelines.vt_scan`) leaves one small summary per split. This module turns them into what the per-key
+Stage A (`pipelines.leapfrog.scan`) leaves one small summary per split. This module turns them into what the per-key
 stage needs — each (split, segment)'s prefix mark and each region partition's `RegionView` — and into the facts
 `summary.json` reports. It imports no Spark: the driver and the executors run the same code.
 """
@@ -193,7 +193,7 @@ def views(facts: dict, n: int, mode: str) -> dict[tuple[int, int], RegionView]:
 
 def mark_latest_kept(facts: dict, deadlines: dict[int, int], now_ms: int) -> None:
     """Set each region partition's `latest_kept` once every split has been read (`now_ms`, before comparing):
-    a live region read past its compaction deadline (`pipelines.vt_source.compaction_deadlines`) may lack one."""
+    a live region read past its compaction deadline (`pipelines.leapfrog.source.compaction_deadlines`) may lack one."""
     for rp in facts.values():
         deadline = deadlines.get(rp.region)
         rp.latest_kept = deadline is None or now_ms < deadline
