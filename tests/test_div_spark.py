@@ -289,9 +289,11 @@ def test_validator_the_executors_cannot_import_fails_its_partitions(spark, archi
 
 
 def test_bad_validator_is_a_usage_error(spark, archives, tmp_path):
+    from div.record_validators import ValidatorSpecError
     from pipelines.core.errors import UsageError
 
-    with pytest.raises(UsageError, match="nosuch.module"):
+    # the CLI entry maps ValidatorSpecError to exit 2 (tests/test_record_validators.py runs it)
+    with pytest.raises(ValidatorSpecError, match="nosuch.module"):
         run_spark(_opts(archives, str(tmp_path / "o"), record_validators=[{"class": "nosuch.module:X"}]))
     with pytest.raises(UsageError, match="tidegauge.div.read='sideways'"):
         run_spark(_opts(archives, str(tmp_path / "o")), read="sideways")

@@ -22,7 +22,7 @@ import yaml
 from pydantic import BaseModel, ConfigDict, ValidationError
 
 from pipelines.core.errors import UsageError
-from pipelines.core.sources import SourceError, SourceSpec, check_unique, parse_source
+from pipelines.core.sources import SourceSpec, check_unique, parse_source
 
 DEFAULT_CONF = Path("conf/tidegauge.yaml")
 
@@ -111,11 +111,8 @@ def sources(cli_sources: list[str] | None, conf: dict[str, Any]) -> list[SourceS
             specs[int(region)] = SourceSpec(int(region), str(uri))
         except ValueError:
             raise UsageError(f"configuration sources: region id {region!r} is not an integer") from None
-    try:
-        cli = [parse_source(s) for s in cli_sources or []]
-        check_unique(cli)
-    except SourceError as exc:
-        raise UsageError(str(exc)) from None
+    cli = [parse_source(s) for s in cli_sources or []]  # a bad one raises SourceError (exit 2)
+    check_unique(cli)
     for s in cli:
         specs[s.region] = s
     return [specs[r] for r in sorted(specs)]

@@ -1,15 +1,69 @@
-"""The exit-code contract, written once, and the error that means "exit 2".
+"""The exit-code contract, written once, and the one place an error becomes an exit code.
 
 0 clean: every planned record read and decoded, nothing found. 1 findings (findings outrank missing evidence).
 2 bad usage or unreadable input: the message names the flag, path or value; nothing is written. 3 partial: no
 finding, but some planned record was not read or decoded (the outputs say where). A bug also exits 2, never 1:
 a pager must not read a crash as a divergence.
+
+Jobs raise the errors of their own layer (`SourceError` for a source that cannot be read, `ValidatorSpecError` for
+a bad validator entry, ...); each command's entry point names, with `exit_codes`, which of them mean "the user's
+input is wrong", so no job has to translate them.
 """
 
 from __future__ import annotations
 
+import functools
+import sys
+import traceback
+from collections.abc import Callable
+from typing import Any
+
 EXIT_CLEAN, EXIT_FINDINGS, EXIT_USAGE, EXIT_PARTIAL = 0, 1, 2, 3
+EXIT_INTERRUPTED = 130  # the shell's convention for Ctrl-C
+
+Command = Callable[[Any], int]
 
 
 class UsageError(Exception):
     """Bad command-line input; the message names the offending flag or value. Exit code 2."""
+
+
+def exit_codes(*usage: type[Exception]) -> Callable[[Command], Command]:
+    """Decorator for a command's entry point `run(args) -> int`: what it raises becomes an exit code.
+
+    `UsageError`, `OSError` (a path that cannot be read or written) and the `usage` types print one line
+    `tidegauge CMD: error: ...` and exit 2; Ctrl-C exits 130; anything else is a bug: its traceback, a line saying
+    no result was written, and exit 2.
+    """
+
+    def decorate(run: Command) -> Command:
+        @functools.wraps(run)
+        def entry(args: Any) -> int:
+            name = getattr(args, "command", None) or "?"
+            try:
+                return int(run(args))
+            except (UsageError, *usage) as exc:
+                print(f"tidegauge {name}: error: {exc}", file=sys.stderr)
+            except OSError as exc:
+                print(f"tidegauge {name}: error: {os_error(exc)}", file=sys.stderr)
+            except KeyboardInterrupt:
+                print("interrupted", file=sys.stderr)
+                return EXIT_INTERRUPTED
+            except Exception:
+                traceback.print_exc()
+                print(f"tidegauge {name}: internal error (the traceback above says where); no result was "
+                      "written for this run", file=sys.stderr)
+            return EXIT_USAGE
+
+        return entry
+
+    return decorate
+
+
+def os_error(exc: OSError) -> str:
+    """One line naming the path and the reason, e.g. "cannot write /x/out: Read-only file system"."""
+    what = exc.strerror or str(exc)
+    if exc.filename is None:
+        return what
+    target = f"{exc.filename} -> {exc.filename2}" if exc.filename2 else str(exc.filename)
+    return f"{target}: {what} (nothing was replaced: an earlier output there is intact)"

@@ -5,7 +5,8 @@ from __future__ import annotations
 import argparse
 import textwrap
 
-from pipelines.core.errors import UsageError
+from pipelines.core.errors import UsageError, exit_codes
+from pipelines.demo.job import DemoError
 
 HELP = textwrap.dedent("""\
     Run the whole nightly job on embedded defaults: no cluster, no configuration.
@@ -44,14 +45,12 @@ def register(sub) -> None:
     p.set_defaults(func=run)
 
 
-def run(args) -> int:
-    from pipelines.demo.job import DemoError, DemoOptions, run_demo
+@exit_codes(DemoError)
+def run(args: argparse.Namespace) -> int:
+    from pipelines.demo.job import DemoOptions, run_demo
 
     if args.records < 3000:
         raise UsageError(f"--records {args.records}: the demo needs at least 3000 writes to place every fault")
     opts = DemoOptions(out=args.out, seed=args.seed, records=args.records, verbose=bool(getattr(args, "verbose", False)),
                        master=args.master)
-    try:
-        return run_demo(opts).exit_code
-    except DemoError as exc:
-        raise UsageError(str(exc)) from None
+    return run_demo(opts).exit_code

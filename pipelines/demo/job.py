@@ -337,17 +337,17 @@ def prepare_out(out: Path) -> None:
 
 def _lag_step(out: Path, truth: dict) -> str:
     """`tidegauge lag` on the archives, measured at the simulation's end (its clock is simulated)."""
-    import argparse
-
-    from pipelines.lag import job as lag_cmd
+    from pipelines.core.sources import SourceSpec
+    from pipelines.lag.job import LagOptions
+    from pipelines.lag.job import run as lag
 
     run = truth["run"]
-    archives = [f"{x}={out / 'sim' / 'archive' / f'dc-{x}'}" for x in range(run["regions"])]
-    args = argparse.Namespace(source=archives, rt_source=[], store=run["store"], version=run["version"],
-                              now_ms=run["end_ms"], out=str(out / "lag"), conf=None)
+    archives = [SourceSpec(x, str(out / "sim" / "archive" / f"dc-{x}")) for x in range(run["regions"])]
+    options = LagOptions(sources=archives, store=run["store"], version=run["version"], now_ms=run["end_ms"],
+                         out=str(out / "lag"))
     table = io.StringIO()
     with contextlib.redirect_stdout(table):  # the full table is kept beside the outputs
-        code = lag_cmd.run(args)
+        code = lag(options)
     (out / "lag" / "lag.txt").write_text(table.getvalue(), encoding="utf-8")
     if code != EXIT_MATCH:
         raise RuntimeError(f"tidegauge lag exited with {code}")

@@ -5,9 +5,10 @@ from __future__ import annotations
 import argparse
 import textwrap
 
+from div.record_validators import ValidatorSpecError
 from pipelines.core import config as cfg
-from pipelines.core.errors import UsageError
-from pipelines.core.sources import SourceError
+from pipelines.core.errors import UsageError, exit_codes
+from pipelines.core.sources import SourceError, check_unique, parse_source
 
 VALIDATE_HELP = textwrap.dedent("""\
     Validate whole topics with Venice's Data Integrity Validation (DIV): segments, sequence numbers and
@@ -26,6 +27,30 @@ VALIDATE_EPILOG = textwrap.dedent("""\
       tidegauge div validate --source 1=kafka://broker:9092 --topic store_v1 --min-compaction-lag-ms 86400000 \\
           --now-ms 1700000000000 --out out/div-dc1
       tidegauge div validate --source 0=out/archive/dc-0 --engine spark --master local[*] --out out/div""")
+
+
+RESTORE_HELP = textwrap.dedent("""\
+    Rebuild the DIV state a replica of one VT partition holds after offset O (including record O), as a follower
+    restarting there or a new leader taking over there would need it, without replaying the topic from offset 0:
+    it finds the last heartbeat at or before O whose `hbd` header holds a complete DIV state, loads it, replays
+    the VT records between that heartbeat and O and, with --rt-source, replays each region's RT from the
+    heartbeat's watermark to the replica's resume offset (the last RT offset its VT reflects). Without a usable
+    heartbeat it says so and replays the partition from its first offset.
+
+    Writes OUT/partition_state.bin (Venice's PartitionState v24: the VT producer states and the offset),
+    OUT/state.json (the same for people and tools, plus the RT states and resume offsets per region) and
+    OUT/summary.json (with `verdict` and the `evidence` read). Exit codes: 0 restored from whole evidence, 2 bad
+    usage or unreadable VT, 3 partial: an RT source could not be read, an RT ends before the offset the replica
+    resumes at, or replayed records could not be decoded (everything is still written; summary.json and stderr
+    say which).""")
+
+RESTORE_EPILOG = textwrap.dedent("""\
+    examples:
+      tidegauge div restore --source 0=out/archive/dc-0 --store sim_store --version 1 --partition 0 \\
+          --at-offset 1200 --out out/restore
+      tidegauge div restore --source 1=kafka://broker-b:9092 --rt-source 0=out/archive/dc-0 \\
+          --rt-source 1=kafka://broker-b:9092 --rt-source 2=out/archive/dc-2 --store s --version 3 \\
+          --partition 5 --at-offset 88000 --out out/restore-p5""")
 
 
 def _add_common(p: argparse.ArgumentParser) -> None:
@@ -80,13 +105,11 @@ def register(sub) -> None:
     _add_common(v)
     v.set_defaults(func=run_validate)
 
-    from pipelines.div import restore as div_restore
-
-    div_restore.register(div_sub, _add_common)
+    _register_restore(div_sub)
 
 
-def run_validate(args) -> int:
-    from div.record_validators import ValidatorSpecError
+@exit_codes(SourceError, ValidatorSpecError)
+def run_validate(args: argparse.Namespace) -> int:
     from div.validator_registry import build_chain
     from pipelines.div.validate import ValidateOptions, run_local
 
@@ -95,22 +118,71 @@ def run_validate(args) -> int:
     if not specs:
         raise UsageError("no source given: use --source ID=URI (or `sources:` in --conf)")
     validators = list(conf.get("validators") or []) + [{"class": v} for v in args.validator]
-    try:  # a bad validator entry is bad usage (exit 2), found before any partition is read
-        build_chain(validators)
-    except ValidatorSpecError as exc:
-        raise UsageError(str(exc)) from None
+    build_chain(validators)  # a bad validator entry is bad usage (exit 2), found before any partition is read
     opts = ValidateOptions(
         sources=specs, out=args.out, topics=args.topic, min_compaction_lag_ms=args.min_compaction_lag_ms,
         now_ms=args.now_ms, max_age_ms=args.max_age_ms, fail_fast=args.fail_fast,
         kafka_conf={s.region: cfg.kafka_conf(conf, s.region) for s in specs},
         record_validators=validators, restore_at=args.restore_at, engine=args.engine,
     )
-    try:
-        if args.engine == "spark":
-            from pipelines.div.spark import run_spark
+    if args.engine == "spark":
+        from pipelines.div.spark import run_spark
 
-            master, spark_conf = cfg.spark_settings(conf, args.master)
-            return run_spark(opts, master, spark_conf)
-        return run_local(opts)
-    except SourceError as exc:
-        raise UsageError(str(exc)) from None
+        master, spark_conf = cfg.spark_settings(conf, args.master)
+        return run_spark(opts, master, spark_conf)
+    return run_local(opts)
+
+
+def _register_restore(div_sub) -> None:
+    p = div_sub.add_parser("restore", help="rebuild a replica's DIV state at a VT offset from heartbeats",
+                           description=RESTORE_HELP, epilog=RESTORE_EPILOG,
+                           formatter_class=argparse.RawDescriptionHelpFormatter)
+    p.add_argument("--source", required=True, metavar="ID=URI",
+                   help="the region whose VT replica is restored, and where to read it: an archive directory or "
+                        "kafka://host:port[,host:port]")
+    p.add_argument("--rt-source", action="append", default=[], metavar="ID=URI",
+                   help="where region ID's RT is (repeatable, one per region): replays it from the heartbeat's "
+                        "watermark to the replica's resume offset. Without it a region's RT state is the "
+                        "heartbeat's, at its watermark (state.json says which offset it is at)")
+    p.add_argument("--store", metavar="S", help="store name (default: `store` in --conf)")
+    p.add_argument("--version", type=int, metavar="N", help="store version: the VT is S_vN (default: `version` "
+                                                             "in --conf)")
+    p.add_argument("--partition", type=int, required=True, metavar="P", help="partition to restore")
+    p.add_argument("--at-offset", type=int, required=True, metavar="O",
+                   help="the last VT offset the replica has processed: the state includes record O and a "
+                        "follower resumes at O + 1 (as a checkpoint's offset)")
+    p.add_argument("--out", required=True, metavar="DIR",
+                   help="output directory (replaced atomically): partition_state.bin, state.json, summary.json")
+    p.add_argument("--vt-topic", metavar="NAME", help="VT name when it is not S_vN")
+    p.add_argument("--rt-topic", metavar="NAME", help="RT name when it is not S_rt (e.g. S_rt_v3)")
+    _add_common(p)
+    p.set_defaults(func=run_restore)
+
+
+@exit_codes(SourceError)
+def run_restore(args: argparse.Namespace) -> int:
+    from pipelines.div.restore import RestoreOptions
+    from pipelines.div.restore import run_restore as run_job
+
+    conf = cfg.load(args.conf)
+    source = parse_source(args.source)
+    rt_sources = [parse_source(s) for s in args.rt_source]
+    check_unique(rt_sources)
+    store = args.store or conf.get("store")
+    version = args.version if args.version is not None else conf.get("version")
+    if not args.vt_topic and (not store or version is None):
+        raise UsageError("--store and --version are needed to name the VT (or give --vt-topic)")
+    if not args.rt_topic and rt_sources and not store:
+        raise UsageError("--store is needed to name the RT (or give --rt-topic)")
+    if args.partition < 0:
+        raise UsageError(f"--partition {args.partition}: must not be negative")
+    if args.at_offset < 0:
+        raise UsageError(f"--at-offset {args.at_offset}: must not be negative")
+    regions = {source.region} | {s.region for s in rt_sources}
+    opts = RestoreOptions(
+        source=source, store=store or "", version=int(version) if version is not None else -1,
+        partition=args.partition, at=args.at_offset, out=args.out, rt_sources=rt_sources,
+        vt_topic=args.vt_topic, rt_topic=args.rt_topic,
+        kafka_conf={r: cfg.kafka_conf(conf, r) for r in regions},
+    )
+    return run_job(opts)

@@ -9,9 +9,7 @@ alike): it loads the state after offset O into the partition's validator and val
 
 from __future__ import annotations
 
-import argparse
 import logging
-import textwrap
 import time
 from dataclasses import dataclass, field
 from typing import Any
@@ -19,38 +17,13 @@ from typing import Any
 from div import partition_state as ps
 from div.batch import MAX_LISTED
 from div.restore import ReadRange, Restored, RtRegion, restore_rt, restore_vt
-from pipelines.core import config as cfg
 from pipelines.core.errors import UsageError
 from pipelines.core.evidence import PartitionEvidence, describe_short, summary_fields
 from pipelines.core.output import OutputDir, guard, source_inputs
 from pipelines.core.progress import Progress
-from pipelines.core.sources import Source, SourceError, SourceSpec, check_unique, open_source, parse_source
+from pipelines.core.sources import Source, SourceError, SourceSpec, open_source
 
 log = logging.getLogger("tidegauge.div")
-
-RESTORE_HELP = textwrap.dedent("""\
-    Rebuild the DIV state a replica of one VT partition holds after offset O (including record O), as a follower
-    restarting there or a new leader taking over there would need it, without replaying the topic from offset 0:
-    it finds the last heartbeat at or before O whose `hbd` header holds a complete DIV state, loads it, replays
-    the VT records between that heartbeat and O and, with --rt-source, replays each region's RT from the
-    heartbeat's watermark to the replica's resume offset (the last RT offset its VT reflects). Without a usable
-    heartbeat it says so and replays the partition from its first offset.
-
-    Writes OUT/partition_state.bin (Venice's PartitionState v24: the VT producer states and the offset),
-    OUT/state.json (the same for people and tools, plus the RT states and resume offsets per region) and
-    OUT/summary.json (with `verdict` and the `evidence` read). Exit codes: 0 restored from whole evidence, 2 bad
-    usage or unreadable VT, 3 partial: an RT source could not be read, an RT ends before the offset the replica
-    resumes at, or replayed records could not be decoded (everything is still written; summary.json and stderr
-    say which).""")
-
-RESTORE_EPILOG = textwrap.dedent("""\
-    examples:
-      tidegauge div restore --source 0=out/archive/dc-0 --store sim_store --version 1 --partition 0 \\
-          --at-offset 1200 --out out/restore
-      tidegauge div restore --source 1=kafka://broker-b:9092 --rt-source 0=out/archive/dc-0 \\
-          --rt-source 1=kafka://broker-b:9092 --rt-source 2=out/archive/dc-2 --store s --version 3 \\
-          --partition 5 --at-offset 88000 --out out/restore-p5""")
-
 
 # ------------------------------------------------------------------------------- the hook of div validate
 
@@ -130,23 +103,16 @@ def _open_partition(spec: SourceSpec, conf: dict[str, Any] | None, topic: str, p
 
 def restore(opts: RestoreOptions, progress: Progress | None = None) -> tuple[Restored, dict[str, Any]]:
     """Restore the state; returns it and the run's facts for summary.json (timings, RT sources that failed).
-    Raises UsageError for an unusable VT source or offset."""
+    Raises SourceError for an unreadable VT source, UsageError for an offset outside it."""
     t0 = time.time()
-    try:
-        src = _open_partition(opts.source, opts.kafka_conf.get(opts.source.region), opts.vt, opts.partition,
-                              "--source")
-        first, end = src.bounds(opts.vt, opts.partition)
-    except SourceError as exc:
-        raise UsageError(str(exc)) from None
+    src = _open_partition(opts.source, opts.kafka_conf.get(opts.source.region), opts.vt, opts.partition, "--source")
+    first, end = src.bounds(opts.vt, opts.partition)
     if not first <= opts.at < end:
         raise UsageError(f"--at-offset {opts.at}: {opts.vt}[{opts.partition}] of source {opts.source.region} "
                          f"holds offsets {first}..{end - 1}")
-    try:
-        if progress is not None:
-            progress.stage(f"restoring {opts.vt}[{opts.partition}] at {opts.at} (heartbeat search, VT replay)")
-        restored = restore_vt(source_reader(src, opts.vt, opts.partition, progress), opts.at, first_offset=first)
-    except SourceError as exc:
-        raise UsageError(str(exc)) from None
+    if progress is not None:
+        progress.stage(f"restoring {opts.vt}[{opts.partition}] at {opts.at} (heartbeat search, VT replay)")
+    restored = restore_vt(source_reader(src, opts.vt, opts.partition, progress), opts.at, first_offset=first)
     t_vt = time.time()
     if restored.heartbeat is None:
         log.warning("%s[%d] at %d: %s; replayed the partition from offset %d (%d records)", opts.vt,
@@ -245,58 +211,3 @@ def run_restore(opts: RestoreOptions) -> int:
             **verdict,
         })
     return code
-
-
-def register(div_sub, add_common) -> None:
-    """Add `div restore` to the `div` subcommands (called by pipelines.div.cli)."""
-    p = div_sub.add_parser("restore", help="rebuild a replica's DIV state at a VT offset from heartbeats",
-                           description=RESTORE_HELP, epilog=RESTORE_EPILOG,
-                           formatter_class=argparse.RawDescriptionHelpFormatter)
-    p.add_argument("--source", required=True, metavar="ID=URI",
-                   help="the region whose VT replica is restored, and where to read it: an archive directory or "
-                        "kafka://host:port[,host:port]")
-    p.add_argument("--rt-source", action="append", default=[], metavar="ID=URI",
-                   help="where region ID's RT is (repeatable, one per region): replays it from the heartbeat's "
-                        "watermark to the replica's resume offset. Without it a region's RT state is the "
-                        "heartbeat's, at its watermark (state.json says which offset it is at)")
-    p.add_argument("--store", metavar="S", help="store name (default: `store` in --conf)")
-    p.add_argument("--version", type=int, metavar="N", help="store version: the VT is S_vN (default: `version` "
-                                                             "in --conf)")
-    p.add_argument("--partition", type=int, required=True, metavar="P", help="partition to restore")
-    p.add_argument("--at-offset", type=int, required=True, metavar="O",
-                   help="the last VT offset the replica has processed: the state includes record O and a "
-                        "follower resumes at O + 1 (as a checkpoint's offset)")
-    p.add_argument("--out", required=True, metavar="DIR",
-                   help="output directory (replaced atomically): partition_state.bin, state.json, summary.json")
-    p.add_argument("--vt-topic", metavar="NAME", help="VT name when it is not S_vN")
-    p.add_argument("--rt-topic", metavar="NAME", help="RT name when it is not S_rt (e.g. S_rt_v3)")
-    add_common(p)
-    p.set_defaults(func=run_restore_cmd)
-
-
-def run_restore_cmd(args) -> int:
-    conf = cfg.load(args.conf)
-    try:
-        source = parse_source(args.source)
-        rt_sources = [parse_source(s) for s in args.rt_source]
-        check_unique(rt_sources)
-    except SourceError as exc:
-        raise UsageError(str(exc)) from None
-    store = args.store or conf.get("store")
-    version = args.version if args.version is not None else conf.get("version")
-    if not args.vt_topic and (not store or version is None):
-        raise UsageError("--store and --version are needed to name the VT (or give --vt-topic)")
-    if not args.rt_topic and rt_sources and not store:
-        raise UsageError("--store is needed to name the RT (or give --rt-topic)")
-    if args.partition < 0:
-        raise UsageError(f"--partition {args.partition}: must not be negative")
-    if args.at_offset < 0:
-        raise UsageError(f"--at-offset {args.at_offset}: must not be negative")
-    regions = {source.region} | {s.region for s in rt_sources}
-    opts = RestoreOptions(
-        source=source, store=store or "", version=int(version) if version is not None else -1,
-        partition=args.partition, at=args.at_offset, out=args.out, rt_sources=rt_sources,
-        vt_topic=args.vt_topic, rt_topic=args.rt_topic,
-        kafka_conf={r: cfg.kafka_conf(conf, r) for r in regions},
-    )
-    return run_restore(opts)

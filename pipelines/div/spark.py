@@ -59,7 +59,6 @@ import pyarrow.parquet as pq
 
 from div.archive import KAFKA_ARROW_SCHEMA
 from div.batch import ERROR_COLUMNS, PartitionRun, PartitionSummary, StopRun, rows_to_table
-from div.record_validators import ValidatorSpecError
 from div.validator_registry import build_chain
 from pipelines.core.errors import UsageError
 from pipelines.core.output import OutputDir, guard, source_inputs
@@ -549,10 +548,7 @@ def run_spark(opts: ValidateOptions, master: str | None = None, spark_conf: dict
     setting `tidegauge.div.read` (e.g. `spark: {conf: {tidegauge.div.read: shuffle}}` in the YAML file).
     """
     guard("div validate", {"--out": opts.out}, source_inputs(opts.sources))
-    try:
-        build_chain(opts.record_validators)
-    except ValidatorSpecError as exc:
-        raise UsageError(str(exc)) from None
+    build_chain(opts.record_validators)  # a bad validator entry fails before Spark starts
     from pipelines.core.spark_session import get_session
 
     opened = [open_source(s, opts.kafka_conf.get(s.region)) for s in opts.sources]

@@ -7,12 +7,11 @@ or an archive of it). Outputs follow docs/outputs.md: `lag/` and `heartbeats/` P
 
 from __future__ import annotations
 
-import argparse
 import datetime as dt
 import logging
 import re
-import textwrap
 import time
+from dataclasses import dataclass, field
 from typing import Any
 
 import pyarrow as pa
@@ -22,12 +21,11 @@ from div import envelope as E
 from div.archive import timestamps_ms
 from div.batch import is_realtime_topic
 from heartbeat.lag import LagMonitor, LagRow
-from pipelines.core import config as cfg
 from pipelines.core.errors import UsageError
 from pipelines.core.evidence import PartitionEvidence, describe_short, summary_fields, verdict
 from pipelines.core.output import OutputDir, guard, source_inputs
 from pipelines.core.progress import Progress, duration
-from pipelines.core.sources import Source, SourceError, SourceSpec, check_unique, open_source, parse_source
+from pipelines.core.sources import Source, SourceError, SourceSpec, open_source
 
 log = logging.getLogger("tidegauge.lag")
 
@@ -42,53 +40,6 @@ HEARTBEAT_SCHEMA = pa.schema([
     ("origin_ms", pa.int64()), ("vt_timestamp_ms", pa.int64()), ("delay_ms", pa.int64()),
     ("watermarks", pa.list_(pa.int64())),
 ])
-
-HELP = textwrap.dedent("""\
-    How far behind is each region? For every VT region, partition and source region: when the newest
-    heartbeat from that source was emitted (time lag = now minus that origin time) and which RT offset of the
-    source the VT is known to reflect (the watermark: the heartbeats' hbw vector, or for plain Venice
-    heartbeats the highest footer offset), and how many RT records are not yet reflected
-    (offset lag = RT end offset - watermark - 1; needs the source's RT end offsets).
-
-    Leaders write heartbeats even when a region has no traffic, so a quiet region keeps a small time lag and
-    an offset lag of 0; a region whose replication is stuck shows both growing.
-
-    Writes, with --out: OUT/lag/ (one row per VT region, partition, source region), OUT/heartbeats/ (one
-    row per heartbeat, for plots) and OUT/lag.json. Always prints a table.
-
-    Exit codes: 0 measured, 2 bad usage or unreadable source, 3 some partitions could not be read.""")
-
-EPILOG = textwrap.dedent("""\
-    examples:
-      tidegauge lag --source 0=out/archive/dc-0 --source 1=out/archive/dc-1 --store s --version 1 --out out/lag
-      tidegauge lag --source 0=kafka://dc0:9092 --source 1=kafka://dc1:9092 --store s --version 1
-      tidegauge lag --source 0=out/archive/dc-0 --rt-source 1=out/archive/rt-dc-1 --now-ms 1700000000000""")
-
-
-def register(sub) -> None:
-    p = sub.add_parser("lag", help="replication lag per region from VT heartbeats (time and offsets)",
-                       description=HELP, epilog=EPILOG, formatter_class=argparse.RawDescriptionHelpFormatter)
-    p.add_argument("--source", action="append", metavar="ID=URI", default=[],
-                   help="a region's version topics: archive directory or kafka://host:port[,...]. Repeatable, "
-                        "one per VT region. A Kafka source also gives that region's RT end offsets.")
-    p.add_argument("--rt-source", action="append", metavar="ID=URI", default=[],
-                   help="where region ID's real-time topic <store>_rt can be read for its end offsets "
-                        "(archive or kafka). Repeatable. Default: region ID's --source when it has that topic.")
-    p.add_argument("--store", metavar="S",
-                   help="store name: reads topic <S>_v<N> (default: the one store whose *_v<N> topics the "
-                        "sources hold)")
-    p.add_argument("--version", type=int, metavar="N",
-                   help="store version N (default: the one version present)")
-    p.add_argument("--now-ms", type=int, metavar="T",
-                   help="the time (epoch ms) time lag is measured against, so a run on archives is repeatable "
-                        "(default: now)")
-    p.add_argument("--out", metavar="DIR",
-                   help="output directory (replaced atomically): lag/, heartbeats/ and lag.json")
-    p.add_argument("--conf", metavar="FILE",
-                   help="YAML configuration (sources, rt_sources, kafka settings, store, version); flags "
-                        "override it (default: conf/tidegauge.yaml when present)")
-    p.set_defaults(func=run)
-
 
 # -- planning --------------------------------------------------------------------------------------------
 _VT_TOPIC = re.compile(r"^(?P<store>.+)_v(?P<version>\d+)$")
@@ -217,38 +168,31 @@ def _write_dataset(out: OutputDir, name: str, table: pa.Table) -> None:
 
 
 # -- the command -----------------------------------------------------------------------------------------
-def _specs(flag: str, texts: list[str], from_conf: dict | None) -> list[SourceSpec]:
-    specs: dict[int, SourceSpec] = {}
-    for region, uri in (from_conf or {}).items():
-        try:
-            specs[int(region)] = SourceSpec(int(region), str(uri))
-        except ValueError:
-            raise UsageError(f"configuration {flag}: region id {region!r} is not an integer") from None
-    try:
-        given = [parse_source(t) for t in texts]
-        check_unique(given)
-    except SourceError as exc:
-        raise UsageError(str(exc).replace("--source", f"--{flag}")) from None
-    for s in given:
-        specs[s.region] = s
-    return [specs[r] for r in sorted(specs)]
+@dataclass
+class LagOptions:
+    """What `tidegauge lag` measures (the CLI fills it from flags and --conf; the demo builds it directly)."""
+
+    sources: list[SourceSpec]  # one per VT region
+    rt_sources: list[SourceSpec] = field(default_factory=list)  # where a region's RT end offsets are read
+    store: str | None = None  # None: the one store the sources hold
+    version: int | None = None  # None: the one version present
+    now_ms: int | None = None  # None: the newest record of archives, or the wall clock for Kafka
+    out: str | None = None  # None: print the table only
+    kafka_conf: dict[int, dict[str, Any]] = field(default_factory=dict)  # per region (sources and rt_sources)
 
 
-def run(args) -> int:
-    conf = cfg.load(args.conf)
-    specs = cfg.sources(args.source, conf)
+def run(options: LagOptions) -> int:
+    specs, rt_specs = options.sources, options.rt_sources
     if not specs:
         raise UsageError("no source given: use --source ID=URI (or `sources:` in --conf)")
-    rt_specs = _specs("rt-source", args.rt_source, conf.get("rt_sources"))
-    guard("lag", {"--out": args.out}, {**source_inputs(specs), **{f"--rt-source {s.region}": s.uri for s in rt_specs}})
-    store = args.store if args.store is not None else conf.get("store")
-    version = args.version if args.version is not None else conf.get("version")
-    now_ms = args.now_ms
+    guard("lag", {"--out": options.out},
+          {**source_inputs(specs), **{f"--rt-source {s.region}": s.uri for s in rt_specs}})
+    store, version, now_ms = options.store, options.version, options.now_ms
     opened: list[Source] = []
     to_close: list[Source] = []
     try:
         for s in specs:
-            opened.append(open_source(s, cfg.kafka_conf(conf, s.region)))
+            opened.append(open_source(s, options.kafka_conf.get(s.region, {})))
         to_close += opened
         topic = select_topic(opened, store, None if version is None else int(version))
         for src in opened:
@@ -256,14 +200,12 @@ def run(args) -> int:
                 raise UsageError(f"source {src.region}={src.uri} has no topic {topic!r}")
         rt_by_region: dict[int, Source] = {s.region: s for s in opened}
         for s in rt_specs:
-            rt_by_region[s.region] = open_source(s, cfg.kafka_conf(conf, s.region))
+            rt_by_region[s.region] = open_source(s, options.kafka_conf.get(s.region, {}))
             to_close.append(rt_by_region[s.region])
         n_regions = max([s.region for s in specs] + [s.region for s in rt_specs]) + 1
         partitions = {p for src in opened for p in src.partitions(topic)}
         ends = rt_end_offsets(rt_by_region, rt_topic_of(topic), partitions)
-        return _measure(args, opened, topic, ends, n_regions, now_ms, {s.region: s.uri for s in specs})
-    except SourceError as exc:
-        raise UsageError(str(exc)) from None
+        return _measure(options.out, opened, topic, ends, n_regions, now_ms, {s.region: s.uri for s in specs})
     finally:
         for src in to_close:
             close = getattr(src, "close", None)
@@ -291,7 +233,7 @@ def _read_partitions(opened: list[Source], topic: str, n_regions: int, monitors:
             monitors.append(mon)
 
 
-def _measure(args, opened: list[Source], topic: str, ends: dict[int, dict[int, int]], n_regions: int,
+def _measure(out_dir: str | None, opened: list[Source], topic: str, ends: dict[int, dict[int, int]], n_regions: int,
              now_ms: int, sources: dict[int, str]) -> int:
     monitors: list[LagMonitor] = []
     rows: list[LagRow] = []
@@ -321,8 +263,8 @@ def _measure(args, opened: list[Source], topic: str, ends: dict[int, dict[int, i
     print(format_table(rows))
     if failed:
         print(f"{len(failed)} partition(s) could not be read: see the log")
-    if args.out:
-        with OutputDir(args.out, "lag") as out:
+    if out_dir:
+        with OutputDir(out_dir, "lag") as out:
             _write_dataset(out, "lag", lag_table(rows))
             _write_dataset(out, "heartbeats", heartbeat_table(monitors))
             out.write_json("lag.json", {

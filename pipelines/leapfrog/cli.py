@@ -6,7 +6,7 @@ import argparse
 import textwrap
 
 from pipelines.core import config as cfg
-from pipelines.core.errors import UsageError
+from pipelines.core.errors import UsageError, exit_codes
 from pipelines.core.sources import SourceError
 
 HELP = textwrap.dedent("""\
@@ -61,7 +61,8 @@ def register(sub) -> None:
     p.set_defaults(func=run)
 
 
-def run(args) -> int:
+@exit_codes(SourceError)
+def run(args: argparse.Namespace) -> int:
     from pipelines.leapfrog.job import LeapfrogOptions, parse_pairs
     from pipelines.leapfrog.job import run as run_job
 
@@ -74,12 +75,9 @@ def run(args) -> int:
     if len(specs) < 2:
         raise UsageError("leapfrog compares regions: give at least two --source ID=URI")
     mode = args.mode or conf.get("mode") or "heartbeat"
-    try:
-        pairs = parse_pairs(args.pairs, [s.region for s in specs])
-        master, spark_conf = cfg.spark_settings(conf, args.master)
-        opts = LeapfrogOptions(store=store, version=int(version), sources=specs, out=args.out, pairs=pairs,
-                               mode=mode, state_dir=args.state, master=master, spark_conf=spark_conf,
-                               kafka_conf={s.region: cfg.kafka_conf(conf, s.region) for s in specs})
-        return run_job(opts)
-    except SourceError as exc:
-        raise UsageError(str(exc)) from None
+    pairs = parse_pairs(args.pairs, [s.region for s in specs])
+    master, spark_conf = cfg.spark_settings(conf, args.master)
+    opts = LeapfrogOptions(store=store, version=int(version), sources=specs, out=args.out, pairs=pairs,
+                           mode=mode, state_dir=args.state, master=master, spark_conf=spark_conf,
+                           kafka_conf={s.region: cfg.kafka_conf(conf, s.region) for s in specs})
+    return run_job(opts)

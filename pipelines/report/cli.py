@@ -1,4 +1,4 @@
-"""`tidegauge report`: the command-line face of `pipelines.report`.
+"""`tidegauge report`: the command-line face of `pipelines.report.job`.
 
 Kept apart from the package so `tidegauge --help` stays fast: Great Expectations and matplotlib are imported
 only when a report is actually made.
@@ -9,8 +9,9 @@ from __future__ import annotations
 import argparse
 import pathlib
 
-from pipelines.core.errors import EXIT_USAGE, UsageError
+from pipelines.core.errors import EXIT_USAGE, UsageError, exit_codes
 from pipelines.core.progress import duration
+from pipelines.report.errors import ExpectationsConfigError, InputError
 
 DESCRIPTION = """\
 Make the morning report from the outputs of the nightly jobs: run the Great Expectations suites of
@@ -70,6 +71,7 @@ def _check_dir(flag: str, value: str | None) -> None:
         raise UsageError(f"{flag} {value}: no such directory")
 
 
+@exit_codes(InputError, ExpectationsConfigError)
 def run(args: argparse.Namespace) -> int:
     for flag, value in (("--leapfrog", args.leapfrog), ("--div", args.div), ("--lag", args.lag)):
         _check_dir(flag, value)
@@ -81,13 +83,10 @@ def run(args: argparse.Namespace) -> int:
           {"--leapfrog": args.leapfrog, "--div": args.div, "--lag": args.lag})
     check_history(args.history)
 
-    from pipelines.report.job import ExpectationsConfigError, InputError, run_report
+    from pipelines.report.job import run_report
 
-    try:
-        result = run_report(args.leapfrog, args.div, args.out, lag_dir=args.lag, history_dir=args.history,
-                            expectations_file=args.expectations)
-    except (InputError, ExpectationsConfigError) as exc:
-        raise UsageError(str(exc)) from exc
+    result = run_report(args.leapfrog, args.div, args.out, lag_dir=args.lag, history_dir=args.history,
+                        expectations_file=args.expectations)
     v = result.verdict
     lines = [f"{v['overall']}: {v['checks_failed']} of {v['checks_evaluated']} checks failed",
              f"regions: {v['regions']['status']} ({v['regions']['divergences']} divergent keys)",

@@ -24,6 +24,7 @@ from typing import Any
 import pandas as pd
 import yaml
 
+from pipelines.report.errors import ExpectationsConfigError
 from pipelines.report.tables import ID_COLUMNS, TABLES
 
 # Package data, so that a wheel installed on a cluster node has it; the repository's conf/expectations.yaml is a
@@ -35,10 +36,6 @@ _OWN_KEYS = {"type", "meaning"}
 _MAX_ROWS_REPORTED = 20
 # Seconds the first `import great_expectations` of this process took (0.0: imported before us).
 GX_IMPORT_SECONDS = [0.0]
-
-
-class ExpectationsConfigError(Exception):
-    """The expectations file is missing or malformed; the message names the file and the entry."""
 
 
 @dataclass

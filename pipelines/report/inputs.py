@@ -17,6 +17,8 @@ import pandas as pd
 import pyarrow as pa
 import pyarrow.parquet as pq
 
+from pipelines.report.errors import InputError
+
 # Columns the report needs from each Parquet dataset (docs/outputs.md pins more; extra ones are kept).
 INCONSISTENCY_COLUMNS = {
     "store": pa.string(),
@@ -72,10 +74,6 @@ HEARTBEAT_COLUMNS = {
     "delay_ms": pa.int64(),
     "watermarks": pa.list_(pa.int64()),
 }
-
-
-class InputError(Exception):
-    """A job output the report reads is missing or does not follow docs/outputs.md; the message names it."""
 
 
 @dataclass
