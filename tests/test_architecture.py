@@ -5,7 +5,10 @@
 - no import cycle between our modules (imports inside functions and under TYPE_CHECKING count: a lazy import
   is still a dependency);
 - `leapfrog` (the rules) imports only the standard library, numpy, xxhash and itself;
-- `div` imports none of our other packages; `heartbeat` only `div`; neither imports `pipelines` or `sim`.
+- `div` imports none of our other packages; `heartbeat` only `div`; neither imports `pipelines` or `sim`;
+- `pipelines` is `core` plus one package per command (each with a `cli` module): `core` imports no command,
+  no command imports another except `demo` (which runs them all), and a command package's `__init__` imports
+  nothing, so `tidegauge --help` loads no job.
 """
 
 from __future__ import annotations
@@ -142,3 +145,48 @@ def test_the_exit_codes_are_defined_once():
 def test_no_module_but_the_entry_points_imports_the_cli():
     importers = sorted(m for m, deps in _graph().items() if "pipelines.cli" in deps)
     assert importers == ["pipelines.submit"], importers  # spark-submit's entry runs the CLI's main
+
+
+COMMANDS = sorted(p.name for p in (REPO / "pipelines").iterdir() if (p / "__init__.py").exists() and p.name != "core")
+
+
+def _command_of(module: str) -> str | None:
+    parts = module.split(".")
+    return parts[1] if len(parts) > 2 and parts[0] == "pipelines" and parts[1] in COMMANDS else None
+
+
+def test_every_command_is_a_package_with_a_cli():
+    assert COMMANDS == ["demo", "div", "lag", "leapfrog", "report", "simulate"]
+    from pipelines import cli
+
+    assert cli._JOBS == [f"pipelines.{c}.cli" for c in ("simulate", "lag", "leapfrog", "div", "report", "demo")]
+    for command in COMMANDS:
+        assert (REPO / "pipelines" / command / "cli.py").exists(), command
+
+
+def test_core_imports_no_command():
+    graph = _graph()
+    bad = {m: sorted(d for d in deps if _command_of(d)) for m, deps in graph.items()
+           if m.startswith("pipelines.core") and any(_command_of(d) for d in deps)}
+    assert not bad, f"pipelines.core must not import a command package: {bad}"
+
+
+def test_commands_do_not_import_each_other_except_the_demo():
+    graph = _graph()
+    bad = {}
+    for module, deps in graph.items():
+        own = _command_of(module)
+        if own is None or own == "demo":
+            continue
+        others = sorted(d for d in deps if _command_of(d) not in (None, own))
+        if others:
+            bad[module] = others
+    assert not bad, f"a command package imports another: {bad}"
+
+
+def test_command_packages_import_nothing_on_their_own():
+    # `tidegauge --help` imports every command's cli module, hence its package: an __init__ that imported the job
+    # would load Spark, GX or the simulator for a help text
+    for command in COMMANDS:
+        init = REPO / "pipelines" / command / "__init__.py"
+        assert _imports(init, f"pipelines.{command}") == set(), command
