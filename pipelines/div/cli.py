@@ -86,8 +86,8 @@ def register(sub) -> None:
 
 
 def run_validate(args) -> int:
-    from div.record_validators import ValidatorSpecError
-    from div.validator_registry import build_chain
+    from div.validators.base import ValidatorSpecError
+    from div.validators.registry import build_chain
     from pipelines.div.validate import ValidateOptions, run_local
 
     conf = cfg.load(args.conf)
