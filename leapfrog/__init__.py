@@ -7,6 +7,7 @@ The modules the job runs:
 - ``leapfrog.compare`` — the per-key rules on explicit histories (heartbeat mode, and Venice's lily-pad walk);
 - ``leapfrog.history`` — a key's history in one region from its own records and the region's ``RegionView``;
 - ``leapfrog.vectorized`` — the heartbeat-mode rule for many keys at once, in numpy;
+- ``leapfrog.settle`` — the finding a comparison yields, the records an incremental run carries, settled keys;
 - ``leapfrog.plan`` — the driver's plan from the scan's split summaries (marks, views, failed reads);
 - ``leapfrog.unverified`` — findings that rest on an undecodable record are withheld;
 - ``leapfrog.results`` — findings, counters and per-region facts.
