@@ -21,7 +21,6 @@ from . import envelope as E
 from . import keys
 from .archive import timestamps_ms
 from .keys import KNOWN_HEADERS
-from .record_validators import Chain, PartitionContext, Record
 from .validator import (
     NOT_FINDINGS,
     UNDECODABLE,
@@ -29,6 +28,7 @@ from .validator import (
     PartitionValidator,
     ValidatorConfig,
 )
+from .validators.base import Chain, PartitionContext, Record
 
 ERROR_COLUMNS = [
     ("region", pa.int32()),

@@ -1,14 +1,19 @@
 """Leap Frog: do two regions' replicas of an active/active store agree? The pure algorithm.
 
 No Spark, no Kafka, no files, nothing else of ours: the Spark job, the tests and a reader run the same rules.
+The modules the job runs:
 
-- ``leapfrog.entries`` — decoded VT log entries and where a region's scan starts;
 - ``leapfrog.vectors`` — offset vectors and coverage;
-- ``leapfrog.scan`` — running and standing high-water marks, gaps, per-key histories and vectors;
 - ``leapfrog.compare`` — the per-key rules on explicit histories (heartbeat mode, and Venice's lily-pad walk);
-- ``leapfrog.partition`` — ``check_partition``, the whole check of one partition;
-- ``leapfrog.state`` — the state carried between incremental runs;
+- ``leapfrog.history`` — a key's history in one region from its own records and the region's ``RegionView``;
+- ``leapfrog.vectorized`` — the heartbeat-mode rule for many keys at once, in numpy;
+- ``leapfrog.settle`` — the finding a comparison yields, the records an incremental run carries, settled keys;
+- ``leapfrog.plan`` — the driver's plan from the scan's split summaries (marks, views, failed reads);
+- ``leapfrog.unverified`` — findings that rest on an undecodable record are withheld;
 - ``leapfrog.results`` — findings, counters and per-region facts.
+
+``leapfrog.reference`` is the per-record model (whole logs, ``check_partition``) that the tests check the job
+against; nothing above imports it.
 """
 
 from leapfrog.compare import (
@@ -23,55 +28,25 @@ from leapfrog.compare import (
     compare_standing,
     lily_pad_walk,
 )
-from leapfrog.entries import (
-    DataEntry,
-    Entry,
-    FromEndOfPush,
-    FromHeartbeat,
-    FromState,
-    HeartbeatEntry,
-    OtherEntry,
-    RegionLog,
-    ScanStart,
-)
-from leapfrog.partition import check_partition
 from leapfrog.results import Finding, PairCounters, PartitionResult, RegionFacts
-from leapfrog.scan import MODES
-from leapfrog.state import CarriedKey, IncrementalState, RegionState, carry_state, resume_logs
 from leapfrog.vectors import NOTHING, Vector, covers
 
 __all__ = [
     "FINDING_TYPES",
     "MISSING_IN_A",
     "MISSING_IN_B",
-    "MODES",
     "NOTHING",
     "VALUE_MISMATCH",
-    "CarriedKey",
-    "DataEntry",
-    "Entry",
     "Finding",
-    "FromEndOfPush",
-    "FromHeartbeat",
-    "FromState",
-    "HeartbeatEntry",
-    "IncrementalState",
     "KeyFinding",
     "KeyRecord",
     "KeyVerdict",
-    "OtherEntry",
     "PairCounters",
     "PartitionResult",
     "RegionFacts",
-    "RegionLog",
-    "RegionState",
-    "ScanStart",
     "Vector",
-    "carry_state",
-    "check_partition",
     "comparable",
     "compare_standing",
     "covers",
     "lily_pad_walk",
-    "resume_logs",
 ]

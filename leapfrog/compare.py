@@ -13,7 +13,7 @@ region's high-water mark, while its record held, covers every write the other re
 
 ``compare_standing`` (heartbeat mode). Each record's high-water mark is its *standing* one (``hws``): the mark
 its region reached while the record's value stood, i.e. until the key's next record there (see
-``leapfrog.scan``). The finding is the comparable mismatching pair with the smallest index in B, then the
+``leapfrog.reference.scan``). The finding is the comparable mismatching pair with the smallest index in B, then the
 smallest index in A (index 0 = the absent prefix when it is known). It is written as the plain O(|A|·|B|) loop
 on purpose: it is the reference the Spark job is tested against.
 

@@ -25,8 +25,8 @@ class RegionView:
     `prefix_known` = the scan started at End of Push, so a key without records there was absent;
     `default_vector` = K before a key's first record (the baseline back-fill in heartbeat mode, else nothing);
     `gap_firsts`/`gap_marks` = first missing offset of each gap and the running mark just before it, in order;
-    `latest_kept` = no gap can hide a record after a key's last one (`leapfrog.entries.RegionLog`), so a key's
-    last record and the absence of a key without records stand until the end of the scan whatever gaps follow.
+    `latest_kept` = no gap can hide a record after a key's last one (`leapfrog.reference.entries.RegionLog`), so a
+    key's last record and the absence of a key without records stand until the end of the scan whatever gaps follow.
     """
 
     n_regions: int

@@ -49,7 +49,7 @@ class RegionPartition:
     # resumed runs (--state): the previous run's final mark and the mark before the first gap of any earlier run
     start_hw: tuple[int, ...] | None = None
     prefix_freeze: tuple[int, ...] | None = None
-    # every key's latest record up to the end is in the scan (leapfrog.entries.RegionLog.latest_kept)
+    # every key's latest record up to the end is in the scan (leapfrog.reference.entries.RegionLog.latest_kept)
     latest_kept: bool = True
     start_latest_kept: bool = True  # resumed: the previous run's latest_kept
 

@@ -108,5 +108,5 @@ class PartitionResult:
     findings: list[Finding]
     pair_counters: dict[tuple[int, int], PairCounters]
     regions: dict[int, RegionFacts]
-    # The per-region scans, kept so that leapfrog.state.carry_state can build the next run's state.
+    # The per-region scans, kept so that leapfrog.reference.state.carry_state can build the next run's state.
     scans: dict[int, Any] = field(default_factory=dict, repr=False, compare=False)

@@ -1,4 +1,4 @@
-"""The heartbeat-mode rule for many keys at once, in numpy: `leapfrog.band` over arrays instead of records.
+"""The heartbeat-mode rule for many keys at once, in numpy: `leapfrog.reference.band` over arrays, not records.
 
 A distributed job meets thousands of keys per batch; a Python loop per record costs more than decoding them.
 Here every region's histories of a batch's keys are flat arrays in (key group, VT order), built with the rules of
@@ -80,7 +80,7 @@ def segmented_cummax(values: np.ndarray, gid: np.ndarray) -> np.ndarray:
 
 @dataclass
 class Carried:
-    """Records an earlier run carried for one region (`leapfrog.state`): arrays in (gid, VT order).
+    """Records an earlier run carried for one region (`leapfrog.reference.state`): arrays in (gid, VT order).
 
     `mark` is each record's mark at the end of that run; `last_open` (read on each group's last row) says whether
     that record's value still stands with no gap after it, so its mark grows in this run.
@@ -212,8 +212,8 @@ def last_vectors(h: Histories, view: RegionView, groups: np.ndarray) -> np.ndarr
 def carry(h: Histories, view: RegionView, real_groups: np.ndarray, partner_last: list[np.ndarray],
           groups: np.ndarray, carried_last: tuple[np.ndarray, np.ndarray, np.ndarray] | None = None
           ) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
-    """Rows of `h` the next run needs (leapfrog.state rule), and for each kept row `last_open` and the mark to
-    carry.
+    """Rows of `h` the next run needs (leapfrog.reference.state rule), and for each kept row `last_open` and the
+    mark to carry.
 
     Kept: every group's last record, and superseded records whose mark covers the current K of some partner
     region (they may still become comparable). Only groups where the region has real records (`real_groups`).

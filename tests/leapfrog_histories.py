@@ -36,7 +36,7 @@ import random
 from dataclasses import dataclass, field
 from functools import cache
 
-from leapfrog import (
+from leapfrog.reference import (
     DataEntry,
     Entry,
     FromEndOfPush,

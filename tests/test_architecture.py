@@ -6,6 +6,8 @@
   is still a dependency);
 - `leapfrog` (the rules) imports only the standard library, numpy, xxhash and itself;
 - `div` imports none of our other packages; `heartbeat` only `div`; neither imports `pipelines` or `sim`;
+- `leapfrog.reference` (the per-record model the tests check the job against) is imported by no runtime module:
+  nothing else in `leapfrog`, nor `pipelines`, `sim`, `heartbeat` or `div`.
 - `pipelines` is `core` plus one package per command (each with a `cli` module): `core` imports no command,
   no command imports another except `demo` (which runs them all), and a command package's `__init__` imports
   nothing, so `tidegauge --help` loads no job.
@@ -130,6 +132,17 @@ def test_the_rules_stay_pure(package, allowed):
 def test_lower_layers_do_not_import_upper_ones(package, forbidden):
     bad = {m: sorted(deps & forbidden) for m, deps in _external(package).items() if deps & forbidden}
     assert not bad, f"{package} imports a layer above it: {bad}"
+
+
+def test_the_runtime_does_not_import_the_reference_model():
+    # Issue 17: the job runs leapfrog's rules; leapfrog.reference is only what the tests check it against.
+    graph = _graph()
+    assert "leapfrog.reference.partition" in graph  # the reference modules are in the graph
+    bad = {m: sorted(d for d in deps if d == "leapfrog.reference" or d.startswith("leapfrog.reference."))
+           for m, deps in graph.items()
+           if m != "leapfrog.reference" and not m.startswith("leapfrog.reference.")}
+    bad = {m: deps for m, deps in bad.items() if deps}
+    assert not bad, f"runtime modules import the reference model: {bad}"
 
 
 def test_the_exit_codes_are_defined_once():

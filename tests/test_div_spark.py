@@ -276,7 +276,7 @@ def test_unreadable_partition_is_reported_and_the_rest_written(spark, archives, 
 def test_validator_the_executors_cannot_import_fails_its_partitions(spark, archives, tmp_path, monkeypatch):
     """Importable on the driver only (not shipped with --py-files): every partition fails, saying why."""
     (tmp_path / "driver_only_checks.py").write_text(
-        "from div.record_validators import RecordValidator\n\n"
+        "from div.validators.base import RecordValidator\n\n"
         "class Nothing(RecordValidator):\n    def validate(self, record):\n        return None\n")
     monkeypatch.syspath_prepend(str(tmp_path))
     out = str(tmp_path / "out")
@@ -289,7 +289,7 @@ def test_validator_the_executors_cannot_import_fails_its_partitions(spark, archi
 
 
 def test_bad_validator_is_a_usage_error(spark, archives, tmp_path):
-    from div.record_validators import ValidatorSpecError
+    from div.validators import ValidatorSpecError
     from pipelines.core.errors import UsageError
 
     # the CLI entry maps ValidatorSpecError to exit 2 (tests/test_record_validators.py runs it)

@@ -6,8 +6,9 @@ import random
 
 from leapfrog_histories import generated
 
-from leapfrog import KeyRecord, check_partition, compare_standing
-from leapfrog.band import compare_standing_linear
+from leapfrog import KeyRecord, compare_standing
+from leapfrog.reference import check_partition
+from leapfrog.reference.band import compare_standing_linear
 
 
 def _history(rng: random.Random, n_regions: int, prefix: bool) -> list[KeyRecord]:

@@ -8,12 +8,12 @@ from dataclasses import replace
 
 from leapfrog_histories import History, generated
 
-from leapfrog import (
+from leapfrog import PartitionResult
+from leapfrog.reference import (
     DataEntry,
     FromEndOfPush,
     FromHeartbeat,
     HeartbeatEntry,
-    PartitionResult,
     RegionLog,
     carry_state,
     check_partition,

@@ -236,10 +236,10 @@ def _compaction_logs(compacted: bool):
     """EOP at 0; both regions apply y (from region 1), x twice and z (from region 0); region 0 applies k from its
     own RT, region 1 drops it; heartbeats in both cover everything. Compaction may have removed x's first copy
     (offset 2) in region 1: a superseded record of another key."""
-    from leapfrog import DataEntry as D
-    from leapfrog import FromEndOfPush, RegionLog
-    from leapfrog import HeartbeatEntry as H
-    from leapfrog import OtherEntry as O
+    from leapfrog.reference import DataEntry as D
+    from leapfrog.reference import FromEndOfPush, RegionLog
+    from leapfrog.reference import HeartbeatEntry as H
+    from leapfrog.reference import OtherEntry as O
 
     r0 = [D(1, b"y", 21, 1, 8), D(2, b"x", 11, 0, 1), D(3, b"x", 12, 0, 2), D(4, b"k", 13, 0, 3),
           D(5, b"z", 14, 0, 4), H(6, (4, 9), 0, 4), H(7, (4, 9), 1, 9)]
@@ -251,7 +251,7 @@ def _compaction_logs(compacted: bool):
 
 
 def test_dropped_write_is_missing_without_compaction_and_in_footer_mode():
-    from leapfrog import check_partition
+    from leapfrog.reference import check_partition
 
     for mode, compacted in (("heartbeat", False), ("footer", False), ("footer", True)):
         res = check_partition(_compaction_logs(compacted), mode=mode, n_regions=2)
@@ -259,7 +259,7 @@ def test_dropped_write_is_missing_without_compaction_and_in_footer_mode():
 
 
 def test_compaction_of_another_key_does_not_hide_a_missing_key():
-    from leapfrog import check_partition
+    from leapfrog.reference import check_partition
 
     res = check_partition(_compaction_logs(compacted=True), mode="heartbeat", n_regions=2)
     assert [(f.type, f.key) for f in res.findings] == [("MISSING_IN_B", b"k")]
@@ -269,9 +269,9 @@ def _raced_logs(latest_kept: bool):
     """Both regions apply x=11 then x=12 (from region 0). Region 1's x=12 at offset 3 was removed while the scan
     read — compaction used a record of x written after the scan's end — so region 1 shows x=11 as x's last record
     with a gap after it. Only a log that does not keep every key's latest record can look like this."""
-    from leapfrog import DataEntry as D
-    from leapfrog import FromEndOfPush, RegionLog
-    from leapfrog import HeartbeatEntry as H
+    from leapfrog.reference import DataEntry as D
+    from leapfrog.reference import FromEndOfPush, RegionLog
+    from leapfrog.reference import HeartbeatEntry as H
 
     r0 = [D(1, b"x", 11, 0, 1), D(2, b"x", 12, 0, 2), H(3, (2, -1), 0, 3)]
     r1 = [D(1, b"x", 11, 0, 1), H(4, (2, -1), 0, 3)]  # offsets 2..3 gone
@@ -279,10 +279,10 @@ def _raced_logs(latest_kept: bool):
 
 
 def test_a_log_that_may_lack_a_latest_record_freezes_marks_at_its_gaps():
-    from leapfrog import check_partition
+    from leapfrog.reference import check_partition
 
     # under the premise the job would report region 1's x=11 against x=12: exactly why a log that cannot
-    # promise it (leapfrog.entries.RegionLog.latest_kept) is judged by the mark before its first gap
+    # promise it (leapfrog.reference.entries.RegionLog.latest_kept) is judged by the mark before its first gap
     assert [f.type for f in check_partition(_raced_logs(True), n_regions=2).findings] == ["VALUE_MISMATCH"]
     res = check_partition(_raced_logs(False), n_regions=2)
     assert res.findings == [] and res.pair_counters[(0, 1)].pending_keys == 1

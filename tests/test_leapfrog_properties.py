@@ -21,7 +21,8 @@ from functools import cache
 import pytest
 from leapfrog_histories import MIXES, History, generated
 
-from leapfrog import DataEntry, Finding, HeartbeatEntry, PairCounters, check_partition, covers
+from leapfrog import Finding, PairCounters, covers
+from leapfrog.reference import DataEntry, HeartbeatEntry, check_partition
 
 SEEDS_PER_MIX = 400
 

@@ -4,21 +4,16 @@ from __future__ import annotations
 
 import pytest
 
-from leapfrog import (
-    MISSING_IN_A,
-    MISSING_IN_B,
-    VALUE_MISMATCH,
+from leapfrog import MISSING_IN_A, MISSING_IN_B, VALUE_MISMATCH, KeyRecord, compare_standing, covers
+from leapfrog.reference import (
     DataEntry,
     FromEndOfPush,
     FromHeartbeat,
     HeartbeatEntry,
-    KeyRecord,
     OtherEntry,
     RegionLog,
     carry_state,
     check_partition,
-    compare_standing,
-    covers,
     resume_logs,
 )
 

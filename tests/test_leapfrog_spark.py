@@ -1,8 +1,8 @@
 """The Spark job gives exactly the pure reference's findings on the same records (generated histories).
 
 Histories with known truth (tests/leapfrog_histories.py) are written as real VT archives, one history per
-partition, and the job's findings, counters and per-region facts must equal `leapfrog.check_partition` on the
-same logs — in every mode, including compaction gaps, mid-stream scans, duplicates, failovers and noise.
+partition, and the job's findings, counters and per-region facts must equal `leapfrog.reference.check_partition` on
+the same logs — in every mode, including compaction gaps, mid-stream scans, duplicates, failovers and noise.
 """
 
 from __future__ import annotations
@@ -14,7 +14,7 @@ import pytest
 from leapfrog_histories import generated
 from vt_fixtures import STORE, spark_value_hash, write_archives
 
-from leapfrog import RegionLog, check_partition
+from leapfrog.reference import RegionLog, check_partition
 from pipelines.core.sources import SourceSpec
 from pipelines.leapfrog.job import LeapfrogOptions, run
 

@@ -20,7 +20,7 @@ import pytest
 from leapfrog_histories import generated
 from vt_fixtures import STORE, write_archives
 
-from leapfrog import FromState, RegionLog, carry_state, check_partition
+from leapfrog.reference import FromState, RegionLog, carry_state, check_partition
 from pipelines.core.sources import SourceSpec
 from pipelines.leapfrog.job import LeapfrogOptions, run
 from pipelines.leapfrog.state import carry_flags

@@ -8,8 +8,9 @@ import numpy as np
 import pytest
 from leapfrog_histories import generated
 
-from leapfrog import DataEntry, check_partition, compare_standing
+from leapfrog import compare_standing
 from leapfrog import vectorized as vz
+from leapfrog.reference import DataEntry, check_partition
 
 
 def _rows(scan, log, keys: list[bytes]):

@@ -14,8 +14,8 @@ import pytest
 from leapfrog_histories import generated
 from test_leapfrog_vectorized import _rows
 
-from leapfrog import FromState, RegionLog, carry_state, check_partition
 from leapfrog import vectorized as vz
+from leapfrog.reference import FromState, RegionLog, carry_state, check_partition
 
 
 def _split(h, rng, latest_kept: bool):

@@ -15,8 +15,8 @@ from div import envelope as E
 from div import keys
 from div.archive import ArchiveWriter, records_to_batch
 from div.batch import PartitionRun
-from div.builtin_validators import KeyPresent, OffsetsIncreasing, SchemaIds, TimestampDrift
-from div.record_validators import (
+from div.validator import ValidatorConfig
+from div.validators.base import (
     MAX_RAISES_PER_PARTITION,
     Chain,
     PartitionContext,
@@ -25,8 +25,8 @@ from div.record_validators import (
     ValidatorSpecError,
     run_chain,
 )
-from div.validator import ValidatorConfig
-from div.validator_registry import build_chain
+from div.validators.builtin import KeyPresent, OffsetsIncreasing, SchemaIds, TimestampDrift
+from div.validators.registry import build_chain
 from div.writer import SegmentWriter
 from pipelines.cli import main
 from sim.div_traffic import TrafficSpec, generate
@@ -77,7 +77,7 @@ def _record(offset=0, key=b"\x00k", env=None, ts=T0, topic="s_v1") -> Record:
 
 def test_builtin_names_resolve_with_or_without_prefix():
     chain = build_chain(["offsets_increasing", {"class": "builtin:schema_ids", "allowed": "1,3-4"},
-                         {"class": "div.builtin_validators:TimestampDrift", "name": "ts", "max_drift_ms": 5}])
+                         {"class": "div.validators.builtin:TimestampDrift", "name": "ts", "max_drift_ms": 5}])
     assert [type(v) for v in chain] == [OffsetsIncreasing, SchemaIds, TimestampDrift]
     assert [v.name for v in chain] == ["offsets_increasing", "schema_ids", "ts"]
     assert chain[1].ranges == [(3, 4)] and 1 in chain[1].ids
@@ -86,7 +86,7 @@ def test_builtin_names_resolve_with_or_without_prefix():
 
 @pytest.mark.parametrize(("spec", "message"), [
     ("nosuch.module:Check", "cannot import module 'nosuch.module'"),
-    ("div.builtin_validators:Nope", "has no 'Nope'"),
+    ("div.validators.builtin:Nope", "has no 'Nope'"),
     ("json:loads", "is not a validator class"),
     ("builtin:nope", "no built-in validator 'nope'"),
     (":X", "expected module:Class"),

@@ -12,7 +12,7 @@ import re
 DOCS = pathlib.Path(__file__).resolve().parent.parent / "docs" / "validators.md"
 
 FLAKY_SOURCE = '''
-from div.record_validators import RecordValidator
+from div.validators.base import RecordValidator
 
 
 class Flaky(RecordValidator):

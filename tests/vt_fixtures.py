@@ -13,7 +13,7 @@ from div import keys as K
 from div.archive import ArchiveWriter
 from div.heartbeat_headers import Watermarks, encode_hbw
 from div.rmd import encode_value_level_rmd
-from leapfrog import DataEntry, HeartbeatEntry, OtherEntry
+from leapfrog.reference import DataEntry, HeartbeatEntry, OtherEntry
 from pipelines.leapfrog.decode import value_hash
 
 STORE = "lf"

@@ -5,7 +5,7 @@ from __future__ import annotations
 import argparse
 import textwrap
 
-from div.record_validators import ValidatorSpecError
+from div.validators import ValidatorSpecError
 from pipelines.core import config as cfg
 from pipelines.core.errors import UsageError, exit_codes
 from pipelines.core.sources import SourceError, check_unique, parse_source
@@ -110,7 +110,7 @@ def register(sub) -> None:
 
 @exit_codes(SourceError, ValidatorSpecError)
 def run_validate(args: argparse.Namespace) -> int:
-    from div.validator_registry import build_chain
+    from div.validators.registry import build_chain
     from pipelines.div.validate import ValidateOptions, run_local
 
     conf = cfg.load(args.conf)

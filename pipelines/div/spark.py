@@ -59,7 +59,7 @@ import pyarrow.parquet as pq
 
 from div.archive import KAFKA_ARROW_SCHEMA
 from div.batch import ERROR_COLUMNS, PartitionRun, PartitionSummary, StopRun, rows_to_table
-from div.validator_registry import build_chain
+from div.validators.registry import build_chain
 from pipelines.core.errors import UsageError
 from pipelines.core.output import OutputDir, guard, source_inputs
 from pipelines.core.progress import Progress, duration

@@ -78,7 +78,7 @@ def validate_partition(src: Source, task: PartitionTask, opts: ValidateOptions,
 
     With --fail-fast the run stops at its first fatal finding; `run.stopped` then says where.
     """
-    from div.validator_registry import build_chain
+    from div.validators.registry import build_chain
 
     run = PartitionRun(task.region, task.topic, task.partition, config=task.config, fail_fast=opts.fail_fast,
                        record_validators=build_chain(opts.record_validators))

@@ -5,7 +5,8 @@ The stage drops rows that lie before their region's scan start, raises each loca
 prefix, cuts the rows into key groups (a group may straddle batches) and applies the mode's rule to every
 requested region pair:
 
-- heartbeat mode: `VectorKeyStage`, the band rule over whole batches of keys in numpy (`leapfrog.vectorized`);
+- heartbeat mode: `VectorKeyStage`, the band rule over whole batches of keys in numpy (`leapfrog.vectorized`),
+  with the finding types, the records carried to the next run and the settled keys decided by `leapfrog.settle`;
 - footer and rmd modes: `KeyStage`, Venice's lily-pad walk key by key (`leapfrog.compare`).
 
 `ScanReduce` wraps either one when the job runs fused (scan and compare in one Spark job): it reads the split
@@ -33,6 +34,14 @@ from leapfrog import vectorized as vz
 from leapfrog.compare import FINDING_TYPES, lily_pad_walk
 from leapfrog.history import KeyRow, RegionView, key_history
 from leapfrog.plan import failed_reads, mark_latest_kept, plan_marks, views
+from leapfrog.settle import (
+    carried_last,
+    carried_records,
+    comparable_before,
+    finding_type,
+    settled_groups,
+    untouched_rows,
+)
 from pipelines.leapfrog.carried import CARRIED_SCHEMA, buckets_tag, merge_carried, read_carried
 from pipelines.leapfrog.rows import unpack_marks
 
@@ -223,9 +232,7 @@ def pass_untouched(t: pa.Table, hwb: np.ndarray) -> tuple[pa.Table, np.ndarray, 
     keys = t.column("key").combine_chunks()
     same = pc.equal(keys.slice(1), keys.slice(0, m - 1)).to_numpy(zero_copy_only=False) if m > 1 else np.zeros(0, bool)
     new_group = np.concatenate([[True], ~same | (part[1:] != part[:-1])])
-    # a key is untouched when every row of its group is a settled carried record
-    untouched = np.minimum.reduceat(settled_row.astype(np.int8), np.flatnonzero(new_group)).astype(bool)
-    passed = untouched[np.cumsum(new_group) - 1]
+    passed = untouched_rows(new_group, settled_row)
     if not passed.any():
         return t, hwb, None
     rows = np.flatnonzero(passed)
@@ -363,7 +370,7 @@ class VectorKeyStage:
                                            else (None, None))
                 if was_settled is not None:
                     touched.append(carried[x].gid[was_settled])
-                had_open[x] = _last_open_of(carried[x])
+                had_open[x] = carried_last(carried[x])
                 hist[x] = vz.build(view, gid[sel], offset[sel], cls[sel], src[sel], src_off[sel], hwb[sel], groups,
                                    carried[x])
                 present[x] = np.unique(gid[lo + np.flatnonzero(in_region)])
@@ -383,7 +390,9 @@ class VectorKeyStage:
                 if len(touched_settled):
                     c.settled_touched += int(np.isin(in_pair, touched_settled).sum())
                 c.keys += len(in_pair)
-                c.comparable += int(res.comparable_pairs.sum()) - self._counted_before(p, x, y, carried, in_pair)
+                # pairs the previous run already found comparable are not counted again (counts add up over runs)
+                c.comparable += int(res.comparable_pairs.sum()) - comparable_before(
+                    ctx.views[(x, p)], carried.get(x), ctx.views[(y, p)], carried.get(y), in_pair)
                 c.skipped += int(res.skipped.sum())
                 c.pending += int(res.pending.sum())
                 for gi in np.flatnonzero(res.find_b >= 0):
@@ -392,51 +401,26 @@ class VectorKeyStage:
                     key = keys[int(group_first[int(in_pair[gi])])].as_py()
                     a = None if ha.absent[ia] else _vector_side(ha, ia)
                     b = None if hb.absent[ib] else _vector_side(hb, ib)
-                    ftype = "MISSING_IN_A" if a is None else "MISSING_IN_B" if b is None else "VALUE_MISMATCH"
+                    ftype = finding_type(a is None, b is None)
                     c.by_type[ftype] += 1
                     out.append(_finding_row(p, x, y, ftype, key, a, b))
             if ctx.emit_state:
-                unsettled_groups = np.unique(np.concatenate(unsettled)) if unsettled else np.zeros(0, np.int64)
                 batches, settled = self._state_rows(p, hist, present, had_open, groups, keys, group_first,
-                                                    unsettled_groups, t)
+                                                    unsettled, t)
                 self.state_batches.extend(batches)
                 for (x, y), in_pair in pair_groups.items():
                     counters[(p, x, y)].settled_new += int(np.isin(in_pair, settled).sum())
         return out
 
-    def _counted_before(self, p: int, x: int, y: int, carried: dict, in_pair: np.ndarray) -> int:
-        """Pairs the previous run already found comparable (so counts add up over incremental runs)."""
-        cx, cy = carried.get(x), carried.get(y)
-        if cx is None and cy is None:
-            return 0
-        with_state = np.union1d(cx.gid if cx is not None else [], cy.gid if cy is not None else []).astype(np.int64)
-        groups = np.intersect1d(in_pair, with_state)
-        if not len(groups):
-            return 0
-        vx, vy = self.ctx.views[(x, p)], self.ctx.views[(y, p)]
-        return int(vz.compare(vz.previous(vx, cx, groups), vz.previous(vy, cy, groups), groups)
-                   .comparable_pairs.sum())
-
-    def _state_rows(self, p, hist, present, had_open, groups, keys, group_first, unsettled: np.ndarray,
+    def _state_rows(self, p, hist, present, had_open, groups, keys, group_first, pending: list[np.ndarray],
                     t: pa.Table) -> tuple[list[pa.RecordBatch], np.ndarray]:
         """The records the next run needs, as batches of carried records built column-wise (settled ones flagged
-        in `carry`), and the settled groups. A key is settled when every region that has it carries only its current record
-        and every pair's current records are comparable: later marks cannot make any other pair comparable."""
+        in `carry`), and the settled groups; which records and which keys is `leapfrog.settle`'s rule."""
         from pipelines.leapfrog.state import pack_carry_array
 
-        kept = {}
-        for x, h in hist.items():
-            partners = sorted({z for pair in self.ctx.pairs if x in pair for z in pair if z != x and z in hist})
-            last_k = [vz.last_vectors(hist[z], self.ctx.views[(z, p)], groups) for z in partners]
-            kept[x] = vz.carry(h, self.ctx.views[(x, p)], present[x], last_k, groups, had_open[x])
-        bad = [unsettled]
-        for x, (keep, _, _) in kept.items():
-            h = hist[x]
-            g, counts = np.unique(h.gid[keep], return_counts=True)
-            bad.append(g[counts > 1])
-            bad.append(h.gid[keep][h.absent[keep]])
-        real = np.unique(np.concatenate([present[x] for x in present])) if present else np.zeros(0, np.int64)
-        settled = real[~np.isin(real, np.concatenate(bad))]
+        region_views = {x: self.ctx.views[(x, p)] for x in hist}
+        kept = carried_records(hist, region_views, self.ctx.pairs, present, had_open, groups)
+        settled = settled_groups(hist, kept, present, pending)
         out = []
         for x, (keep, last_open, marks) in kept.items():
             if not len(keep):
@@ -465,15 +449,6 @@ def _carried(carry_col, sel: np.ndarray, gid, offset, cls, n: int) -> tuple[vz.C
     absent, last_open, settled, vectors, marks = unpack_carry_array(
         col.combine_chunks() if hasattr(col, "combine_chunks") else col, n)
     return vz.Carried(gid[sel].astype(np.int64), cls[sel], absent, offset[sel], vectors, marks, last_open), settled
-
-
-def _last_open_of(c: vz.Carried | None) -> tuple[np.ndarray, np.ndarray, np.ndarray] | None:
-    """(sorted gids, last_open, carried mark) of each group's carried last record."""
-    if c is None or not len(c):
-        return None
-    starts = np.flatnonzero(np.concatenate([[True], c.gid[1:] != c.gid[:-1]]))
-    lasts = np.concatenate([starts[1:], [len(c)]]) - 1
-    return c.gid[lasts], c.last_open[lasts], c.mark[lasts]
 
 
 def _vector_side(h: vz.Histories, i: int) -> tuple:

@@ -209,7 +209,8 @@ def chunked_version(splits: list[VtSplit], topic: str, kafka_conf: Mapping[int, 
 def compaction_deadlines(sources: Mapping[int, str], topic: str, kafka_conf: Mapping[int, Mapping] | None,
                          planned_ms: int) -> dict[int, int]:
     """Per live region whose topic may be compacted: until when (epoch ms) a read whose end offsets were fixed at
-    `planned_ms` still holds every key's latest record up to those ends (`leapfrog.entries.RegionLog.latest_kept`).
+    `planned_ms` still holds every key's latest record up to those ends
+    (`leapfrog.reference.entries.RegionLog.latest_kept`).
 
     The cleaner removes a record only for a later one of the same key that is older than the topic's
     `min.compaction.lag.ms`; a record beyond the fixed end was written after `planned_ms`, so it can cost the

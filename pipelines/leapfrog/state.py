@@ -1,8 +1,8 @@
 """The state a nightly Leap Frog run leaves for the next one (`--state DIR`), and its atomic commit.
 
-What is carried follows `leapfrog.state` (heartbeat mode): per region partition the offset reached, the final
-mark, how the first run started and the mark before its first gap; per key and region the records that can still
-take part in a comparison; and every finding so far. Layout:
+What is carried follows `leapfrog.reference.state` (heartbeat mode): per region partition the offset reached, the
+final mark, how the first run started and the mark before its first gap; per key and region the records that can
+still take part in a comparison; and every finding so far. Layout:
 
     DIR/state.json   meta (store, version, mode, pairs, regions) and the per region partition facts
     DIR/carried/     Parquet: partition, key, region, offset, value_hash, carry (flags, vector, mark), bucket

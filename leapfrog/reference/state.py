@@ -10,11 +10,12 @@ The property this state exists for: running over a log split at any offset into 
 - per key and region, only the records that can still take part in a future comparison: the last record
   (its value still stands, so its standing mark can still grow — ``last_open`` — unless a gap followed it:
   then it keeps the mark before that gap, which is its mark should a later record of the key turn up; while it
-  stays the key's last record it is judged by the final mark, see ``leapfrog.entries.RegionLog.latest_kept``),
-  and any superseded record b of region y with ``covers(hws(b), K(last record of x))`` for some region x
-  paired with y. A superseded record's mark is final and per-key vectors only grow, so a superseded record
-  failing that test can never become comparable with x's current or future records; two superseded records
-  were already compared. The absent prefix is carried like any record when it qualifies;
+  stays the key's last record it is judged by the final mark, see
+  ``leapfrog.reference.entries.RegionLog.latest_kept``), and any superseded record b of region y with
+  ``covers(hws(b), K(last record of x))`` for some region x paired with y. A superseded record's mark is final and
+  per-key vectors only grow, so a superseded record failing that test can never become comparable with x's current
+  or future records; two superseded records were already compared. The absent prefix is carried like any record when
+  it qualifies;
 - per (pair, key) the finding so far. Findings are ordered by (B-side VT offset, A-side VT offset), which is
   the same order as (j, i) in a full run; a resumed run keeps the smaller of the carried finding and its own.
 
@@ -29,7 +30,7 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, replace
 
 from leapfrog.compare import KeyRecord
-from leapfrog.entries import Entry, FromState, RegionLog
+from leapfrog.reference.entries import Entry, FromState, RegionLog
 from leapfrog.results import Finding, PartitionResult
 from leapfrog.vectors import Vector, covers
 

@@ -3,7 +3,7 @@
 DIV judges producers (segments, sequences, checksums). Some problems are about the log itself or about what a
 team expects of its store: offsets that go backwards, timestamps that jump, keyless records on a compacted topic,
 values written with a schema nobody registered. Those are record validators: small classes named in configuration
-as `module:Class` (or `builtin:<name>` for the ones in `div.builtin_validators`), run in order on every record.
+as `module:Class` (or `builtin:<name>` for the ones in `div.validators.builtin`), run in order on every record.
 
 Each sees a `Record` (topic, partition, offset, key, value, headers, decoded envelope or None when the value could
 not be decoded, broker timestamp) and returns a rejection reason or None. A rejection is one row in the job's
@@ -19,8 +19,8 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Any
 
-from . import envelope as E
-from .validator import Finding
+from .. import envelope as E
+from ..validator import Finding
 
 VALIDATOR_PREFIX = "VALIDATOR:"
 # A validator that raises on every record would otherwise add one row per record (millions): after this many

@@ -1,7 +1,7 @@
 """From configuration to validators: `module:Class`, `builtin:<name>` or a bare built-in name, with parameters.
 
-Why a module of its own: it is the one place that knows both the validator interface (`record_validators`) and
-the built-ins (`builtin_validators`, which implement that interface), so neither imports the other's user.
+Why a module of its own: it is the one place that knows both the validator interface (`div.validators.base`) and
+the built-ins (`div.validators.builtin`, which implement that interface), so neither imports the other's user.
 """
 
 from __future__ import annotations
@@ -10,10 +10,10 @@ import importlib
 import inspect
 from typing import Any
 
-from . import builtin_validators
-from .record_validators import Chain, ValidatorSpecError
+from .base import Chain, ValidatorSpecError
+from .builtin import BUILTINS
 
-BUILTIN_MODULE = "div.builtin_validators"
+BUILTIN_MODULE = "div.validators.builtin"
 
 
 def _entry(spec: Any, index: int) -> dict[str, Any]:
@@ -38,10 +38,10 @@ def resolve_class(path: str) -> type:
         if builtin:
             module_name = BUILTIN_MODULE
     if builtin:
-        cls = builtin_validators.BUILTINS.get(attr)
+        cls = BUILTINS.get(attr)
         if cls is None:
             raise ValidatorSpecError(f"validator {path!r}: no built-in validator {attr!r} (built-ins: "
-                                     f"{', '.join(sorted(builtin_validators.BUILTINS))}; others are module:Class)")
+                                     f"{', '.join(sorted(BUILTINS))}; others are module:Class)")
         return cls
     if not module_name or not attr:
         raise ValidatorSpecError(f"validator {path!r}: expected module:Class, e.g. mypackage.checks:MyValidator")
@@ -57,7 +57,7 @@ def resolve_class(path: str) -> type:
             raise ValidatorSpecError(f"validator {path!r}: module {module_name!r} has no {attr!r}")
     if not inspect.isclass(obj) or not callable(getattr(obj, "validate", None)):
         raise ValidatorSpecError(f"validator {path!r}: {attr!r} is not a validator class (it needs a "
-                                 f"`validate(record)` method; see div.record_validators.RecordValidator)")
+                                 f"`validate(record)` method; see div.validators.base.RecordValidator)")
     return obj
 
 

@@ -1,7 +1,7 @@
 """``check_partition``: the whole Leap Frog check of one VT partition across regions, as one pure function.
 
-For every region it scans the log (``leapfrog.scan``); for every requested region pair and every key present
-in either region (scanned or carried) it applies the per-key rule of the mode (``leapfrog.compare``):
+For every region it scans the log (``leapfrog.reference.scan``); for every requested region pair and every key
+present in either region (scanned or carried) it applies the per-key rule of the mode (``leapfrog.compare``):
 
 - ``heartbeat`` (ours): heartbeats raise every component of the running mark; records are judged with their
   standing mark; per-key vectors of a mid-stream scan are back-filled with the baseline; any comparable
@@ -9,8 +9,8 @@ in either region (scanned or carried) it applies the per-key rule of the mode (`
 - ``footer`` (Venice's lily-pad): footers only, point-in-time marks, the two-pointer walk;
 - ``rmd``: the footer walk with per-key vectors taken from the records' RMD checkpoint vectors.
 
-At most one finding per (pair, key). A heartbeat-mode run can be resumed: ``leapfrog.state.carry_state`` turns
-its result into an ``IncrementalState`` and the next run starts every region ``FromState``.
+At most one finding per (pair, key). A heartbeat-mode run can be resumed: ``leapfrog.reference.state.carry_state``
+turns its result into an ``IncrementalState`` and the next run starts every region ``FromState``.
 """
 
 from __future__ import annotations
@@ -20,10 +20,10 @@ from collections.abc import Iterable, Mapping, Sequence
 from itertools import combinations
 
 from leapfrog.compare import FINDING_TYPES, KeyRecord, compare_standing, lily_pad_walk
-from leapfrog.entries import FromState, RegionLog
+from leapfrog.reference.entries import FromState, RegionLog
+from leapfrog.reference.scan import MODES, RegionScan
+from leapfrog.reference.state import IncrementalState
 from leapfrog.results import Finding, PairCounters, PartitionResult
-from leapfrog.scan import MODES, RegionScan
-from leapfrog.state import IncrementalState
 from leapfrog.vectors import Vector, covers
 
 

@@ -2,7 +2,7 @@
 
 A broker enforces these when records are appended; an archive (or a copy of a topic made by another tool) is
 not a broker and can hold records that break them. Configure them as `builtin:<name>` (see
-div.record_validators and docs/validators.md):
+div.validators.base and docs/validators.md):
 
 - `offsets_increasing`: offsets strictly increase within a partition (Kafka's "out of order offsets").
 - `timestamp_drift`: a record's timestamp is within `max_drift_ms` of the previous record's (the archive's
@@ -16,9 +16,9 @@ from __future__ import annotations
 import re
 from typing import Any
 
-from . import envelope as E
-from . import keys
-from .record_validators import PartitionContext, Record, RecordValidator
+from .. import envelope as E
+from .. import keys
+from .base import PartitionContext, Record, RecordValidator
 
 # Venice's protocol schema ids on PUTs of chunked values (notes §1.7): they name no value schema.
 CHUNK_SCHEMA_ID, MANIFEST_SCHEMA_ID = -10, -20

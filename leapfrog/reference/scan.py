@@ -31,7 +31,8 @@ from collections import Counter, defaultdict
 from dataclasses import dataclass, replace
 
 from leapfrog.compare import KeyRecord
-from leapfrog.entries import (
+from leapfrog.history import RegionView
+from leapfrog.reference.entries import (
     DataEntry,
     FromEndOfPush,
     FromHeartbeat,
@@ -40,9 +41,8 @@ from leapfrog.entries import (
     OtherEntry,
     RegionLog,
 )
-from leapfrog.history import RegionView
+from leapfrog.reference.state import RegionState
 from leapfrog.results import RegionFacts
-from leapfrog.state import RegionState
 from leapfrog.vectors import Vector, checked_vector, nothing, padded_vector, raised, vmax
 
 MODES = ("heartbeat", "footer", "rmd")
@@ -295,7 +295,8 @@ class RegionScan:
 
     def frozen_mark(self, key: bytes) -> Vector:
         """For a key whose current record here has a gap after it (not ``last_open``): the mark just before the
-        first such gap — its standing mark should a later record of the key turn up (``leapfrog.state``)."""
+        first such gap — its standing mark should a later record of the key turn up
+        (``leapfrog.reference.state``)."""
         new = self.new.get(key)
         if new:
             return self.gaps[bisect_right(self._gap_firsts, new[-1].vt_offset)].hw_before

@@ -15,7 +15,7 @@ A ``RegionLog`` is those entries plus where the scan started and where it ended.
 - ``FromEndOfPush`` — the scan starts right after EOP: every key was absent before it;
 - ``FromHeartbeat`` — a mid-stream scan starting right after a VT heartbeat whose vector is the baseline: the
   keys' earlier state is unknown, but everything at or below the baseline had been processed;
-- ``FromState`` — an incremental scan resuming from the state an earlier run carried (``leapfrog.state``).
+- ``FromState`` — an incremental scan resuming from the state an earlier run carried (``leapfrog.reference.state``).
 """
 
 from __future__ import annotations
@@ -76,8 +76,8 @@ class FromHeartbeat:
 class FromState:
     """An incremental scan resuming right after the last offset the carried ``state`` had read in this region.
 
-    ``state`` is a ``leapfrog.state.IncrementalState``; it is typed loosely because that module builds on this one
-    (and an import back would be a cycle)."""
+    ``state`` is a ``leapfrog.reference.state.IncrementalState``; it is typed loosely because that module builds on
+    this one (and an import back would be a cycle)."""
 
     state: Any = field(repr=False)
 
