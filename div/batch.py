@@ -49,7 +49,7 @@ MAX_LISTED = 100  # undecodable offsets listed per partition in summaries; the c
 
 
 def is_realtime_topic(topic: str) -> bool:
-    """RT topics: `<store>_rt`, `<store>_rt_v<N>`, and their `_sep` variants (notes §1.1)."""
+    """RT topics: `<store>_rt`, `<store>_rt_v<N>`, and their `_sep` variants (Venice's Utils.isRealTimeTopic)."""
     base = topic[:-4] if topic.endswith("_sep") else topic
     if base.endswith("_rt"):
         return True

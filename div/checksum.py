@@ -1,4 +1,4 @@
-"""Segment checksums with Venice's exact feed rules (notes §2.3–2.4).
+"""Segment checksums with Venice's exact feed rules (Segment.addToCheckSum, CheckSum).
 
 Producer and consumer feed the same byte strings, in the same order, one `update` call per feed; ints are 4-byte
 big-endian; keys are the key content (no header byte). ADHASH (the default) is the 64-bit wrapping sum of the
@@ -114,7 +114,7 @@ def int_bytes(n: int) -> bytes:
     return _INT.pack(n)
 
 
-# Feeds of each message kind, exactly as Segment.addToCheckSum (notes §2.3). EOS feeds nothing.
+# Feeds of each message kind, exactly as Venice's Segment.addToCheckSum. EOS feeds nothing.
 CHECKSUMMED_CONTROL_TYPES = frozenset({0, 1, 2, 5, 6, 7, 8})  # SOP, EOP, SOS, SOIP, EOIP, TopicSwitch, VersionSwap
 EOS_TYPE = 3
 

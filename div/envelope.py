@@ -1,4 +1,4 @@
-"""Kafka values as Venice writes them: magic 23, protocol version, Avro `KafkaMessageEnvelope` (notes §1.3).
+"""Kafka values as Venice writes them: magic 23, protocol version, Avro `KafkaMessageEnvelope` (Venice's KafkaValueSerializer).
 
 Decoded envelopes are plain dicts in fastavro's shape with record unions as `(full name, dict)` tuples, so the
 payload kind is always read from the union branch *name* — never from `messageType`, whose numbering differs from
@@ -39,7 +39,7 @@ KME_NAME = NS + "KafkaMessageEnvelope"
 PAYLOAD_KIND = {PUT: "PUT", UPDATE: "UPDATE", DELETE: "DELETE", CONTROL: "CONTROL"}
 MESSAGE_TYPE = {"PUT": 0, "DELETE": 1, "CONTROL": 2, "UPDATE": 3}
 
-# controlMessageType ints; the controlMessageUnion branch order equals them (notes §0).
+# controlMessageType ints (Venice's ControlMessageType); the controlMessageUnion branch order equals them.
 START_OF_PUSH, END_OF_PUSH, START_OF_SEGMENT, END_OF_SEGMENT = 0, 1, 2, 3
 START_OF_BUFFER_REPLAY, START_OF_INCREMENTAL_PUSH, END_OF_INCREMENTAL_PUSH = 4, 5, 6
 TOPIC_SWITCH, VERSION_SWAP = 7, 8
@@ -324,7 +324,7 @@ def upstream(env: dict) -> tuple[int, int] | None:
 
 # -- builders (writers use these so every envelope has Venice's exact field set) -------------------
 def default_footer(host_name: str) -> tuple[str, dict]:
-    """Footer of a plain producer: writer id and the -1 / EARLIEST sentinels (notes §2.6)."""
+    """Footer of a plain producer: writer id and the -1 / EARLIEST sentinels (VeniceWriter's DEFAULT_LEADER_METADATA_WRAPPER)."""
     from .positions import EARLIEST_BLOB
 
     return (

@@ -6,7 +6,7 @@ only be read with the writer's exact schema (resolved against our v14 reader sch
 and a delta table, written by us from reading Venice's schema history: `_DOWN[v]` lists what version `v` added
 or changed compared with `v - 1`, expressed as the edits that turn the v`v` schema back into v`v-1`; `_UP[v]`
 lists what a version newer than v14 adds. Version numbers we cannot build raise `UnknownProtocolVersion`; the
-caller then falls back to the schema learnt from the `vtp` header (notes §1.3).
+caller then falls back to the schema learnt from the `vtp` header (as Venice's KafkaValueSerializer does).
 
 Things a reader of these schemas must know:
 * `payloadUnion` had no `Update` branch before v7, so its branch *indices* differ (v1-v6: Put=0, Delete=1,

@@ -1,7 +1,7 @@
-"""Kafka keys as Venice writes them: one header byte, then the key content (notes §1.2).
+"""Kafka keys as Venice writes them: one header byte, then the key content (Venice's KafkaKey, KafkaKeySerializer).
 
 Every reader classifies records by the key header, not by the envelope's `messageType`: Global-RT-DIV records
-travel with `messageType = 0` and are told apart only by header byte 8 (notes §1.3, §8 #3). Heartbeats and
+travel with `messageType = 0` and are told apart only by header byte 8 (classify by the key header, never by messageType). Heartbeats and
 Declaration-of-Leadership stamps are recognised by comparing the key content with two fixed keys, as Venice does.
 """
 
@@ -83,11 +83,11 @@ def is_dol_key(key: bytes | None) -> bool:
 
 
 def is_div_exempt(key: bytes | None) -> bool:
-    """Heartbeats and DoL stamps reuse segment 0 / sequence 0 forever and are not tracked by DIV (notes §8 #5)."""
+    """Heartbeats and DoL stamps reuse segment 0 / sequence 0 forever and are not tracked by DIV (every one would be a DUPLICATE)."""
     return key == HEARTBEAT_KEY or key == DOL_KEY
 
 
-# Chunking (notes §1.7): with a chunked version every data key carries an Avro ChunkedKeySuffix.
+# Chunking (Venice's ChunkedKeySuffix): with a chunked version every data key carries an Avro ChunkedKeySuffix.
 NON_CHUNK_SUFFIX = b"\x02\x00"  # union branch 1 (chunkId = null), isChunk = false
 
 

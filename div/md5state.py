@@ -1,6 +1,6 @@
 """MD5 with an inspectable state, so a segment's running MD5 can be checkpointed the way Venice does.
 
-Venice checkpoints a segment's MD5 as BouncyCastle 1.55's `MD5Digest.getEncodedState()` blob (notes §2.4):
+Venice checkpoints a segment's MD5 as BouncyCastle 1.55's `MD5Digest.getEncodedState()` blob (Venice's MD5CheckSum):
 xBuf[4] ‖ BE int32 xBufOff ‖ BE int64 byteCount ‖ BE int32 H1..H4 ‖ BE int32 xOff ‖ xOff BE int32 words.
 `hashlib` cannot export or import its internal state, so MD5 segments use this small implementation. It is slow
 (pure Python) but MD5 is not Venice's default checksum (ADHASH is); its digests are tested against hashlib.

@@ -1,4 +1,4 @@
-"""Venice's checkpoint record, PartitionState v24 (notes §3.7): magic 24, version 24, then Avro.
+"""Venice's checkpoint record, PartitionState v24 (OffsetRecord): magic 24, version 24, then Avro.
 
 It holds the offset a replica has processed and, in the same record, the DIV state of every producer
 (`producerStates`) — saved together so that a restart never pairs data with the wrong DIV state. Map keys of

@@ -1,4 +1,4 @@
-"""PubSub position blobs (notes §7): magic 34, version 1, then Avro {type: int, rawBytes: bytes}.
+"""PubSub position blobs (Venice's PubSubPositionWireFormat, ApacheKafkaOffsetPosition): magic 34, version 1, then Avro {type: int, rawBytes: bytes}.
 
 Kafka offsets are type 0 with rawBytes = the Avro long. EARLIEST (-2) and LATEST (-1) carry no bytes.
 Readers prefer the blob and fall back to the legacy long twin exactly as Venice's

@@ -1,7 +1,7 @@
 """Replication metadata (RMD) of active/active stores: its schema, value-level encoding, and the checkpoint vector.
 
 Why this exists: `Put.replicationMetadataPayload` / `Delete.replicationMetadataPayload` carry raw Avro (no
-prefix) of a record Venice *generates* from the store's value schema (RMD protocol version 1; notes §6.1), so
+prefix) of a record Venice *generates* from the store's value schema (RMD protocol version 1; Venice's RmdSchemaGenerator), so
 there is no schema file to load. Field 1 of that record, `replication_checkpoint_vector`, is the per-record
 offset vector older Leap Frog logic compared; Venice writes it empty today but older data may still hold it.
 

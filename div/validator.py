@@ -1,4 +1,4 @@
-"""Consumer-side DIV: Venice's decision procedure per record (notes §3.3–3.6), one partition at a time.
+"""Consumer-side DIV: Venice's decision procedure per record (DataIntegrityValidator, PartitionTracker), one partition at a time.
 
 `PartitionValidator.process(offset, key, env, broker_ts)` classifies one record and returns its findings. The
 rules are Venice's `PartitionTracker`; where Venice has a known quirk we choose the correct behaviour, listed here
@@ -87,7 +87,7 @@ class _Fault(Exception):
 
 
 class Segment:
-    """What a consumer knows about one producer's current segment in one partition (notes §3.2)."""
+    """What a consumer knows about one producer's current segment in one partition (PartitionTracker's Segment)."""
 
     __slots__ = (
         "number", "sequence", "checksum", "debug_info", "aggregates", "registered", "started", "ended", "final",

@@ -1,4 +1,4 @@
-"""Producer-side DIV: a writer that produces Venice records byte for byte (notes §2).
+"""Producer-side DIV: a writer that produces Venice records byte for byte (Venice's VeniceWriter and Segment).
 
 One GUID per writer; per partition a segment: StartOfSegment (sequence 0), data (1, 2, …), EndOfSegment carrying
 the checksum of everything fed since the SOS. Segments roll on time (default 5 minutes, ≤0 disables) and end as
@@ -6,7 +6,7 @@ the checksum of everything fed since the SOS. Segments roll on time (default 5 m
 
 The writer never talks to Kafka: it returns finished records (key, value, headers). A caller that must retry a
 send re-sends the *same bytes* — unlike Venice's retry path, which re-reads the segment counter and duplicates a
-sequence number (notes §2.7, a quirk we do not copy).
+sequence number (a VeniceWriter quirk we do not copy).
 """
 
 from __future__ import annotations

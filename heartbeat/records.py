@@ -1,8 +1,10 @@
-"""Heartbeat records as Venice writes them (notes §4.2–4.3), plus our `hbw`/`hbd` headers on VT heartbeats.
+"""Heartbeat records as Venice writes them (VeniceWriter.sendHeartbeat, the leader's VT propagation), plus our
+`hbw`/`hbd` headers on VT heartbeats.
 
 Venice identifies heartbeats by their fixed key (`div.keys.HEARTBEAT_KEY`: header 2, the heartbeat GUID,
 segment 0, sequence 0) and gives them a StartOfSegment payload that DIV skips. We build them byte for byte the
-same (the test vectors of notes §1.9 reproduce), so Venice servers and consumers treat ours as their own:
+same (tests/heartbeat/test_heartbeat_codecs.py checks Venice's bytes), so Venice servers and consumers treat ours
+as their own:
 
 * RT heartbeat — written by a leader to its local RT every interval: messageTimestamp = send (origin) time,
   logicalTimestamp −1, default footer (writer id, −1 / EARLIEST sentinels), header `vtp` only.

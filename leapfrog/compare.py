@@ -25,10 +25,10 @@ The tie-break makes the order total, so ``w(a) = w(b)`` and the values are equal
 (applied a value other than that maximum, or skipped a winning write). For the absent prefix the argument is
 the same with an empty processed set: covering a write it never applied means the region skipped it.
 
-``lily_pad_walk`` (footer and rmd modes) is Venice's ``LilyPadUtils.findInconsistencyForKey`` (notes §5.5):
+``lily_pad_walk`` (footer and rmd modes) is Venice's ``LilyPadUtils.findInconsistencyForKey``:
 two pointers, point-in-time high-water marks (``hw_at``), one-step look-ahead, and MISSING only when one
 region has no record of the key. Two deliberate differences: a tombstone as the other region's last record is
-consistent with an absent key (Venice reports it MISSING, notes §5.7), and MISSING is only reported when the
+consistent with an absent key (Venice reports it MISSING), and MISSING is only reported when the
 empty region's prefix is known to be absent (a mid-stream scan knows nothing about earlier state).
 
 Both functions also count coverage: comparable pairs, records skipped as lag, and whether the two current
@@ -149,7 +149,7 @@ def _one_sided(
     if not covered:
         return KeyVerdict(None, 0, 1, True)
     if last.value_hash is None:
-        # Deliberate fix of notes §5.7: a tombstone against an absent key is consistent.
+        # Deliberate fix of Venice's LilyPadUtils: a tombstone against an absent key is consistent.
         return KeyVerdict(None, 1, 0, False)
     if missing_type == MISSING_IN_A:
         return KeyVerdict(KeyFinding(MISSING_IN_A, None, last), 1, 0, False)
@@ -165,7 +165,7 @@ def lily_pad_walk(
     a_known_absent: bool = True,
     b_known_absent: bool = True,
 ) -> KeyVerdict:
-    """Footer/rmd-mode rule for one key: Venice's lily-pad walk (notes §5.5) with our two fixes.
+    """Footer/rmd-mode rule for one key: Venice's lily-pad walk (LilyPadUtils) with our two fixes.
 
     ``a`` and ``b`` hold real records only (no prefix), each ``high_watermark`` being the point-in-time mark
     ``hw_at``. ``*_final_hw`` are the regions' final marks, used when one history is empty;

@@ -1,7 +1,7 @@
 """Offset vectors: the one data shape every Leap Frog rule is written in.
 
 A vector has one component per region (index = region id) holding an RT offset; ``-1`` means "nothing from
-that region" so that coverage needs no special null case (Venice's ``null`` components, notes §5.4). Vectors
+that region" so that coverage needs no special null case (Venice's ``null`` components in DiffValidationUtils.hasOffsetAdvanced). Vectors
 are plain tuples of ints: hashable, immutable, cheap to copy into findings.
 """
 

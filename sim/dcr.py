@@ -8,7 +8,7 @@ which is harmless (same value) and is what puts duplicates in a VT after a failo
 
 `ReplicaStore` stands for what a replica's storage engine keeps per key for DCR (Venice keeps it in the RMD
 column family): the winner's timestamp and coordinates, and — only in legacy mode — the per-key
-`replication_checkpoint_vector` Venice used to maintain (notes §6.2: extend with zeros up to the region's
+`replication_checkpoint_vector` Venice used to maintain (before Venice's commit 42d5245dfb: extend with zeros up to the region's
 index, then overwrite that slot with the RT offset of the applied write).
 """
 

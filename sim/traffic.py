@@ -6,7 +6,7 @@ own rate (simulated writes per second), minus its quiet periods; keys follow a Z
 over a shuffled key space, so hot keys land in every partition; a fraction of writes are DELETEs.
 
 Keys are Avro-serialized strings (`key-00000042`), as a Venice store with a string key schema would write them,
-and are partitioned with Venice's default partitioner (notes §1.8). Values are opaque bytes whose first bytes
+and are partitioned with Venice's default partitioner (DefaultVenicePartitioner). Values are opaque bytes whose first bytes
 name the write (region and write id), so every write's value is distinct and a reader can tell where a value
 came from.
 """

@@ -20,7 +20,7 @@ from .. import envelope as E
 from .. import keys
 from .base import PartitionContext, Record, RecordValidator
 
-# Venice's protocol schema ids on PUTs of chunked values (notes §1.7): they name no value schema.
+# Venice's protocol schema ids on PUTs of chunked values (AvroProtocolDefinition CHUNK and CHUNKED_VALUE_MANIFEST): they name no value schema.
 CHUNK_SCHEMA_ID, MANIFEST_SCHEMA_ID = -10, -20
 
 
