@@ -6,31 +6,13 @@ import datetime as dt
 import os
 import random
 
-import numpy as np
 import pyarrow as pa
 import pyarrow.parquet as pq
 import pytest
+from archive_samples import BIG_HEADER, make_records, read_all
 
 from div import archive
 from div.archive import KAFKA_ARROW_SCHEMA, ArchiveError, ArchiveWriter, PartitionInfo
-
-BIG_HEADER = bytes(range(256)) * 70  # 17,920 bytes, every byte value
-
-
-def make_records(topic: str, partition: int, offsets, ts0_ms: int = 1_700_000_000_000) -> list[tuple]:
-    out = []
-    for o in offsets:
-        headers = None if o % 3 else [("hbw", BIG_HEADER if o % 2 == 0 else b"\x00\x01"), ("empty", None)]
-        key = None if o % 11 == 5 else b"k%d" % o
-        value = None if o % 13 == 7 else b"\xff\x00v%d" % o
-        out.append((topic, partition, o, key, value, ts0_ms + o, 0, headers))
-    return out
-
-
-def read_all(directory, topic, partition, **kw) -> pa.Table:
-    batches = list(archive.iter_partition(directory, topic, partition, **kw))
-    schema = batches[0].schema if batches else KAFKA_ARROW_SCHEMA
-    return pa.Table.from_batches(batches, schema=schema)
 
 
 def test_schema_is_sparks_kafka_schema():
@@ -243,33 +225,6 @@ def test_split_by_partition_keeps_order_within_partitions():
     assert parts[("a", 0)].column("offset").to_pylist() == [0, 1, 2, 3, 4]
     assert parts[("a", 1)].column("offset").to_pylist() == [0, 1, 2, 3]
     assert archive.split_by_partition(archive.empty_batch()) == []
-
-
-@pytest.mark.spark
-def test_archive_written_by_spark_reads_in_offset_order(spark, tmp_path):
-    from pipelines.core.archive_source import read_archive
-
-    src = tmp_path / "ours"
-    recs = make_records("s_v1", 0, range(500)) + make_records("s_v1", 1, range(200))
-    with ArchiveWriter(src) as w:
-        w.append(archive.records_to_batch(recs))
-    foreign = tmp_path / "spark"
-    # Spark writes mixed, shuffled partitions, its own timestamp encoding and a _SUCCESS marker.
-    read_archive(spark, src).repartition(3).write.parquet(str(foreign))
-    assert any(n.startswith("_SUCCESS") for n in os.listdir(foreign))
-    for p, n in ((0, 500), (1, 200)):
-        table = read_all(foreign, "s_v1", p)
-        assert table.to_pylist() == read_all(src, "s_v1", p).to_pylist()
-        assert table.column("offset").to_pylist() == list(range(n))
-    def rows(df):
-        return sorted(map(tuple, df.collect()), key=lambda r: (r[2], r[3], r[4]))
-
-    a = rows(read_archive(spark, src))
-    b = rows(read_archive(spark, foreign, "s_v1"))
-    assert a == b and len(a) == 700
-    assert read_archive(spark, src, ["other"]).count() == 0
-    offs = np.array([r.offset for r in read_archive(spark, src, "s_v1").where("partition = 1").collect()])
-    assert sorted(offs.tolist()) == list(range(200))
 
 
 def test_broker_times_come_back_in_milliseconds_one_way():
