@@ -19,9 +19,7 @@ from typing import Any
 from . import envelope as E
 from . import keys
 from .record_validators import PartitionContext, Record, RecordValidator
-
-# Venice's protocol schema ids on PUTs of chunked values (notes §1.7): they name no value schema.
-CHUNK_SCHEMA_ID, MANIFEST_SCHEMA_ID = -10, -20
+from .records import CHUNK_SCHEMA_ID, MANIFEST_SCHEMA_ID  # they name no value schema (notes §1.7)
 
 
 def _non_negative_int(name: str, value: Any) -> int:

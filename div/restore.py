@@ -68,6 +68,7 @@ from .heartbeat_headers import (
     decode_hbw,
     header_value,
 )
+from .records import footer_source
 from .validator import (
     END_OF_FINAL_SEGMENT,
     END_OF_INTERMEDIATE_SEGMENT,
@@ -223,7 +224,7 @@ class Replay:
         found = self.validator.process(offset, key, env, broker_ts_ms, len(value or b""))
         if found:
             self.findings.update(f.type for f in found)
-        up = E.upstream(env)
+        up = footer_source(env)
         if up is not None:
             self._reflect(*up)
         if key == keys.HEARTBEAT_KEY:

@@ -15,6 +15,7 @@ from heartbeat_fixtures import FakeProducer, LoopResult, RtIn, feed_one
 from div import envelope as E
 from div import keys
 from div.archive import ArchiveWriter
+from div.records import footer_source
 from div.writer import SegmentWriter
 from heartbeat import HeartbeatLeader, LagMonitor
 from heartbeat.records import rt_heartbeat, vt_heartbeat
@@ -226,4 +227,4 @@ def test_lag_reads_a_footers_position_as_every_other_reader_does():
     mon = LagMonitor(vt_region=0, partition=0, n_regions=3)
     mon.feed(bytes([keys.HEADER_PUT_OR_DELETE]) + b"k", env, None, 7, None)
     assert mon.sources[2].footer_offset == 41
-    assert E.upstream(env) == (2, 41)
+    assert footer_source(env) == (2, 41)

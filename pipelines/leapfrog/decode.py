@@ -14,6 +14,7 @@ import xxhash
 from div import envelope as E
 from div import keys as K
 from div.heartbeat_headers import header_value
+from div.records import footer_source
 
 DATA, HEARTBEAT, END_OF_PUSH, START_OF_PUSH, OTHER, UNDECODABLE, CHUNK, MANIFEST, BAD_FOOTER = range(9)
 CHUNK_SCHEMA_ID, MANIFEST_SCHEMA_ID = -10, -20
@@ -151,7 +152,7 @@ class VtDecoder:
                     deleted[i] = True
                 else:
                     continue  # an UPDATE in a VT: not a replicated value
-                up = E.upstream(env)
+                up = footer_source(env)
                 if up is None:
                     kind[i] = BAD_FOOTER
                     continue
@@ -165,7 +166,7 @@ class VtDecoder:
                     continue
                 if key == K.HEARTBEAT_KEY:
                     kind[i] = HEARTBEAT
-                    up = E.upstream(env)
+                    up = footer_source(env)
                     if up is not None:
                         src[i], src_off[i] = up
                     raw = header_value(headers[i], "hbw")
