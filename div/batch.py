@@ -18,10 +18,8 @@ from typing import Any
 import pyarrow as pa
 
 from . import envelope as E
-from . import keys
-from .archive import timestamps_ms
-from .keys import KNOWN_HEADERS
 from .record_validators import Chain, PartitionContext, Record
+from .records import iter_record_tuples
 from .validator import (
     NOT_FINDINGS,
     UNDECODABLE,
@@ -135,12 +133,7 @@ class PartitionRun:
         n = batch.num_rows
         if n == 0:
             return
-        cols = batch.schema.names
-        key_col = batch.column(cols.index("key")).to_pylist()
-        val_col = batch.column(cols.index("value")).to_pylist()
-        off_col = batch.column(cols.index("offset")).to_pylist()
-        ts_col = timestamps_ms(batch)
-        hdr_col = batch.column(cols.index("headers")).to_pylist() if "headers" in cols else [None] * n
+        off_col = batch.column(batch.schema.names.index("offset")).to_pylist()
         s = self.summary
         if s.first_offset is None:
             s.first_offset = off_col[0]
@@ -151,27 +144,14 @@ class PartitionRun:
         self.validator.records += n
         validator = self.validator
         process = validator.process
-        decode = self.codec.decode
         rows = self.rows
-        known = KNOWN_HEADERS
-        undecodable = E.UndecodableError
         has_chain = bool(self.record_validators)
         try:
-            for key, value, offset, broker_ms, headers in zip(key_col, val_col, off_col, ts_col, hdr_col,
-                                                              strict=True):
-                if not key or key[0] not in known:
-                    reason = _key_problem(key)
-                    rows.append(self._undecodable(offset, reason))
+            for offset, key, value, headers, broker_ms, env, error, _, _ in iter_record_tuples(batch, self.codec):
+                if env is None:
+                    rows.append(self._undecodable(offset, error))
                     if has_chain:
-                        self._run_record_validators(offset, key, value, headers, None, broker_ms, reason)
-                    continue
-                try:
-                    env = decode(value, headers)
-                except undecodable as exc:
-                    reason = str(exc)
-                    rows.append(self._undecodable(offset, reason))
-                    if has_chain:
-                        self._run_record_validators(offset, key, value, headers, None, broker_ms, reason)
+                        self._run_record_validators(offset, key, value, headers, None, broker_ms, error)
                     continue
                 findings = process(offset, key, env, broker_ms, len(value))
                 if findings:
@@ -212,14 +192,6 @@ class PartitionRun:
 
     def table(self) -> pa.Table:
         return rows_to_table(self.rows)
-
-
-def _key_problem(key: bytes | None) -> str:
-    try:
-        keys.split_key(key)
-    except keys.KeyError_ as exc:
-        return str(exc)
-    return "bad key"
 
 
 def rows_to_table(rows: list[tuple]) -> pa.Table:

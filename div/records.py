@@ -7,7 +7,8 @@ leader-written record, the RT position it came from. Each used to take these fro
 its own; they now share this module, so a record is undecodable, a heartbeat or a chunk for all of them alike.
 
 - `iter_records(batch, codec)` yields a `Record` per row of a batch in the archive's layout
-  (`div.archive.KAFKA_ARROW_SCHEMA`, or a subset of its columns).
+  (`div.archive.KAFKA_ARROW_SCHEMA`, or a subset of its columns); `iter_record_tuples` is the same loop yielding
+  plain tuples in `Record`'s field order, for the hot path of `div validate`.
 - `Kind` defines the kinds once; `kind(key, env)` classifies a record once, the way Venice does
   (`MessageType.valueOf` on the envelope, the key header, the heartbeat key, the chunking schema ids), and
   `message_type(env)` gives the envelope's own type alone.
