@@ -39,8 +39,9 @@ class Kind(IntEnum):
     """What a record is. Stable small integers: Leap Frog's decoder stores them as an int8 column.
 
     PUT, DELETE, UPDATE and CONTROL are also Venice's `MessageType`s (`message_type`); the control kinds are the
-    `controlMessageType`s, CONTROL standing for one this version does not name. OTHER is a decodable record whose
-    key header and payload disagree (e.g. a Put under a control key), which no reader acts on as either.
+    `controlMessageType`s, CONTROL standing for one this version does not name. OTHER is a record no reader acts
+    on: `kind` gives it to a decodable record whose key header and payload disagree (e.g. a Put under a control
+    key), and Leap Frog's decoder to the keys it leaves undecoded (UPDATE and Global-RT-DIV headers).
     """
 
     PUT = 0
