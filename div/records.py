@@ -7,8 +7,10 @@ leader-written record, the RT position it came from. Each used to take these fro
 its own; they now share this module, so a record is undecodable, a heartbeat or a chunk for all of them alike.
 
 - `iter_records(batch, codec)` yields a `Record` per row of a batch in the archive's layout
-  (`div.archive.KAFKA_ARROW_SCHEMA`, or a subset of its columns); `iter_record_tuples` is the same loop yielding
-  plain tuples in `Record`'s field order, for the hot path of `div validate`.
+  (`div.archive.KAFKA_ARROW_SCHEMA`, or a subset of its columns). The two benchmarked hot paths, `div validate`
+  (`div.batch`) and Leap Frog's decoder, keep loops of their own built from the same parts (`decode_record`'s
+  key check, `kind`, `footer_source`, `div.archive.timestamps_ms`): a generator step per record costs them a few
+  per cent.
 - `Kind` defines the kinds once; `kind(key, env)` classifies a record once, the way Venice does
   (`MessageType.valueOf` on the envelope, the key header, the heartbeat key, the chunking schema ids), and
   `message_type(env)` gives the envelope's own type alone.
@@ -186,16 +188,6 @@ def iter_records(batch: pa.RecordBatch | pa.Table, codec: E.EnvelopeCodec) -> It
     """The records of an archive-schema batch (any subset of its columns), in batch order, each decoded with
     `codec` (one per thread or task: it learns writer schemas from `vtp` headers, in record order). A record
     that cannot be decoded comes with its reason, never as an exception."""
-    return map(_as_record, iter_record_tuples(batch, codec))
-
-
-_as_record = partial(tuple.__new__, Record)
-
-
-def iter_record_tuples(batch: pa.RecordBatch | pa.Table, codec: E.EnvelopeCodec) -> Iterator[tuple]:
-    """`iter_records` as plain tuples in `Record`'s field order: the loop itself, for hot paths that unpack each
-    record at once (`div.batch`). A NamedTuple per record costs about 5 % of a `div validate` run; a tuple, which
-    the loop builds anyway, next to nothing."""
     n = batch.num_rows
     if n == 0:
         return
@@ -210,14 +202,19 @@ def iter_record_tuples(batch: pa.RecordBatch | pa.Table, codec: E.EnvelopeCodec)
     decode = codec.decode
     known = keys.KNOWN_HEADERS
     undecodable = E.UndecodableError
+    record = _as_record
     for key, value, offset, ms, headers, topic, partition in zip(key_col, val_col, off_col, ts_col, hdr_col,
                                                                  topic_col, part_col, strict=True):
         if not key or key[0] not in known:
-            yield offset, key, value, headers, ms, None, key_problem(key), topic, partition
+            yield record((offset, key, value, headers, ms, None, key_problem(key), topic, partition))
             continue
         try:
             env = decode(value, headers)
         except undecodable as exc:
-            yield offset, key, value, headers, ms, None, str(exc), topic, partition
+            yield record((offset, key, value, headers, ms, None, str(exc), topic, partition))
             continue
-        yield offset, key, value, headers, ms, env, None, topic, partition
+        yield record((offset, key, value, headers, ms, env, None, topic, partition))
+
+
+# a Record from a tuple without NamedTuple's Python-level constructor
+_as_record = partial(tuple.__new__, Record)
