@@ -88,27 +88,38 @@ def kind(key: bytes | None, env: dict | None) -> Kind:
     byte 8), the heartbeat key marks heartbeats, the payload says which data or control message it is, and a Put
     with a chunking schema id is a chunk or a manifest.
     """
+    # Leap Frog's decoder calls this once per record: constants are module globals, not attribute lookups on
+    # Kind or modules (an Enum member lookup costs several times a global's).
     if env is None or not key:
-        return Kind.UNDECODABLE
-    if key == keys.HEARTBEAT_KEY:
-        return Kind.HEARTBEAT
+        return _UNDECODABLE
+    if key == _HEARTBEAT_KEY:
+        return _HEARTBEAT
     name, body = env["payloadUnion"]
     header = key[0]
-    if header == keys.HEADER_PUT_OR_DELETE:
-        if name == E.PUT:
+    if header == _DATA_HEADER:
+        if name == _PUT_BRANCH:
             sid = body["schemaId"]
-            return Kind.CHUNK if sid == CHUNK_SCHEMA_ID else Kind.MANIFEST if sid == MANIFEST_SCHEMA_ID else Kind.PUT
-        return Kind.DELETE if name == E.DELETE else Kind.OTHER
-    if header == keys.HEADER_CONTROL_MESSAGE:
-        if name != E.CONTROL:
-            return Kind.OTHER
+            return _CHUNK if sid == CHUNK_SCHEMA_ID else _MANIFEST if sid == MANIFEST_SCHEMA_ID else _PUT
+        return _DELETE if name == _DELETE_BRANCH else _OTHER
+    if header == _CONTROL_HEADER:
+        if name != _CONTROL_BRANCH:
+            return _OTHER
         ctype = body["controlMessageType"]
-        return _CONTROL_KINDS[ctype] if 0 <= ctype < len(_CONTROL_KINDS) else Kind.CONTROL
-    if header == keys.HEADER_UPDATE:
-        return Kind.UPDATE if name == E.UPDATE else Kind.OTHER
-    if header == keys.HEADER_GLOBAL_RT_DIV:
-        return Kind.GLOBAL_RT_DIV
-    return Kind.UNDECODABLE
+        return _CONTROL_KINDS[ctype] if 0 <= ctype < len(_CONTROL_KINDS) else _CONTROL
+    if header == _UPDATE_HEADER:
+        return _UPDATE if name == _UPDATE_BRANCH else _OTHER
+    if header == _GLOBAL_RT_DIV_HEADER:
+        return _GLOBAL_RT_DIV
+    return _UNDECODABLE
+
+
+_PUT_BRANCH, _DELETE_BRANCH, _UPDATE_BRANCH, _CONTROL_BRANCH = E.PUT, E.DELETE, E.UPDATE, E.CONTROL
+_HEARTBEAT_KEY = keys.HEARTBEAT_KEY
+_PUT, _DELETE, _UPDATE, _CONTROL, _OTHER = Kind.PUT, Kind.DELETE, Kind.UPDATE, Kind.CONTROL, Kind.OTHER
+_HEARTBEAT, _CHUNK, _MANIFEST, _GLOBAL_RT_DIV = Kind.HEARTBEAT, Kind.CHUNK, Kind.MANIFEST, Kind.GLOBAL_RT_DIV
+_UNDECODABLE = Kind.UNDECODABLE
+_DATA_HEADER, _CONTROL_HEADER = keys.HEADER_PUT_OR_DELETE, keys.HEADER_CONTROL_MESSAGE
+_UPDATE_HEADER, _GLOBAL_RT_DIV_HEADER = keys.HEADER_UPDATE, keys.HEADER_GLOBAL_RT_DIV
 
 
 def footer_source(env: dict) -> tuple[int, int] | None:

@@ -122,6 +122,9 @@ class VtDecoder:
         chunk_keys: list = [None] * n
         payload: list = [None] * n
         decode = self.codec.decode
+        # Kind members as locals, compared by identity: this loop is Leap Frog's hot path
+        k_put, k_delete, k_manifest, k_chunk = Kind.PUT, Kind.DELETE, Kind.MANIFEST, Kind.CHUNK
+        k_heartbeat, k_start_of_push = Kind.HEARTBEAT, Kind.START_OF_PUSH
         for i in range(n):
             key = keys_in[i]
             if not key:
@@ -138,14 +141,14 @@ class VtDecoder:
                 k = record_kind(key, env)
                 body = env["payloadUnion"][1]
                 key_out[i] = key[1:]
-                if k == PUT:
+                if k is k_put:
                     kind[i] = PUT
                     vhash[i] = value_hash(body["putValue"])
                     deleted[i] = False
-                elif k == DELETE:
+                elif k is k_delete:
                     kind[i] = DELETE
                     deleted[i] = True
-                elif k == MANIFEST:
+                elif k is k_manifest:
                     ks = self._manifest_keys(body["putValue"])
                     if ks is None:
                         kind[i] = UNDECODABLE
@@ -153,7 +156,7 @@ class VtDecoder:
                     kind[i] = MANIFEST
                     chunk_keys[i] = ks
                     deleted[i] = False
-                elif k == CHUNK:
+                elif k is k_chunk:
                     kind[i] = CHUNK
                     payload[i] = body["putValue"]
                     continue
@@ -177,14 +180,14 @@ class VtDecoder:
                     continue
                 k = record_kind(key, env)
                 kind[i] = k
-                if k == HEARTBEAT:
+                if k is k_heartbeat:
                     up = footer_source(env)
                     if up is not None:
                         src[i], src_off[i] = up
                     raw = header_value(headers[i], "hbw")
                     if raw is not None:
                         hbw[i] = _decode_hbw(raw)
-                elif k == START_OF_PUSH:
+                elif k is k_start_of_push:
                     chunked[i] = bool(E.control_body(env).get("chunked"))
             elif header not in K.KNOWN_HEADERS:
                 kind[i] = UNDECODABLE
