@@ -28,7 +28,6 @@ import fastavro.schema
 from . import schemas
 from .avro_bits import write_long
 from .heartbeat_headers import header_value
-from .positions import offset_with_fallback
 
 MAGIC = 23
 CURRENT_VERSION = 14
@@ -306,20 +305,6 @@ def footer(env: dict) -> dict | None:
     if f is None:
         return None
     return f[1] if isinstance(f, tuple) else f
-
-
-def upstream(env: dict) -> tuple[int, int] | None:
-    """(upstream cluster id, upstream RT offset) of a leader-written record, or None without a footer.
-
-    The one reading of a footer's position: the pub-sub position blob, falling back to the legacy
-    `upstreamOffset` long exactly as Venice's `deserializePositionWithOffsetFallback` does
-    (`positions.offset_with_fallback`). Every reader goes through here, so none reads the raw long alone.
-    """
-    f = footer(env)
-    if f is None:
-        return None
-    return (f.get("upstreamKafkaClusterId", -1),
-            offset_with_fallback(f.get("upstreamPubSubPosition") or b"", f.get("upstreamOffset", -1)))
 
 
 # -- builders (writers use these so every envelope has Venice's exact field set) -------------------

@@ -45,7 +45,6 @@ records with `Restored.feed_vt` / `feed_vt_record` (and `feed_rt` for a new lead
 
 from __future__ import annotations
 
-import contextlib
 from collections import Counter
 from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
@@ -57,7 +56,6 @@ from . import checksum as cks
 from . import envelope as E
 from . import keys
 from . import partition_state as ps
-from .archive import timestamps_ms
 from .heartbeat_headers import (
     HBD_HEADER,
     HBW_HEADER,
@@ -68,6 +66,7 @@ from .heartbeat_headers import (
     decode_hbw,
     header_value,
 )
+from .records import decode_record, footer_source, iter_records
 from .validator import (
     END_OF_FINAL_SEGMENT,
     END_OF_INTERMEDIATE_SEGMENT,
@@ -210,20 +209,20 @@ class Replay:
     def feed_record(self, offset: int, key: bytes | None, value: bytes | None, headers: Iterable | None = None,
                     broker_ts_ms: int | None = None) -> list[Finding]:
         """Validate one VT record (in offset order); returns its DIV findings."""
+        env, _ = decode_record(self.codec, key, value, headers)
+        return self._feed(offset, key, value, headers, broker_ts_ms, env)
+
+    def _feed(self, offset: int, key: bytes | None, value: bytes | None, headers: Iterable | None,
+              broker_ts_ms: int | None, env: dict | None) -> list[Finding]:
         self.records += 1
         self.last_offset = offset
-        if not key or key[0] not in keys.KNOWN_HEADERS:
-            self._undecodable(offset)
-            return []
-        try:
-            env = self.codec.decode(value, headers)
-        except E.UndecodableError:
+        if env is None:
             self._undecodable(offset)
             return []
         found = self.validator.process(offset, key, env, broker_ts_ms, len(value or b""))
         if found:
             self.findings.update(f.type for f in found)
-        up = E.upstream(env)
+        up = footer_source(env)
         if up is not None:
             self._reflect(*up)
         if key == keys.HEARTBEAT_KEY:
@@ -244,18 +243,9 @@ class Replay:
 
     def feed(self, batch: pa.RecordBatch | pa.Table) -> list[Finding]:
         """Validate a batch of VT records (archive schema, offset order); returns their DIV findings."""
-        n = batch.num_rows
-        if n == 0:
-            return []
-        names = batch.schema.names
-        key_col = batch.column(names.index("key")).to_pylist()
-        val_col = batch.column(names.index("value")).to_pylist()
-        off_col = batch.column(names.index("offset")).to_pylist()
-        ts_col = timestamps_ms(batch)
-        hdr_col = batch.column(names.index("headers")).to_pylist() if "headers" in names else [None] * n
         out: list[Finding] = []
-        for rec in zip(off_col, key_col, val_col, hdr_col, ts_col, strict=True):
-            found = self.feed_record(*rec)
+        for rec in iter_records(batch, self.codec):
+            found = self._feed(rec.offset, rec.key, rec.value, rec.headers, rec.ms, rec.env)
             if found:
                 out.extend(found)
         return out
@@ -506,12 +496,9 @@ def restore_vt(read: ReadRange, at: int, *, first_offset: int = 0, validator: Pa
 def _learn_writer_schema(codec: E.EnvelopeCodec, read: ReadRange, offset: int) -> None:
     """Decode the heartbeat at `offset` once, for its `vtp` header: the replay after it starts mid-log, where a
     newer writer's records are readable only with the schema that header announces."""
-    for batch in read(offset, offset + 1, ("offset", "value", "headers")):
-        for o, value, headers in zip(batch.column("offset").to_pylist(), batch.column("value").to_pylist(),
-                                     batch.column("headers").to_pylist(), strict=True):
-            if o == offset:
-                with contextlib.suppress(E.UndecodableError):
-                    codec.decode(value, headers)
+    for batch in read(offset, offset + 1, ("offset", "key", "value", "headers")):
+        for _ in iter_records(_clip(batch, offset, offset + 1), codec):
+            pass  # decoding it is what teaches the codec; an undecodable heartbeat teaches nothing
 
 
 def restore_rt(restored: Restored, region: int, read: ReadRange, *, first_offset: int = 0,

@@ -24,9 +24,9 @@ from __future__ import annotations
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, field
 
-from div import envelope as E
 from div import keys
 from div.heartbeat_headers import HeaderError
+from div.records import footer_source
 
 from .records import parse_vt_heartbeat
 
@@ -107,7 +107,7 @@ class LagMonitor:
         if key is not None and keys.is_heartbeat_key(bytes(key)):
             return self._heartbeat(key, env, headers, vt_offset, broker_ts_ms)
         if key and key[0] == keys.HEADER_PUT_OR_DELETE:
-            up = E.upstream(env)
+            up = footer_source(env)
             if up is not None and up[0] >= 0:
                 st = self._source(up[0])
                 if up[1] > st.footer_offset:

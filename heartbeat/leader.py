@@ -49,6 +49,7 @@ from div import checksum as cks
 from div import envelope as E
 from div import keys
 from div.heartbeat_headers import DivState, Watermarks, encode_hbd, encode_hbw, producer_state_schema
+from div.records import Kind, decode_record, message_type
 from div.validator import (
     END_OF_FINAL_SEGMENT,
     END_OF_INTERMEDIATE_SEGMENT,
@@ -65,9 +66,8 @@ from .watermarks import WatermarkTracker
 
 log = logging.getLogger("tidegauge.heartbeat")
 
-HEARTBEAT = "HEARTBEAT"
-UNDECODABLE_KIND = "UNDECODABLE"
-DATA_KINDS = frozenset({"PUT", "DELETE", "UPDATE"})
+# RtRecord.kind is the name of a div.records.Kind (a string, as callers compare it with "PUT", "DELETE", ...)
+DATA_KINDS = frozenset({Kind.PUT.name, Kind.DELETE.name, Kind.UPDATE.name})
 DEFAULT_HBD_MAX_BYTES = 900_000
 
 
@@ -83,10 +83,12 @@ class LeaderUsageError(RuntimeError):
 class RtRecord:
     """One consumed RT record as the leader saw it.
 
-    `kind`: PUT, DELETE, UPDATE, CONTROL (a producer's SOS/EOS/...: nothing to write), HEARTBEAT (handled by
-    the library: do nothing) or UNDECODABLE (not a Venice record: nothing to write). `key` is the key content
-    (without Venice's header byte); `env` the decoded envelope; `findings` the RT DIV findings of the record
-    (Venice drops DUPLICATEs; after EOP the other kinds are warnings).
+    `kind`, the name of a `div.records.Kind`: PUT, DELETE, UPDATE, CONTROL (a producer's SOS/EOS/...: nothing to
+    write), HEARTBEAT (handled by the library: do nothing) or UNDECODABLE (not a Venice record: nothing to write).
+    A record other than a heartbeat is named by its envelope's type (`div.records.message_type`): what the leader
+    forwards is a Put, Delete or Update, chunked or not. `key` is the key content (without Venice's header byte);
+    `env` the decoded envelope; `findings` the RT DIV findings of the record (Venice drops DUPLICATEs; after EOP
+    the other kinds are warnings).
     """
 
     region: int
@@ -100,7 +102,7 @@ class RtRecord:
 
     @property
     def is_heartbeat(self) -> bool:
-        return self.kind == HEARTBEAT
+        return self.kind == Kind.HEARTBEAT.name
 
     @property
     def is_data(self) -> bool:
@@ -284,29 +286,25 @@ class HeartbeatLeader:
             if rec is not None:
                 return rec
         self._last_was_heartbeat = False
-        try:
-            header, content = keys.split_key(key)
-            env = self.codec.decode(value, headers)
-        except (keys.KeyError_, E.UndecodableError) as exc:
-            finding = Finding(offset, None, -1, -1, UNDECODABLE, False, str(exc))
+        env, error = decode_record(self.codec, key, value, headers)
+        if env is None:
+            finding = Finding(offset, None, -1, -1, UNDECODABLE, False, error)
             self._current = _Current(region, offset, key, None, broker_ts_ms, [])
-            return RtRecord(region, offset, UNDECODABLE_KIND, None, None, [finding], broker_ts_ms, str(exc))
+            return RtRecord(region, offset, Kind.UNDECODABLE.name, None, None, [finding], broker_ts_ms, error)
         findings = self._rt_validators[region].process(offset, key, env, broker_ts_ms, len(value or b""))
         self._current = _Current(region, offset, key, env, broker_ts_ms, [])
-        kind = E.payload_kind(env)
-        return RtRecord(region, offset, kind, content, env, findings, broker_ts_ms)
+        return RtRecord(region, offset, message_type(env).name, key[1:], env, findings, broker_ts_ms)
 
     def _on_rt_heartbeat(self, region, offset, key, value, headers, broker_ts_ms) -> RtRecord | None:
-        try:
-            env = self.codec.decode(value, headers)
-        except E.UndecodableError:
+        env, _ = decode_record(self.codec, key, value, headers)
+        if env is None:
             return None  # not a heartbeat after all: the general path reports it as UNDECODABLE
         tracker = self._tracker()
         tracker.processed(region, offset, ())  # heartbeats are DIV-exempt: nothing to replay
         self._pending_hbs.append(_PendingHeartbeat(region, offset, vt_heartbeat_timestamp(env, broker_ts_ms)))
         self._last_was_heartbeat = True
         self._emit_ready_heartbeats()
-        return RtRecord(region, offset, HEARTBEAT, None, env, [], broker_ts_ms)
+        return RtRecord(region, offset, Kind.HEARTBEAT.name, None, env, [], broker_ts_ms)
 
     # -- writing the VT ------------------------------------------------------------------------------
     def put(self, key_content: bytes, value: bytes, schema_id: int = 1, *, rmd_version: int = -1,

@@ -35,6 +35,7 @@ from div.heartbeat_headers import (
     encode_hbw,
     header_value,
 )
+from div.records import footer_source
 from div.writer import OutRecord, vtp_header_value
 
 LCS_HEADER = "lcs"
@@ -123,7 +124,7 @@ def parse_vt_heartbeat(key: bytes | None, env: dict, headers: Iterable | None, *
     if key is None or not keys.is_heartbeat_key(bytes(key)):
         return None
     footer = E.footer(env) or {}
-    offset = (E.upstream(env) or (-1, -1))[1]
+    offset = (footer_source(env) or (-1, -1))[1]
     hbw = header_value(headers, HBW_HEADER)
     hbd = header_value(headers, HBD_HEADER)
     lcs = header_value(headers, LCS_HEADER)

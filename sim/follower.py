@@ -13,8 +13,8 @@ from collections import Counter
 from dataclasses import dataclass, field
 
 from div import envelope as E
-from div import keys
 from div.checkpoint import CheckpointStore
+from div.records import Kind, kind, message_type
 from div.validator import Finding, PartitionValidator
 
 from .cluster import SimClock
@@ -105,12 +105,17 @@ class Follower:
     _since_checkpoint: int = 0
 
     def consume(self, msgs: list) -> None:
-        """Validate VT records (one partition, offset order)."""
+        """Validate VT records (one partition, offset order).
+
+        The records are Kafka messages handed over by the simulation, not an Arrow batch, so this loop is not
+        `div.records.iter_records`; it classifies them with `div.records` all the same. The simulation writes
+        only Venice records: one that does not decode is a bug, and raises.
+        """
         decode = self.codec.decode
         process = self.validator.process
         counts = self.counts
         meta = self.meta
-        hb_key = keys.HEARTBEAT_KEY
+        put, delete = Kind.PUT, Kind.DELETE
         for m in msgs:
             offset, key, value, headers = m.offset(), m.key(), m.value(), m.headers()
             ts = m.timestamp()[1]
@@ -118,15 +123,15 @@ class Follower:
             found = process(offset, key, env, ts, len(value))
             if found:
                 self.findings.extend(found)
-            name, body = env["payloadUnion"]
-            if name == E.PUT or name == E.DELETE:
+            mtype = message_type(env)
+            if mtype is put or mtype is delete:
                 f = env["leaderMetadataFooter"]
                 if f is not None and f[1]["upstreamKafkaClusterId"] >= 0:  # leader-written (not push job)
                     meta.data_records += 1
                     meta.footer += footer_size(f[1])
-                    meta.rmd += rmd_size(body)
-                counts["put" if name == E.PUT else "delete"] += 1
-            elif key == hb_key:
+                    meta.rmd += rmd_size(env["payloadUnion"][1])
+                counts["put" if mtype is put else "delete"] += 1
+            elif kind(key, env) is Kind.HEARTBEAT:
                 counts["heartbeat"] += 1
                 meta.heartbeats += 1
                 for hk, hv in headers or ():

@@ -15,6 +15,7 @@ from heartbeat_fixtures import FakeProducer, LoopResult, RtIn, feed_one
 from div import envelope as E
 from div import keys
 from div.archive import ArchiveWriter
+from div.records import footer_source
 from div.writer import SegmentWriter
 from heartbeat import HeartbeatLeader, LagMonitor
 from heartbeat.records import rt_heartbeat, vt_heartbeat
@@ -214,7 +215,7 @@ def test_lag_on_a_live_cluster_reads_rt_ends_from_the_same_cluster(embedded_kafk
 
 def test_lag_reads_a_footers_position_as_every_other_reader_does():
     # Issue 17: heartbeat/lag.py read the raw upstreamOffset long while every other reader applies Venice's
-    # position fallback (div.envelope.upstream). A footer whose long is the -1 sentinel but whose position blob
+    # position fallback (div.records.footer_source). A footer whose long is the -1 sentinel but whose position blob
     # says 41 reflects RT offset 41.
     from div import envelope as E
     from div import keys
@@ -226,4 +227,25 @@ def test_lag_reads_a_footers_position_as_every_other_reader_does():
     mon = LagMonitor(vt_region=0, partition=0, n_regions=3)
     mon.feed(bytes([keys.HEADER_PUT_OR_DELETE]) + b"k", env, None, 7, None)
     assert mon.sources[2].footer_offset == 41
-    assert E.upstream(env) == (2, 41)
+    assert footer_source(env) == (2, 41)
+
+
+def test_lag_counts_a_record_without_a_venice_key_as_undecodable(tmp_path):
+    # Issue 17: lag decoded every value whatever its key, so a VT record whose key was lost (damage kind key_null)
+    # was read as evidence. Every reader now goes through div.records, which checks the key first: the record is
+    # undecodable, and the run partial.
+    from vt_builder import TS, RegionVt
+
+    from pipelines.core.evidence import PartitionEvidence
+    from pipelines.core.sources import open_source, parse_source
+    from pipelines.lag.job import monitor_partition
+
+    vt = RegionVt(region=0)
+    vt.put(b"k", b"v", src=1, rt_offset=5)
+    vt.heartbeat(origin=0, origin_offset=3, vector=[3, 5])
+    with ArchiveWriter(tmp_path) as w:
+        for off, r in enumerate(vt.records):
+            w.append_record("s_v1", 0, off, None if off == 0 else r.key, r.value, TS, 0, r.headers)
+    ev = PartitionEvidence(0, "s_v1", 0, 0, len(vt.records))
+    mon = monitor_partition(open_source(parse_source(f"0={tmp_path}")), "s_v1", 0, 2, ev)
+    assert ev.undecodable == 1 and mon.records == 1

@@ -18,10 +18,11 @@ from typing import Any
 
 from .. import envelope as E
 from .. import keys
+from ..records import (  # on PUTs of chunked values: they name no value schema
+    CHUNK_SCHEMA_ID,
+    MANIFEST_SCHEMA_ID,
+)
 from .base import PartitionContext, Record, RecordValidator
-
-# Venice's protocol schema ids on PUTs of chunked values (AvroProtocolDefinition CHUNK and CHUNKED_VALUE_MANIFEST): they name no value schema.
-CHUNK_SCHEMA_ID, MANIFEST_SCHEMA_ID = -10, -20
 
 
 def _non_negative_int(name: str, value: Any) -> int:

@@ -18,8 +18,8 @@ import pyarrow as pa
 import pyarrow.parquet as pq
 
 from div import envelope as E
-from div.archive import timestamps_ms
 from div.batch import is_realtime_topic
+from div.records import iter_records
 from heartbeat.lag import LagMonitor, LagRow
 from pipelines.core.errors import UsageError
 from pipelines.core.evidence import PartitionEvidence, describe_short, summary_fields, verdict
@@ -97,22 +97,16 @@ def monitor_partition(src: Source, topic: str, partition: int, n_regions: int,
     newest = None
     batches = src.iter_partition(topic, partition, columns=["key", "value", "headers", "offset", "timestamp"])
     for batch in (progress.counted(batches) if progress is not None else batches):
-        ts = timestamps_ms(batch)
-        offsets = batch.column("offset").to_pylist()
-        rows = zip(batch.column("key").to_pylist(), batch.column("value").to_pylist(),
-                   batch.column("headers").to_pylist(), offsets, ts, strict=True)
-        ev.read_records += len(offsets)
-        if offsets and offsets[-1] >= ev.end - 1:
+        ev.read_records += batch.num_rows
+        if batch.num_rows and batch.column("offset")[-1].as_py() >= ev.end - 1:
             ev.reached_end = True
-        for key, value, headers, offset, ms in rows:
-            if ms is not None and (newest is None or ms > newest):
-                newest = ms
-            try:
-                env = codec.decode(value, headers)
-            except E.UndecodableError:
-                ev.note_undecodable([offset])
+        for rec in iter_records(batch, codec):
+            if rec.ms is not None and (newest is None or rec.ms > newest):
+                newest = rec.ms
+            if rec.env is None:
+                ev.note_undecodable([rec.offset])
                 continue
-            mon.feed(key, env, headers, offset, ms)
+            mon.feed(rec.key, rec.env, rec.headers, rec.offset, rec.ms)
     if src.spec.is_kafka:
         ev.reached_end = True  # the reader raises when it stalls before the end; the end may be compacted
     if newest is not None:

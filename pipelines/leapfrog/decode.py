@@ -1,9 +1,14 @@
 """Version-topic records → the narrow rows Leap Frog needs, decoded in Arrow batches (inside `mapInArrow`).
 
-Each VT record becomes one row: what it is (data, heartbeat, End/Start of Push, chunk, manifest, other,
-undecodable), its key content, a 64-bit hash of its value, the footer's upstream region and RT offset, the
-heartbeat's `hbw` vector and the RMD checkpoint vector when present. Values are never carried further than this
-stage (chunks excepted: their payloads are needed to hash chunked values through their manifests).
+Each VT record becomes one row: its `div.records.Kind` (as int8), its key content, a 64-bit hash of its value, the
+footer's upstream region and RT offset, the heartbeat's `hbw` vector and the RMD checkpoint vector when present.
+Values are never carried further than this stage (chunks excepted: their payloads are needed to hash chunked
+values through their manifests).
+
+Why this loop is not `div.records.iter_records`: it is Leap Frog's hot path and builds its output columns in
+place, row by row, and it decodes only what Leap Frog reads (data and control keys; UPDATE and Global-RT-DIV keys
+are left undecoded as OTHER). The classification (`div.records.kind`) and the footer reading
+(`div.records.footer_source`) are the shared ones.
 """
 
 from __future__ import annotations
@@ -14,9 +19,13 @@ import xxhash
 from div import envelope as E
 from div import keys as K
 from div.heartbeat_headers import header_value
+from div.records import Kind, footer_source
+from div.records import kind as record_kind
 
-DATA, HEARTBEAT, END_OF_PUSH, START_OF_PUSH, OTHER, UNDECODABLE, CHUNK, MANIFEST, BAD_FOOTER = range(9)
-CHUNK_SCHEMA_ID, MANIFEST_SCHEMA_ID = -10, -20
+# int8 codes of the kinds this module writes and its readers (scan, job) test, as plain ints for numpy and Spark
+PUT, DELETE, CHUNK, MANIFEST = int(Kind.PUT), int(Kind.DELETE), int(Kind.CHUNK), int(Kind.MANIFEST)
+HEARTBEAT, START_OF_PUSH, END_OF_PUSH = int(Kind.HEARTBEAT), int(Kind.START_OF_PUSH), int(Kind.END_OF_PUSH)
+UNDECODABLE, OTHER = int(Kind.UNDECODABLE), int(Kind.OTHER)
 
 DECODED_SCHEMA = pa.schema([
     ("region", pa.int32()),
@@ -101,7 +110,7 @@ class VtDecoder:
             regions = batch.column(names.index("region")).to_pylist()
         else:
             regions = [region] * n
-        kind = [OTHER] * n
+        kind = [OTHER] * n  # UPDATE and Global-RT-DIV keys stay OTHER: Leap Frog reads nothing of them
         key_out: list = [None] * n
         vhash: list = [None] * n
         deleted: list = [None] * n
@@ -113,6 +122,9 @@ class VtDecoder:
         chunk_keys: list = [None] * n
         payload: list = [None] * n
         decode = self.codec.decode
+        # Kind members as locals, compared by identity: this loop is Leap Frog's hot path
+        k_put, k_delete, k_manifest, k_chunk = Kind.PUT, Kind.DELETE, Kind.MANIFEST, Kind.CHUNK
+        k_heartbeat, k_start_of_push = Kind.HEARTBEAT, Kind.START_OF_PUSH
         for i in range(n):
             key = keys_in[i]
             if not key:
@@ -126,34 +138,37 @@ class VtDecoder:
                     kind[i] = UNDECODABLE
                     key_out[i] = key[1:]  # the key is readable: it is unverified in this region from here
                     continue
-                name, body = env["payloadUnion"]
-                content = key[1:]
-                key_out[i] = content
-                if name == E.PUT:
-                    sid = body["schemaId"]
-                    if sid == CHUNK_SCHEMA_ID:
-                        kind[i] = CHUNK
-                        payload[i] = body["putValue"]
-                        continue
-                    if sid == MANIFEST_SCHEMA_ID:
-                        ks = self._manifest_keys(body["putValue"])
-                        if ks is None:
-                            kind[i] = UNDECODABLE
-                            continue
-                        kind[i] = MANIFEST
-                        chunk_keys[i] = ks
-                    else:
-                        kind[i] = DATA
-                        vhash[i] = value_hash(body["putValue"])
+                k = record_kind(key, env)
+                body = env["payloadUnion"][1]
+                key_out[i] = key[1:]
+                if k is k_put:
+                    kind[i] = PUT
+                    vhash[i] = value_hash(body["putValue"])
                     deleted[i] = False
-                elif name == E.DELETE:
-                    kind[i] = DATA
+                elif k is k_delete:
+                    kind[i] = DELETE
                     deleted[i] = True
+                elif k is k_manifest:
+                    ks = self._manifest_keys(body["putValue"])
+                    if ks is None:
+                        kind[i] = UNDECODABLE
+                        continue
+                    kind[i] = MANIFEST
+                    chunk_keys[i] = ks
+                    deleted[i] = False
+                elif k is k_chunk:
+                    kind[i] = CHUNK
+                    payload[i] = body["putValue"]
+                    continue
                 else:
-                    continue  # an UPDATE in a VT: not a replicated value
-                up = E.upstream(env)
+                    kind[i] = k  # a control or UPDATE payload under a data key: not a replicated value
+                    continue
+                up = footer_source(env)
                 if up is None:
-                    kind[i] = BAD_FOOTER
+                    # Nothing places a value without a footer. A manifest without one is left as the Put it is,
+                    # with no chunk keys: it counts as an unplaced data record, not as evidence of chunking.
+                    if kind[i] == MANIFEST:
+                        kind[i], chunk_keys[i] = PUT, None
                     continue
                 src[i], src_off[i] = up
                 rmd[i] = _rmd_vector(body)
@@ -163,20 +178,16 @@ class VtDecoder:
                 except E.UndecodableError:
                     kind[i] = UNDECODABLE
                     continue
-                if key == K.HEARTBEAT_KEY:
-                    kind[i] = HEARTBEAT
-                    up = E.upstream(env)
+                k = record_kind(key, env)
+                kind[i] = k
+                if k is k_heartbeat:
+                    up = footer_source(env)
                     if up is not None:
                         src[i], src_off[i] = up
                     raw = header_value(headers[i], "hbw")
                     if raw is not None:
                         hbw[i] = _decode_hbw(raw)
-                    continue
-                ctype = E.control_type(env)
-                if ctype == E.END_OF_PUSH:
-                    kind[i] = END_OF_PUSH
-                elif ctype == E.START_OF_PUSH:
-                    kind[i] = START_OF_PUSH
+                elif k is k_start_of_push:
                     chunked[i] = bool(E.control_body(env).get("chunked"))
             elif header not in K.KNOWN_HEADERS:
                 kind[i] = UNDECODABLE

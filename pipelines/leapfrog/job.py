@@ -144,6 +144,7 @@ def _prepare(scanned: DataFrame, facts: dict) -> DataFrame:
     """Data rows of stage A; in chunked versions, manifests become values (hashed through their chunks), keys lose
     the chunking suffix and chunk keys are left out."""
     main = scanned.where(F.col("order") == 1)
+    is_data = F.col("kind").isin(V.PUT, V.DELETE)  # a Put (manifests become Puts below) or a Delete
     # Chunking is a property of the whole version (one push): once any region or partition shows a chunked
     # StartOfPush or chunk rows, every data key of every region carries the suffix, whatever a region's view holds.
     if any(rp.chunked or rp.chunk_rows for rp in facts.values()):
@@ -152,15 +153,15 @@ def _prepare(scanned: DataFrame, facts: dict) -> DataFrame:
         is_manifest = F.col("kind") == V.MANIFEST
         main = main.withColumn("value_hash", F.when(is_manifest, F.col("manifest_hash")).otherwise(F.col("value_hash")))
         main = main.withColumn("kind", F.when(is_manifest & F.col("manifest_hash").isNull(), F.lit(V.UNDECODABLE))
-                               .when(is_manifest, F.lit(V.DATA)).otherwise(F.col("kind")).cast("byte"))
+                               .when(is_manifest, F.lit(V.PUT)).otherwise(F.col("kind")).cast("byte"))
         # In a chunked version every data key ends with a ChunkedKeySuffix: `02 00` for values and manifests.
         # Other suffixes are chunk keys (chunks, and the DELETEs that clean them up): not values.
         suffix = F.substring(F.col("key"), -2, 2)
-        chunk_key = (F.col("kind") == V.DATA) & (suffix != F.lit(bytes([2, 0])))
-        main = main.withColumn("kind", F.when(chunk_key, F.lit(V.OTHER)).otherwise(F.col("kind")).cast("byte"))
-        strip = F.col("kind") == V.DATA
+        chunk_key = is_data & (suffix != F.lit(bytes([2, 0])))
+        main = main.withColumn("kind", F.when(chunk_key, F.lit(V.CHUNK)).otherwise(F.col("kind")).cast("byte"))
+        strip = is_data
         main = main.withColumn("key", F.when(strip, F.expr("substring(key, 1, length(key) - 2)")).otherwise(F.col("key")))
-    return main.where(F.col("kind") == V.DATA)
+    return main.where(is_data)
 
 
 def parse_pairs(text: str | None, regions: list[int]) -> list[tuple[int, int]]:

@@ -41,7 +41,8 @@ MAX_LISTED = 100
 # unreadable records with a readable key listed per split (each makes its key unverified); past this, the whole
 # region partition is treated as unverified rather than sending an unbounded list around
 MAX_UNVERIFIED = 10_000
-_KEEP = (V.DATA, V.MANIFEST, V.CHUNK)
+_DATA = (V.PUT, V.DELETE)
+_KEEP = (V.PUT, V.DELETE, V.MANIFEST, V.CHUNK)
 
 
 class _Segment:
@@ -162,7 +163,7 @@ class SplitScan:
             # contributions of each row to the running mark
             contrib = np.full((rows, n), -1, np.int64)
             in_range = (src >= 0) & (src < n)
-            is_data = (kind == V.DATA) | (kind == V.MANIFEST)
+            is_data = (kind == V.PUT) | (kind == V.DELETE) | (kind == V.MANIFEST)
             data_ok = np.flatnonzero(is_data & in_range)
             contrib[data_ok, src[data_ok]] = src_off[data_ok]
             hb_ok = np.flatnonzero((kind == V.HEARTBEAT) & in_range)
@@ -190,7 +191,7 @@ class SplitScan:
             prev_offset = int(offsets[-1])
             is_hb = kind == V.HEARTBEAT
             # out of range: data and heartbeats whose footer names no known region, or that have no footer
-            counted = is_data | is_hb | (kind == V.BAD_FOOTER)
+            counted = is_data | is_hb
             for si in np.unique(seg_of):
                 s = segs[si]
                 in_seg = seg_of == si
@@ -205,7 +206,7 @@ class SplitScan:
                 s.out_of_range_offsets.extend(int(o) for o in offsets[oor][: max(room, 0)])
             chunky = (kind == V.MANIFEST) | (kind == V.CHUNK)
             chunk_rows += int(np.count_nonzero(chunky))
-            wanted = np.isin(kind, _KEEP) if self.keep_chunks else kind == V.DATA
+            wanted = np.isin(kind, _KEEP if self.keep_chunks else _DATA)
             keep = np.flatnonzero(wanted & (in_range | (kind == V.CHUNK)))
             if len(keep):
                 yield self._rows(d, keep, split, region, partition, seg_of, offsets, kind, hw_before)

@@ -172,7 +172,7 @@ def chunked_version(splits: list[VtSplit], topic: str, kafka_conf: Mapping[int, 
                     probe: int = 64) -> bool:
     """Whether any region's StartOfPush (read from the first records of each partition) says chunked."""
     from div import envelope as E
-    from div.keys import HEADER_CONTROL_MESSAGE
+    from div.records import Kind, iter_records
 
     codec = E.EnvelopeCodec()
     firsts: dict[tuple[int, int], VtSplit] = {}
@@ -191,15 +191,8 @@ def chunked_version(splits: list[VtSplit], topic: str, kafka_conf: Mapping[int, 
                 batches = archive.iter_partition(_path(s.uri), topic, s.partition, s.start, end,
                                                  columns=["key", "value", "headers"])
             for b in batches:
-                for key, value, headers in zip(b.column("key").to_pylist(), b.column("value").to_pylist(),
-                                               b.column("headers").to_pylist(), strict=True):
-                    if not key or key[0] != HEADER_CONTROL_MESSAGE:
-                        continue
-                    try:
-                        env = codec.decode(value, headers)
-                    except E.UndecodableError:
-                        continue
-                    if E.control_type(env) == E.START_OF_PUSH and E.control_body(env).get("chunked"):
+                for rec in iter_records(b, codec):
+                    if rec.kind == Kind.START_OF_PUSH and E.control_body(rec.env).get("chunked"):
                         return True
         except _READ_ERRORS:
             continue  # the split fails again when the job reads it, and is reported then
