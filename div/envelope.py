@@ -366,7 +366,7 @@ def control_message(control_type_: int, body: dict, debug_info: dict[str, str] |
 
 # -- hand-written encoder of data envelopes --------------------------------------------------------------------
 # A leader encodes one envelope per record; fastavro's generic writer costs about 10 µs of it. Put, Delete and
-# Update envelopes have a fixed v14 layout, written here field by field; tests/test_hand_encoders.py compares the bytes
+# Update envelopes have a fixed v14 layout, written here field by field; tests/div/test_hand_encoders.py compares the bytes
 # with fastavro's on generated envelopes. Control messages (rare) always go through fastavro.
 _HEAD = bytes([MAGIC, CURRENT_VERSION])
 _HOST_BYTES: dict[str, bytes] = {}

@@ -288,7 +288,7 @@ def encode_value_level_rmd(timestamp: int, vector: Sequence[int]) -> bytes:
     if bad:
         raise TypeError(f"replication checkpoint vector must hold ints, got {bad[0]!r} in {list(vector)!r}")
     # Written by hand (the layout is fixed: timestamp union branch 0, then the array of longs); a leader writes
-    # one per record. tests/test_hand_encoders.py pins it to fastavro's bytes.
+    # one per record. tests/div/test_hand_encoders.py pins it to fastavro's bytes.
     if not vector:
         return b"\x00" + write_long(timestamp) + b"\x00"
     return b"".join([b"\x00", write_long(timestamp), write_long(len(vector)), *map(write_long, vector), b"\x00"])

@@ -2,7 +2,7 @@
 
 `PartitionValidator.process(offset, key, env, broker_ts)` classifies one record and returns its findings. The
 rules are Venice's `PartitionTracker`; where Venice has a known quirk we choose the correct behaviour, listed here
-and pinned by tests (tests/test_div_quirks.py):
+and pinned by tests (tests/div/test_div_quirks.py):
 
 1. Resync after a post-EOP fault: Venice re-validates with `tolerate = true`, and for CORRUPT-at-EOS and
    data-after-EOS that second pass raises DUPLICATE, silently dropping the record (§3.4, §9 #2). We resync the

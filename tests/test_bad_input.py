@@ -1,4 +1,4 @@
-"""Bad input, as a property: every job, on archives damaged every way tests/damage.py knows, keeps the contract.
+"""Bad input, as a property: every job, on archives damaged every way tests/support/damage.py knows, keeps the contract.
 
 One small simulation (3 regions, a dropped and a poisoned write, so the undamaged run has real findings) is the
 truth. Hypothesis damages one region's archive (random bytes, truncation, bit flips and nulls in keys, values and

@@ -1,7 +1,7 @@
 """The segment writer against Venice's producer rules (notes §2): numbering, time rolling, final segments, the
 five checksums end to end, and retries that resend identical bytes.
 
-Every record is decoded with Venice's own schema file (tests/venice_reference.py), and every EndOfSegment
+Every record is decoded with Venice's own schema file (tests/support/venice_reference.py), and every EndOfSegment
 checksum is recomputed independently from the feed rules of §2.3, so the writer is not checked against itself.
 """
 

@@ -1,4 +1,4 @@
-"""DIV restore acceptance: on VTs and RTs built outside the product (tests/div_restore_fixtures.py), the state
+"""DIV restore acceptance: on VTs and RTs built outside the product (tests/support/div_restore_fixtures.py), the state
 restored at an offset is exactly the state a full replay from offset 0 computes — and the independent oracle's —
 for every GUID and field; validation resumed there reports exactly the full validation's findings after it; the
 search reads back only as far as the heartbeat; unusable heartbeats are skipped and said so; the CLI writes

@@ -1,6 +1,6 @@
 """The Spark job gives exactly the pure reference's findings on the same records (generated histories).
 
-Histories with known truth (tests/leapfrog_histories.py) are written as real VT archives, one history per
+Histories with known truth (tests/support/leapfrog_histories.py) are written as real VT archives, one history per
 partition, and the job's findings, counters and per-region facts must equal `leapfrog.reference.check_partition` on
 the same logs — in every mode, including compaction gaps, mid-stream scans, duplicates, failovers and noise.
 """

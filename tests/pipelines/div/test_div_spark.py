@@ -292,7 +292,7 @@ def test_bad_validator_is_a_usage_error(spark, archives, tmp_path):
     from div.validators import ValidatorSpecError
     from pipelines.core.errors import UsageError
 
-    # the CLI entry maps ValidatorSpecError to exit 2 (tests/test_record_validators.py runs it)
+    # the CLI entry maps ValidatorSpecError to exit 2 (tests/div/test_record_validators.py runs it)
     with pytest.raises(ValidatorSpecError, match="nosuch.module"):
         run_spark(_opts(archives, str(tmp_path / "o"), record_validators=[{"class": "nosuch.module:X"}]))
     with pytest.raises(UsageError, match="tidegauge.div.read='sideways'"):

@@ -1,4 +1,4 @@
-"""Envelopes from a producer newer than us, for the schema-resolution tests (tests/test_newer_protocol.py).
+"""Envelopes from a producer newer than us, for the schema-resolution tests (tests/pipelines/div/test_newer_protocol.py).
 
 A Venice release after ours may change the KafkaMessageEnvelope: insert fields (anywhere in a record, not only at
 the end), add union branches (a new payload kind, a new control message), and bump the protocol version byte. Its

@@ -22,7 +22,7 @@ import fastavro
 import pyarrow as pa
 import pyarrow.parquet as pq
 
-SCHEMAS = pathlib.Path(__file__).resolve().parent.parent.parent / "shared" / "reference" / "schemas"
+SCHEMAS = pathlib.Path(__file__).resolve().parents[3] / "shared" / "reference" / "schemas"
 NS = "com.linkedin.venice.kafka.protocol."
 
 # messageType ints (not the payloadUnion branch order, notes §1.3).

@@ -9,7 +9,7 @@ from __future__ import annotations
 import pathlib
 import re
 
-DOCS = pathlib.Path(__file__).resolve().parent.parent / "docs" / "validators.md"
+DOCS = pathlib.Path(__file__).resolve().parents[2] / "docs" / "validators.md"
 
 FLAKY_SOURCE = '''
 from div.validators.base import RecordValidator

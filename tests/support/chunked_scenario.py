@@ -1,6 +1,6 @@
 """A chunked version replicated by three regions, with the findings it must give (tests of the Leap Frog job).
 
-`Store` applies the same writes in every region's VT (tests/vt_builder.py), with per-region exceptions: a value
+`Store` applies the same writes in every region's VT (tests/support/vt_builder.py), with per-region exceptions: a value
 one region changed, a value one region stored whole instead of chunked, a write one region dropped. `scenario`
 is the set of writes the chunked-values tests and the Kafka tests share; `EXPECTED` its findings.
 """

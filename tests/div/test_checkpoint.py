@@ -173,7 +173,7 @@ def test_a_writer_killed_at_random_moments_always_leaves_a_complete_checkpoint(t
     producers = 1500  # ~100 KB per checkpoint: encoding and writing take long enough to be interrupted
     store = ck.CheckpointStore(tmp_path)
     rng = random.Random(2024)
-    env = dict(os.environ, PYTHONPATH=str(Path(__file__).resolve().parent.parent))
+    env = dict(os.environ, PYTHONPATH=str(Path(__file__).resolve().parents[2]))
     last = 0
     kills = 0
     for _ in range(20):

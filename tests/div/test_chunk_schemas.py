@@ -8,7 +8,7 @@ import pathlib
 
 import fastavro
 
-SCHEMAS = pathlib.Path(__file__).resolve().parents[1] / "div" / "schemas"
+SCHEMAS = pathlib.Path(__file__).resolve().parents[2] / "div" / "schemas"
 
 
 def _load(name: str):

@@ -1,6 +1,6 @@
 """`div validate --restore-at` on both engines, and `div restore` on a live cluster: the same answers everywhere.
 
-Inputs are the independent restore scenarios (tests/div_restore_fixtures.py): partitions restored from a
+Inputs are the independent restore scenarios (tests/support/div_restore_fixtures.py): partitions restored from a
 heartbeat, one without any heartbeat (full replay), one that ends before the restore offset; from archives and
 from the embedded Kafka cluster. Each engine's output is compared field by field (apart from timings), and with
 the full run's findings after the offset.

@@ -18,7 +18,7 @@ from sim.dcr import ReplicaStore
 from sim.faults import _neighbours, plan_faults
 from sim.traffic import DELETE, PUT, KeySpace, Values, build_schedule, key_content, poison, venice_partition
 
-REPO = pathlib.Path(__file__).resolve().parent.parent
+REPO = pathlib.Path(__file__).resolve().parents[2]
 
 
 # ---------------------------------------------------------------------------------------- settings

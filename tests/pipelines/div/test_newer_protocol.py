@@ -2,7 +2,7 @@
 
 The writer schema comes from the `vtp` header and is resolved against our v14 reader (fields matched by name,
 unknown fields skipped, union branches matched by name). Two cases, both with fields inserted mid-record and new
-union branches (tests/newer_protocol.py):
+union branches (tests/support/newer_protocol.py):
 
 - protocol version 16, which we do not ship: learnt from the header;
 - protocol version 15, which we do ship, announced with a different schema than our copy: the header is the

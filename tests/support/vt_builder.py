@@ -1,6 +1,6 @@
 """Hand-built version-topic partitions for the Leap Frog job's edge cases: chunked values, broken records, Kafka.
 
-`generated` histories (tests/vt_fixtures.py) cover the comparison rules; this builder writes the records those
+`generated` histories (tests/support/vt_fixtures.py) cover the comparison rules; this builder writes the records those
 histories never contain, byte for byte as Venice does, so a test can say exactly what each offset holds:
 
 - StartOfPush (optionally `chunked = true`), End of Push, VT heartbeats with an `hbw` vector;
@@ -31,7 +31,7 @@ from div import keys as K
 from div.archive import ArchiveWriter
 from div.heartbeat_headers import Watermarks, encode_hbw
 
-SCHEMAS = pathlib.Path(__file__).resolve().parents[1] / "div" / "schemas"
+SCHEMAS = pathlib.Path(__file__).resolve().parents[2] / "div" / "schemas"
 CODEC = E.EnvelopeCodec("fastavro")
 TS = 1_700_000_000_000
 VALUE_SCHEMA_ID = 1

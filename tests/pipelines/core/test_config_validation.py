@@ -107,6 +107,6 @@ def test_the_shipped_configuration_files_are_valid():
     from pipelines.core.config import JobConfig
     from pipelines.report.expectations import load_expectations
 
-    repo = pathlib.Path(__file__).resolve().parent.parent
+    repo = pathlib.Path(__file__).resolve().parents[3]
     JobConfig.model_validate(yaml.safe_load((repo / "conf" / "simulate.yaml").read_text()))
     load_expectations()

@@ -1,6 +1,6 @@
 """The consumer-side DIV validator against Venice's decision procedure (notes §3.3–3.8).
 
-Records come from the independent reference producer (tests/venice_reference.py) and are decoded by our codec,
+Records come from the independent reference producer (tests/support/venice_reference.py) and are decoded by our codec,
 then fed to `PartitionValidator`. Each test names the rule of the §3.3 pseudocode it exercises and checks the
 finding type and its fatal flag before and after End of Push.
 """
