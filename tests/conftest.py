@@ -1,4 +1,10 @@
-"""Shared fixtures: one SparkSession per test run, the embedded Kafka cluster, and paths to reference data."""
+"""Shared fixtures: one SparkSession per test run, the embedded Kafka cluster, and paths to reference data.
+
+The tests mirror the source tree (tests/leapfrog/, tests/div/, tests/heartbeat/, tests/sim/,
+tests/pipelines/<command>/); whole-product contracts sit here at the top and shared helpers in tests/support/.
+"venice-protocol-notes §N" in a test cites ../shared/reference/venice-protocol-notes.md, the reference the tests
+may read (the product never does).
+"""
 
 from __future__ import annotations
 

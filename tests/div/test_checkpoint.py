@@ -1,4 +1,4 @@
-"""Checkpoints: offsets and DIV state saved together in Venice's PartitionState v24 form (notes §3.7), atomically.
+"""Checkpoints: offsets and DIV state saved together in Venice's PartitionState v24 form (venice-protocol-notes §3.7), atomically.
 
 The PartitionState bytes are checked against Venice's schema file with fastavro directly (magic 24/24, GUID map
 keys as Latin-1 text stored as UTF-8). A writer process is killed with SIGKILL at random moments, many times,

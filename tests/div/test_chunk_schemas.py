@@ -1,4 +1,4 @@
-"""Our ChunkedKeySuffix / ChunkedValueManifest schema files produce Venice's bytes (notes §1.7)."""
+"""Our ChunkedKeySuffix / ChunkedValueManifest schema files produce Venice's bytes (venice-protocol-notes §1.7)."""
 
 from __future__ import annotations
 

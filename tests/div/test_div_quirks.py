@@ -1,4 +1,4 @@
-"""Where Venice has a known quirk (notes §2.7, §3.3–3.6, §8, §9) we chose a behaviour; each choice is pinned here.
+"""Where Venice has a known quirk (venice-protocol-notes §2.7, §3.3–3.6, §8, §9) we chose a behaviour; each choice is pinned here.
 
 The numbered decisions are those listed in `div/validator.py`'s docstring. Each test says what Venice does, what
 we do instead, and shows the difference on a concrete log.
@@ -133,7 +133,7 @@ def test_unsupported_control_type_is_a_corrupt_finding_after_eop_too():
     assert got == [("StartOfBufferReplay0.2", "CORRUPT", False)]
 
 
-# CRC32/ADLER32 segments: Venice throws when asked to checkpoint them (notes §3.10 #9). We checkpoint their running
+# CRC32/ADLER32 segments: Venice throws when asked to checkpoint them (venice-protocol-notes §3.10 #9). We checkpoint their running
 # 32-bit value as 8 big-endian bytes, so our own restores can continue such a segment. ---------------------------
 
 def test_crc32_and_adler32_segments_can_be_checkpointed_and_continued():
@@ -152,7 +152,7 @@ def test_crc32_and_adler32_segments_can_be_checkpointed_and_continued():
         assert cks.Checksum.restore(ctype, state["checksumState"]).value() == state["checksumState"]
 
 
-# Writer retries (notes §2.7) --------------------------------------------------------------------------------------
+# Writer retries (venice-protocol-notes §2.7) --------------------------------------------------------------------------------------
 # Venice retries a control message after "topic does not exist" with the segment's *current* counter: the retried
 # SOS carries sequence 1 and so does the next data message, which a strict consumer drops as a DUPLICATE. Our
 # writer hands out finished records; a retry resends the identical bytes.
@@ -181,7 +181,7 @@ def test_venices_retry_numbering_loses_the_next_record_and_ours_does_not():
     assert v.segments[A].sequence == 1  # the data record was accepted
 
 
-# Compaction tolerance input (notes §9 #12): an archive cannot tell whether its topic was compacted, and a cluster
+# Compaction tolerance input (venice-protocol-notes §9 #12): an archive cannot tell whether its topic was compacted, and a cluster
 # may not answer DescribeConfigs. We are strict (no tolerance) unless --min-compaction-lag-ms says otherwise. ------
 
 class _FakeSource:

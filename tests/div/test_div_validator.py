@@ -1,4 +1,4 @@
-"""The consumer-side DIV validator against Venice's decision procedure (notes §3.3–3.8).
+"""The consumer-side DIV validator against Venice's decision procedure (venice-protocol-notes §3.3–3.8).
 
 Records come from the independent reference producer (tests/support/venice_reference.py) and are decoded by our codec,
 then fed to `PartitionValidator`. Each test names the rule of the §3.3 pseudocode it exercises and checks the
@@ -233,7 +233,7 @@ def test_segment_status_follows_the_end_of_segment():
     assert d.feed(a.put(b"k", b"2"), a.end_segment()) == []
 
 
-# -- tolerance (notes §3.4) ----------------------------------------------------------------------------------------
+# -- tolerance (venice-protocol-notes §3.4) ----------------------------------------------------------------------------------------
 
 def _gap_stream(producer_ts: int):
     a = ref.RefProducer(A, start_ms=producer_ts)
@@ -309,7 +309,7 @@ def test_active_active_drainer_tolerates_rt_gaps(tolerate, expected):
     assert d.feed(first, after_gap, eos) == expected
 
 
-# -- outcomes (notes §3.4) -----------------------------------------------------------------------------------------
+# -- outcomes (venice-protocol-notes §3.4) -----------------------------------------------------------------------------------------
 
 def test_the_end_of_push_record_itself_is_judged_before_eop():
     d = Feeder()
@@ -375,7 +375,7 @@ def test_global_rt_div_records_are_validated_like_puts(fault, expected):
     assert d.feed(recs) == expected
 
 
-# -- producer-state max age (notes §3.6) ---------------------------------------------------------------------------
+# -- producer-state max age (venice-protocol-notes §3.6) ---------------------------------------------------------------------------
 
 def _max_age_log(max_age: int, now_ms: int | None = None) -> list[tuple[str, str, bool]]:
     d = Feeder(max_age_ms=max_age, now_ms=now_ms)
@@ -414,7 +414,7 @@ def test_max_age_on_restore_and_clone():
     assert set(drainer.segments) == {B}  # Venice also deletes the stale entries from the source
 
 
-# -- state transitions (notes §3.8) --------------------------------------------------------------------------------
+# -- state transitions (venice-protocol-notes §3.8) --------------------------------------------------------------------------------
 
 def _state(ts: int, seq: int = 3) -> dict:
     return {"segmentNumber": 0, "segmentStatus": IN_PROGRESS, "isRegistered": True, "messageSequenceNumber": seq,

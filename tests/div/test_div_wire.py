@@ -35,7 +35,7 @@ def codecs() -> dict[str, E.EnvelopeCodec]:
     return {b: E.EnvelopeCodec(b) for b in BACKENDS}
 
 
-# -- keys (notes §1.2) --------------------------------------------------------------------------------------------
+# -- keys (venice-protocol-notes §1.2) --------------------------------------------------------------------------------------------
 
 def test_heartbeat_and_dol_guids_are_venices_type3_uuids():
     assert keys.HEARTBEAT_GUID.hex() == "81545f3cbd093909a467a583ef39e468"
@@ -95,7 +95,7 @@ def test_non_chunk_suffix_is_stripped_only_when_present():
     assert keys.strip_non_chunk_suffix(b"user") == b"user"
 
 
-# -- GUIDs (notes §2.1) -----------------------------------------------------------------------------------------
+# -- GUIDs (venice-protocol-notes §2.1) -----------------------------------------------------------------------------------------
 
 def test_guids_random_per_writer_and_deterministic_layout():
     assert len(random_guid()) == 16 and random_guid() != random_guid()
@@ -106,7 +106,7 @@ def test_guids_random_per_writer_and_deterministic_layout():
         SegmentWriter(b"short")
 
 
-# -- positions (notes §7) ---------------------------------------------------------------------------------------
+# -- positions (venice-protocol-notes §7) ---------------------------------------------------------------------------------------
 
 @pytest.mark.parametrize("offset,blob", [
     (0, "2201000200"), (1, "2201000202"), (100, "22010004c801"), (123456789, "22010008aab4de75")])
@@ -391,7 +391,7 @@ def test_old_version_byte_with_the_wrong_body_is_undecodable(codecs, backend):
         codecs[backend].decode(bytes([23, 1]) + body[:20])
 
 
-# -- vtp learning (notes §1.3) -------------------------------------------------------------------------------------
+# -- vtp learning (venice-protocol-notes §1.3) -------------------------------------------------------------------------------------
 
 def _v99_schema() -> dict:
     s = ev.writer_schema(15)

@@ -1,4 +1,4 @@
-"""The segment writer against Venice's producer rules (notes §2): numbering, time rolling, final segments, the
+"""The segment writer against Venice's producer rules (venice-protocol-notes §2): numbering, time rolling, final segments, the
 five checksums end to end, and retries that resend identical bytes.
 
 Every record is decoded with Venice's own schema file (tests/support/venice_reference.py), and every EndOfSegment
@@ -54,7 +54,7 @@ def _eos(env) -> dict:
     return env["payloadUnion"][1]["controlMessageUnion"][1]
 
 
-# -- numbering (notes §2.2) ----------------------------------------------------------------------------------------
+# -- numbering (venice-protocol-notes §2.2) ----------------------------------------------------------------------------------------
 
 def test_first_message_starts_segment_zero_with_an_sos_at_sequence_zero():
     w = SegmentWriter(GUID, clock=Clock())
@@ -72,7 +72,7 @@ def test_end_of_segment_takes_the_next_sequence_and_the_next_message_opens_a_new
     recs = w.put(0, b"a", b"1") + w.end_segment(0, final=False) + w.put(0, b"b", b"2") + w.end_segment(0)
     assert _shape(recs) == [(0, 0, "StartOfSegment"), (0, 1, "Put"), (0, 2, "EndOfSegment"),
                             (1, 0, "StartOfSegment"), (1, 1, "Put"), (1, 2, "EndOfSegment")]
-    # Every control message has its own key: GUID ‖ segment ‖ sequence (notes §1.2).
+    # Every control message has its own key: GUID ‖ segment ‖ sequence (venice-protocol-notes §1.2).
     assert [r.key for r in recs if r.key[0] == 2] == [ref.control_key(GUID, s, q) for s, q in
                                                       ((0, 0), (0, 2), (1, 0), (1, 2))]
     assert w.end_segment(0) == []  # nothing open
@@ -102,11 +102,11 @@ def test_timestamps_come_from_the_clock_and_logical_timestamps_follow_venice():
     recs += w.put(0, b"b", b"2", logical_ts=1234) + w.delete(0, b"a")
     pm = [e["producerMetadata"] for e in _decoded(recs)]
     assert [p["messageTimestamp"] for p in pm] == [T0, T0, T0 + 5, T0 + 5]
-    # -1 on control messages, -2 when the caller gave none, the caller's value otherwise (notes §2.5).
+    # -1 on control messages, -2 when the caller gave none, the caller's value otherwise (venice-protocol-notes §2.5).
     assert [p["logicalTimestamp"] for p in pm] == [-1, -2, 1234, -2]
 
 
-# -- time-based rolling (notes §2.2) -------------------------------------------------------------------------------
+# -- time-based rolling (venice-protocol-notes §2.2) -------------------------------------------------------------------------------
 
 def test_segment_rolls_when_older_than_the_max_age_on_the_next_send():
     clock = Clock()
@@ -190,7 +190,7 @@ def test_control_refuses_segment_messages():
             w.control(0, ctype, {})
 
 
-# -- checksums end to end (notes §2.3–2.4) ----------------------------------------------------------------------
+# -- checksums end to end (venice-protocol-notes §2.3–2.4) ----------------------------------------------------------------------
 
 ALL_TYPES = [cks.NONE, cks.MD5, cks.ADLER32, cks.CRC32, cks.ADHASH]
 
@@ -294,7 +294,7 @@ def test_md5_state_matches_hashlib_and_round_trips_mid_block():
             h.update(f)
             blob = st.encoded_state()
             pending = st._count % 64
-            # BouncyCastle layout: 36 bytes + 4 per complete buffered word (notes §2.4).
+            # BouncyCastle layout: 36 bytes + 4 per complete buffered word (venice-protocol-notes §2.4).
             assert len(blob) == 36 + 4 * (pending // 4)
             assert int.from_bytes(blob[4:8], "big") == pending % 4
             assert int.from_bytes(blob[8:16], "big") == st._count
@@ -324,7 +324,7 @@ def test_checksum_state_restore_continues_the_same_value(ctype):
         assert a.state() == a.value()  # ADHASH's checkpointable state is its 8-byte value
 
 
-# -- retries (notes §2.7) --------------------------------------------------------------------------------------
+# -- retries (venice-protocol-notes §2.7) --------------------------------------------------------------------------------------
 
 def test_a_retry_resends_identical_bytes_and_a_consumer_drops_it_as_one_duplicate():
     w = SegmentWriter(GUID, clock=Clock())

@@ -1,4 +1,4 @@
-"""hbw/hbd codecs and heartbeat records: round trips, refusals, Venice's bytes (notes §1.9) and Venice's schema."""
+"""hbw/hbd codecs and heartbeat records: round trips, refusals, Venice's bytes (venice-protocol-notes §1.9) and Venice's schema."""
 
 from __future__ import annotations
 

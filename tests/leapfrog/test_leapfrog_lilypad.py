@@ -1,4 +1,4 @@
-"""Footer mode is Venice's lily-pad walk: the scenarios of Venice's LilyPadUtilsTest (notes §5.11), pinned.
+"""Footer mode is Venice's lily-pad walk: the scenarios of Venice's LilyPadUtilsTest (venice-protocol-notes §5.11), pinned.
 
 Histories are explicit (positions as plain longs, -1 where Venice has null); every record carries its
 point-in-time high-water mark, as Venice's snapshot builder records it.
@@ -95,7 +95,7 @@ def test_missing_is_skipped_when_the_other_high_water_mark_does_not_cover():
 
 
 def test_a_tombstone_against_an_absent_key_is_consistent():
-    """Deliberate fix of notes §5.7: Venice reports a key whose only history is a DELETE as MISSING."""
+    """Deliberate fix of venice-protocol-notes §5.7: Venice reports a key whose only history is a DELETE as MISSING."""
     verdict = walk([], [rec(None, (5, 5), (50, 60), 1)], a_hw=(100, 100))
     assert verdict.finding is None
     assert not verdict.pending and verdict.comparable_pairs == 1

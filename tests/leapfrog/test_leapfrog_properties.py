@@ -1,6 +1,6 @@
 """Leap Frog's correctness properties, checked over generated A/A histories with known truth.
 
-The TLA+ style of Venice's model (notes §5.9), as tests: each property is stated over every generated
+The TLA+ style of Venice's model (venice-protocol-notes §5.9), as tests: each property is stated over every generated
 history of every fault mix (``leapfrog_histories``), and truth comes from the generator, never from the
 algorithm under test.
 

@@ -3,7 +3,7 @@ writes from them, with heartbeats carrying `hbw`/`hbd`, leader failovers, faults
 the DIV state a consumer holds at every offset.
 
 Records come from `venice_reference` (an independent Venice producer; it imports nothing from `div`). The
-oracle (`RefConsumer`) follows the reference notes §3.3 for the situations the scenarios contain (in-order
+oracle (`RefConsumer`) follows the reference venice-protocol-notes §3.3 for the situations the scenarios contain (in-order
 records, sequence gaps, duplicates, skipped segments, producers first seen mid-segment, checksum mismatches) and
 computes ProducerPartitionState dicts from the records' own bytes decoded with Venice's schema. The only product
 code used is the `hbw`/`hbd` header codec, to write the heartbeat headers.
@@ -56,7 +56,7 @@ class _Seg:
 
 
 def _feeds(env: dict, key_content: bytes) -> list[bytes] | None:
-    """Checksum feeds of notes §2.3; None for an EndOfSegment (it verifies instead of feeding)."""
+    """Checksum feeds of venice-protocol-notes §2.3; None for an EndOfSegment (it verifies instead of feeding)."""
     mt = env["messageType"]
     name, body = env["payloadUnion"]
     if mt == V.PUT:

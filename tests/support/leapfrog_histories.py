@@ -1,6 +1,6 @@
 """Generated active/active replication histories with known truth, for Leap Frog's property tests.
 
-The shape of Venice's TLA+ model (notes §5.9), as a seeded Python generator: a few regions, keys and values;
+The shape of Venice's TLA+ model (venice-protocol-notes §5.9), as a seeded Python generator: a few regions, keys and values;
 online writes ``(region, key, value or delete, timestamp)`` land in each region's RT log, with RT heartbeats
 between them. Each region's leader consumes the N RT logs in its own random interleaving (lag = another
 interleaving, or stopping early), resolves conflicts last-writer-wins with a total order (timestamp, then

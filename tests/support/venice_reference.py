@@ -25,13 +25,13 @@ import pyarrow.parquet as pq
 SCHEMAS = pathlib.Path(__file__).resolve().parents[3] / "shared" / "reference" / "schemas"
 NS = "com.linkedin.venice.kafka.protocol."
 
-# messageType ints (not the payloadUnion branch order, notes §1.3).
+# messageType ints (not the payloadUnion branch order, venice-protocol-notes §1.3).
 PUT, DELETE, CONTROL, UPDATE = 0, 1, 2, 3
-# controlMessageType ints (notes §0).
+# controlMessageType ints (venice-protocol-notes §0).
 SOP, EOP, SOS, EOS, SOBR, SOIP, EOIP, TOPIC_SWITCH, VERSION_SWAP = range(9)
 CONTROL_RECORDS = ["StartOfPush", "EndOfPush", "StartOfSegment", "EndOfSegment", "StartOfBufferReplay",
                    "StartOfIncrementalPush", "EndOfIncrementalPush", "TopicSwitch", "VersionSwap"]
-# checksum types (notes §2.4)
+# checksum types (venice-protocol-notes §2.4)
 NONE, MD5, ADLER32, CRC32, ADHASH = 0, 1, 2, 3, 4
 EARLIEST_BLOB = bytes.fromhex("22010300")
 
@@ -52,7 +52,7 @@ def kme_schema():
 
 
 def type3_uuid(name: str) -> bytes:
-    """Name-based (MD5) UUID, laid out as Venice's GUID (notes §1.2)."""
+    """Name-based (MD5) UUID, laid out as Venice's GUID (venice-protocol-notes §1.2)."""
     m = bytearray(hashlib.md5(name.encode()).digest())
     m[6] = (m[6] & 0x0F) | 0x30
     m[8] = (m[8] & 0x3F) | 0x80
@@ -111,7 +111,7 @@ def envelope(message_type: int, guid: bytes, segment: int, sequence: int, ts: in
 
 
 class RunningChecksum:
-    """The segment checksum of notes §2.4, fed one byte string at a time."""
+    """The segment checksum of venice-protocol-notes §2.4, fed one byte string at a time."""
 
     def __init__(self, ctype: int) -> None:
         self.ctype = ctype
@@ -268,14 +268,14 @@ class RefProducer:
 
 
 def heartbeat(ts: int, host: str = "leader:1234") -> Rec:
-    """A Venice heartbeat record (HB key, SOS body, seg 0 / seq 0, notes §1.9)."""
+    """A Venice heartbeat record (HB key, SOS body, seg 0 / seq 0, venice-protocol-notes §1.9)."""
     env = envelope(CONTROL, HB_GUID, 0, 0, ts, control_payload(SOS, {"checksumType": ADHASH,
                                                                      "upcomingAggregates": []}), -1, host)
     return Rec(HB_KEY, encode_envelope(env), [("vtp", b"{}")], ts, HB_GUID, 0, 0, "HB")
 
 
 def dol_stamp(ts: int, host: str = "leader:1234") -> Rec:
-    """A Declaration-of-Leadership stamp: DoL key, seg 0 / seq 0 (notes §2.6); its body is a StartOfSegment
+    """A Declaration-of-Leadership stamp: DoL key, seg 0 / seq 0 (venice-protocol-notes §2.6); its body is a StartOfSegment
     shape here, which DIV never looks at."""
     env = envelope(CONTROL, DOL_GUID, 0, 0, ts, control_payload(SOS, {"checksumType": ADHASH,
                                                                       "upcomingAggregates": []}), -1, host)

@@ -5,7 +5,7 @@ histories never contain, byte for byte as Venice does, so a test can say exactly
 
 - StartOfPush (optionally `chunked = true`), End of Push, VT heartbeats with an `hbw` vector;
 - PUTs and DELETEs with a leader footer (upstream region, RT offset);
-- in a chunked version (notes §1.7), every data key followed by an Avro `ChunkedKeySuffix` — `02 00` for whole
+- in a chunked version (venice-protocol-notes §1.7), every data key followed by an Avro `ChunkedKeySuffix` — `02 00` for whole
   values and manifests — and a large value written as chunks (PUT, schemaId -10, chunk-suffixed keys, the
   default footer) followed by its manifest (PUT, schemaId -20, `ChunkedValueManifest` listing the chunk keys,
   the real footer); when a key's chunked value is replaced or deleted, DELETEs of the old chunk keys follow

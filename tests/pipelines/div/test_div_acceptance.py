@@ -3,7 +3,7 @@
 Every record comes from tests/support/venice_reference.py (Venice's schema files and fastavro, nothing from `div`), the
 archive is written with pyarrow alone, and the command runs end to end. Each scenario lives in its own
 partition with its own push job and End of Push, and is classified exactly: the expected rows (record, type,
-fatal) are written out by hand from Venice's rules (notes §3.3–3.4) and the decisions in div/validator.py.
+fatal) are written out by hand from Venice's rules (venice-protocol-notes §3.3–3.4) and the decisions in div/validator.py.
 """
 
 from __future__ import annotations

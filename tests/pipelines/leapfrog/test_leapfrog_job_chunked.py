@@ -1,6 +1,6 @@
 """The Leap Frog job on chunked versions: values stored as chunks are compared through their manifests.
 
-Three regions replicate the same writes into a chunked version (notes §1.7): large values become chunks plus a
+Three regions replicate the same writes into a chunked version (venice-protocol-notes §1.7): large values become chunks plus a
 manifest, replaced chunked values are followed by DELETEs of their old chunk keys, every data key carries a
 ChunkedKeySuffix. Chunk keys embed each region's own producer GUID, so they differ between regions: if the job
 treated them (or their cleanup DELETEs) as keys, every one of them would be reported MISSING.
