@@ -45,8 +45,14 @@ TOPIC = "bench_v1"
 START_MS = 1_700_000_000_000
 
 
-def build_vt(path: str, records: int, heartbeat_every: int, seed: int = 1, failover_every: int = 150_000,
-             segment_every: int = 40_000) -> dict:
+def build_vt(
+    path: str,
+    records: int,
+    heartbeat_every: int,
+    seed: int = 1,
+    failover_every: int = 150_000,
+    segment_every: int = 40_000,
+) -> dict:
     """A one-partition VT archive of about `records` records; returns what it holds."""
     rng = random.Random(seed)
     codec = E.EnvelopeCodec()
@@ -60,6 +66,7 @@ def build_vt(path: str, records: int, heartbeat_every: int, seed: int = 1, failo
     offset = 0
     heartbeats = 0
     with archive.ArchiveWriter(path) as w:
+
         def emit(key: bytes, value: bytes, headers) -> None:
             nonlocal offset
             env = codec.decode(value, headers)
@@ -81,8 +88,13 @@ def build_vt(path: str, records: int, heartbeat_every: int, seed: int = 1, failo
         while offset < records:
             if leader is None or since_failover >= failover_every:
                 term += 1  # the old leader crashed: its segment stays open
-                leader = SegmentWriter(rng.randbytes(16), host_name=f"leader-t{term}", clock=now, codec=codec,
-                                       max_segment_age_ms=-1)
+                leader = SegmentWriter(
+                    rng.randbytes(16),
+                    host_name=f"leader-t{term}",
+                    clock=now,
+                    codec=codec,
+                    max_segment_age_ms=-1,
+                )
                 since_failover = 0
             region = rng.randrange(3)
             rt[region] += 1
@@ -99,9 +111,15 @@ def build_vt(path: str, records: int, heartbeat_every: int, seed: int = 1, failo
                 since_seg = 0
             if since_hb >= heartbeat_every:
                 hbw = Watermarks(region, rt[region], list(rt), f"leader-t{term}", term_id=term)
-                hb = vt_heartbeat(f"leader-t{term}", origin_region=region, origin_rt_offset=rt[region],
-                                  timestamp_ms=clock[0], hbw=hbw, hbd=DivState(follower.producer_states(), {}),
-                                  codec=codec)
+                hb = vt_heartbeat(
+                    f"leader-t{term}",
+                    origin_region=region,
+                    origin_rt_offset=rt[region],
+                    timestamp_ms=clock[0],
+                    hbw=hbw,
+                    hbd=DivState(follower.producer_states(), {}),
+                    codec=codec,
+                )
                 emit(hb.key, hb.value, hb.headers)
                 heartbeats += 1
                 since_hb = 0
@@ -160,16 +178,18 @@ def time_restores(paths: dict[str, str], sizes: dict[str, int], samples: int, ch
         checked = offsets[name][:: max(1, samples // check)]
         states, replay_times = full_replay_states(path, set(checked))
         mismatches = sum(restore_vt(reads[name], o).vt_producer_states() != states[o] for o in checked)
-        out[name].update({
-            "offsets": samples,
-            "restore_median_s": round(statistics.median(best[name]), 5),
-            "restore_p90_s": round(sorted(best[name])[int(0.9 * (samples - 1))], 5),
-            "records_read_median": int(statistics.median(read_counts[name])),
-            "records_replayed_median": int(statistics.median(replayed[name])),
-            "checked_against_full_replay": len(checked),
-            "mismatches": mismatches,
-            "full_replay_to_offset_median_s": round(statistics.median(replay_times.values()), 4),
-        })
+        out[name].update(
+            {
+                "offsets": samples,
+                "restore_median_s": round(statistics.median(best[name]), 5),
+                "restore_p90_s": round(sorted(best[name])[int(0.9 * (samples - 1))], 5),
+                "records_read_median": int(statistics.median(read_counts[name])),
+                "records_replayed_median": int(statistics.median(replayed[name])),
+                "checked_against_full_replay": len(checked),
+                "mismatches": mismatches,
+                "full_replay_to_offset_median_s": round(statistics.median(replay_times.values()), 4),
+            }
+        )
     return out
 
 
@@ -188,8 +208,9 @@ def flatness(args, tmp: str) -> dict:
     out["ratio"] = round(out["long"]["restore_median_s"] / out["short"]["restore_median_s"], 3)
     out["goal"] = 1.5
     out["ok"] = out["ratio"] <= 1.5 and out["short"]["mismatches"] == 0 and out["long"]["mismatches"] == 0
-    out["full_replay_ratio"] = round(out["long"]["full_replay_to_offset_median_s"]
-                                     / out["short"]["full_replay_to_offset_median_s"], 2)
+    out["full_replay_ratio"] = round(
+        out["long"]["full_replay_to_offset_median_s"] / out["short"]["full_replay_to_offset_median_s"], 2
+    )
     return out
 
 
@@ -203,10 +224,24 @@ def _keys(rows) -> set[tuple]:
 def false_errors(args, tmp: str) -> dict:
     from sim import SimConfig, run
 
-    cfg = SimConfig(out=os.path.join(tmp, "sim"), seed=5, regions=3, partitions=2, records=args.sim_records,
-                    keys=max(1500, args.sim_records // 3), batch_records=300, write_rate=[1000.0],
-                    heartbeat_every_records=150, heartbeat_every_ms=400, default_lag_ms=120, failover_delay_ms=250,
-                    faults={"failover": 2, "compaction": 1}, step_records=1000, progress=False, workers="inline")
+    cfg = SimConfig(
+        out=os.path.join(tmp, "sim"),
+        seed=5,
+        regions=3,
+        partitions=2,
+        records=args.sim_records,
+        keys=max(1500, args.sim_records // 3),
+        batch_records=300,
+        write_rate=[1000.0],
+        heartbeat_every_records=150,
+        heartbeat_every_ms=400,
+        default_lag_ms=120,
+        failover_delay_ms=250,
+        faults={"failover": 2, "compaction": 1},
+        step_records=1000,
+        progress=False,
+        workers="inline",
+    )
     t = time.perf_counter()
     result = run(cfg)
     sim_s = time.perf_counter() - t
@@ -214,8 +249,11 @@ def false_errors(args, tmp: str) -> dict:
     counts = {name: {"false": Counter(), "missed": Counter()} for name in ("restored", "cold", "eop_only")}
     restarts = real = from_hb = 0
     behind_change = Counter()
-    changed = {(f["region"], f["partition"]): f["vt_offsets"][str(f["region"])][0]
-               for f in result.truth["faults"] if f["kind"] == "compaction"}
+    changed = {
+        (f["region"], f["partition"]): f["vt_offsets"][str(f["region"])][0]
+        for f in result.truth["faults"]
+        if f["kind"] == "compaction"
+    }
     for x, path in result.archives.items():
         src = open_source(SourceSpec(x, path))
         for q in src.partitions(topic):
@@ -228,7 +266,9 @@ def false_errors(args, tmp: str) -> dict:
                 restarts += 1
                 after = [r for r in full.rows if r[3] > o]
                 real += len(after)
-                restored = validate_partition(src, task, ValidateOptions(sources=[src.spec], out="", restore_at=o))
+                restored = validate_partition(
+                    src, task, ValidateOptions(sources=[src.spec], out="", restore_at=o)
+                )
                 from_hb += restored.summary.restored_from_heartbeat is not None
                 cold = PartitionRun(x, topic, q, config=task.config)
                 aware = PartitionRun(x, topic, q, validator=PartitionValidator(config=task.config))
@@ -246,25 +286,32 @@ def false_errors(args, tmp: str) -> dict:
                     else:
                         counts[name]["missed"].update(missed)
     return {
-        "sim": {"regions": cfg.regions, "partitions": cfg.partitions, "records": cfg.records,
-                "faults": cfg.faults, "seconds": round(sim_s, 1)},
+        "sim": {
+            "regions": cfg.regions,
+            "partitions": cfg.partitions,
+            "records": cfg.records,
+            "faults": cfg.faults,
+            "seconds": round(sim_s, 1),
+        },
         "restarts": restarts,
         "restored_from_heartbeat": from_hb,
         "full_findings_after_restarts": real,
         **{name: {k: dict(sorted(v.items())) for k, v in c.items()} for name, c in counts.items()},
         "restored_missed_behind_changed_log": dict(sorted(behind_change.items())),
         "note": "restored: resumed with the --restore-at state; cold: no state (a lost checkpoint); eop_only: "
-                "knows End of Push passed, no producer state. The full run's findings come from the compacted "
-                "range (validated without compaction tolerance). A follower restored from a heartbeat written "
-                "before the range was compacted takes that heartbeat's word for the records it covers, so it "
-                "does not report the compaction's checksum mismatch at the segment's end: counted apart, as "
-                "restored_missed_behind_changed_log (with compaction tolerance nothing is reported anywhere).",
+        "knows End of Push passed, no producer state. The full run's findings come from the compacted "
+        "range (validated without compaction tolerance). A follower restored from a heartbeat written "
+        "before the range was compacted takes that heartbeat's word for the records it covers, so it "
+        "does not report the compaction's checksum mismatch at the segment's end: counted apart, as "
+        "restored_missed_behind_changed_log (with compaction tolerance nothing is reported anywhere).",
     }
 
 
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    ap.add_argument("--records", type=int, default=100_000, help="records of the short VT (the long one has 10x)")
+    ap.add_argument(
+        "--records", type=int, default=100_000, help="records of the short VT (the long one has 10x)"
+    )
     ap.add_argument("--heartbeat-every", type=int, default=2_000, help="data records between VT heartbeats")
     ap.add_argument("--samples", type=int, default=40, help="restore offsets timed per topic")
     ap.add_argument("--check", type=int, default=5, help="restores checked against a full replay per topic")

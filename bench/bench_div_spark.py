@@ -43,8 +43,9 @@ def build(path: str, records: int) -> float:
     spec = TrafficSpec(records=records, partitions=4, producers=8, keys=200_000, segment_every=20_000)
     with ArchiveWriter(path) as w:
         for r in generate(spec):
-            w.append_record(spec.topic, r.partition, r.offset, r.key, r.value, r.timestamp_ms, 0,
-                            list(r.headers) or None)
+            w.append_record(
+                spec.topic, r.partition, r.offset, r.key, r.value, r.timestamp_ms, 0, list(r.headers) or None
+            )
     return time.perf_counter() - t
 
 
@@ -98,8 +99,12 @@ def stages(spark, opts: ValidateOptions) -> dict[str, float]:
 
     t = time.perf_counter()
     read_archive(spark, opts.sources[0].uri).agg(
-        F.sum(F.length("key")), F.sum(F.length("value")), F.sum("offset"), F.max("timestamp"),
-        F.sum(F.size("headers"))).collect()
+        F.sum(F.length("key")),
+        F.sum(F.length("value")),
+        F.sum("offset"),
+        F.max("timestamp"),
+        F.sum(F.size("headers")),
+    ).collect()
     read_s = time.perf_counter() - t
     opened = [open_source(s) for s in opts.sources]
     tasks, sizes, partitions_of = plan_tasks(opts, opened)
@@ -114,9 +119,13 @@ def stages(spark, opts: ValidateOptions) -> dict[str, float]:
     timed_job_s = time.perf_counter() - t
     busy = [json.loads(r["summary"])["busy_s"] for r in rows]
     python_cpu_s = sum(json.loads(r["summary"])["cpu_s"] for r in rows)
-    return {"read_s": round(read_s, 2), "shuffle_sort_s": round(shuffle_sort_s, 2),
-            "job_without_output_s": round(timed_job_s, 2), "python_busy_s": [round(b, 2) for b in busy],
-            "job_cpu_s": {"python_workers": round(python_cpu_s, 2), "jvm": round(jvm_cpu_s, 2)}}
+    return {
+        "read_s": round(read_s, 2),
+        "shuffle_sort_s": round(shuffle_sort_s, 2),
+        "job_without_output_s": round(timed_job_s, 2),
+        "python_busy_s": [round(b, 2) for b in busy],
+        "job_cpu_s": {"python_workers": round(python_cpu_s, 2), "jvm": round(jvm_cpu_s, 2)},
+    }
 
 
 def _summary(out: str) -> dict:
@@ -156,23 +165,35 @@ def main() -> None:
             t = time.perf_counter()
             run_spark(opts, args.master, read=read)
             times.append(time.perf_counter() - t)
-            same = same and all(local_summary[k] == _summary(out)[k]
-                                for k in ("records_read", "findings", "partitions"))
+            same = same and all(
+                local_summary[k] == _summary(out)[k] for k in ("records_read", "findings", "partitions")
+            )
     breakdown = stages(spark, opts)
     auto_plan = "direct" if archive_is_tidy(path) else "shuffle"
     shutil.rmtree(out, ignore_errors=True)
     records = local_summary["records_read"]
     result = {
-        "benchmark": "div_spark", "records": records, "partitions": len(local_summary["partitions"]),
-        "master": args.master, "build_s": build_s, "session_start_s": round(session_s, 2),
-        "local_s": round(min(local), 2), "local_cpu_s": round(local_cpu, 2),
-        "spark_shuffle_s": round(min(shuffle), 2), "spark_direct_s": round(min(direct), 2),
+        "benchmark": "div_spark",
+        "records": records,
+        "partitions": len(local_summary["partitions"]),
+        "master": args.master,
+        "build_s": build_s,
+        "session_start_s": round(session_s, 2),
+        "local_s": round(min(local), 2),
+        "local_cpu_s": round(local_cpu, 2),
+        "spark_shuffle_s": round(min(shuffle), 2),
+        "spark_direct_s": round(min(direct), 2),
         "local_records_per_s": round(records / min(local)),
         # `ratio` is for the plan the job picks on its own (read=auto) for this archive
-        "auto_plan": auto_plan, "ratio": round(min(local) / min(direct if auto_plan == "direct" else shuffle), 3),
-        "ratio_shuffle": round(min(local) / min(shuffle), 3), "ratio_direct": round(min(local) / min(direct), 3),
-        "goal": "ratio >= 1.5", "same_results": same,
-        **breakdown, "load_average": os.getloadavg()[0], "python": sys.version.split()[0],
+        "auto_plan": auto_plan,
+        "ratio": round(min(local) / min(direct if auto_plan == "direct" else shuffle), 3),
+        "ratio_shuffle": round(min(local) / min(shuffle), 3),
+        "ratio_direct": round(min(local) / min(direct), 3),
+        "goal": "ratio >= 1.5",
+        "same_results": same,
+        **breakdown,
+        "load_average": os.getloadavg()[0],
+        "python": sys.version.split()[0],
     }
     print(json.dumps(result))
 

@@ -25,8 +25,9 @@ def build(path: str, records: int) -> float:
     spec = TrafficSpec(records=records, partitions=4, producers=8, keys=200_000, segment_every=20_000)
     with ArchiveWriter(path) as w:
         for r in generate(spec):
-            w.append_record(spec.topic, r.partition, r.offset, r.key, r.value, r.timestamp_ms, 0,
-                            list(r.headers) or None)
+            w.append_record(
+                spec.topic, r.partition, r.offset, r.key, r.value, r.timestamp_ms, 0, list(r.headers) or None
+            )
     return time.perf_counter() - t
 
 
@@ -76,10 +77,16 @@ def main() -> None:
         n, s, findings = validate(path, args.decoder)
         val.append(n / s)
     result = {
-        "benchmark": "div_validate", "records": n, "decoder": args.decoder, "findings": findings,
-        "build_s": build_s, "decode_only_records_per_s": round(max(dec)),
-        "validate_records_per_s": round(max(val)), "ratio": round(max(val) / max(dec), 3),
-        "goal": "ratio >= 0.7", "python": sys.version.split()[0],
+        "benchmark": "div_validate",
+        "records": n,
+        "decoder": args.decoder,
+        "findings": findings,
+        "build_s": build_s,
+        "decode_only_records_per_s": round(max(dec)),
+        "validate_records_per_s": round(max(val)),
+        "ratio": round(max(val) / max(dec), 3),
+        "goal": "ratio >= 0.7",
+        "python": sys.version.split()[0],
     }
     print(json.dumps(result))
 

@@ -17,8 +17,13 @@ def rt_input(n: int, regions: int, producers: int, value_size: int) -> list[tupl
     """Pre-built RT data records (region, key, value, headers), round-robin over regions and producers."""
     from div.writer import SegmentWriter
 
-    writers = [[SegmentWriter(bytes([r, p]) * 8, host_name=f"p{r}-{p}", max_segment_age_ms=-1)
-                for p in range(producers)] for r in range(regions)]
+    writers = [
+        [
+            SegmentWriter(bytes([r, p]) * 8, host_name=f"p{r}-{p}", max_segment_age_ms=-1)
+            for p in range(producers)
+        ]
+        for r in range(regions)
+    ]
     value = bytes(value_size)
     out = []
     i = 0
@@ -38,10 +43,21 @@ def one_run(k, records, regions: int, heartbeats: bool, run_id: int) -> dict:
     vt, rt = f"bench_v{run_id}", f"bench_rt{run_id}"
     k.create_topic(vt, 1)
     k.create_topic(rt, 1)
-    leader = HeartbeatLeader({"bootstrap.servers": k.bootstrap_servers, "linger.ms": 5,
-                              "batch.num.messages": 10_000, "queue.buffering.max.messages": 500_000},
-                             vt_topic=vt, rt_topic=rt, partition=0, region=0, n_regions=regions, host="bench:1",
-                             interval_ms=1000 if heartbeats else 0)
+    leader = HeartbeatLeader(
+        {
+            "bootstrap.servers": k.bootstrap_servers,
+            "linger.ms": 5,
+            "batch.num.messages": 10_000,
+            "queue.buffering.max.messages": 500_000,
+        },
+        vt_topic=vt,
+        rt_topic=rt,
+        partition=0,
+        region=0,
+        n_regions=regions,
+        host="bench:1",
+        interval_ms=1000 if heartbeats else 0,
+    )
     offsets = [0] * regions
     hb_every_s = 1.0
     next_hb = time.perf_counter() + hb_every_s
@@ -73,11 +89,17 @@ def one_run(k, records, regions: int, heartbeats: bool, run_id: int) -> dict:
     elapsed = time.perf_counter() - t0 - aside_wall
     cpu = time.process_time() - c0 - aside_cpu
     assert left == 0 and leader.pending_heartbeats == 0, "run did not drain"
-    return {"heartbeats": heartbeats, "records": len(records), "elapsed_s": round(elapsed, 3),
-            "records_per_s": round(len(records) / elapsed), "cpu_us_per_record": round(cpu / len(records) * 1e6, 2),
-            "vt_heartbeats": leader.stats.vt_heartbeats,
-            "rt_heartbeats": leader.stats.rt_heartbeats, "rt_heartbeats_consumed": fed_heartbeats,
-            "vt_heartbeat_build_us": build_us}
+    return {
+        "heartbeats": heartbeats,
+        "records": len(records),
+        "elapsed_s": round(elapsed, 3),
+        "records_per_s": round(len(records) / elapsed),
+        "cpu_us_per_record": round(cpu / len(records) * 1e6, 2),
+        "vt_heartbeats": leader.stats.vt_heartbeats,
+        "rt_heartbeats": leader.stats.rt_heartbeats,
+        "rt_heartbeats_consumed": fed_heartbeats,
+        "vt_heartbeat_build_us": build_us,
+    }
 
 
 def heartbeat_build_us(leader, n: int = 200) -> float:
@@ -96,9 +118,13 @@ def heartbeat_build_us(leader, n: int = 200) -> float:
 
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    ap.add_argument("--records", type=int, default=300_000,
-                    help="RT records per run (default 300000: ~10 s a run, so that heartbeats every second happen "
-                         "several times and one run's noise does not decide)")
+    ap.add_argument(
+        "--records",
+        type=int,
+        default=300_000,
+        help="RT records per run (default 300000: ~10 s a run, so that heartbeats every second happen "
+        "several times and one run's noise does not decide)",
+    )
     ap.add_argument("--runs", type=int, default=4, help="runs per mode, alternating (default 4)")
     ap.add_argument("--regions", type=int, default=3)
     ap.add_argument("--producers", type=int, default=8, help="RT producers per region (DIV state size)")
@@ -112,31 +138,50 @@ def main() -> None:
     with EmbeddedKafka(brokers=1) as k:
         one_run(k, records[: min(5_000, len(records))], args.regions, True, 0)  # warm-up: connections, caches
         for i in range(args.runs):
-            for hb in ((True, False) if i % 2 == 0 else (False, True)):
+            for hb in (True, False) if i % 2 == 0 else (False, True):
                 runs.append(one_run(k, records, args.regions, hb, len(runs) + 1))
     with_hb = [r["records_per_s"] for r in runs if r["heartbeats"]]
     without = [r["records_per_s"] for r in runs if not r["heartbeats"]]
     ratio = statistics.median(with_hb) / statistics.median(without)
     cpu_with = statistics.median(r["cpu_us_per_record"] for r in runs if r["heartbeats"])
     cpu_without = statistics.median(r["cpu_us_per_record"] for r in runs if not r["heartbeats"])
-    print(json.dumps({
-        "benchmark": "heartbeat_leader",
-        "records_per_run": args.records, "regions": args.regions, "rt_producers_per_region": args.producers,
-        "value_size": args.value_size, "heartbeat_interval_ms": 1000,
-        "median_records_per_s_with_heartbeats": round(statistics.median(with_hb)),
-        "median_records_per_s_without": round(statistics.median(without)),
-        "ratio": round(ratio, 4), "goal": 0.98, "meets_goal": ratio >= 0.98,
-        # Best run of each mode: the least disturbed by other processes.
-        "best_ratio": round(max(with_hb) / max(without), 4),
-        # Direct estimate, immune to machine noise: VT heartbeats per second (one per region) times their cost.
-        "vt_heartbeat_build_us": statistics.median(r["vt_heartbeat_build_us"] for r in runs if r["heartbeats"]),
-        "estimated_overhead_fraction": round(
-            args.regions * statistics.median(r["vt_heartbeat_build_us"] for r in runs if r["heartbeats"]) / 1e6, 6),
-        # CPU per record is less sensitive to other processes on a shared machine than wall-clock throughput.
-        "median_cpu_us_per_record_with_heartbeats": cpu_with, "median_cpu_us_per_record_without": cpu_without,
-        "cpu_ratio": round(cpu_without / cpu_with, 4),
-        "runs": runs, "python": platform.python_version(), "machine": platform.machine(),
-    }, indent=2))
+    print(
+        json.dumps(
+            {
+                "benchmark": "heartbeat_leader",
+                "records_per_run": args.records,
+                "regions": args.regions,
+                "rt_producers_per_region": args.producers,
+                "value_size": args.value_size,
+                "heartbeat_interval_ms": 1000,
+                "median_records_per_s_with_heartbeats": round(statistics.median(with_hb)),
+                "median_records_per_s_without": round(statistics.median(without)),
+                "ratio": round(ratio, 4),
+                "goal": 0.98,
+                "meets_goal": ratio >= 0.98,
+                # Best run of each mode: the least disturbed by other processes.
+                "best_ratio": round(max(with_hb) / max(without), 4),
+                # Direct estimate, immune to machine noise: VT heartbeats per second (one per region) times their cost.
+                "vt_heartbeat_build_us": statistics.median(
+                    r["vt_heartbeat_build_us"] for r in runs if r["heartbeats"]
+                ),
+                "estimated_overhead_fraction": round(
+                    args.regions
+                    * statistics.median(r["vt_heartbeat_build_us"] for r in runs if r["heartbeats"])
+                    / 1e6,
+                    6,
+                ),
+                # CPU per record is less sensitive to other processes on a shared machine than wall-clock throughput.
+                "median_cpu_us_per_record_with_heartbeats": cpu_with,
+                "median_cpu_us_per_record_without": cpu_without,
+                "cpu_ratio": round(cpu_without / cpu_with, 4),
+                "runs": runs,
+                "python": platform.python_version(),
+                "machine": platform.machine(),
+            },
+            indent=2,
+        )
+    )
 
 
 if __name__ == "__main__":

@@ -24,8 +24,19 @@ def _records(n: int, partitions: int, value_size: int) -> list[pa.RecordBatch]:
     out = []
     step = 50_000
     for lo in range(0, n, step):
-        recs = [("bench", i % partitions, i // partitions, b"key-%d" % i, value, 1_700_000_000_000 + i, 0,
-                 [("hbw", b"x" * 32)] if i % 1000 == 0 else None) for i in range(lo, min(n, lo + step))]
+        recs = [
+            (
+                "bench",
+                i % partitions,
+                i // partitions,
+                b"key-%d" % i,
+                value,
+                1_700_000_000_000 + i,
+                0,
+                [("hbw", b"x" * 32)] if i % 1000 == 0 else None,
+            )
+            for i in range(lo, min(n, lo + step))
+        ]
         out.append(records_to_batch(recs))
     return out
 
@@ -48,8 +59,11 @@ def bench_archive(n: int, partitions: int, value_size: int) -> dict:
                 read += b.num_rows
         read_s = time.perf_counter() - t
     assert read == n
-    return {"archive_write_records_per_s": round(n / write_s), "archive_read_records_per_s": round(n / read_s),
-            "archive_bytes_per_record": round(size / n, 1)}
+    return {
+        "archive_write_records_per_s": round(n / write_s),
+        "archive_read_records_per_s": round(n / read_s),
+        "archive_bytes_per_record": round(size / n, 1),
+    }
 
 
 def _fill(k, topic: str, n: int, partitions: int, value_size: int) -> float:
@@ -79,7 +93,9 @@ def bench_kafka(n: int, partitions: int, value_size: int, spark: bool) -> dict:
         out["mock_produce_records_per_s"] = round(n / produce_s)
         with kafka_log.KafkaLog(k.bootstrap_servers) as kl:
             ends = {p: kl.watermarks("bench", p) for p in range(partitions)}
-        assert all(low == 0 for low, _ in ends.values()), "retention dropped records: use fewer or smaller ones"
+        assert all(low == 0 for low, _ in ends.values()), (
+            "retention dropped records: use fewer or smaller ones"
+        )
         t = time.perf_counter()
         got = 0
         for p, (low, high) in ends.items():
@@ -121,8 +137,14 @@ def main() -> None:
     ap.add_argument("--value-size", type=int, default=60)
     ap.add_argument("--no-spark", action="store_true")
     args = ap.parse_args()
-    result = {"records": args.records, "partitions": args.partitions, "value_size": args.value_size,
-              "cpus": os.cpu_count(), "python": platform.python_version(), "pyarrow": pa.__version__}
+    result = {
+        "records": args.records,
+        "partitions": args.partitions,
+        "value_size": args.value_size,
+        "cpus": os.cpu_count(),
+        "python": platform.python_version(),
+        "pyarrow": pa.__version__,
+    }
     result.update(bench_archive(args.records, args.partitions, args.value_size))
     result.update(bench_kafka(args.records, args.partitions, args.value_size, spark=not args.no_spark))
     print(json.dumps(result, indent=2))

@@ -34,14 +34,25 @@ from pipelines.leapfrog.job import LeapfrogOptions, decode_only, run  # noqa: E4
 
 def decode_pass(spark, dirs: dict[int, str], store: str) -> float:
     t = time.perf_counter()
-    decode_only(spark, LeapfrogOptions(store=store, version=1, out="", sources=[SourceSpec(x, d) for x, d in dirs.items()]))
+    decode_only(
+        spark,
+        LeapfrogOptions(store=store, version=1, out="", sources=[SourceSpec(x, d) for x, d in dirs.items()]),
+    )
     return time.perf_counter() - t
 
 
 def job(spark, dirs: dict[int, str], out: str, store: str, state: str | None = None) -> tuple[float, int]:
     t = time.perf_counter()
-    code = run(LeapfrogOptions(store=store, version=1, out=out, state_dir=state,
-                               sources=[SourceSpec(x, d) for x, d in dirs.items()]), spark=spark)
+    code = run(
+        LeapfrogOptions(
+            store=store,
+            version=1,
+            out=out,
+            state_dir=state,
+            sources=[SourceSpec(x, d) for x, d in dirs.items()],
+        ),
+        spark=spark,
+    )
     return time.perf_counter() - t, code
 
 
@@ -56,7 +67,9 @@ def _state_rows(state: str) -> int:
 
     import pyarrow.parquet as pq
 
-    return sum(pq.ParquetFile(f).metadata.num_rows for f in glob.glob(os.path.join(state, "carried", "*.parquet")))
+    return sum(
+        pq.ParquetFile(f).metadata.num_rows for f in glob.glob(os.path.join(state, "carried", "*.parquet"))
+    )
 
 
 def main() -> None:
@@ -67,12 +80,18 @@ def main() -> None:
     ap.add_argument("--warmup", type=int, default=1, help="untimed rounds of both passes first (default 1)")
     ap.add_argument("--master", default="local[2]")
     ap.add_argument("--incremental", action="store_true")
-    ap.add_argument("--keys", type=int, default=Workload.keys,
-                    help=f"distinct keys (default {Workload.keys}); with fewer keys a day touches every key "
-                         "and the state is small, with more most keys are written once and the state is large")
+    ap.add_argument(
+        "--keys",
+        type=int,
+        default=Workload.keys,
+        help=f"distinct keys (default {Workload.keys}); with fewer keys a day touches every key "
+        "and the state is small, with more most keys are written once and the state is large",
+    )
     args = ap.parse_args()
     w = Workload(vt_records=args.records, keys=args.keys)
-    root = os.path.join(args.dir, f"w{args.records}" + ("" if args.keys == Workload.keys else f"-k{args.keys}"))
+    root = os.path.join(
+        args.dir, f"w{args.records}" + ("" if args.keys == Workload.keys else f"-k{args.keys}")
+    )
     t = time.perf_counter()
     if not os.path.isdir(os.path.join(root, "full")):
         generate(w, root)
@@ -101,19 +120,40 @@ def main() -> None:
             shutil.rmtree(state)
             shutil.copytree(after_day1, state)  # day 2 always starts from day 1's state
             incs.append(job(spark, d2, os.path.join(args.dir, "inc-day2"), w.store, state)[0])
-    result = {"benchmark": "leapfrog", "regions": w.regions, "vt_records_per_region": args.records, "keys": w.keys,
-              "build_s": round(build_s, 1), "warmup_rounds": args.warmup, "rounds": args.repeat, "exit_code": code}
+    result = {
+        "benchmark": "leapfrog",
+        "regions": w.regions,
+        "vt_records_per_region": args.records,
+        "keys": w.keys,
+        "build_s": round(build_s, 1),
+        "warmup_rounds": args.warmup,
+        "rounds": args.repeat,
+        "exit_code": code,
+    }
     if args.incremental:
         inc, full = min(incs), min(jobs)
-        result.update({"incremental_day2_s": round(inc, 2), "full_rescan_s": round(full, 2),
-                       "incremental_ratio": round(inc / full, 3), "incremental_goal": "<= 0.6",
-                       "incremental_runs_s": [round(x, 2) for x in incs],
-                       "incremental_ratio_neighbours": _median_ratio(incs, jobs),
-                       "state_rows_after_day1": _state_rows(after_day1)})
-    result.update({"decode_only_s": round(min(dec), 2), "job_s": round(min(jobs), 2),
-                   "ratio": round(min(jobs) / min(dec), 3), "goal": "ratio <= 1.6",
-                   "ratio_neighbours": _median_ratio(jobs, dec),
-                   "decode_runs_s": [round(x, 2) for x in dec], "job_runs_s": [round(x, 2) for x in jobs]})
+        result.update(
+            {
+                "incremental_day2_s": round(inc, 2),
+                "full_rescan_s": round(full, 2),
+                "incremental_ratio": round(inc / full, 3),
+                "incremental_goal": "<= 0.6",
+                "incremental_runs_s": [round(x, 2) for x in incs],
+                "incremental_ratio_neighbours": _median_ratio(incs, jobs),
+                "state_rows_after_day1": _state_rows(after_day1),
+            }
+        )
+    result.update(
+        {
+            "decode_only_s": round(min(dec), 2),
+            "job_s": round(min(jobs), 2),
+            "ratio": round(min(jobs) / min(dec), 3),
+            "goal": "ratio <= 1.6",
+            "ratio_neighbours": _median_ratio(jobs, dec),
+            "decode_runs_s": [round(x, 2) for x in dec],
+            "job_runs_s": [round(x, 2) for x in jobs],
+        }
+    )
     print(json.dumps(result))
 
 

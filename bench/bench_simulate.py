@@ -27,9 +27,18 @@ from sim import SimConfig, run
 
 
 def one_run(out: str, args, legacy: bool) -> dict:
-    cfg = SimConfig(out=out, seed=args.seed, regions=3, partitions=args.partitions, records=args.records,
-                    keys=args.keys, key_skew=args.key_skew, legacy_rmd=legacy, progress=not args.quiet,
-                    workers=args.workers)
+    cfg = SimConfig(
+        out=out,
+        seed=args.seed,
+        regions=3,
+        partitions=args.partitions,
+        records=args.records,
+        keys=args.keys,
+        key_skew=args.key_skew,
+        legacy_rmd=legacy,
+        progress=not args.quiet,
+        workers=args.workers,
+    )
     t0 = time.monotonic()
     result = run(cfg)
     wall = time.monotonic() - t0
@@ -52,7 +61,9 @@ def one_run(out: str, args, legacy: bool) -> dict:
 
 def main(argv: list[str] | None = None) -> int:
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    p.add_argument("--records", type=int, default=2_150_000, help="online writes (default: enough for 2M VT/region)")
+    p.add_argument(
+        "--records", type=int, default=2_150_000, help="online writes (default: enough for 2M VT/region)"
+    )
     p.add_argument("--keys", type=int, default=1_000_000)
     p.add_argument("--key-skew", type=float, default=0.8)
     p.add_argument("--partitions", type=int, default=4)
@@ -60,13 +71,23 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--workers", choices=["process", "inline"], default="process")
     p.add_argument("--skip-legacy", action="store_true", help="only the heartbeat run")
     p.add_argument("--quiet", action="store_true", help="no progress lines")
-    p.add_argument("--keep", metavar="DIR", help="keep the outputs under DIR (default: a temporary directory)")
+    p.add_argument(
+        "--keep", metavar="DIR", help="keep the outputs under DIR (default: a temporary directory)"
+    )
     args = p.parse_args(argv)
     base = args.keep or tempfile.mkdtemp(prefix="bench-simulate-")
-    report: dict = {"machine": {"cpus": os.cpu_count(), "load_avg_before": list(os.getloadavg())},
-                    "config": {"regions": 3, "partitions": args.partitions, "records": args.records,
-                               "keys": args.keys, "key_skew": args.key_skew, "seed": args.seed,
-                               "workers": args.workers}}
+    report: dict = {
+        "machine": {"cpus": os.cpu_count(), "load_avg_before": list(os.getloadavg())},
+        "config": {
+            "regions": 3,
+            "partitions": args.partitions,
+            "records": args.records,
+            "keys": args.keys,
+            "key_skew": args.key_skew,
+            "seed": args.seed,
+            "workers": args.workers,
+        },
+    }
     try:
         report["heartbeats"] = one_run(os.path.join(base, "heartbeats"), args, legacy=False)
         if not args.skip_legacy:
@@ -74,14 +95,22 @@ def main(argv: list[str] | None = None) -> int:
             hb = report["heartbeats"]["metadata_bytes"]["per_record"]
             lg = report["legacy_rmd"]["metadata_bytes"]["per_record"]
             report["comparison_bytes_per_vt_record"] = {
-                "heartbeat_scheme": {"footer": hb["footer"], "rmd_empty_vector": hb["rmd"],
-                                     "hbw_hbd_amortised": hb["heartbeat_headers_amortised"],
-                                     "total": round(hb["footer"] + hb["rmd"] + hb["heartbeat_headers_amortised"], 3)},
-                "legacy_vector_scheme": {"footer": lg["footer"], "rmd_with_vector": lg["rmd"],
-                                         "total": round(lg["footer"] + lg["rmd"], 3)},
+                "heartbeat_scheme": {
+                    "footer": hb["footer"],
+                    "rmd_empty_vector": hb["rmd"],
+                    "hbw_hbd_amortised": hb["heartbeat_headers_amortised"],
+                    "total": round(hb["footer"] + hb["rmd"] + hb["heartbeat_headers_amortised"], 3),
+                },
+                "legacy_vector_scheme": {
+                    "footer": lg["footer"],
+                    "rmd_with_vector": lg["rmd"],
+                    "total": round(lg["footer"] + lg["rmd"], 3),
+                },
                 "vector_bytes": round(lg["rmd"] - hb["rmd"], 3),
-                "saving_per_record": round(lg["footer"] + lg["rmd"]
-                                           - (hb["footer"] + hb["rmd"] + hb["heartbeat_headers_amortised"]), 3),
+                "saving_per_record": round(
+                    lg["footer"] + lg["rmd"] - (hb["footer"] + hb["rmd"] + hb["heartbeat_headers_amortised"]),
+                    3,
+                ),
             }
     finally:
         if not args.keep:

@@ -61,10 +61,20 @@ def generate(w: Workload, root: str, split: bool = False) -> dict[str, dict[int,
             half = total // 2
             done = 0
             out = writers["full"][x] if not split else writers["day1"][x]
-            out.append_record(topic, p, offset, K.control_key(guid, 0, 0), codec.encode({
-                "messageType": 2, "producerMetadata": E.producer_metadata(guid, 0, 0, 0),
-                "payloadUnion": E.control_message(E.END_OF_PUSH, {}),
-                "leaderMetadataFooter": E.default_footer("push")}))
+            out.append_record(
+                topic,
+                p,
+                offset,
+                K.control_key(guid, 0, 0),
+                codec.encode(
+                    {
+                        "messageType": 2,
+                        "producerMetadata": E.producer_metadata(guid, 0, 0, 0),
+                        "payloadUnion": E.control_message(E.END_OF_PUSH, {}),
+                        "leaderMetadataFooter": E.default_footer("push"),
+                    }
+                ),
+            )
             offset += 1
             while done < total:
                 # consume own region first, remote ones `lag` behind
@@ -82,26 +92,55 @@ def generate(w: Workload, root: str, split: bool = False) -> dict[str, dict[int,
                     seq += 1
                     footer = E.leader_footer(f"leader-{x}", pos[r], r)
                     if v is None:
-                        payload = (E.DELETE, {"schemaId": -1, "replicationMetadataVersionId": -1,
-                                              "replicationMetadataPayload": b""})
+                        payload = (
+                            E.DELETE,
+                            {
+                                "schemaId": -1,
+                                "replicationMetadataVersionId": -1,
+                                "replicationMetadataPayload": b"",
+                            },
+                        )
                         mt = 1
                     else:
-                        payload = (E.PUT, {"putValue": values[v], "schemaId": 1, "replicationMetadataVersionId": -1,
-                                           "replicationMetadataPayload": b""})
+                        payload = (
+                            E.PUT,
+                            {
+                                "putValue": values[v],
+                                "schemaId": 1,
+                                "replicationMetadataVersionId": -1,
+                                "replicationMetadataPayload": b"",
+                            },
+                        )
                         mt = 0
-                    out.append_record(topic, p, offset, b"\x00" + key, codec.encode({
-                        "messageType": mt, "producerMetadata": E.producer_metadata(guid, 1, seq, t, -2),
-                        "payloadUnion": payload, "leaderMetadataFooter": footer}))
+                    out.append_record(
+                        topic,
+                        p,
+                        offset,
+                        b"\x00" + key,
+                        codec.encode(
+                            {
+                                "messageType": mt,
+                                "producerMetadata": E.producer_metadata(guid, 1, seq, t, -2),
+                                "payloadUnion": payload,
+                                "leaderMetadataFooter": footer,
+                            }
+                        ),
+                    )
                     offset += 1
                 pos[r] += 1
                 done += 1
                 if pos[r] % w.heartbeat_every == 0:
                     hw = [q - 1 for q in pos]
-                    env = {"messageType": 2, "producerMetadata": E.producer_metadata(K.HEARTBEAT_GUID, 0, 0, t, -1),
-                           "payloadUnion": E.control_message(E.START_OF_SEGMENT, sos),
-                           "leaderMetadataFooter": E.leader_footer(f"leader-{x}", pos[r] - 1, r)}
+                    env = {
+                        "messageType": 2,
+                        "producerMetadata": E.producer_metadata(K.HEARTBEAT_GUID, 0, 0, t, -1),
+                        "payloadUnion": E.control_message(E.START_OF_SEGMENT, sos),
+                        "leaderMetadataFooter": E.leader_footer(f"leader-{x}", pos[r] - 1, r),
+                    }
                     hbw = encode_hbw(Watermarks(r, pos[r] - 1, hw, f"leader-{x}"))
-                    out.append_record(topic, p, offset, K.HEARTBEAT_KEY, codec.encode(env), t, 0, [("hbw", hbw)])
+                    out.append_record(
+                        topic, p, offset, K.HEARTBEAT_KEY, codec.encode(env), t, 0, [("hbw", hbw)]
+                    )
                     offset += 1
                 if split and out is writers["day1"][x] and done >= half:
                     out = writers["day2"][x]

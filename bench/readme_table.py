@@ -33,8 +33,16 @@ BENCHES: dict[str, list[str]] = {
     "simulate": ["bench/bench_simulate.py", "--records", "200000", "--quiet"],
     "simulate_goal": ["bench/bench_simulate.py", "--skip-legacy", "--quiet"],
     "leapfrog": ["bench/bench_leapfrog.py", "--records", "2000000", "--repeat", "4", "--incremental"],
-    "leapfrog_50k_keys": ["bench/bench_leapfrog.py", "--records", "2000000", "--keys", "50000", "--repeat", "4",
-                          "--incremental"],
+    "leapfrog_50k_keys": [
+        "bench/bench_leapfrog.py",
+        "--records",
+        "2000000",
+        "--keys",
+        "50000",
+        "--repeat",
+        "4",
+        "--incremental",
+    ],
     "div_validate": ["bench/bench_div_validate.py", "--records", "500000", "--repeat", "3"],
     "div_spark": ["bench/bench_div_spark.py", "--records", "2000000", "--repeat", "2"],
     "heartbeat_leader": ["bench/bench_heartbeat_leader.py", "--records", "300000", "--runs", "8"],
@@ -55,8 +63,13 @@ def run_one(name: str) -> dict:
     result = last_json_object(proc.stdout)
     if result is None:
         raise SystemExit(f"{name} printed no JSON object:\n{proc.stdout[-2000:]}")
-    return {"command": "python " + " ".join(BENCHES[name]), "wall_s": round(time.perf_counter() - t, 1),
-            "measured_at": dt.date.today().isoformat(), "load_avg_before": round(load, 2), "result": result}
+    return {
+        "command": "python " + " ".join(BENCHES[name]),
+        "wall_s": round(time.perf_counter() - t, 1),
+        "measured_at": dt.date.today().isoformat(),
+        "load_avg_before": round(load, 2),
+        "result": result,
+    }
 
 
 def last_json_object(text: str) -> dict | None:
@@ -96,7 +109,9 @@ def rows(results: dict) -> list[tuple[str, str, str, str]]:
         what, keys = SHOWN.get(name, (name, None))
         load = entry.get("load_avg_before")
         figures = _pairs(r, keys) + f"; measured {entry.get('measured_at', results.get('measured_at', '?'))}"
-        figures += f", load average before: {load:.1f}" if load is not None else " (load average not recorded)"
+        figures += (
+            f", load average before: {load:.1f}" if load is not None else " (load average not recorded)"
+        )
         out.append((what, figures, _goals(name, r), f"`{entry['command']}`"))
     return out
 
@@ -107,44 +122,102 @@ SHOWN: dict[str, tuple[str, list[str]]] = {
     "simulate": (
         "`tidegauge simulate`, 3 regions: VT records per region and wall time; replication metadata bytes per VT "
         "record, heartbeats vs Venice's legacy per-record vector (same traffic)",
-        ["heartbeats.vt_records_per_region.0", "heartbeats.wall_s", "heartbeats.vt_records_per_s_per_region",
-         "comparison_bytes_per_vt_record.heartbeat_scheme.total",
-         "comparison_bytes_per_vt_record.legacy_vector_scheme.total",
-         "comparison_bytes_per_vt_record.saving_per_record"]),
+        [
+            "heartbeats.vt_records_per_region.0",
+            "heartbeats.wall_s",
+            "heartbeats.vt_records_per_s_per_region",
+            "comparison_bytes_per_vt_record.heartbeat_scheme.total",
+            "comparison_bytes_per_vt_record.legacy_vector_scheme.total",
+            "comparison_bytes_per_vt_record.saving_per_record",
+        ],
+    ),
     "simulate_goal": (
         "`tidegauge simulate` at the goal size: 3 regions, VT records per region and wall time",
-        ["config.records", "heartbeats.vt_records_per_region.0", "heartbeats.vt_records_per_region.1",
-         "heartbeats.vt_records_per_region.2", "heartbeats.wall_s", "heartbeats.vt_records_per_s_per_region"]),
+        [
+            "config.records",
+            "heartbeats.vt_records_per_region.0",
+            "heartbeats.vt_records_per_region.1",
+            "heartbeats.vt_records_per_region.2",
+            "heartbeats.wall_s",
+            "heartbeats.vt_records_per_s_per_region",
+        ],
+    ),
     "leapfrog": (
         "`tidegauge leapfrog`, 2 regions, 4 rounds after a warm-up round, each timing a decode-only pass over "
         "the archives, the job over them (a full rescan of both days) and an incremental run over day 2 from "
         "day 1's state: job / decode-only and incremental / full, each on the best of 4 runs a side. The goals "
         "are checked on these best-of ratios; `*_neighbours` is the median of the ratios within each round, "
         "shown because this shared machine's speed drifts within a run",
-        ["vt_records_per_region", "keys", "decode_only_s", "job_s", "ratio", "ratio_neighbours",
-         "state_rows_after_day1", "incremental_day2_s", "full_rescan_s", "incremental_ratio",
-         "incremental_ratio_neighbours"]),
+        [
+            "vt_records_per_region",
+            "keys",
+            "decode_only_s",
+            "job_s",
+            "ratio",
+            "ratio_neighbours",
+            "state_rows_after_day1",
+            "incremental_day2_s",
+            "full_rescan_s",
+            "incremental_ratio",
+            "incremental_ratio_neighbours",
+        ],
+    ),
     "leapfrog_50k_keys": (
         "the same with 50,000 keys instead of 400,000 (a day rewrites every key; the state is small)",
-        ["vt_records_per_region", "keys", "decode_only_s", "job_s", "ratio", "ratio_neighbours",
-         "state_rows_after_day1", "incremental_day2_s", "full_rescan_s", "incremental_ratio",
-         "incremental_ratio_neighbours"]),
+        [
+            "vt_records_per_region",
+            "keys",
+            "decode_only_s",
+            "job_s",
+            "ratio",
+            "ratio_neighbours",
+            "state_rows_after_day1",
+            "incremental_day2_s",
+            "full_rescan_s",
+            "incremental_ratio",
+            "incremental_ratio_neighbours",
+        ],
+    ),
     "div_validate": (
         "`div validate` (local engine) vs decode-only, same archive",
-        ["records", "decode_only_records_per_s", "validate_records_per_s", "ratio"]),
+        ["records", "decode_only_records_per_s", "validate_records_per_s", "ratio"],
+    ),
     "div_spark": (
         "`div validate --engine spark` (2 cores) vs the local engine, same archive",
-        ["records", "local_records_per_s", "local_s", "spark_shuffle_s", "spark_direct_s", "ratio", "ratio_direct"]),
+        [
+            "records",
+            "local_records_per_s",
+            "local_s",
+            "spark_shuffle_s",
+            "spark_direct_s",
+            "ratio",
+            "ratio_direct",
+        ],
+    ),
     "div_restore": (
         "`div restore`: restore time on a topic 10x longer (same heartbeat interval); false DIV findings after "
         "failovers, followers resumed with restored state vs cold",
-        ["flatness.short.restore_median_s", "flatness.long.restore_median_s", "flatness.ratio",
-         "flatness.full_replay_ratio", "false_errors_after_failover.restarts",
-         "false_errors_after_failover.restored.false", "false_errors_after_failover.cold.false"]),
+        [
+            "flatness.short.restore_median_s",
+            "flatness.long.restore_median_s",
+            "flatness.ratio",
+            "flatness.full_replay_ratio",
+            "false_errors_after_failover.restarts",
+            "false_errors_after_failover.restored.false",
+            "false_errors_after_failover.cold.false",
+        ],
+    ),
     "heartbeat_leader": (
         "a `HeartbeatLeader` loop on the mock cluster: heartbeats every second vs none",
-        ["median_records_per_s_with_heartbeats", "median_records_per_s_without", "ratio", "best_ratio",
-         "cpu_ratio", "vt_heartbeat_build_us"]),
+        [
+            "median_records_per_s_with_heartbeats",
+            "median_records_per_s_without",
+            "ratio",
+            "best_ratio",
+            "cpu_ratio",
+            "vt_heartbeat_build_us",
+        ],
+    ),
     "kafka_io": ("archive and Kafka plumbing every job stands on", []),
     "report": ("`tidegauge report`: Great Expectations startup and suites, plots", []),
 }
@@ -190,11 +263,16 @@ def _pairs(r: dict, keys: list[str] | None = None) -> str:
 
 def table(results: dict) -> str:
     machine = results.get("machine", {})
-    lines = [START, "",
-             f"Measured on {machine.get('cpus', '?')} cores ({machine.get('platform', '?')}, Python "
-             f"{machine.get('python', '?')}); each row gives its date and the machine's load average when it "
-             "started. Read ratios of one run rather than absolute rates. Raw output: `bench/results.json`.", "",
-             "| benchmark | measured | goal | command |", "|---|---|---|---|"]
+    lines = [
+        START,
+        "",
+        f"Measured on {machine.get('cpus', '?')} cores ({machine.get('platform', '?')}, Python "
+        f"{machine.get('python', '?')}); each row gives its date and the machine's load average when it "
+        "started. Read ratios of one run rather than absolute rates. Raw output: `bench/results.json`.",
+        "",
+        "| benchmark | measured | goal | command |",
+        "|---|---|---|---|",
+    ]
     for what, figures, goal, cmd in rows(results):
         lines.append(f"| {what} | {figures} | {goal} | {cmd} |")
     lines += ["", END]
@@ -221,8 +299,11 @@ def main() -> int:
             results["benches"][name] = run_one(name)
             results["benches"] = {k: results["benches"][k] for k in BENCHES if k in results["benches"]}
             results["measured_at"] = dt.date.today().isoformat()
-            results["machine"] = {"cpus": os.cpu_count(), "platform": platform.platform(terse=True),
-                                  "python": platform.python_version()}
+            results["machine"] = {
+                "cpus": os.cpu_count(),
+                "platform": platform.platform(terse=True),
+                "python": platform.python_version(),
+            }
             RESULTS.write_text(json.dumps(results, indent=2) + "\n")
     text = table(results)
     if README.exists() and START in README.read_text(encoding="utf-8"):

@@ -65,12 +65,12 @@ class PartitionInfo:
     records: int
 
 
-
 def timestamps_ms(batch: pa.RecordBatch | pa.Table) -> list[int | None]:
     """The broker timestamps of an archive-schema batch in epoch milliseconds, as every reader takes them: the
     archive keeps Kafka's milliseconds as microseconds, and this is the one conversion back."""
     us = batch.column(batch.schema.get_field_index("timestamp")).cast(pa.int64())
     return pc.divide(us, 1000).to_pylist()
+
 
 def file_name(topic: str, partition: int, first_offset: int) -> str:
     """The name ArchiveWriter gives a file. '+' cannot occur in a Kafka topic name and sorts before every
@@ -255,8 +255,16 @@ class ArchiveWriter:
         tp = (topic, int(partition))
         buf = self._buffers[tp]
         buf.records.append(
-            (topic, int(partition), int(offset), key, value, int(timestamp_ms), int(timestamp_type),
-             None if headers is None else list(headers))
+            (
+                topic,
+                int(partition),
+                int(offset),
+                key,
+                value,
+                int(timestamp_ms),
+                int(timestamp_type),
+                None if headers is None else list(headers),
+            )
         )
         self._last_offsets[tp] = max(int(offset), self._last_offsets.get(tp, int(offset)))
         if len(buf.records) >= self.row_group_size:
@@ -310,8 +318,10 @@ class ArchiveWriter:
         name = file_name(tp[0], tp[1], int(table.column("offset")[0].as_py()))
         final = os.path.join(self.directory, name)
         if os.path.exists(final):
-            raise ArchiveError(f"{final} already exists: records from offset {table.column('offset')[0]} "
-                               f"of {tp[0]}[{tp[1]}] were archived before")
+            raise ArchiveError(
+                f"{final} already exists: records from offset {table.column('offset')[0]} "
+                f"of {tp[0]}[{tp[1]}] were archived before"
+            )
         table = table.replace_schema_metadata({_OURS_KEY: _OURS_VALUE})
         tmp = os.path.join(self.directory, f".{name}.{uuid.uuid4().hex[:8]}.tmp")
         try:
@@ -335,8 +345,9 @@ def _check_topic(topic: str) -> None:
     if not topic or topic[0] in "._":
         # Spark (and our readers) skip files whose names start with '.' or '_', so such a topic's archive
         # would silently read as empty.
-        raise ArchiveError(f"topic {topic!r}: names starting with '.' or '_' cannot be archived "
-                           "(Spark ignores such files)")
+        raise ArchiveError(
+            f"topic {topic!r}: names starting with '.' or '_' cannot be archived (Spark ignores such files)"
+        )
 
 
 def _fsync_dir(directory: str) -> None:
@@ -372,8 +383,11 @@ def _list_files(directory: str) -> list[str]:
     try:
         for root, dirs, files in os.walk(directory, onerror=_raise_walk_error):
             dirs[:] = sorted(d for d in dirs if not d.startswith((".", "_")))
-            out.extend(os.path.join(root, f) for f in sorted(files)
-                       if f.endswith(_SUFFIX) and not f.startswith((".", "_")))
+            out.extend(
+                os.path.join(root, f)
+                for f in sorted(files)
+                if f.endswith(_SUFFIX) and not f.startswith((".", "_"))
+            )
     except OSError as e:
         raise ArchiveError(f"archive {directory}: cannot list: {e}") from e
     return out
@@ -403,7 +417,9 @@ def _index_file(path: str) -> list[_Chunk]:
     names = pf.schema_arrow.names
     for required in ("topic", "partition", "offset"):
         if required not in names:
-            raise ArchiveError(f"{path}: not in the Kafka archive schema (no {required!r} column; has {names})")
+            raise ArchiveError(
+                f"{path}: not in the Kafka archive schema (no {required!r} column; has {names})"
+            )
     trusted = (md.metadata or {}).get(_OURS_KEY) == _OURS_VALUE
     leaf = {md.schema.column(i).path: i for i in range(md.num_columns)}
     ti, pi, oi = leaf["topic"], leaf["partition"], leaf["offset"]
@@ -413,10 +429,28 @@ def _index_file(path: str) -> list[_Chunk]:
         if rg.num_rows == 0:
             continue
         ts, ps, os_ = _stat(rg, ti), _stat(rg, pi), _stat(rg, oi)
-        if ts and ps and os_ and ts[0] == ts[1] and ps[0] == ps[1] and rg.column(oi).statistics.null_count == 0:
+        if (
+            ts
+            and ps
+            and os_
+            and ts[0] == ts[1]
+            and ps[0] == ps[1]
+            and rg.column(oi).statistics.null_count == 0
+        ):
             topic = ts[0].decode() if isinstance(ts[0], bytes) else ts[0]
-            chunks.append(_Chunk(path, r, topic, int(ps[0]), int(os_[0]), int(os_[1]), rg.num_rows,
-                                 mixed=False, trusted=trusted))
+            chunks.append(
+                _Chunk(
+                    path,
+                    r,
+                    topic,
+                    int(ps[0]),
+                    int(os_[0]),
+                    int(os_[1]),
+                    rg.num_rows,
+                    mixed=False,
+                    trusted=trusted,
+                )
+            )
             continue
         # Statistics cannot tell which partitions are in here: read the three small columns once.
         try:
@@ -427,10 +461,22 @@ def _index_file(path: str) -> list[_Chunk]:
         if t.num_rows == 0:
             continue
         grouped = t.group_by(["topic", "partition"]).aggregate(
-            [("offset", "min"), ("offset", "max"), ("offset", "count")])
+            [("offset", "min"), ("offset", "max"), ("offset", "count")]
+        )
         for row in grouped.to_pylist():
-            chunks.append(_Chunk(path, r, row["topic"], int(row["partition"]), int(row["offset_min"]),
-                                 int(row["offset_max"]), int(row["offset_count"]), mixed=True, trusted=False))
+            chunks.append(
+                _Chunk(
+                    path,
+                    r,
+                    row["topic"],
+                    int(row["partition"]),
+                    int(row["offset_min"]),
+                    int(row["offset_max"]),
+                    int(row["offset_count"]),
+                    mixed=True,
+                    trusted=False,
+                )
+            )
     return chunks
 
 
@@ -483,12 +529,17 @@ def describe(directory: str | os.PathLike) -> list[PartitionInfo]:
     out = []
     for (topic, partition), chunks in sorted(_index(directory).items()):
         if _clean(chunks):
-            out.append(PartitionInfo(topic, partition, chunks[0].min_offset, chunks[-1].max_offset,
-                                     sum(c.rows for c in chunks)))
+            out.append(
+                PartitionInfo(
+                    topic, partition, chunks[0].min_offset, chunks[-1].max_offset, sum(c.rows for c in chunks)
+                )
+            )
             continue
         _check_no_conflicting_repeats(chunks, topic, partition)
-        offsets = [b.column("offset").to_numpy() for b in
-                   _iter_chunks(chunks, topic, partition, None, None, ["offset"], 1 << 20)]
+        offsets = [
+            b.column("offset").to_numpy()
+            for b in _iter_chunks(chunks, topic, partition, None, None, ["offset"], 1 << 20)
+        ]
         if not offsets:
             continue
         arr = np.concatenate(offsets)
@@ -506,8 +557,12 @@ def _check_no_conflicting_repeats(chunks: list[_Chunk], topic: str, partition: i
     for cluster in _clusters(chunks):
         if len(cluster) == 1 and cluster[0].trusted:
             continue
-        offsets = np.concatenate([_read_chunk(files, c, topic, partition, None, None, ["offset"])
-                                  .column("offset").to_numpy() for c in cluster])
+        offsets = np.concatenate(
+            [
+                _read_chunk(files, c, topic, partition, None, None, ["offset"]).column("offset").to_numpy()
+                for c in cluster
+            ]
+        )
         s = np.sort(offsets)
         repeated = np.unique(s[1:][s[1:] == s[:-1]])
         if repeated.size == 0:
@@ -522,8 +577,10 @@ def _check_no_conflicting_repeats(chunks: list[_Chunk], topic: str, partition: i
                 content = (row["key"], row["value"])
                 first = seen.setdefault(row["offset"], content)
                 if first != content:
-                    raise ArchiveError(f"holds offset {row['offset']} of {topic}[{partition}] twice, with different "
-                                       "records (several regions' archives under one directory?)")
+                    raise ArchiveError(
+                        f"holds offset {row['offset']} of {topic}[{partition}] twice, with different "
+                        "records (several regions' archives under one directory?)"
+                    )
 
 
 def iter_partition(
@@ -544,13 +601,20 @@ def iter_partition(
     if batch_size < 1:
         raise ValueError(f"batch_size must be positive, got {batch_size}")
     chunks = _index(directory).get((topic, int(partition)), [])
-    chunks = [c for c in chunks if (start is None or c.max_offset >= start) and (end is None or c.min_offset < end)]
+    chunks = [
+        c for c in chunks if (start is None or c.max_offset >= start) and (end is None or c.min_offset < end)
+    ]
     yield from _iter_chunks(chunks, topic, int(partition), start, end, columns, batch_size)
 
 
 def _iter_chunks(
-    chunks: list[_Chunk], topic: str, partition: int, start: int | None, end: int | None,
-    columns: Sequence[str] | None, batch_size: int,
+    chunks: list[_Chunk],
+    topic: str,
+    partition: int,
+    start: int | None,
+    end: int | None,
+    columns: Sequence[str] | None,
+    batch_size: int,
 ) -> Iterator[pa.RecordBatch]:
     out_cols = list(columns) if columns is not None else list(COLUMNS)
     files: dict[str, pq.ParquetFile] = {}
@@ -559,7 +623,9 @@ def _iter_chunks(
         if len(cluster) == 1 and cluster[0].trusted:
             table = _read_chunk(files, cluster[0], topic, partition, start, end, out_cols)
         else:
-            parts = [_read_chunk(files, c, topic, partition, start, end, out_cols + ["offset"]) for c in cluster]
+            parts = [
+                _read_chunk(files, c, topic, partition, start, end, out_cols + ["offset"]) for c in cluster
+            ]
             table = _sort_unique(pa.concat_tables(parts)).select(out_cols)
         yield from rebatch.add(table)
     yield from rebatch.finish()
@@ -581,15 +647,28 @@ def _clusters(chunks: list[_Chunk]) -> Iterator[list[_Chunk]]:
         yield cur
 
 
-def _read_chunk(files: dict[str, pq.ParquetFile], c: _Chunk, topic: str, partition: int,
-                start: int | None, end: int | None, out_cols: list[str]) -> pa.Table:
+def _read_chunk(
+    files: dict[str, pq.ParquetFile],
+    c: _Chunk,
+    topic: str,
+    partition: int,
+    start: int | None,
+    end: int | None,
+    out_cols: list[str],
+) -> pa.Table:
     pf = files.get(c.path)
     if pf is None:
         pf = files[c.path] = _open(c.path)
-    need_filter = c.mixed or (start is not None and c.min_offset < start) or (end is not None and c.max_offset >= end)
+    need_filter = (
+        c.mixed or (start is not None and c.min_offset < start) or (end is not None and c.max_offset >= end)
+    )
     present = set(pf.schema_arrow.names)
-    read_cols = list(dict.fromkeys(
-        [col for col in out_cols if col in present] + (["topic", "partition", "offset"] if need_filter else [])))
+    read_cols = list(
+        dict.fromkeys(
+            [col for col in out_cols if col in present]
+            + (["topic", "partition", "offset"] if need_filter else [])
+        )
+    )
     try:
         t = pf.read_row_group(c.row_group, columns=read_cols)
     except (OSError, pa.ArrowException) as e:
@@ -597,8 +676,9 @@ def _read_chunk(files: dict[str, pq.ParquetFile], c: _Chunk, topic: str, partiti
     if need_filter:
         mask = pc.is_valid(t.column("offset"))
         if c.mixed:
-            mask = pc.and_(mask, pc.and_(pc.equal(t.column("topic"), topic),
-                                         pc.equal(t.column("partition"), partition)))
+            mask = pc.and_(
+                mask, pc.and_(pc.equal(t.column("topic"), topic), pc.equal(t.column("partition"), partition))
+            )
         if start is not None:
             mask = pc.and_(mask, pc.greater_equal(t.column("offset"), start))
         if end is not None:
@@ -651,11 +731,16 @@ class _Rebatcher:
         self.pending, self.rows = [], 0
 
 
-def iter_archive(directory: str | os.PathLike, topic_names: Iterable[str] | None = None,
-                 columns: Sequence[str] | None = None, batch_size: int = 65536) -> Iterator[pa.RecordBatch]:
+def iter_archive(
+    directory: str | os.PathLike,
+    topic_names: Iterable[str] | None = None,
+    columns: Sequence[str] | None = None,
+    batch_size: int = 65536,
+) -> Iterator[pa.RecordBatch]:
     """Every partition of the given topics (default: all), partition by partition, each in offset order."""
     wanted = None if topic_names is None else set(topic_names)
     for info in describe(directory):
         if wanted is None or info.topic in wanted:
-            yield from iter_partition(directory, info.topic, info.partition, columns=columns, batch_size=batch_size)
-
+            yield from iter_partition(
+                directory, info.topic, info.partition, columns=columns, batch_size=batch_size
+            )

@@ -82,11 +82,19 @@ class PartitionSummary:
 
     def to_json(self) -> dict[str, Any]:
         return {
-            "region": self.region, "topic": self.topic, "partition": self.partition, "records": self.records,
-            "first_offset": self.first_offset, "last_offset": self.last_offset, "eop_offset": self.eop_offset,
-            "producers_tracked": self.producers_tracked, "findings": dict(sorted(self.findings.items())),
-            "fatal_findings": self.fatal_findings, "undecodable": self.undecodable,
-            "undecodable_offsets": list(self.undecodable_offsets), "explained_by_undecodable": self.explained,
+            "region": self.region,
+            "topic": self.topic,
+            "partition": self.partition,
+            "records": self.records,
+            "first_offset": self.first_offset,
+            "last_offset": self.last_offset,
+            "eop_offset": self.eop_offset,
+            "producers_tracked": self.producers_tracked,
+            "findings": dict(sorted(self.findings.items())),
+            "fatal_findings": self.fatal_findings,
+            "undecodable": self.undecodable,
+            "undecodable_offsets": list(self.undecodable_offsets),
+            "explained_by_undecodable": self.explained,
             "start": {"offset": self.start_offset, "restored_from_heartbeat": self.restored_from_heartbeat},
         }
 
@@ -102,18 +110,38 @@ class StopRun(Exception):
 class PartitionRun:
     """DIV (and record validators) over one partition's records, batch by batch, in offset order."""
 
-    def __init__(self, region: int, topic: str, partition: int, *, config: ValidatorConfig | None = None,
-                 codec: E.EnvelopeCodec | None = None, validator: PartitionValidator | None = None,
-                 record_validators: list | None = None, fail_fast: bool = False) -> None:
+    def __init__(
+        self,
+        region: int,
+        topic: str,
+        partition: int,
+        *,
+        config: ValidatorConfig | None = None,
+        codec: E.EnvelopeCodec | None = None,
+        validator: PartitionValidator | None = None,
+        record_validators: list | None = None,
+        fail_fast: bool = False,
+    ) -> None:
         self.region, self.topic, self.partition = region, topic, partition
         self.codec = codec or E.EnvelopeCodec()
         self.validator = validator or PartitionValidator(is_realtime=is_realtime_topic(topic), config=config)
-        chain = record_validators if isinstance(record_validators, Chain) else Chain(list(record_validators or []))
+        chain = (
+            record_validators
+            if isinstance(record_validators, Chain)
+            else Chain(list(record_validators or []))
+        )
         self.record_validators = chain
         if chain:
             lag = self.validator.config.min_compaction_lag_ms
-            chain.reset(PartitionContext(region, topic, partition, realtime=self.validator.is_realtime,
-                                         compacted=lag is not None and lag >= 0 and not self.validator.is_realtime))
+            chain.reset(
+                PartitionContext(
+                    region,
+                    topic,
+                    partition,
+                    realtime=self.validator.is_realtime,
+                    compacted=lag is not None and lag >= 0 and not self.validator.is_realtime,
+                )
+            )
         self.fail_fast = fail_fast
         self.summary = PartitionSummary(region, topic, partition)
         self.rows: list[tuple] = []
@@ -132,8 +160,18 @@ class PartitionRun:
             s.findings[f.type] += 1
             if f.fatal:
                 s.fatal_findings += 1
-        return (self.region, self.topic, self.partition, f.offset, guid, f.segment, f.sequence, f.type, f.fatal,
-                f.detail)
+        return (
+            self.region,
+            self.topic,
+            self.partition,
+            f.offset,
+            guid,
+            f.segment,
+            f.sequence,
+            f.type,
+            f.fatal,
+            f.detail,
+        )
 
     def feed(self, batch: pa.RecordBatch | pa.Table) -> None:
         """Validate a batch of records (archive schema). Appends error rows to `self.rows`."""
@@ -164,8 +202,9 @@ class PartitionRun:
         undecodable = E.UndecodableError
         has_chain = bool(self.record_validators)
         try:
-            for key, value, offset, broker_ms, headers in zip(key_col, val_col, off_col, ts_col, hdr_col,
-                                                              strict=True):
+            for key, value, offset, broker_ms, headers in zip(
+                key_col, val_col, off_col, ts_col, hdr_col, strict=True
+            ):
                 if not key or key[0] not in known:
                     reason = key_problem(key)
                     rows.append(self._undecodable(offset, reason))
@@ -207,8 +246,9 @@ class PartitionRun:
         return self._row(Finding(offset, None, -1, -1, UNDECODABLE, False, detail))
 
     def _run_record_validators(self, offset, key, value, headers, env, broker_ms, undecodable) -> None:
-        record = Record(self.region, self.topic, self.partition, offset, key, value, headers, env, broker_ms,
-                        undecodable)
+        record = Record(
+            self.region, self.topic, self.partition, offset, key, value, headers, env, broker_ms, undecodable
+        )
         for f in self.record_validators.run(record):
             self.rows.append(self._row(f))
 

@@ -59,7 +59,9 @@ def unframe(data: bytes, name: str) -> bytes:
     length, crc, magic = _TRAILER.unpack(data[-_TRAILER.size :])
     payload = data[: -_TRAILER.size]
     if magic != _MAGIC:
-        raise CorruptCheckpointError(f"checkpoint {name} has no tidegauge trailer (not a checkpoint, or torn)")
+        raise CorruptCheckpointError(
+            f"checkpoint {name} has no tidegauge trailer (not a checkpoint, or torn)"
+        )
     if length != len(payload) or zlib.crc32(payload) != crc:
         raise CorruptCheckpointError(f"checkpoint {name} is corrupted (length or CRC32 mismatch)")
     return payload
@@ -76,8 +78,16 @@ class CheckpointStore:
             raise ValueError(f"topic name {topic!r} is not a valid Kafka topic name")
         return self.directory / f"{topic}-{partition}.partition_state"
 
-    def save(self, topic: str, partition: int, offset: int, producer_states: dict[bytes, dict], *,
-             end_of_push: bool, **extra) -> Path:
+    def save(
+        self,
+        topic: str,
+        partition: int,
+        offset: int,
+        producer_states: dict[bytes, dict],
+        *,
+        end_of_push: bool,
+        **extra,
+    ) -> Path:
         """Save offset and DIV state as one PartitionState record, atomically."""
         state = ps.build(offset, producer_states, end_of_push=end_of_push, **extra)
         path = self.path(topic, partition)

@@ -115,11 +115,15 @@ def int_bytes(n: int) -> bytes:
 
 
 # Feeds of each message kind, exactly as Venice's Segment.addToCheckSum. EOS feeds nothing.
-CHECKSUMMED_CONTROL_TYPES = frozenset({0, 1, 2, 5, 6, 7, 8})  # SOP, EOP, SOS, SOIP, EOIP, TopicSwitch, VersionSwap
+CHECKSUMMED_CONTROL_TYPES = frozenset(
+    {0, 1, 2, 5, 6, 7, 8}
+)  # SOP, EOP, SOS, SOIP, EOIP, TopicSwitch, VersionSwap
 EOS_TYPE = 3
 
 
-def feeds(message_type: int, kind: str, key_content: bytes, body: dict, control_type: int | None = None) -> list[bytes]:
+def feeds(
+    message_type: int, kind: str, key_content: bytes, body: dict, control_type: int | None = None
+) -> list[bytes]:
     """The byte strings fed to the checksum for one message (empty list for EOS)."""
     if kind == "CONTROL":
         if control_type == EOS_TYPE:
@@ -131,7 +135,10 @@ def feeds(message_type: int, kind: str, key_content: bytes, body: dict, control_
         return [_INT.pack(message_type), key_content, _INT.pack(body["schemaId"]), body["putValue"]]
     if kind == "UPDATE":
         return [
-            _INT.pack(message_type), key_content, _INT.pack(body["schemaId"]), _INT.pack(body["updateSchemaId"]),
+            _INT.pack(message_type),
+            key_content,
+            _INT.pack(body["schemaId"]),
+            _INT.pack(body["updateSchemaId"]),
             body["updateValue"],
         ]
     if kind == "DELETE":

@@ -45,8 +45,15 @@ TOPIC_SWITCH, VERSION_SWAP = 7, 8
 CONTROL_RECORD_NAMES = [
     NS + n
     for n in (
-        "StartOfPush", "EndOfPush", "StartOfSegment", "EndOfSegment", "StartOfBufferReplay",
-        "StartOfIncrementalPush", "EndOfIncrementalPush", "TopicSwitch", "VersionSwap",
+        "StartOfPush",
+        "EndOfPush",
+        "StartOfSegment",
+        "EndOfSegment",
+        "StartOfBufferReplay",
+        "StartOfIncrementalPush",
+        "EndOfIncrementalPush",
+        "TopicSwitch",
+        "VersionSwap",
     )
 ]
 CONTROL_NAMES = [n.rsplit(".", 1)[1] for n in CONTROL_RECORD_NAMES]
@@ -77,7 +84,9 @@ class EnvelopeCodec:
         self._reader_json = schemas.load_json("KafkaMessageEnvelope.v14.avsc")
         self._reader = fastavro.parse_schema(self._reader_json)
         self._writer_json: dict[int, Any] = {}
-        self._vtp_seen: dict[int, bytes] = {}  # by raw version byte: the last vtp header already taken into account
+        self._vtp_seen: dict[
+            int, bytes
+        ] = {}  # by raw version byte: the last vtp header already taken into account
         self._canonical: dict[int, str] = {}  # by protocol version: canonical form of the schema in use
         self._decoders: dict[int, Any] = {}  # by protocol version
         self._by_byte: dict[int, Any] = {}  # by the raw version byte: the per-record lookup
@@ -95,15 +104,21 @@ class EnvelopeCodec:
         our decoder cannot resolve against the v14 reader: a garbage vtp must not poison the cache nor stop a run.
         """
         try:
-            schema = (json.loads(writer_schema_json) if isinstance(writer_schema_json, (str, bytes))
-                      else writer_schema_json)
+            schema = (
+                json.loads(writer_schema_json)
+                if isinstance(writer_schema_json, (str, bytes))
+                else writer_schema_json
+            )
             parsed = fastavro.parse_schema(schema, _force=True)
         except Exception as exc:
-            raise UndecodableError(f"vtp header for protocol version {version} is not a valid Avro schema: "
-                                   f"{type(exc).__name__}: {exc}") from None
+            raise UndecodableError(
+                f"vtp header for protocol version {version} is not a valid Avro schema: "
+                f"{type(exc).__name__}: {exc}"
+            ) from None
         if not isinstance(parsed, dict) or parsed.get("name") != KME_NAME:
-            raise UndecodableError(f"vtp header for protocol version {version} is an Avro schema, but not of a "
-                                   f"{KME_NAME}")
+            raise UndecodableError(
+                f"vtp header for protocol version {version} is an Avro schema, but not of a {KME_NAME}"
+            )
         with self._lock:
             previous = self._writer_json.get(version)
             self._writer_json[version] = schema
@@ -117,8 +132,10 @@ class EnvelopeCodec:
                 else:
                     self._writer_json[version] = previous
                 self._decoders.pop(version, None)
-                raise UndecodableError(f"vtp header for protocol version {version} is not a KafkaMessageEnvelope "
-                                       f"schema we can resolve: {type(exc).__name__}: {exc}") from None
+                raise UndecodableError(
+                    f"vtp header for protocol version {version} is not a KafkaMessageEnvelope "
+                    f"schema we can resolve: {type(exc).__name__}: {exc}"
+                ) from None
             self._canonical.pop(version, None)
 
     def _writer_schema(self, version: int) -> Any | None:
@@ -142,11 +159,15 @@ class EnvelopeCodec:
             schemaless_reader = fastavro.schemaless_reader
 
             if same:
+
                 def dec(buf: bytes, _w=parsed_writer):
                     return schemaless_reader(io.BytesIO(buf), _w, None, return_record_name=True)
             else:
+
                 def dec(buf: bytes, _w=parsed_writer, _r=reader):
-                    return _bytes_defaults(schemaless_reader(io.BytesIO(buf), _w, _r, return_record_name=True))
+                    return _bytes_defaults(
+                        schemaless_reader(io.BytesIO(buf), _w, _r, return_record_name=True)
+                    )
 
         self._decoders[version] = dec
         return dec
@@ -154,7 +175,9 @@ class EnvelopeCodec:
     def _cavro_decoder(self, writer: Any, same: bool):
         import cavro
 
-        opts = cavro.Options(record_decodes_to_dict=True, union_decodes_to=cavro.UnionDecodeOption.TYPE_TUPLE_IF_RECORD)
+        opts = cavro.Options(
+            record_decodes_to_dict=True, union_decodes_to=cavro.UnionDecodeOption.TYPE_TUPLE_IF_RECORD
+        )
         reader = cavro.Schema(self._reader_json, options=opts)
         if same:
             return reader.binary_decode
@@ -213,12 +236,15 @@ class EnvelopeCodec:
         try:
             env = dec(value[2:])
         except Exception as exc:  # truncated / corrupt Avro
-            raise UndecodableError(f"Avro decode of protocol version {version} failed: {type(exc).__name__}: {exc}") from None
+            raise UndecodableError(
+                f"Avro decode of protocol version {version} failed: {type(exc).__name__}: {exc}"
+            ) from None
         name = env["payloadUnion"][0]
         expected = _MESSAGE_TYPE_OF_BRANCH.get(name)
         if expected != env["messageType"] and not (expected == 0 and env["messageType"] == 4):
             raise UndecodableError(
-                f"messageType {env.get('messageType')} does not match payload branch {name.rsplit('.', 1)[-1]}")
+                f"messageType {env.get('messageType')} does not match payload branch {name.rsplit('.', 1)[-1]}"
+            )
         return env
 
     def _take_vtp(self, version: int, vtp: bytes) -> None:
@@ -234,8 +260,10 @@ class EnvelopeCodec:
             announced = fastavro.schema.to_parsing_canonical_form(schema)
         except Exception as exc:  # noqa: BLE001 - any garbage header
             if self._writer_schema(version) is None:
-                raise UndecodableError(f"vtp header for protocol version {version} is not a valid Avro schema: "
-                                       f"{type(exc).__name__}: {exc}") from None
+                raise UndecodableError(
+                    f"vtp header for protocol version {version} is not a valid Avro schema: "
+                    f"{type(exc).__name__}: {exc}"
+                ) from None
             self._vtp_seen[byte] = vtp
             return
         if announced != self._canonical_form(version):
@@ -249,8 +277,9 @@ class EnvelopeCodec:
     def _canonical_form(self, version: int) -> str | None:
         if version not in self._canonical:
             writer = self._writer_schema(version)
-            self._canonical[version] = (None if writer is None
-                                        else fastavro.schema.to_parsing_canonical_form(writer))
+            self._canonical[version] = (
+                None if writer is None else fastavro.schema.to_parsing_canonical_form(writer)
+            )
         return self._canonical[version]
 
     def _decoder_or_learn(self, version: int, headers):
@@ -258,7 +287,9 @@ class EnvelopeCodec:
         if dec is None:
             vtp = header_value(headers, "vtp")
             if vtp is None:
-                raise UndecodableError(f"unknown protocol version {version} and no vtp header to learn it from")
+                raise UndecodableError(
+                    f"unknown protocol version {version} and no vtp header to learn it from"
+                )
             self.learn(version, vtp)
             dec = self._decoder_for(version)
         self._by_byte[version & 0xFF] = dec
@@ -325,8 +356,13 @@ def default_footer(host_name: str) -> tuple[str, dict]:
     )
 
 
-def leader_footer(host_name: str, upstream_offset: int, upstream_cluster_id: int, term_id: int = -1,
-                  upstream_timestamp: int = -1) -> tuple[str, dict]:
+def leader_footer(
+    host_name: str,
+    upstream_offset: int,
+    upstream_cluster_id: int,
+    term_id: int = -1,
+    upstream_timestamp: int = -1,
+) -> tuple[str, dict]:
     """Footer of a leader-produced record: the RT position it came from and the region (cluster id)."""
     from .positions import encode_offset
 
@@ -343,7 +379,9 @@ def leader_footer(host_name: str, upstream_offset: int, upstream_cluster_id: int
     )
 
 
-def producer_metadata(guid: bytes, segment: int, sequence: int, timestamp: int, logical_timestamp: int = -1) -> dict:
+def producer_metadata(
+    guid: bytes, segment: int, sequence: int, timestamp: int, logical_timestamp: int = -1
+) -> dict:
     return {
         "producerGUID": guid,
         "segmentNumber": segment,
@@ -353,7 +391,9 @@ def producer_metadata(guid: bytes, segment: int, sequence: int, timestamp: int, 
     }
 
 
-def control_message(control_type_: int, body: dict, debug_info: dict[str, str] | None = None) -> tuple[str, dict]:
+def control_message(
+    control_type_: int, body: dict, debug_info: dict[str, str] | None = None
+) -> tuple[str, dict]:
     return (
         CONTROL,
         {
@@ -391,8 +431,13 @@ def _encode_data(env: dict) -> bytes | None:
     guid = pm["producerGUID"]
     if type(guid) is not bytes or len(guid) != 16 or len(pm) > 5:
         return None
-    ints = [env["messageType"], pm["segmentNumber"], pm["messageSequenceNumber"], pm["messageTimestamp"],
-            pm.get("logicalTimestamp", -1)]
+    ints = [
+        env["messageType"],
+        pm["segmentNumber"],
+        pm["messageSequenceNumber"],
+        pm["messageTimestamp"],
+        pm.get("logicalTimestamp", -1),
+    ]
     if name == PUT:
         # bytes fields with a default ("") are required here: fastavro cannot apply a string default to bytes
         value, payload = body["putValue"], body["replicationMetadataPayload"]
@@ -424,8 +469,30 @@ def _encode_data(env: dict) -> bytes | None:
             return None
         # write_long raises on anything but an int (floats included), which sends the envelope to fastavro
         w = write_long
-        foot = [b"\x02", _host(f["hostName"]), w(f.get("upstreamOffset", -1)), w(f.get("upstreamKafkaClusterId", -1)),
-                w(len(pos)), pos, w(f.get("termId", -1)), w(f.get("upstreamMessageTimestamp", -1))]
+        foot = [
+            b"\x02",
+            _host(f["hostName"]),
+            w(f.get("upstreamOffset", -1)),
+            w(f.get("upstreamKafkaClusterId", -1)),
+            w(len(pos)),
+            pos,
+            w(f.get("termId", -1)),
+            w(f.get("upstreamMessageTimestamp", -1)),
+        ]
     w = write_long
-    return b"".join([_HEAD, w(ints[0]), guid, w(ints[1]), w(ints[2]), w(ints[3]), w(ints[4]), *rest,
-                     *map(w, tail), w(len(payload)), payload, *foot])
+    return b"".join(
+        [
+            _HEAD,
+            w(ints[0]),
+            guid,
+            w(ints[1]),
+            w(ints[2]),
+            w(ints[3]),
+            w(ints[4]),
+            *rest,
+            *map(w, tail),
+            w(len(payload)),
+            payload,
+            *foot,
+        ]
+    )

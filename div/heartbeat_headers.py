@@ -18,7 +18,6 @@ Decoders raise `HeaderError`, whose message names the header and the problem (ma
 bytes), and never return a partial value.
 """
 
-
 from __future__ import annotations
 
 import io
@@ -111,13 +110,16 @@ def _write(magic: int, schema, datum: dict) -> bytes:
 
 def _read(name: str, magic: int, schema, data: bytes | None) -> dict:
     if data is None or len(data) < 2:
-        raise HeaderError(f"{name} header: {0 if data is None else len(data)} bytes is shorter than its "
-                          f"2-byte framing")
+        raise HeaderError(
+            f"{name} header: {0 if data is None else len(data)} bytes is shorter than its 2-byte framing"
+        )
     if data[0] != magic:
         raise HeaderError(f"{name} header: bad magic byte 0x{data[0]:02x} (expected 0x{magic:02x})")
     if data[1] != VERSION:
-        raise HeaderError(f"{name} header: protocol version {data[1]} is not supported (this reader knows "
-                          f"version {VERSION})")
+        raise HeaderError(
+            f"{name} header: protocol version {data[1]} is not supported (this reader knows "
+            f"version {VERSION})"
+        )
     buf = io.BytesIO(bytes(data[2:]))
     try:
         datum = fastavro.schemaless_reader(buf, schema, None)
@@ -131,15 +133,19 @@ def _read(name: str, magic: int, schema, data: bytes | None) -> dict:
 
 # -- hbw -----------------------------------------------------------------------------------------------
 def encode_hbw(w: Watermarks) -> bytes:
-    return _write(HBW_MAGIC, _hbw_schema(), {
-        "originRegionId": w.origin_region,
-        "originRtOffset": w.origin_rt_offset,
-        "upstreamHighWatermarks": [int(x) for x in w.high_watermarks],
-        "upstreamHighWatermarkPositions": [bytes(p) for p in w.positions],
-        "leaderHostName": w.leader_host,
-        "termId": w.term_id,
-        "emitTimestampMs": w.emit_ts_ms,
-    })
+    return _write(
+        HBW_MAGIC,
+        _hbw_schema(),
+        {
+            "originRegionId": w.origin_region,
+            "originRtOffset": w.origin_rt_offset,
+            "upstreamHighWatermarks": [int(x) for x in w.high_watermarks],
+            "upstreamHighWatermarkPositions": [bytes(p) for p in w.positions],
+            "leaderHostName": w.leader_host,
+            "termId": w.term_id,
+            "emitTimestampMs": w.emit_ts_ms,
+        },
+    )
 
 
 def decode_hbw(data: bytes | None) -> Watermarks:
@@ -190,7 +196,9 @@ def encode_hbd(s: DivState) -> bytes:
     except (ValueError, TypeError, KeyError) as exc:
         if isinstance(exc, HeaderError):
             raise
-        raise HeaderError(f"hbd header: a producer state does not fit ProducerPartitionState: {exc}") from None
+        raise HeaderError(
+            f"hbd header: a producer state does not fit ProducerPartitionState: {exc}"
+        ) from None
 
 
 def decode_hbd(data: bytes | None) -> DivState:

@@ -41,7 +41,7 @@ def parse_kafka_uri(uri: str) -> str:
     """`kafka://host:port[,host:port...]` -> the bootstrap.servers string `host:port,...`."""
     if not isinstance(uri, str) or not uri.startswith("kafka://"):
         raise KafkaLogError(f"not a Kafka source URI (expected kafka://host:port[,host:port...]): {uri!r}")
-    rest = uri[len("kafka://"):].rstrip("/")
+    rest = uri[len("kafka://") :].rstrip("/")
     servers = [s.strip() for s in rest.split(",")]
     if not rest or any(not s for s in servers):
         raise KafkaLogError(f"Kafka source URI names no broker: {uri!r}")
@@ -123,7 +123,9 @@ def _client_error(what: str, e: BaseException) -> KafkaLogError:
 class KafkaLog:
     """Metadata of one cluster: topics, partitions, watermarks. Holds one consumer; close() it (or use `with`)."""
 
-    def __init__(self, bootstrap: str, conf: Mapping[str, object] | None = None, timeout_s: float = 10.0) -> None:
+    def __init__(
+        self, bootstrap: str, conf: Mapping[str, object] | None = None, timeout_s: float = 10.0
+    ) -> None:
         self.bootstrap = bootstrap_of(bootstrap)
         self.timeout_s = timeout_s
         try:
@@ -165,13 +167,18 @@ class KafkaLog:
         """(low, high): the first offset still stored and the offset the next record will get."""
         try:
             low, high = self._consumer.get_watermark_offsets(
-                TopicPartition(topic, int(partition)), timeout=self.timeout_s, cached=False)
+                TopicPartition(topic, int(partition)), timeout=self.timeout_s, cached=False
+            )
         except KafkaException as e:
-            raise _client_error(f"cannot read watermarks of {topic}[{partition}] on {self.bootstrap}", e) from e
+            raise _client_error(
+                f"cannot read watermarks of {topic}[{partition}] on {self.bootstrap}", e
+            ) from e
         return int(low), int(high)
 
 
-def list_topics(bootstrap: str, conf: Mapping[str, object] | None = None, include_internal: bool = False) -> list[str]:
+def list_topics(
+    bootstrap: str, conf: Mapping[str, object] | None = None, include_internal: bool = False
+) -> list[str]:
     with KafkaLog(bootstrap, conf) as kl:
         return kl.topics(include_internal=include_internal)
 
@@ -215,9 +222,16 @@ def raise_on_fatal(events: list[Message], where: str) -> None:
         log.warning("%s: %s (retrying)", where, err)
 
 
-_TRANSIENT = {KafkaError._TRANSPORT, KafkaError._ALL_BROKERS_DOWN, KafkaError._TIMED_OUT,
-              KafkaError._MSG_TIMED_OUT, KafkaError._RESOLVE, KafkaError.NOT_LEADER_FOR_PARTITION,
-              KafkaError.LEADER_NOT_AVAILABLE, KafkaError.REQUEST_TIMED_OUT}
+_TRANSIENT = {
+    KafkaError._TRANSPORT,
+    KafkaError._ALL_BROKERS_DOWN,
+    KafkaError._TIMED_OUT,
+    KafkaError._MSG_TIMED_OUT,
+    KafkaError._RESOLVE,
+    KafkaError.NOT_LEADER_FOR_PARTITION,
+    KafkaError.LEADER_NOT_AVAILABLE,
+    KafkaError.REQUEST_TIMED_OUT,
+}
 
 
 def iter_partition(
@@ -269,7 +283,7 @@ def iter_partition(
                 if data:
                     next_offset = data[-1].offset() + 1
                     for i in range(0, len(data), batch_size):
-                        yield messages_to_batch(data[i:i + batch_size])
+                        yield messages_to_batch(data[i : i + batch_size])
                 if next_offset >= end:
                     done = True
             for m in events:
@@ -282,22 +296,26 @@ def iter_partition(
             if done:
                 return
             if time.monotonic() - last_progress > stall_timeout_s:
-                raise KafkaLogError(f"{where}: no records for {stall_timeout_s:.0f} s at offset {next_offset}, "
-                                    f"before the requested end offset {end}")
+                raise KafkaLogError(
+                    f"{where}: no records for {stall_timeout_s:.0f} s at offset {next_offset}, "
+                    f"before the requested end offset {end}"
+                )
     finally:
         consumer.close()
 
 
-def topic_config(bootstrap: str, conf: Mapping[str, object] | None, topic: str, name: str,
-                 timeout_s: float = 3.0) -> str | None:
+def topic_config(
+    bootstrap: str, conf: Mapping[str, object] | None, topic: str, name: str, timeout_s: float = 3.0
+) -> str | None:
     """A topic's configuration value (e.g. `cleanup.policy`), or None when the cluster cannot tell us
     (librdkafka's mock cluster does not implement DescribeConfigs)."""
     admin_conf = {"logger": client_logger(), **dict(conf or {})}
     admin_conf["bootstrap.servers"] = bootstrap_of(bootstrap)
     try:
         admin = AdminClient(admin_conf)
-        futures = admin.describe_configs([ConfigResource(ConfigResource.Type.TOPIC, topic)],
-                                         request_timeout=timeout_s)
+        futures = admin.describe_configs(
+            [ConfigResource(ConfigResource.Type.TOPIC, topic)], request_timeout=timeout_s
+        )
         for fut in futures.values():
             entries = fut.result(timeout=timeout_s + 1.0)
             entry = entries.get(name)

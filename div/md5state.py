@@ -73,7 +73,9 @@ class MD5State:
         x_buf = rest + b"\x00" * (4 - len(rest))
         out = x_buf + struct.pack(">iq", len(rest), self._count)
         out += struct.pack(">4I", *self._h) + struct.pack(">i", words)
-        out += b"".join(struct.pack(">I", struct.unpack("<I", self._buf[i * 4 : i * 4 + 4])[0]) for i in range(words))
+        out += b"".join(
+            struct.pack(">I", struct.unpack("<I", self._buf[i * 4 : i * 4 + 4])[0]) for i in range(words)
+        )
         return out
 
     @classmethod
@@ -85,9 +87,12 @@ class MD5State:
         (words,) = struct.unpack(">i", blob[32:36])
         if not 0 <= x_buf_off < 4 or not 0 <= words < 16 or len(blob) < 36 + 4 * words:
             raise ValueError("MD5 state blob is inconsistent (offsets out of range)")
-        pending = b"".join(
-            struct.pack("<I", struct.unpack(">I", blob[36 + 4 * i : 40 + 4 * i])[0]) for i in range(words)
-        ) + blob[:x_buf_off]
+        pending = (
+            b"".join(
+                struct.pack("<I", struct.unpack(">I", blob[36 + 4 * i : 40 + 4 * i])[0]) for i in range(words)
+            )
+            + blob[:x_buf_off]
+        )
         if count % 64 != len(pending):
             raise ValueError("MD5 state blob byte count does not match its buffered bytes")
         st = cls()

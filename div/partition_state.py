@@ -40,15 +40,25 @@ def key_to_guid(key: str) -> bytes:
     try:
         guid = key.encode("latin-1")
     except UnicodeEncodeError:
-        raise PartitionStateError(f"producerStates key {key!r} is not a GUID (characters beyond Latin-1)") from None
+        raise PartitionStateError(
+            f"producerStates key {key!r} is not a GUID (characters beyond Latin-1)"
+        ) from None
     if len(guid) != 16:
         raise PartitionStateError(f"producerStates key is not a 16-byte GUID ({len(guid)} bytes)")
     return guid
 
 
-def build(offset: int, producer_states: dict[bytes, dict], *, end_of_push: bool, last_update: int | None = None,
-          realtime_producer_states: dict[str, dict[bytes, dict]] | None = None, heartbeat_timestamp: int = -1,
-          leader_topic: str | None = None, upstream_offsets: dict[str, int] | None = None) -> dict:
+def build(
+    offset: int,
+    producer_states: dict[bytes, dict],
+    *,
+    end_of_push: bool,
+    last_update: int | None = None,
+    realtime_producer_states: dict[str, dict[bytes, dict]] | None = None,
+    heartbeat_timestamp: int = -1,
+    leader_topic: str | None = None,
+    upstream_offsets: dict[str, int] | None = None,
+) -> dict:
     """A complete PartitionState record (defaults for every field we do not track)."""
     pos = positions.encode_offset(offset) if offset >= 0 else b""
     return {
@@ -105,14 +115,20 @@ def decode(data: bytes) -> dict:
     if len(data) < 3:
         raise PartitionStateError(f"{len(data)} bytes is too short for a PartitionState")
     if data[0] != MAGIC or data[1] != VERSION:
-        raise PartitionStateError(f"magic/version {data[0]}/{data[1]} is not PartitionState {MAGIC}/{VERSION}")
+        raise PartitionStateError(
+            f"magic/version {data[0]}/{data[1]} is not PartitionState {MAGIC}/{VERSION}"
+        )
     buf = io.BytesIO(data[2:])
     try:
         state = fastavro.schemaless_reader(buf, _schema(), None)
     except Exception as exc:
-        raise PartitionStateError(f"PartitionState Avro does not decode: {type(exc).__name__}: {exc}") from None
+        raise PartitionStateError(
+            f"PartitionState Avro does not decode: {type(exc).__name__}: {exc}"
+        ) from None
     if buf.tell() != len(data) - 2:
-        raise PartitionStateError(f"{len(data) - 2 - buf.tell()} trailing bytes after the PartitionState record")
+        raise PartitionStateError(
+            f"{len(data) - 2 - buf.tell()} trailing bytes after the PartitionState record"
+        )
     for key in state["producerStates"]:
         key_to_guid(key)
     return state

@@ -68,9 +68,17 @@ class Kind(IntEnum):
 
 
 # controlMessageType → Kind; the order is Venice's ControlMessageType numbering (div.envelope.START_OF_PUSH, ...)
-_CONTROL_KINDS = (Kind.START_OF_PUSH, Kind.END_OF_PUSH, Kind.START_OF_SEGMENT, Kind.END_OF_SEGMENT,
-                  Kind.START_OF_BUFFER_REPLAY, Kind.START_OF_INCREMENTAL_PUSH, Kind.END_OF_INCREMENTAL_PUSH,
-                  Kind.TOPIC_SWITCH, Kind.VERSION_SWAP)
+_CONTROL_KINDS = (
+    Kind.START_OF_PUSH,
+    Kind.END_OF_PUSH,
+    Kind.START_OF_SEGMENT,
+    Kind.END_OF_SEGMENT,
+    Kind.START_OF_BUFFER_REPLAY,
+    Kind.START_OF_INCREMENTAL_PUSH,
+    Kind.END_OF_INCREMENTAL_PUSH,
+    Kind.TOPIC_SWITCH,
+    Kind.VERSION_SWAP,
+)
 CONTROL_KINDS = frozenset((Kind.CONTROL, Kind.HEARTBEAT, *_CONTROL_KINDS))
 # the payload branch → MessageType, from the names div.envelope gives the branches
 _MESSAGE_TYPE = {branch: Kind[name] for branch, name in E.PAYLOAD_KIND.items()}
@@ -132,8 +140,10 @@ def footer_source(env: dict) -> tuple[int, int] | None:
     f = E.footer(env)
     if f is None:
         return None
-    return (f.get("upstreamKafkaClusterId", -1),
-            offset_with_fallback(f.get("upstreamPubSubPosition") or b"", f.get("upstreamOffset", -1)))
+    return (
+        f.get("upstreamKafkaClusterId", -1),
+        offset_with_fallback(f.get("upstreamPubSubPosition") or b"", f.get("upstreamOffset", -1)),
+    )
 
 
 def key_problem(key: bytes | None) -> str | None:
@@ -147,8 +157,9 @@ def key_problem(key: bytes | None) -> str | None:
     return "bad key"
 
 
-def decode_record(codec: E.EnvelopeCodec, key: bytes | None, value: bytes | None,
-                  headers: Iterable | None) -> tuple[dict | None, str | None]:
+def decode_record(
+    codec: E.EnvelopeCodec, key: bytes | None, value: bytes | None, headers: Iterable | None
+) -> tuple[dict | None, str | None]:
     """(envelope, None), or (None, why) for a record that is not a Venice record: its key is checked first (a
     value under a key no Venice reader accepts is not decoded), then its value. Never raises UndecodableError."""
     problem = key_problem(key)
@@ -214,8 +225,9 @@ def iter_records(batch: pa.RecordBatch | pa.Table, codec: E.EnvelopeCodec) -> It
     known = keys.KNOWN_HEADERS
     undecodable = E.UndecodableError
     record = _as_record
-    for key, value, offset, ms, headers, topic, partition in zip(key_col, val_col, off_col, ts_col, hdr_col,
-                                                                 topic_col, part_col, strict=True):
+    for key, value, offset, ms, headers, topic, partition in zip(
+        key_col, val_col, off_col, ts_col, hdr_col, topic_col, part_col, strict=True
+    ):
         if not key or key[0] not in known:
             yield record((offset, key, value, headers, ms, None, key_problem(key), topic, partition))
             continue

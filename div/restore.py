@@ -86,8 +86,12 @@ REPLAY_COLUMNS = ["key", "value", "offset", "timestamp", "headers"]
 FIRST_WINDOW = 4096
 MAX_LISTED = 100  # undecodable offsets listed per replay; the count is always whole
 MAX_WINDOW = 1 << 22
-STATUS_NAMES = {NOT_STARTED: "NOT_STARTED", IN_PROGRESS: "IN_PROGRESS",
-                END_OF_INTERMEDIATE_SEGMENT: "END_OF_INTERMEDIATE_SEGMENT", END_OF_FINAL_SEGMENT: "END_OF_FINAL_SEGMENT"}
+STATUS_NAMES = {
+    NOT_STARTED: "NOT_STARTED",
+    IN_PROGRESS: "IN_PROGRESS",
+    END_OF_INTERMEDIATE_SEGMENT: "END_OF_INTERMEDIATE_SEGMENT",
+    END_OF_FINAL_SEGMENT: "END_OF_FINAL_SEGMENT",
+}
 FROM_HEARTBEAT, FROM_START = "heartbeat", "full_replay"
 
 
@@ -134,7 +138,9 @@ def heartbeat_at(offset: int, headers: Iterable | None) -> Heartbeat:
         try:
             watermarks = decode_hbw(hbw)
         except HeaderError:
-            watermarks = None  # the VT state is still good; RT states then cannot be anchored (see restore_rt)
+            watermarks = (
+                None  # the VT state is still good; RT states then cannot be anchored (see restore_rt)
+            )
     return Heartbeat(offset, state, watermarks)
 
 
@@ -149,8 +155,14 @@ class Search:
     reads: int = 0
 
 
-def find_heartbeat(read: ReadRange, at: int, first_offset: int = 0, *, first_window: int = FIRST_WINDOW,
-                   max_window: int = MAX_WINDOW) -> Search:
+def find_heartbeat(
+    read: ReadRange,
+    at: int,
+    first_offset: int = 0,
+    *,
+    first_window: int = FIRST_WINDOW,
+    max_window: int = MAX_WINDOW,
+) -> Search:
     """The last usable VT heartbeat at or before offset `at`, searched backwards in doubling windows.
 
     Reads only key, offset and headers, and only as far back as the heartbeat (never below `first_offset`).
@@ -171,7 +183,9 @@ def find_heartbeat(read: ReadRange, at: int, first_offset: int = 0, *, first_win
             if not pc.any(mask).as_py():
                 continue
             hits = batch.filter(mask)
-            found.extend(zip(hits.column("offset").to_pylist(), hits.column("headers").to_pylist(), strict=True))
+            found.extend(
+                zip(hits.column("offset").to_pylist(), hits.column("headers").to_pylist(), strict=True)
+            )
         for offset, headers in reversed(found):
             if not start <= offset < end:  # a reader may hand back more than asked
                 continue
@@ -190,8 +204,12 @@ class Replay:
     the state alone, and are counted: a state replayed over them may be incomplete) and, for a VT, tracks per
     region the highest RT offset the records fed so far reflect."""
 
-    def __init__(self, validator: PartitionValidator, upstream: dict[int, int] | None = None,
-                 codec: E.EnvelopeCodec | None = None) -> None:
+    def __init__(
+        self,
+        validator: PartitionValidator,
+        upstream: dict[int, int] | None = None,
+        codec: E.EnvelopeCodec | None = None,
+    ) -> None:
         self.validator = validator
         self.upstream: dict[int, int] = dict(upstream or {})
         self.codec = codec or E.EnvelopeCodec()
@@ -206,14 +224,27 @@ class Replay:
         if region >= 0 and offset >= 0 and offset > self.upstream.get(region, -1):
             self.upstream[region] = offset
 
-    def feed_record(self, offset: int, key: bytes | None, value: bytes | None, headers: Iterable | None = None,
-                    broker_ts_ms: int | None = None) -> list[Finding]:
+    def feed_record(
+        self,
+        offset: int,
+        key: bytes | None,
+        value: bytes | None,
+        headers: Iterable | None = None,
+        broker_ts_ms: int | None = None,
+    ) -> list[Finding]:
         """Validate one VT record (in offset order); returns its DIV findings."""
         env, _ = decode_record(self.codec, key, value, headers)
         return self._feed(offset, key, value, headers, broker_ts_ms, env)
 
-    def _feed(self, offset: int, key: bytes | None, value: bytes | None, headers: Iterable | None,
-              broker_ts_ms: int | None, env: dict | None) -> list[Finding]:
+    def _feed(
+        self,
+        offset: int,
+        key: bytes | None,
+        value: bytes | None,
+        headers: Iterable | None,
+        broker_ts_ms: int | None,
+        env: dict | None,
+    ) -> list[Finding]:
         self.records += 1
         self.last_offset = offset
         if env is None:
@@ -293,7 +324,7 @@ class Restored:
 
     @property
     def source(self) -> str:
-        """"heartbeat" when restored from a heartbeat, "full_replay" when replayed from the first offset."""
+        """ "heartbeat" when restored from a heartbeat, "full_replay" when replayed from the first offset."""
         return FROM_HEARTBEAT if self.heartbeat is not None else FROM_START
 
     @property
@@ -313,8 +344,14 @@ class Restored:
             self.at = max(self.at, self.replay.last_offset)
         return out
 
-    def feed_vt_record(self, offset: int, key: bytes | None, value: bytes | None, headers: Iterable | None = None,
-                       broker_ts_ms: int | None = None) -> list[Finding]:
+    def feed_vt_record(
+        self,
+        offset: int,
+        key: bytes | None,
+        value: bytes | None,
+        headers: Iterable | None = None,
+        broker_ts_ms: int | None = None,
+    ) -> list[Finding]:
         """Continue validating one VT record after `at`. Returns its findings."""
         out = self._replay().feed_record(offset, key, value, headers, broker_ts_ms)
         self.at = max(self.at, offset)
@@ -347,7 +384,9 @@ class Restored:
         out = replay.feed(batch)
         entry.replayed += replay.records
         entry.undecodable += replay.undecodable
-        entry.undecodable_offsets.extend(replay.undecodable_offsets[:MAX_LISTED - len(entry.undecodable_offsets)])
+        entry.undecodable_offsets.extend(
+            replay.undecodable_offsets[: MAX_LISTED - len(entry.undecodable_offsets)]
+        )
         entry.findings.update(replay.findings)
         if replay.last_offset is not None:
             if entry.replayed_from is None:
@@ -362,7 +401,9 @@ class Restored:
     def rt_producer_states(self) -> dict[int, dict[bytes, dict]]:
         return {r: e.validator.producer_states() for r, e in sorted(self.rt.items())}
 
-    def take_over_args(self, n_regions: int) -> tuple[dict[bytes, dict], dict[int, dict[bytes, dict]], list[int]]:
+    def take_over_args(
+        self, n_regions: int
+    ) -> tuple[dict[bytes, dict], dict[int, dict[bytes, dict]], list[int]]:
         """(VT states, RT states, RT offsets) for `heartbeat.HeartbeatLeader.take_over`: the new leader resumes
         RT[r] right after the offset its RT state is at (the resume offset once `restore_rt` replayed it)."""
         for r in range(n_regions):
@@ -381,9 +422,16 @@ class Restored:
         if hb_ms < 0 and self.heartbeat is not None and self.heartbeat.watermarks is not None:
             hb_ms = self.heartbeat.watermarks.emit_ts_ms
         return ps.build(
-            self.at, self.vt_producer_states(), end_of_push=self.vt.end_of_push, last_update=last_update,
-            realtime_producer_states={str(r): e.validator.producer_states() for r, e in sorted(self.rt.items())},
-            upstream_offsets={str(r): e.resume_offset for r, e in sorted(self.rt.items()) if e.resume_offset >= 0},
+            self.at,
+            self.vt_producer_states(),
+            end_of_push=self.vt.end_of_push,
+            last_update=last_update,
+            realtime_producer_states={
+                str(r): e.validator.producer_states() for r, e in sorted(self.rt.items())
+            },
+            upstream_offsets={
+                str(r): e.resume_offset for r, e in sorted(self.rt.items()) if e.resume_offset >= 0
+            },
             heartbeat_timestamp=hb_ms,
         )
 
@@ -395,7 +443,9 @@ class Restored:
             "next_vt_offset": self.at + 1,
             "restored_from": self.source,
             "heartbeat_offset": hb.offset if hb is not None else None,
-            "heartbeat_watermarks": list(hb.watermarks.high_watermarks) if hb is not None and hb.watermarks else None,
+            "heartbeat_watermarks": list(hb.watermarks.high_watermarks)
+            if hb is not None and hb.watermarks
+            else None,
             "fallback_reason": self.fallback_reason,
             "skipped_heartbeats": [{"offset": s.offset, "reason": s.reason} for s in self.skipped],
             "end_of_push": self.vt.end_of_push,
@@ -404,12 +454,21 @@ class Restored:
             "vt_replayed_from": self.replayed_from,
             "vt_replay_findings": dict(sorted(self.replay.findings.items())) if self.replay else {},
             "vt_producers": states_json(self.vt_producer_states()),
-            "rt_producers": {str(r): states_json(e.validator.producer_states()) for r, e in sorted(self.rt.items())},
-            "rt": {str(r): {"watermark": e.watermark, "resume_offset": e.resume_offset,
-                            "state_offset": e.state_offset, "records_replayed": e.replayed,
-                            "replayed_from": e.replayed_from, "findings": dict(sorted(e.findings.items())),
-                            "warning": e.warning}
-                   for r, e in sorted(self.rt.items())},
+            "rt_producers": {
+                str(r): states_json(e.validator.producer_states()) for r, e in sorted(self.rt.items())
+            },
+            "rt": {
+                str(r): {
+                    "watermark": e.watermark,
+                    "resume_offset": e.resume_offset,
+                    "state_offset": e.state_offset,
+                    "records_replayed": e.replayed,
+                    "replayed_from": e.replayed_from,
+                    "findings": dict(sorted(e.findings.items())),
+                    "warning": e.warning,
+                }
+                for r, e in sorted(self.rt.items())
+            },
         }
 
 
@@ -441,7 +500,9 @@ def states_json(states: Mapping[bytes, dict]) -> dict[str, dict]:
 # ------------------------------------------------------------------------------------------------ restoring
 
 
-def from_heartbeat(offset: int, headers: Iterable | None, *, config: ValidatorConfig | None = None) -> Restored:
+def from_heartbeat(
+    offset: int, headers: Iterable | None, *, config: ValidatorConfig | None = None
+) -> Restored:
     """The state right after the VT heartbeat at `offset`, from its headers: what a live follower that consumed
     it (or a new leader) loads. Raises UnusableHeartbeat. Continue with `feed_vt`/`feed_vt_record` from
     offset + 1; RT states are at the heartbeat's watermarks (`rt_region(r)`)."""
@@ -460,9 +521,16 @@ def _load(vt: PartitionValidator, hb: Heartbeat) -> None:
     vt.eop_offset = None
 
 
-def restore_vt(read: ReadRange, at: int, *, first_offset: int = 0, validator: PartitionValidator | None = None,
-               config: ValidatorConfig | None = None, first_window: int = FIRST_WINDOW,
-               codec: E.EnvelopeCodec | None = None) -> Restored:
+def restore_vt(
+    read: ReadRange,
+    at: int,
+    *,
+    first_offset: int = 0,
+    validator: PartitionValidator | None = None,
+    config: ValidatorConfig | None = None,
+    first_window: int = FIRST_WINDOW,
+    codec: E.EnvelopeCodec | None = None,
+) -> Restored:
     """The VT DIV state after offset `at`: the last usable heartbeat at or before it, advanced over the records
     after it up to `at`; without one, a full replay from `first_offset` (`fallback_reason` says why).
 
@@ -471,17 +539,26 @@ def restore_vt(read: ReadRange, at: int, *, first_offset: int = 0, validator: Pa
     """
     vt = validator if validator is not None else PartitionValidator(config=config)
     search = find_heartbeat(read, at, first_offset, first_window=first_window)
-    restored = Restored(at, vt, search.heartbeat, skipped=search.skipped, search_records=search.records_read,
-                        search_reads=search.reads, codec=codec if codec is not None else E.EnvelopeCodec())
+    restored = Restored(
+        at,
+        vt,
+        search.heartbeat,
+        skipped=search.skipped,
+        search_records=search.records_read,
+        search_reads=search.reads,
+        codec=codec if codec is not None else E.EnvelopeCodec(),
+    )
     if search.heartbeat is not None:
         _load(vt, search.heartbeat)
         _learn_writer_schema(restored.codec, read, search.heartbeat.offset)
         start = search.heartbeat.offset + 1
     else:
         if search.skipped:
-            restored.fallback_reason = (f"no usable heartbeat at or before offset {at}: "
-                                        f"{len(search.skipped)} unusable (last at {search.skipped[0].offset}: "
-                                        f"{search.skipped[0].reason})")
+            restored.fallback_reason = (
+                f"no usable heartbeat at or before offset {at}: "
+                f"{len(search.skipped)} unusable (last at {search.skipped[0].offset}: "
+                f"{search.skipped[0].reason})"
+            )
         else:
             restored.fallback_reason = f"no heartbeat with an hbd header at or before offset {at}"
         start = first_offset
@@ -501,8 +578,14 @@ def _learn_writer_schema(codec: E.EnvelopeCodec, read: ReadRange, offset: int) -
             pass  # decoding it is what teaches the codec; an undecodable heartbeat teaches nothing
 
 
-def restore_rt(restored: Restored, region: int, read: ReadRange, *, first_offset: int = 0,
-               config: ValidatorConfig | None = None) -> RtRegion:
+def restore_rt(
+    restored: Restored,
+    region: int,
+    read: ReadRange,
+    *,
+    first_offset: int = 0,
+    config: ValidatorConfig | None = None,
+) -> RtRegion:
     """Bring region's RT DIV state to its resume offset: the restore point's `hbd` state at hbw[region], advanced
     over RT[region] (hbw[region], resume]; from `first_offset` with an empty state when the restore point gives
     no watermark for the region (full replay, or a heartbeat without `hbw`)."""
@@ -513,11 +596,15 @@ def restore_rt(restored: Restored, region: int, read: ReadRange, *, first_offset
         for batch in read(start, end, REPLAY_COLUMNS):
             restored.feed_rt(region, _clip(batch, start, end))
     if entry.resume_offset >= 0 and (entry.state_offset is None or entry.state_offset < entry.resume_offset):
-        entry.warning = (f"RT of region {region} ends at offset {entry.state_offset} in the source, before the "
-                         f"resume offset {entry.resume_offset}: the RT state is at {entry.state_offset}")
+        entry.warning = (
+            f"RT of region {region} ends at offset {entry.state_offset} in the source, before the "
+            f"resume offset {entry.resume_offset}: the RT state is at {entry.state_offset}"
+        )
     elif entry.replayed_from is not None and entry.replayed_from > start:
-        entry.warning = (f"RT of region {region} starts at offset {entry.replayed_from} in the source, after "
-                         f"{start}: records before it are gone (retention?), the RT state may be incomplete")
+        entry.warning = (
+            f"RT of region {region} starts at offset {entry.replayed_from} in the source, after "
+            f"{start}: records before it are gone (retention?), the RT state may be incomplete"
+        )
     return entry
 
 

@@ -74,7 +74,9 @@ def _normalize(schema: Any, namespace: str | None, named: dict[str, Any]) -> Any
         if schema in _PRIMITIVES:
             return schema
         full = _fullname(schema, namespace)
-        if full not in named and schema in named:  # a null-namespace type referred to from a namespaced record
+        if (
+            full not in named and schema in named
+        ):  # a null-namespace type referred to from a namespaced record
             full = schema
         if full not in named:
             raise ValueError(f"value schema refers to undefined type {schema!r}")
@@ -145,18 +147,42 @@ def _collection_record(name: str, namespace: str, deleted_items: Any) -> dict:
         "namespace": namespace,
         "doc": "Per-element conflict-resolution state of one collection field.",
         "fields": [
-            {"name": "topLevelFieldTimestamp", "type": "long", "default": 0,
-             "doc": "When the whole collection was last set."},
-            {"name": "topLevelColoID", "type": "int", "default": -1,
-             "doc": "Region of the last applied whole-collection update."},
-            {"name": "putOnlyPartLength", "type": "int", "default": 0,
-             "doc": "Length of the leading part of the collection that only full puts wrote."},
-            {"name": "activeElementsTimestamps", "type": {"type": "array", "items": "long"}, "default": [],
-             "doc": "One timestamp per live element, parallel to the collection."},
-            {"name": "deletedElementsIdentities", "type": {"type": "array", "items": deleted_items}, "default": [],
-             "doc": "Tombstones: deleted elements (map keys for maps)."},
-            {"name": "deletedElementsTimestamps", "type": {"type": "array", "items": "long"}, "default": [],
-             "doc": "One timestamp per tombstone."},
+            {
+                "name": "topLevelFieldTimestamp",
+                "type": "long",
+                "default": 0,
+                "doc": "When the whole collection was last set.",
+            },
+            {
+                "name": "topLevelColoID",
+                "type": "int",
+                "default": -1,
+                "doc": "Region of the last applied whole-collection update.",
+            },
+            {
+                "name": "putOnlyPartLength",
+                "type": "int",
+                "default": 0,
+                "doc": "Length of the leading part of the collection that only full puts wrote.",
+            },
+            {
+                "name": "activeElementsTimestamps",
+                "type": {"type": "array", "items": "long"},
+                "default": [],
+                "doc": "One timestamp per live element, parallel to the collection.",
+            },
+            {
+                "name": "deletedElementsIdentities",
+                "type": {"type": "array", "items": deleted_items},
+                "default": [],
+                "doc": "Tombstones: deleted elements (map keys for maps).",
+            },
+            {
+                "name": "deletedElementsTimestamps",
+                "type": {"type": "array", "items": "long"},
+                "default": [],
+                "doc": "One timestamp per tombstone.",
+            },
         ],
     }
 
@@ -203,8 +229,14 @@ def _per_field_record(value: dict, named: dict[str, Any]) -> dict:
         # A collection record shared with an earlier field is defined there and referred to by name here.
         if isinstance(meta_type, dict) and any(meta_type is fld["type"] for fld in fields):
             meta_type = _fullname(meta_type["name"], namespace)
-        fields.append({"name": f["name"], "type": meta_type, "default": default,
-                       "doc": f"When {f['name']} was last updated."})
+        fields.append(
+            {
+                "name": f["name"],
+                "type": meta_type,
+                "default": default,
+                "doc": f"When {f['name']} was last updated.",
+            }
+        )
     name, _ = _split(value["name"])
     return {"type": "record", "name": name, "namespace": namespace, "fields": fields}
 
@@ -214,7 +246,9 @@ def _coerce(value_schema: ValueSchema) -> Any:
         try:
             return json.loads(value_schema)
         except json.JSONDecodeError as exc:
-            raise ValueError(f"value schema {value_schema[:80]!r} is neither JSON nor a primitive type name") from exc
+            raise ValueError(
+                f"value schema {value_schema[:80]!r} is neither JSON nor a primitive type name"
+            ) from exc
     return value_schema
 
 
@@ -250,10 +284,18 @@ def _generate(value_schema: Any) -> dict:
     if namespace:
         record["namespace"] = namespace
     record["fields"] = [
-        {"name": TIMESTAMP_FIELD, "type": timestamp_type, "default": 0,
-         "doc": "When the whole value was last updated, or (second branch) when each field was."},
-        {"name": VECTOR_FIELD, "type": {"type": "array", "items": "long"}, "default": [],
-         "doc": "Per region, the upstream offset of the last write that touched this record (legacy)."},
+        {
+            "name": TIMESTAMP_FIELD,
+            "type": timestamp_type,
+            "default": 0,
+            "doc": "When the whole value was last updated, or (second branch) when each field was.",
+        },
+        {
+            "name": VECTOR_FIELD,
+            "type": {"type": "array", "items": "long"},
+            "default": [],
+            "doc": "Per region, the upstream offset of the last write that touched this record (legacy).",
+        },
     ]
     return record
 
@@ -291,7 +333,9 @@ def encode_value_level_rmd(timestamp: int, vector: Sequence[int]) -> bytes:
     # one per record. tests/div/test_hand_encoders.py pins it to fastavro's bytes.
     if not vector:
         return b"\x00" + write_long(timestamp) + b"\x00"
-    return b"".join([b"\x00", write_long(timestamp), write_long(len(vector)), *map(write_long, vector), b"\x00"])
+    return b"".join(
+        [b"\x00", write_long(timestamp), write_long(len(vector)), *map(write_long, vector), b"\x00"]
+    )
 
 
 def encode_value_level_rmd_reference(timestamp: int, vector: Sequence[int]) -> bytes:
@@ -323,7 +367,9 @@ def decode_rmd(payload: bytes, value_schema: ValueSchema = None) -> dict:
     try:
         record = fastavro.schemaless_reader(stream, parsed, None)
     except Exception as exc:  # fastavro raises assorted errors on truncated or mismatched data
-        raise RmdDecodeError(f"RMD payload {data[:32].hex()}... does not decode with the derived schema: {exc}") from exc
+        raise RmdDecodeError(
+            f"RMD payload {data[:32].hex()}... does not decode with the derived schema: {exc}"
+        ) from exc
     if stream.tell() != len(data):
         raise RmdDecodeError(
             f"RMD payload has {len(data) - stream.tell()} trailing byte(s) after the record; "

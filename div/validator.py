@@ -55,7 +55,9 @@ NOT_FINDINGS = frozenset({UNDECODABLE, EXPLAINED})
 _FAST_KIND = {E.PUT: 1, E.DELETE: 2}
 _MASK64 = 0xFFFFFFFFFFFFFFFF
 _INT4 = struct.Struct(">i")
-_CRC_INT = {n: crc32(_INT4.pack(n)) for n in range(-64, 256)}  # CRC32 of small ints (message types, schema ids)
+_CRC_INT = {
+    n: crc32(_INT4.pack(n)) for n in range(-64, 256)
+}  # CRC32 of small ints (message types, schema ids)
 _NO_FINDINGS: list = []
 _CHECKPOINT_BYTES = 32 * 1024 * 1024  # Venice syncs offsets and DIV state every 32 MiB processed
 
@@ -90,8 +92,21 @@ class Segment:
     """What a consumer knows about one producer's current segment in one partition (PartitionTracker's Segment)."""
 
     __slots__ = (
-        "number", "sequence", "checksum", "debug_info", "aggregates", "registered", "started", "ended", "final",
-        "new_segment", "last_producer_ts", "fast", "adhash", "first_offset", "last_offset",
+        "number",
+        "sequence",
+        "checksum",
+        "debug_info",
+        "aggregates",
+        "registered",
+        "started",
+        "ended",
+        "final",
+        "new_segment",
+        "last_producer_ts",
+        "fast",
+        "adhash",
+        "first_offset",
+        "last_offset",
     )
 
     def __init__(self, number: int, sequence: int, checksum: cks.Checksum) -> None:
@@ -117,8 +132,13 @@ class Segment:
         """Recompute the fast-path flags after anything but a fast-path record changed this segment."""
         ck = self.checksum
         self.adhash = ck.type == cks.ADHASH
-        self.fast = (self.registered and self.started and not self.ended and not ck.finalized
-                     and ck.type in (cks.ADHASH, cks.NONE))
+        self.fast = (
+            self.registered
+            and self.started
+            and not self.ended
+            and not ck.finalized
+            and ck.type in (cks.ADHASH, cks.NONE)
+        )
 
     @property
     def status(self) -> int:
@@ -145,8 +165,11 @@ class Segment:
     @classmethod
     def from_state(cls, state: dict) -> Segment:
         status = state["segmentStatus"]
-        seg = cls(state["segmentNumber"], state["messageSequenceNumber"],
-                  cks.Checksum.restore(state["checksumType"], state.get("checksumState") or b""))
+        seg = cls(
+            state["segmentNumber"],
+            state["messageSequenceNumber"],
+            cks.Checksum.restore(state["checksumType"], state.get("checksumState") or b""),
+        )
         seg.registered = bool(state.get("isRegistered", False))
         seg.started = status != NOT_STARTED
         seg.ended = status in (END_OF_INTERMEDIATE_SEGMENT, END_OF_FINAL_SEGMENT)
@@ -189,8 +212,13 @@ def _record_time(broker_ts: int | None, env: dict) -> int:
 class PartitionValidator:
     """DIV state and decisions for one topic partition. Records must be fed in offset order."""
 
-    def __init__(self, *, is_realtime: bool = False, config: ValidatorConfig | None = None,
-                 clock: Callable[[], int] | None = None) -> None:
+    def __init__(
+        self,
+        *,
+        is_realtime: bool = False,
+        config: ValidatorConfig | None = None,
+        clock: Callable[[], int] | None = None,
+    ) -> None:
         self.config = config or ValidatorConfig()
         self.is_realtime = is_realtime
         # An RT carries no EndOfPush: leaders read it only after the VT's EOP, so it is always "after EOP".
@@ -240,13 +268,18 @@ class PartitionValidator:
         return stale
 
     # -- classification ---------------------------------------------------------------------------
-    def process(self, offset: int, key: bytes, env: dict, broker_ts: int | None = None,
-                value_size: int = 0) -> list[Finding]:
+    def process(
+        self, offset: int, key: bytes, env: dict, broker_ts: int | None = None, value_size: int = 0
+    ) -> list[Finding]:
         """Validate one decoded record; returns its findings (usually none; never mutate the returned list)."""
         pm = env["producerMetadata"]
         seg = self.segments.get(pm["producerGUID"])
-        if seg is not None and seg.fast and pm["messageSequenceNumber"] == seg.sequence + 1 \
-                and pm["segmentNumber"] == seg.number:
+        if (
+            seg is not None
+            and seg.fast
+            and pm["messageSequenceNumber"] == seg.sequence + 1
+            and pm["segmentNumber"] == seg.number
+        ):
             name, body = env["payloadUnion"]
             fast_kind = _FAST_KIND.get(name)
             if fast_kind is not None:
@@ -278,7 +311,9 @@ class PartitionValidator:
         if self._bytes_since_checkpoint >= _CHECKPOINT_BYTES:
             self.checkpoint()
 
-    def _process_slow(self, offset: int, key: bytes, env: dict, broker_ts: int | None, value_size: int) -> list[Finding]:
+    def _process_slow(
+        self, offset: int, key: bytes, env: dict, broker_ts: int | None, value_size: int
+    ) -> list[Finding]:
         if keys.is_div_exempt(key):
             return []
         kind = E.payload_kind(env)
@@ -296,10 +331,21 @@ class PartitionValidator:
             if unread:
                 kind_, fatal = EXPLAINED, False
                 shown = ", ".join(str(o) for o in unread[:5]) + (", ..." if len(unread) > 5 else "")
-                detail = (f"{fault.kind} explained: {detail}; {len(unread)} undecodable record(s) in between "
-                          f"(offsets {shown}) may hold what is missing")
-            findings.append(Finding(offset, pm["producerGUID"], pm["segmentNumber"], pm["messageSequenceNumber"],
-                                    kind_, fatal, detail))
+                detail = (
+                    f"{fault.kind} explained: {detail}; {len(unread)} undecodable record(s) in between "
+                    f"(offsets {shown}) may hold what is missing"
+                )
+            findings.append(
+                Finding(
+                    offset,
+                    pm["producerGUID"],
+                    pm["segmentNumber"],
+                    pm["messageSequenceNumber"],
+                    kind_,
+                    fatal,
+                    detail,
+                )
+            )
             if fault.kind != DUPLICATE:
                 self._resync(offset, key, env, kind, ctype, broker_ts)
         seg = self.segments.get(pm["producerGUID"])
@@ -393,17 +439,24 @@ class PartitionValidator:
         if n > seg.number:
             if tolerate():
                 return self._init_segment(guid, pm, env, kind, ctype, eop, True)
-            reason = "was not ended" if n == seg.number + 1 else f"skipped segment(s) {seg.number + 1}..{n - 1}"
+            reason = (
+                "was not ended" if n == seg.number + 1 else f"skipped segment(s) {seg.number + 1}..{n - 1}"
+            )
             # at least its EndOfSegment, and a StartOfSegment and EndOfSegment per skipped segment
-            raise _Fault(MISSING, f"segment {n} after segment {seg.number}, which {reason}",
-                         needs=1 + 2 * (n - seg.number - 1))
+            raise _Fault(
+                MISSING,
+                f"segment {n} after segment {seg.number}, which {reason}",
+                needs=1 + 2 * (n - seg.number - 1),
+            )
         raise _Fault(DUPLICATE, f"segment {n} is older than the current segment {seg.number}")
 
     def _init_segment(self, guid, pm, env, kind, ctype, eop, tolerate_any_type) -> Segment:
         is_sos = kind == "CONTROL" and ctype == E.START_OF_SEGMENT
         if is_sos:
             body = E.control_body(env)
-            checksum = cks.Checksum(body["checksumType"]) if body["checksumType"] in cks.NAMES else cks.Checksum(0)
+            checksum = (
+                cks.Checksum(body["checksumType"]) if body["checksumType"] in cks.NAMES else cks.Checksum(0)
+            )
         else:
             checksum = cks.Checksum(cks.NONE)
         seq = pm["messageSequenceNumber"]
@@ -416,8 +469,11 @@ class PartitionValidator:
             seg.aggregates = {a: 0 for a in E.control_body(env).get("upcomingAggregates") or []}
         self.segments[guid] = seg  # stored before the possible raise, as Venice does
         if not is_sos and (not eop or not tolerate_any_type):
-            raise _Fault(UNREGISTERED_PRODUCER,
-                         f"segment {seg.number} begins without a StartOfSegment (sequence {seq})", needs=1)
+            raise _Fault(
+                UNREGISTERED_PRODUCER,
+                f"segment {seg.number} begins without a StartOfSegment (sequence {seq})",
+                needs=1,
+            )
         seg.registered = is_sos
         return seg
 
@@ -440,12 +496,16 @@ class PartitionValidator:
             if not had_prev:
                 seg.last_producer_ts = ts
                 return
-            raise _Fault(DUPLICATE, f"sequence {inc} is behind the last consumed {prev} in segment {seg.number}")
+            raise _Fault(
+                DUPLICATE, f"sequence {inc} is behind the last consumed {prev} in segment {seg.number}"
+            )
         if (eop and not seg.registered) or tolerate():
             seg.sequence = inc
             seg.last_producer_ts = ts
             return
-        raise _Fault(MISSING, f"sequence jumped from {prev} to {inc} in segment {seg.number}", needs=inc - prev - 1)
+        raise _Fault(
+            MISSING, f"sequence jumped from {prev} to {inc} in segment {seg.number}", needs=inc - prev - 1
+        )
 
     def _track_checksum(self, seg: Segment, key: bytes, env, kind, ctype, tolerate) -> None:
         is_eos = kind == "CONTROL" and ctype == E.END_OF_SEGMENT
@@ -477,6 +537,11 @@ class PartitionValidator:
             return
         seg.ended = True
         seg.final = final
-        raise _Fault(CORRUPT, f"segment {seg.number} checksum mismatch: EndOfSegment says "
-                              f"{bytes(body['checksumValue']).hex()}, the data gives {expected.hex()} "
-                              f"({cks.NAMES.get(seg.checksum.type, seg.checksum.type)})", needs=1, since_start=True)
+        raise _Fault(
+            CORRUPT,
+            f"segment {seg.number} checksum mismatch: EndOfSegment says "
+            f"{bytes(body['checksumValue']).hex()}, the data gives {expected.hex()} "
+            f"({cks.NAMES.get(seg.checksum.type, seg.checksum.type)})",
+            needs=1,
+            since_start=True,
+        )

@@ -49,7 +49,9 @@ def random_guid() -> bytes:
 
 def deterministic_guid(most_significant: int, least_significant: int) -> bytes:
     """Venice's DeterministicGuidGenerator: BE long ‖ BE long."""
-    return (most_significant & (2**64 - 1)).to_bytes(8, "big") + (least_significant & (2**64 - 1)).to_bytes(8, "big")
+    return (most_significant & (2**64 - 1)).to_bytes(8, "big") + (least_significant & (2**64 - 1)).to_bytes(
+        8, "big"
+    )
 
 
 _VTP: bytes | None = None
@@ -97,8 +99,16 @@ class SegmentWriter:
     def segment_state(self, partition: int) -> _Segment | None:
         return self._segments.get(partition)
 
-    def _envelope(self, message_type: int, seg: _Segment, sequence: int, ts: int, payload: tuple, footer,
-                  logical_ts: int) -> dict:
+    def _envelope(
+        self,
+        message_type: int,
+        seg: _Segment,
+        sequence: int,
+        ts: int,
+        payload: tuple,
+        footer,
+        logical_ts: int,
+    ) -> dict:
         return {
             "messageType": message_type,
             "producerMetadata": E.producer_metadata(self.guid, seg.number, sequence, ts, logical_ts),
@@ -122,7 +132,9 @@ class SegmentWriter:
     def _start_segment(self, partition: int, number: int, now: int, out: list[OutRecord]) -> _Segment:
         seg = _Segment(number, 0, cks.Checksum(self.checksum_type), now)
         self._segments[partition] = seg
-        payload = E.control_message(E.START_OF_SEGMENT, {"checksumType": self.checksum_type, "upcomingAggregates": []})
+        payload = E.control_message(
+            E.START_OF_SEGMENT, {"checksumType": self.checksum_type, "upcomingAggregates": []}
+        )
         env = self._envelope(2, seg, 0, now, payload, None, -1)
         seg.next_sequence = 1
         ck = keys.control_key_content(self.guid, number, 0)
@@ -153,26 +165,75 @@ class SegmentWriter:
         return self._emit(partition, seg, b"\x02" + ck, env, ck)
 
     # -- public API -------------------------------------------------------------------------------
-    def put(self, partition: int, key_content: bytes, value: bytes, schema_id: int = 1, *, logical_ts: int = -2,
-            rmd_version: int = -1, rmd_payload: bytes = b"", footer=None, header: int = keys.HEADER_PUT_OR_DELETE,
-            message_type: int = 0) -> list[OutRecord]:
+    def put(
+        self,
+        partition: int,
+        key_content: bytes,
+        value: bytes,
+        schema_id: int = 1,
+        *,
+        logical_ts: int = -2,
+        rmd_version: int = -1,
+        rmd_payload: bytes = b"",
+        footer=None,
+        header: int = keys.HEADER_PUT_OR_DELETE,
+        message_type: int = 0,
+    ) -> list[OutRecord]:
         """A PUT (preceded by SOS/EOS records when a segment starts or rolls). Returns records in send order."""
-        payload = (E.PUT, {"putValue": value, "schemaId": schema_id, "replicationMetadataVersionId": rmd_version,
-                           "replicationMetadataPayload": rmd_payload})
-        return self._data(partition, message_type, bytes([header]) + key_content, key_content, payload, footer, logical_ts)
+        payload = (
+            E.PUT,
+            {
+                "putValue": value,
+                "schemaId": schema_id,
+                "replicationMetadataVersionId": rmd_version,
+                "replicationMetadataPayload": rmd_payload,
+            },
+        )
+        return self._data(
+            partition, message_type, bytes([header]) + key_content, key_content, payload, footer, logical_ts
+        )
 
-    def delete(self, partition: int, key_content: bytes, schema_id: int = -1, *, logical_ts: int = -2,
-               rmd_version: int = -1, rmd_payload: bytes = b"", footer=None) -> list[OutRecord]:
-        payload = (E.DELETE, {"schemaId": schema_id, "replicationMetadataVersionId": rmd_version,
-                              "replicationMetadataPayload": rmd_payload})
+    def delete(
+        self,
+        partition: int,
+        key_content: bytes,
+        schema_id: int = -1,
+        *,
+        logical_ts: int = -2,
+        rmd_version: int = -1,
+        rmd_payload: bytes = b"",
+        footer=None,
+    ) -> list[OutRecord]:
+        payload = (
+            E.DELETE,
+            {
+                "schemaId": schema_id,
+                "replicationMetadataVersionId": rmd_version,
+                "replicationMetadataPayload": rmd_payload,
+            },
+        )
         return self._data(partition, 1, b"\x00" + key_content, key_content, payload, footer, logical_ts)
 
-    def update(self, partition: int, key_content: bytes, update_value: bytes, schema_id: int, update_schema_id: int,
-               *, logical_ts: int = -2, footer=None) -> list[OutRecord]:
-        payload = (E.UPDATE, {"schemaId": schema_id, "updateSchemaId": update_schema_id, "updateValue": update_value})
+    def update(
+        self,
+        partition: int,
+        key_content: bytes,
+        update_value: bytes,
+        schema_id: int,
+        update_schema_id: int,
+        *,
+        logical_ts: int = -2,
+        footer=None,
+    ) -> list[OutRecord]:
+        payload = (
+            E.UPDATE,
+            {"schemaId": schema_id, "updateSchemaId": update_schema_id, "updateValue": update_value},
+        )
         return self._data(partition, 3, b"\x04" + key_content, key_content, payload, footer, logical_ts)
 
-    def _data(self, partition, message_type, kafka_key, key_content, payload, footer, logical_ts) -> list[OutRecord]:
+    def _data(
+        self, partition, message_type, kafka_key, key_content, payload, footer, logical_ts
+    ) -> list[OutRecord]:
         now = self.clock()
         out: list[OutRecord] = []
         seg = self._segment_for_send(partition, now, out)
@@ -182,8 +243,14 @@ class SegmentWriter:
         out.append(self._emit(partition, seg, kafka_key, env, key_content))
         return out
 
-    def control(self, partition: int, control_type: int, body: dict, debug_info: dict[str, str] | None = None,
-                footer=None) -> list[OutRecord]:
+    def control(
+        self,
+        partition: int,
+        control_type: int,
+        body: dict,
+        debug_info: dict[str, str] | None = None,
+        footer=None,
+    ) -> list[OutRecord]:
         """A checksummed control message (StartOfPush, EndOfPush, SOIP, EOIP, TopicSwitch, VersionSwap)."""
         if control_type not in cks.CHECKSUMMED_CONTROL_TYPES or control_type == E.START_OF_SEGMENT:
             raise ValueError(f"control type {control_type} is not sent through control(); use end_segment()")
@@ -197,11 +264,20 @@ class SegmentWriter:
         out.append(self._emit(partition, seg, b"\x02" + ck, env, ck))
         return out
 
-    def start_of_push(self, partition: int, *, sorted_: bool = False, chunked: bool = False,
-                      compression_strategy: int = 0) -> list[OutRecord]:
-        return self.control(partition, E.START_OF_PUSH, {
-            "sorted": sorted_, "chunked": chunked, "compressionStrategy": compression_strategy,
-            "compressionDictionary": None, "timestampPolicy": 0})
+    def start_of_push(
+        self, partition: int, *, sorted_: bool = False, chunked: bool = False, compression_strategy: int = 0
+    ) -> list[OutRecord]:
+        return self.control(
+            partition,
+            E.START_OF_PUSH,
+            {
+                "sorted": sorted_,
+                "chunked": chunked,
+                "compressionStrategy": compression_strategy,
+                "compressionDictionary": None,
+                "timestampPolicy": 0,
+            },
+        )
 
     def end_of_push(self, partition: int) -> list[OutRecord]:
         """EndOfPush, then a final EndOfSegment (Venice's broadcastEndOfPush ends every open segment)."""

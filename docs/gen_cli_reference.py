@@ -40,7 +40,11 @@ def _flag(action: argparse.Action) -> str:
     names = ", ".join(action.option_strings)
     if action.nargs == 0:
         return f"`{names}`"
-    metavar = action.metavar or (action.choices and "{" + ",".join(map(str, action.choices)) + "}") or action.dest.upper()
+    metavar = (
+        action.metavar
+        or (action.choices and "{" + ",".join(map(str, action.choices)) + "}")
+        or action.dest.upper()
+    )
     return f"`{names} {metavar}`".replace("|", "\\|")
 
 
@@ -48,8 +52,11 @@ def _command(path: str, purpose: str, parser: argparse.ArgumentParser) -> list[s
     lines = [f"### `{path}`", "", _cell(purpose) + ("." if purpose and not purpose.endswith(".") else ""), ""]
     lines += ["```", parser.format_usage().strip(), "```", ""]
     formatter = parser._get_formatter()
-    rows = [a for a in parser._actions if a.option_strings and a.help is not argparse.SUPPRESS
-            and "-h" not in a.option_strings]
+    rows = [
+        a
+        for a in parser._actions
+        if a.option_strings and a.help is not argparse.SUPPRESS and "-h" not in a.option_strings
+    ]
     if rows:
         lines += ["| flag | meaning |", "|---|---|"]
         for action in rows:
@@ -65,8 +72,13 @@ def generate() -> str:
 
     root = build_parser()
     root.prog = "tidegauge"
-    lines = [START, "", "Global flags: `tidegauge [-h] [-v] COMMAND ...` (`-v`, `--verbose`: log debug details "
-             "to stderr). Every command and subcommand has `--help` with a longer description and examples.", ""]
+    lines = [
+        START,
+        "",
+        "Global flags: `tidegauge [-h] [-v] COMMAND ...` (`-v`, `--verbose`: log debug details "
+        "to stderr). Every command and subcommand has `--help` with a longer description and examples.",
+        "",
+    ]
     for name, purpose, sub in _subcommands(root):
         nested = _subcommands(sub)
         if nested:
@@ -94,7 +106,10 @@ def main(argv: list[str] | None = None) -> int:
     wanted = replace_section(current, generate())
     if args.check:
         if wanted != current:
-            print("README.md's CLI reference is out of date: run `python docs/gen_cli_reference.py`", file=sys.stderr)
+            print(
+                "README.md's CLI reference is out of date: run `python docs/gen_cli_reference.py`",
+                file=sys.stderr,
+            )
             return 1
         return 0
     if wanted != current:

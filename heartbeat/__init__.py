@@ -46,7 +46,23 @@ from .records import VtHeartbeat, parse_vt_heartbeat, rt_heartbeat, vt_heartbeat
 from .watermarks import WatermarkTracker
 
 __all__ = [
-    "DivState", "HeaderError", "HeartbeatLeader", "LagMonitor", "LagRow", "LeaderBrokenError", "LeaderStats",
-    "LeaderUsageError", "RtRecord", "VtHeartbeat", "WatermarkTracker", "Watermarks", "decode_hbd", "decode_hbw", "encode_hbd",
-    "encode_hbw", "parse_vt_heartbeat", "rt_heartbeat", "vt_heartbeat",
+    "DivState",
+    "HeaderError",
+    "HeartbeatLeader",
+    "LagMonitor",
+    "LagRow",
+    "LeaderBrokenError",
+    "LeaderStats",
+    "LeaderUsageError",
+    "RtRecord",
+    "VtHeartbeat",
+    "WatermarkTracker",
+    "Watermarks",
+    "decode_hbd",
+    "decode_hbw",
+    "encode_hbd",
+    "encode_hbw",
+    "parse_vt_heartbeat",
+    "rt_heartbeat",
+    "vt_heartbeat",
 ]

@@ -100,8 +100,9 @@ class LagMonitor:
             st = self.sources[region] = SourceState(region)
         return st
 
-    def feed(self, key: bytes | None, env: dict, headers: Iterable | None, vt_offset: int,
-             broker_ts_ms: int | None) -> HeartbeatSeen | None:
+    def feed(
+        self, key: bytes | None, env: dict, headers: Iterable | None, vt_offset: int, broker_ts_ms: int | None
+    ) -> HeartbeatSeen | None:
         """One decoded VT record. Returns the heartbeat it was, if it was one."""
         self.records += 1
         if key is not None and keys.is_heartbeat_key(bytes(key)):
@@ -119,9 +120,12 @@ class LagMonitor:
             hb = parse_vt_heartbeat(key, env, headers, decode_div_state=False)
         except HeaderError:
             self.bad_headers += 1
-            hb = parse_vt_heartbeat(key, env, [h for h in headers or []
-                                               if (h["key"] if isinstance(h, dict) else h[0]) != "hbw"],
-                                    decode_div_state=False)
+            hb = parse_vt_heartbeat(
+                key,
+                env,
+                [h for h in headers or [] if (h["key"] if isinstance(h, dict) else h[0]) != "hbw"],
+                decode_div_state=False,
+            )
         if hb is None:
             return None
         st = self._source(hb.origin_region)
@@ -142,7 +146,9 @@ class LagMonitor:
                 if mark > s.hbw_watermark:
                     s.hbw_watermark = mark
         vt_ts = broker_ts_ms if broker_ts_ms is not None and broker_ts_ms > 0 else hb.origin_ms
-        seen = HeartbeatSeen(vt_offset, hb.origin_region, hb.origin_ms, vt_ts, vt_ts - hb.origin_ms, vector, term)
+        seen = HeartbeatSeen(
+            vt_offset, hb.origin_region, hb.origin_ms, vt_ts, vt_ts - hb.origin_ms, vector, term
+        )
         if self.keep_series:
             self.series.append(seen)
         return seen
@@ -160,11 +166,18 @@ class LagMonitor:
             st = self.sources.get(region) or SourceState(region)
             end = (rt_end_offsets or {}).get(region)
             origin = st.last_heartbeat_origin_ms
-            out.append(LagRow(
-                vt_region=self.vt_region, partition=self.partition, source_region=region,
-                heartbeats=st.heartbeats, last_heartbeat_vt_offset=st.last_heartbeat_vt_offset,
-                last_heartbeat_origin_ms=origin, time_lag_ms=None if origin is None else now_ms - origin,
-                watermark=st.watermark, rt_end_offset=end,
-                offset_lag=None if end is None else max(0, end - (st.watermark + 1)),
-            ))
+            out.append(
+                LagRow(
+                    vt_region=self.vt_region,
+                    partition=self.partition,
+                    source_region=region,
+                    heartbeats=st.heartbeats,
+                    last_heartbeat_vt_offset=st.last_heartbeat_vt_offset,
+                    last_heartbeat_origin_ms=origin,
+                    time_lag_ms=None if origin is None else now_ms - origin,
+                    watermark=st.watermark,
+                    rt_end_offset=end,
+                    offset_lag=None if end is None else max(0, end - (st.watermark + 1)),
+                )
+            )
         return out

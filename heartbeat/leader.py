@@ -156,11 +156,25 @@ class HeartbeatLeader:
     (injectable for simulations). `rt_validator_config`: tolerances of the RT validators.
     """
 
-    def __init__(self, producer_or_conf: Any, *, vt_topic: str, rt_topic: str, partition: int, region: int,
-                 n_regions: int, host: str, term_id: int = -1, interval_ms: int = 60_000,
-                 hbd_max_bytes: int = DEFAULT_HBD_MAX_BYTES, clock: Callable[[], int] | None = None,
-                 checksum_type: int = cks.ADHASH, max_segment_age_ms: int = 300_000,
-                 rt_validator_config: ValidatorConfig | None = None, guid: bytes | None = None) -> None:
+    def __init__(
+        self,
+        producer_or_conf: Any,
+        *,
+        vt_topic: str,
+        rt_topic: str,
+        partition: int,
+        region: int,
+        n_regions: int,
+        host: str,
+        term_id: int = -1,
+        interval_ms: int = 60_000,
+        hbd_max_bytes: int = DEFAULT_HBD_MAX_BYTES,
+        clock: Callable[[], int] | None = None,
+        checksum_type: int = cks.ADHASH,
+        max_segment_age_ms: int = 300_000,
+        rt_validator_config: ValidatorConfig | None = None,
+        guid: bytes | None = None,
+    ) -> None:
         if not 0 <= region < n_regions:
             raise ValueError(f"region {region} is not in 0..{n_regions - 1} (n_regions={n_regions})")
         if partition < 0:
@@ -171,8 +185,11 @@ class HeartbeatLeader:
             from confluent_kafka import Producer
 
             # Idempotence keeps order across retries without duplicates; a heartbeat must fit in one message.
-            conf = {"enable.idempotence": True, "linger.ms": 5,
-                    "message.max.bytes": max(1_000_000, hbd_max_bytes + 100_000)}
+            conf = {
+                "enable.idempotence": True,
+                "linger.ms": 5,
+                "message.max.bytes": max(1_000_000, hbd_max_bytes + 100_000),
+            }
             conf.update(producer_or_conf)
             self.producer = Producer(conf)
         else:
@@ -191,9 +208,14 @@ class HeartbeatLeader:
         self.leader_completed = False  # the `lcs` header: set once this leader reported completion
         self.codec = E.EnvelopeCodec()
         self._last_write_ts = -1
-        self.writer = SegmentWriter(guid or random_guid(), checksum_type=checksum_type,
-                                    max_segment_age_ms=max_segment_age_ms, host_name=host,
-                                    clock=self._writer_clock, codec=self.codec)
+        self.writer = SegmentWriter(
+            guid or random_guid(),
+            checksum_type=checksum_type,
+            max_segment_age_ms=max_segment_age_ms,
+            host_name=host,
+            clock=self._writer_clock,
+            codec=self.codec,
+        )
         self._validator_config = rt_validator_config
         self.stats = LeaderStats()
         self.tracker: WatermarkTracker | None = None
@@ -228,9 +250,12 @@ class HeartbeatLeader:
         return self._tracker().watermarks()
 
     # -- takeover --------------------------------------------------------------------------------------
-    def take_over(self, vt_producer_states: Mapping[bytes, dict] | None = None,
-                  rt_producer_states: Mapping[int, Mapping[bytes, dict]] | None = None,
-                  watermarks: Iterable[int] | None = None) -> None:
+    def take_over(
+        self,
+        vt_producer_states: Mapping[bytes, dict] | None = None,
+        rt_producer_states: Mapping[int, Mapping[bytes, dict]] | None = None,
+        watermarks: Iterable[int] | None = None,
+    ) -> None:
         """Start the term from restored state (call before the first RT record; without it: empty state).
 
         `watermarks[r]`: last RT offset of region r already reflected in the VT; the leader resumes RT[r] at
@@ -241,7 +266,9 @@ class HeartbeatLeader:
         """
         self._check_open()
         if self.tracker is not None:
-            raise LeaderUsageError("take_over() must come before the first RT record or heartbeat of the term")
+            raise LeaderUsageError(
+                "take_over() must come before the first RT record or heartbeat of the term"
+            )
         rt = {int(r): dict(s) for r, s in (rt_producer_states or {}).items()}
         bad = [r for r in rt if not 0 <= r < self.n_regions]
         if bad:
@@ -253,8 +280,9 @@ class HeartbeatLeader:
             if rt.get(r):
                 v.restore(rt[r])
             self._rt_validators.append(v)
-        self._inherited_vt = {bytes(g): dict(s) for g, s in (vt_producer_states or {}).items()
-                              if bytes(g) != self.guid}
+        self._inherited_vt = {
+            bytes(g): dict(s) for g, s in (vt_producer_states or {}).items() if bytes(g) != self.guid
+        }
 
     def _tracker(self) -> WatermarkTracker:
         if self.tracker is None:
@@ -263,8 +291,15 @@ class HeartbeatLeader:
         return self.tracker
 
     # -- consuming RT ----------------------------------------------------------------------------------
-    def on_rt_record(self, region: int, offset: int, key: bytes | None, value: bytes | None,
-                     headers: Iterable | None = None, broker_ts_ms: int | None = None) -> RtRecord:
+    def on_rt_record(
+        self,
+        region: int,
+        offset: int,
+        key: bytes | None,
+        value: bytes | None,
+        headers: Iterable | None = None,
+        broker_ts_ms: int | None = None,
+    ) -> RtRecord:
         """Hand over RT record `offset` of `region` (in RT order per region). Heartbeats are handled here and
         need nothing more. For any other record write its VT records with `put()`/`delete()` (or none) and then
         call `done()`."""
@@ -272,13 +307,17 @@ class HeartbeatLeader:
         tracker = self._tracker()
         if self._current is not None:
             cur = self._current
-            raise LeaderUsageError(f"call done() for RT record {cur.offset} of region {cur.region} before "
-                                   f"handing over the next one")
+            raise LeaderUsageError(
+                f"call done() for RT record {cur.offset} of region {cur.region} before "
+                f"handing over the next one"
+            )
         if not 0 <= region < self.n_regions:
             raise ValueError(f"region {region} is not in 0..{self.n_regions - 1}")
         if offset <= tracker.last_processed(region):
-            raise LeaderUsageError(f"RT offset {offset} of region {region} was already processed (last "
-                                   f"{tracker.last_processed(region)}): records are handed over once, in order")
+            raise LeaderUsageError(
+                f"RT offset {offset} of region {region} was already processed (last "
+                f"{tracker.last_processed(region)}): records are handed over once, in order"
+            )
         self.stats.rt_records += 1
         key = bytes(key) if key is not None else b""
         if key == keys.HEARTBEAT_KEY:
@@ -307,21 +346,49 @@ class HeartbeatLeader:
         return RtRecord(region, offset, Kind.HEARTBEAT.name, None, env, [], broker_ts_ms)
 
     # -- writing the VT ------------------------------------------------------------------------------
-    def put(self, key_content: bytes, value: bytes, schema_id: int = 1, *, rmd_version: int = -1,
-            rmd_payload: bytes = b"", headers: Iterable[tuple[str, bytes]] | None = None) -> int:
+    def put(
+        self,
+        key_content: bytes,
+        value: bytes,
+        schema_id: int = 1,
+        *,
+        rmd_version: int = -1,
+        rmd_payload: bytes = b"",
+        headers: Iterable[tuple[str, bytes]] | None = None,
+    ) -> int:
         """Write a PUT to the VT for the current RT record (leader footer pointing at it). Returns how many
         Kafka records that took (a segment start or roll adds SOS/EOS)."""
         cur = self._require_current("put")
-        recs = self.writer.put(self.partition, key_content, value, schema_id, rmd_version=rmd_version,
-                               rmd_payload=rmd_payload, footer=self._footer(cur))
+        recs = self.writer.put(
+            self.partition,
+            key_content,
+            value,
+            schema_id,
+            rmd_version=rmd_version,
+            rmd_payload=rmd_payload,
+            footer=self._footer(cur),
+        )
         return self._send(recs, cur, headers)
 
-    def delete(self, key_content: bytes, schema_id: int = -1, *, rmd_version: int = -1,
-               rmd_payload: bytes = b"", headers: Iterable[tuple[str, bytes]] | None = None) -> int:
+    def delete(
+        self,
+        key_content: bytes,
+        schema_id: int = -1,
+        *,
+        rmd_version: int = -1,
+        rmd_payload: bytes = b"",
+        headers: Iterable[tuple[str, bytes]] | None = None,
+    ) -> int:
         """Write a DELETE to the VT for the current RT record. Returns how many Kafka records that took."""
         cur = self._require_current("delete")
-        recs = self.writer.delete(self.partition, key_content, schema_id, rmd_version=rmd_version,
-                                  rmd_payload=rmd_payload, footer=self._footer(cur))
+        recs = self.writer.delete(
+            self.partition,
+            key_content,
+            schema_id,
+            rmd_version=rmd_version,
+            rmd_payload=rmd_payload,
+            footer=self._footer(cur),
+        )
         return self._send(recs, cur, headers)
 
     def done(self) -> None:
@@ -364,8 +431,14 @@ class HeartbeatLeader:
     def _produce(self, topic: str, rec: OutRecord, headers: list, callback) -> None:
         while True:
             try:
-                self.producer.produce(topic, value=rec.value, key=rec.key, partition=rec.partition,
-                                      headers=headers or None, on_delivery=callback)
+                self.producer.produce(
+                    topic,
+                    value=rec.value,
+                    key=rec.key,
+                    partition=rec.partition,
+                    headers=headers or None,
+                    on_delivery=callback,
+                )
                 return
             except BufferError:  # the local queue is full: serve delivery reports to make room
                 self.producer.poll(0.05)
@@ -414,8 +487,9 @@ class HeartbeatLeader:
         Returns the origin time used."""
         self._check_usable()
         ts = self.clock() if timestamp_ms is None else int(timestamp_ms)
-        rec = rt_heartbeat(self.host, ts, partition=self.partition, checksum_type=self.checksum_type,
-                           codec=self.codec)
+        rec = rt_heartbeat(
+            self.host, ts, partition=self.partition, checksum_type=self.checksum_type, codec=self.codec
+        )
         self._produce(self.rt_topic, rec, list(rec.headers), self._on_rt_heartbeat_delivery)
         self._last_rt_hb_ms = ts
         self.stats.rt_heartbeats += 1
@@ -432,10 +506,18 @@ class HeartbeatLeader:
         hbd = self._encode_div_state()  # the same for every heartbeat of this batch: nothing is sent between
         for hb in ready:
             hbw = Watermarks(hb.region, hb.rt_offset, marks, self.host, self.term_id, self.clock())
-            rec = vt_heartbeat(self.host, origin_region=hb.region, origin_rt_offset=hb.rt_offset,
-                               timestamp_ms=hb.timestamp_ms, partition=self.partition,
-                               leader_completed=self.leader_completed, hbw=encode_hbw(hbw), hbd=hbd,
-                               checksum_type=self.checksum_type, codec=self.codec)
+            rec = vt_heartbeat(
+                self.host,
+                origin_region=hb.region,
+                origin_rt_offset=hb.rt_offset,
+                timestamp_ms=hb.timestamp_ms,
+                partition=self.partition,
+                leader_completed=self.leader_completed,
+                hbw=encode_hbw(hbw),
+                hbd=hbd,
+                checksum_type=self.checksum_type,
+                codec=self.codec,
+            )
             self._produce(self.vt_topic, rec, list(rec.headers), self._on_vt_heartbeat_delivery)
             self.stats.vt_heartbeats += 1
 
@@ -486,8 +568,12 @@ class HeartbeatLeader:
             return data
         self.stats.hbd_truncated += 1
         data = fit_div_state(state, self.hbd_max_bytes)
-        log.warning("hbd of %s[%d] exceeds %d bytes: stalest producers left out (truncated=true)",
-                    self.vt_topic, self.partition, self.hbd_max_bytes)
+        log.warning(
+            "hbd of %s[%d] exceeds %d bytes: stalest producers left out (truncated=true)",
+            self.vt_topic,
+            self.partition,
+            self.hbd_max_bytes,
+        )
         return data
 
     # -- shutdown --------------------------------------------------------------------------------------
@@ -523,8 +609,10 @@ class HeartbeatLeader:
 
     # -- guards ----------------------------------------------------------------------------------------
     def _broken_error(self) -> LeaderBrokenError:
-        return LeaderBrokenError(f"{self._broken_reason}; this leader may claim nothing past it: restart with a "
-                                 f"new term (term_id {self.term_id + 1}) from the last VT heartbeat")
+        return LeaderBrokenError(
+            f"{self._broken_reason}; this leader may claim nothing past it: restart with a "
+            f"new term (term_id {self.term_id + 1}) from the last VT heartbeat"
+        )
 
     def _check_open(self) -> None:
         if self._closed:
@@ -571,4 +659,11 @@ def fit_div_state(state: DivState, max_bytes: int) -> bytes:
         kept.pop()  # the size estimate was short: drop the stalest kept producer and retry
 
 
-__all__ = ["HeartbeatLeader", "LeaderBrokenError", "LeaderStats", "LeaderUsageError", "RtRecord", "fit_div_state"]
+__all__ = [
+    "HeartbeatLeader",
+    "LeaderBrokenError",
+    "LeaderStats",
+    "LeaderUsageError",
+    "RtRecord",
+    "fit_div_state",
+]

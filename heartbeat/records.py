@@ -58,14 +58,21 @@ def _heartbeat_envelope(timestamp_ms: int, checksum_type: int, footer: tuple) ->
     return {
         "messageType": E.MESSAGE_TYPE["CONTROL"],
         "producerMetadata": E.producer_metadata(keys.HEARTBEAT_GUID, 0, 0, timestamp_ms, -1),
-        "payloadUnion": E.control_message(E.START_OF_SEGMENT,
-                                          {"checksumType": checksum_type, "upcomingAggregates": []}),
+        "payloadUnion": E.control_message(
+            E.START_OF_SEGMENT, {"checksumType": checksum_type, "upcomingAggregates": []}
+        ),
         "leaderMetadataFooter": footer,
     }
 
 
-def rt_heartbeat(host: str, timestamp_ms: int, *, partition: int = 0, checksum_type: int = cks.ADHASH,
-                 codec: E.EnvelopeCodec | None = None) -> OutRecord:
+def rt_heartbeat(
+    host: str,
+    timestamp_ms: int,
+    *,
+    partition: int = 0,
+    checksum_type: int = cks.ADHASH,
+    codec: E.EnvelopeCodec | None = None,
+) -> OutRecord:
     """The heartbeat a leader writes to its local RT partition (origin time `timestamp_ms`)."""
     env = _heartbeat_envelope(timestamp_ms, checksum_type, E.default_footer(host))
     return OutRecord(partition, keys.HEARTBEAT_KEY, _codec(codec).encode(env), (("vtp", vtp_header_value()),))
@@ -77,10 +84,19 @@ def vt_heartbeat_timestamp(rt_env: dict, broker_ts_ms: int | None) -> int:
     return max(producer_ts, broker_ts_ms if broker_ts_ms is not None else -1)
 
 
-def vt_heartbeat(host: str, *, origin_region: int, origin_rt_offset: int, timestamp_ms: int, partition: int = 0,
-                 leader_completed: bool = False, hbw: Watermarks | bytes | None = None,
-                 hbd: DivState | bytes | None = None, checksum_type: int = cks.ADHASH,
-                 codec: E.EnvelopeCodec | None = None) -> OutRecord:
+def vt_heartbeat(
+    host: str,
+    *,
+    origin_region: int,
+    origin_rt_offset: int,
+    timestamp_ms: int,
+    partition: int = 0,
+    leader_completed: bool = False,
+    hbw: Watermarks | bytes | None = None,
+    hbd: DivState | bytes | None = None,
+    checksum_type: int = cks.ADHASH,
+    codec: E.EnvelopeCodec | None = None,
+) -> OutRecord:
     """The heartbeat a leader writes to its local VT after consuming the RT heartbeat at `origin_rt_offset` of
     `origin_region`. `timestamp_ms` = `vt_heartbeat_timestamp(...)` of that RT heartbeat. Without `hbw`/`hbd`
     the record is exactly Venice's."""
@@ -117,8 +133,9 @@ class VtHeartbeat:
     hbd_size: int = 0
 
 
-def parse_vt_heartbeat(key: bytes | None, env: dict, headers: Iterable | None, *,
-                       decode_div_state: bool = True) -> VtHeartbeat | None:
+def parse_vt_heartbeat(
+    key: bytes | None, env: dict, headers: Iterable | None, *, decode_div_state: bool = True
+) -> VtHeartbeat | None:
     """Read a VT heartbeat (None when `key` is not the heartbeat key). Raises `codecs.HeaderError` when an
     `hbw`/`hbd` header is present but malformed: a reader must not mistake a broken claim for no claim."""
     if key is None or not keys.is_heartbeat_key(bytes(key)):

@@ -37,9 +37,13 @@ class WatermarkTracker:
     leader's own RT validators use).
     """
 
-    def __init__(self, n_regions: int, initial: Iterable[int] | None = None,
-                 rt_producer_states: dict[int, dict[bytes, dict]] | None = None,
-                 validator_config: ValidatorConfig | None = None) -> None:
+    def __init__(
+        self,
+        n_regions: int,
+        initial: Iterable[int] | None = None,
+        rt_producer_states: dict[int, dict[bytes, dict]] | None = None,
+        validator_config: ValidatorConfig | None = None,
+    ) -> None:
         if n_regions < 1:
             raise ValueError(f"n_regions must be at least 1, got {n_regions}")
         self.n_regions = n_regions
@@ -64,16 +68,23 @@ class WatermarkTracker:
             self._validators.append(v)
 
     # -- the leader's calls ---------------------------------------------------------------------------
-    def processed(self, region: int, rt_offset: int, sends: Iterable[Hashable] = (),
-                  div_record: tuple[bytes, dict, int | None] | None = None) -> None:
+    def processed(
+        self,
+        region: int,
+        rt_offset: int,
+        sends: Iterable[Hashable] = (),
+        div_record: tuple[bytes, dict, int | None] | None = None,
+    ) -> None:
         """RT record `rt_offset` of `region` is fully handled; `sends` are the tokens of the VT sends it
         caused (none when it was dropped). `div_record` = (Kafka key, envelope, broker ts) to replay into the
         at-watermark RT validator once the watermark passes this record (None: not a DIV record)."""
         if not 0 <= region < self.n_regions:
             raise ValueError(f"region {region} is not in 0..{self.n_regions - 1}")
         if rt_offset <= self._last_processed[region]:
-            raise ValueError(f"RT offset {rt_offset} of region {region} is not after the last processed one "
-                             f"({self._last_processed[region]}): records must be processed once, in RT order")
+            raise ValueError(
+                f"RT offset {rt_offset} of region {region} is not after the last processed one "
+                f"({self._last_processed[region]}): records must be processed once, in RT order"
+            )
         self._last_processed[region] = rt_offset
         pending = 0
         early = self._early_acks

@@ -82,9 +82,12 @@ def failed_reads(summaries: list[dict]) -> dict[tuple[int, int], str]:
     return out
 
 
-def plan_marks(summaries: list[dict], ends: dict[tuple[int, int], int], n: int,
-               carried: dict[tuple[int, int], dict] | None = None,
-               ) -> tuple[dict[tuple[int, int], RegionPartition], dict[tuple[int, int], list[int]]]:
+def plan_marks(
+    summaries: list[dict],
+    ends: dict[tuple[int, int], int],
+    n: int,
+    carried: dict[tuple[int, int], dict] | None = None,
+) -> tuple[dict[tuple[int, int], RegionPartition], dict[tuple[int, int], list[int]]]:
     """From the split summaries of stage A: each region partition's scan start, gaps, final mark and counts, and
     the prefix mark of every (split, segment) that lies after the start (segments before it are left out).
 
@@ -119,10 +122,15 @@ def plan_marks(summaries: list[dict], ends: dict[tuple[int, int], int], n: int,
         rp.unverified = [list(u) for u in (state or {}).get("unverified") or []]
         rp.unverified += [u for sm in splits for u in sm.get("unverified", [])]
         rp.unverified_overflow = bool((state or {}).get("unverified_overflow")) or any(
-            sm.get("unverified_overflow") for sm in splits)
+            sm.get("unverified_overflow") for sm in splits
+        )
         if state is not None:
-            rp.start_after, rp.prefix_known, rp.start_kind, start_seg = state["last_offset"], state["prefix_known"], \
-                "state", None
+            rp.start_after, rp.prefix_known, rp.start_kind, start_seg = (
+                state["last_offset"],
+                state["prefix_known"],
+                "state",
+                None,
+            )
             rp.eop_offset = state.get("eop_offset")
             rp.baseline = tuple(state["baseline"]) if state["baseline"] is not None else None
             rp.start_hw = init = tuple(state["final_hw"])
@@ -131,14 +139,29 @@ def plan_marks(summaries: list[dict], ends: dict[tuple[int, int], int], n: int,
             rp.chunked = rp.chunked or bool(state.get("chunked"))
         elif eops:
             rp.eop_offset = min(eops)
-            rp.start_after, rp.prefix_known, rp.start_kind, start_seg = rp.eop_offset, True, "end_of_push", "eop"
+            rp.start_after, rp.prefix_known, rp.start_kind, start_seg = (
+                rp.eop_offset,
+                True,
+                "end_of_push",
+                "eop",
+            )
             init = nothing(n)
         elif hbws:
-            rp.start_after, rp.prefix_known, rp.start_kind, start_seg = hbws[0]["hbw_boundary"], False, "heartbeat", "hbw"
+            rp.start_after, rp.prefix_known, rp.start_kind, start_seg = (
+                hbws[0]["hbw_boundary"],
+                False,
+                "heartbeat",
+                "hbw",
+            )
             rp.baseline = tuple(hbws[0]["baseline"])
             init = rp.baseline
         else:
-            rp.start_after, rp.prefix_known, rp.start_kind, start_seg = rp.first_offset - 1, False, "first_record", None
+            rp.start_after, rp.prefix_known, rp.start_kind, start_seg = (
+                rp.first_offset - 1,
+                False,
+                "first_record",
+                None,
+            )
             rp.baseline = init = nothing(n)
         mark: list[int] | None = None
         last: int | None = None
@@ -148,16 +171,22 @@ def plan_marks(summaries: list[dict], ends: dict[tuple[int, int], int], n: int,
                 rp.gaps.append((last + 1, sm["first_offset"] - 1, tuple(mark)))
             for i, seg in enumerate(sm["segments"]):
                 if mark is None:
-                    begins = (start_seg is None and i == 0) or (seg["kind"] == start_seg and seg["after"] == rp.start_after)
+                    begins = (start_seg is None and i == 0) or (
+                        seg["kind"] == start_seg and seg["after"] == rp.start_after
+                    )
                     if not begins:
                         continue
                     mark = list(init)
-                    if start_seg is None and sm["first_offset"] > rp.start_after + 1:  # compacted right after the start
+                    if (
+                        start_seg is None and sm["first_offset"] > rp.start_after + 1
+                    ):  # compacted right after the start
                         rp.gaps.append((rp.start_after + 1, sm["first_offset"] - 1, tuple(mark)))
                 prefixes[(sm["split"], i)] = list(mark)
                 for first, lastg, local in seg["gaps"]:
                     if first > rp.start_after:
-                        rp.gaps.append((first, lastg, tuple(max(a, b) for a, b in zip(local, mark, strict=True))))
+                        rp.gaps.append(
+                            (first, lastg, tuple(max(a, b) for a, b in zip(local, mark, strict=True)))
+                        )
                 rp.data_records += seg["data"]
                 rp.out_of_range += seg["out_of_range"]
                 rp.out_of_range_offsets.extend(seg["out_of_range_offsets"])
@@ -178,16 +207,25 @@ def plan_marks(summaries: list[dict], ends: dict[tuple[int, int], int], n: int,
     return facts, prefixes
 
 
-
 def views(facts: dict, n: int, mode: str) -> dict[tuple[int, int], RegionView]:
     views = {}
     for key, rp in facts.items():
         baseline = None if rp.prefix_known else tuple(rp.baseline or nothing(n))
         default = baseline if (baseline is not None and mode == "heartbeat") else nothing(n)
-        views[key] = RegionView(n, mode, rp.start_after, rp.prefix_known, default, rp.final_hw,
-                                tuple(g[0] for g in rp.gaps), tuple(g[2] for g in rp.gaps),
-                                prefix_freeze=rp.prefix_freeze, start_hw=rp.start_hw, latest_kept=rp.latest_kept,
-                                start_latest_kept=rp.start_latest_kept)
+        views[key] = RegionView(
+            n,
+            mode,
+            rp.start_after,
+            rp.prefix_known,
+            default,
+            rp.final_hw,
+            tuple(g[0] for g in rp.gaps),
+            tuple(g[2] for g in rp.gaps),
+            prefix_freeze=rp.prefix_freeze,
+            start_hw=rp.start_hw,
+            latest_kept=rp.latest_kept,
+            start_latest_kept=rp.start_latest_kept,
+        )
     return views
 
 
@@ -197,5 +235,3 @@ def mark_latest_kept(facts: dict, deadlines: dict[int, int], now_ms: int) -> Non
     for rp in facts.values():
         deadline = deadlines.get(rp.region)
         rp.latest_kept = deadline is None or now_ms < deadline
-
-

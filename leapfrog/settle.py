@@ -59,10 +59,14 @@ def carried_last(c: vz.Carried | None) -> tuple[np.ndarray, np.ndarray, np.ndarr
     return c.gid[lasts], c.last_open[lasts], c.mark[lasts]
 
 
-def carried_records(hist: Mapping[int, vz.Histories], views: Mapping[int, RegionView],
-                    pairs: Sequence[tuple[int, int]], present: Mapping[int, np.ndarray],
-                    had_open: Mapping[int, tuple[np.ndarray, np.ndarray, np.ndarray] | None],
-                    groups: np.ndarray) -> dict[int, Kept]:
+def carried_records(
+    hist: Mapping[int, vz.Histories],
+    views: Mapping[int, RegionView],
+    pairs: Sequence[tuple[int, int]],
+    present: Mapping[int, np.ndarray],
+    had_open: Mapping[int, tuple[np.ndarray, np.ndarray, np.ndarray] | None],
+    groups: np.ndarray,
+) -> dict[int, Kept]:
     """Per region of one partition: the records the next run needs (``vectorized.carry``, against the current
     per-key vectors of every region it is paired with). `views`: region → its view of this partition;
     `present`: region → the groups it has records of (new or carried); `had_open`: region → ``carried_last``."""
@@ -73,8 +77,12 @@ def carried_records(hist: Mapping[int, vz.Histories], views: Mapping[int, Region
     return kept
 
 
-def settled_groups(hist: Mapping[int, vz.Histories], kept: Mapping[int, Kept], present: Mapping[int, np.ndarray],
-                   pending: Sequence[np.ndarray]) -> np.ndarray:
+def settled_groups(
+    hist: Mapping[int, vz.Histories],
+    kept: Mapping[int, Kept],
+    present: Mapping[int, np.ndarray],
+    pending: Sequence[np.ndarray],
+) -> np.ndarray:
     """The settled groups of one partition (see the module's docstring). `pending`: the groups each pair left
     pending; `kept`: ``carried_records``."""
     bad = [np.unique(np.concatenate(pending)) if pending else np.zeros(0, np.int64)]
@@ -87,16 +95,25 @@ def settled_groups(hist: Mapping[int, vz.Histories], kept: Mapping[int, Kept], p
     return real[~np.isin(real, np.concatenate(bad))]
 
 
-def comparable_before(view_x: RegionView, carried_x: vz.Carried | None, view_y: RegionView,
-                      carried_y: vz.Carried | None, in_pair: np.ndarray) -> int:
+def comparable_before(
+    view_x: RegionView,
+    carried_x: vz.Carried | None,
+    view_y: RegionView,
+    carried_y: vz.Carried | None,
+    in_pair: np.ndarray,
+) -> int:
     """Pairs of records the previous run already found comparable for the groups `in_pair` of regions x and y
     (so that ``comparable_pairs`` adds up over incremental runs)."""
     if carried_x is None and carried_y is None:
         return 0
-    with_state = np.union1d(carried_x.gid if carried_x is not None else [],
-                            carried_y.gid if carried_y is not None else []).astype(np.int64)
+    with_state = np.union1d(
+        carried_x.gid if carried_x is not None else [], carried_y.gid if carried_y is not None else []
+    ).astype(np.int64)
     groups = np.intersect1d(in_pair, with_state)
     if not len(groups):
         return 0
-    return int(vz.compare(vz.previous(view_x, carried_x, groups), vz.previous(view_y, carried_y, groups), groups)
-               .comparable_pairs.sum())
+    return int(
+        vz.compare(
+            vz.previous(view_x, carried_x, groups), vz.previous(view_y, carried_y, groups), groups
+        ).comparable_pairs.sum()
+    )

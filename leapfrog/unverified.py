@@ -34,8 +34,15 @@ def index(unverified: Iterable[tuple[int, int, bytes, int]]) -> dict[tuple[int, 
     return out
 
 
-def withheld_side(idx: Mapping[tuple[int, int, bytes], list[int]], partition: int, key: bytes,
-                  region_a: int, region_b: int, a_offset: int | None, b_offset: int | None) -> int | None:
+def withheld_side(
+    idx: Mapping[tuple[int, int, bytes], list[int]],
+    partition: int,
+    key: bytes,
+    region_a: int,
+    region_b: int,
+    a_offset: int | None,
+    b_offset: int | None,
+) -> int | None:
     """The region in which this finding rests on an unreadable record (the finding is then withheld), or None
     when it does not."""
     for region, offset in ((region_a, a_offset), (region_b, b_offset)):

@@ -44,7 +44,9 @@ class Histories:
 
 
 def _segment_starts(gid: np.ndarray) -> np.ndarray:
-    return np.flatnonzero(np.concatenate([[True], gid[1:] != gid[:-1]])) if len(gid) else np.zeros(0, np.int64)
+    return (
+        np.flatnonzero(np.concatenate([[True], gid[1:] != gid[:-1]])) if len(gid) else np.zeros(0, np.int64)
+    )
 
 
 def _find_sorted(ref: np.ndarray, x: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
@@ -98,9 +100,17 @@ class Carried:
         return len(self.gid)
 
 
-def build(view: RegionView, gid: np.ndarray, offset: np.ndarray, cls: np.ndarray, src: np.ndarray,
-          src_offset: np.ndarray, hw_before: np.ndarray, groups: np.ndarray,
-          carried: Carried | None = None) -> Histories:
+def build(
+    view: RegionView,
+    gid: np.ndarray,
+    offset: np.ndarray,
+    cls: np.ndarray,
+    src: np.ndarray,
+    src_offset: np.ndarray,
+    hw_before: np.ndarray,
+    groups: np.ndarray,
+    carried: Carried | None = None,
+) -> Histories:
     """Histories of one region from its data rows (sorted by gid, offset) for every gid in `groups` (sorted),
     continuing the records an earlier run carried when the scan resumes."""
     n = view.n_regions
@@ -153,8 +163,17 @@ def build(view: RegionView, gid: np.ndarray, offset: np.ndarray, cls: np.ndarray
         if len(open_last):  # a value still standing: its mark runs on into this scan
             base = np.tile(np.asarray(view.final_hw, np.int64), (len(open_last), 1))
             c_mark[open_last] = standing_from_start(carried.gid[open_last], base)
-        parts.insert(0, Histories(carried.gid.astype(np.int64), carried.cls, carried.absent, carried.offset,
-                                  carried.vector, c_mark))
+        parts.insert(
+            0,
+            Histories(
+                carried.gid.astype(np.int64),
+                carried.cls,
+                carried.absent,
+                carried.offset,
+                carried.vector,
+                c_mark,
+            ),
+        )
     if view.prefix_known:
         p_gids = groups[~_find_sorted(_carried_groups(carried), groups)[0]].astype(np.int64)
         g = len(p_gids)
@@ -162,8 +181,17 @@ def build(view: RegionView, gid: np.ndarray, offset: np.ndarray, cls: np.ndarray
         if view.prefix_freeze is not None:  # an earlier run's gap lies before the key's first record (if any)
             frozen = np.isin(p_gids, with_new) if view.latest_kept else np.ones(g, bool)
             p_mark[frozen] = np.asarray(view.prefix_freeze, np.int64)
-        parts.insert(0, Histories(p_gids, np.full(g, NULL_CLASS, np.int64), np.ones(g, bool), np.full(g, -1, np.int64),
-                                  np.full((g, n), -1, np.int64), p_mark))
+        parts.insert(
+            0,
+            Histories(
+                p_gids,
+                np.full(g, NULL_CLASS, np.int64),
+                np.ones(g, bool),
+                np.full(g, -1, np.int64),
+                np.full((g, n), -1, np.int64),
+                p_mark,
+            ),
+        )
     return _merge(parts)
 
 
@@ -181,20 +209,49 @@ def previous(view: RegionView, carried: Carried | None, groups: np.ndarray) -> H
     parts = []
     if carried is not None and len(carried):
         mark = carried.mark
-        if view.start_latest_kept and view.start_hw is not None:  # each key's last record stood to the previous end
+        if (
+            view.start_latest_kept and view.start_hw is not None
+        ):  # each key's last record stood to the previous end
             mark = mark.copy()
             mark[np.concatenate([_segment_starts(carried.gid)[1:], [len(carried)]]) - 1] = view.start_hw
-        parts.append(Histories(carried.gid.astype(np.int64), carried.cls, carried.absent, carried.offset,
-                               carried.vector, mark))
+        parts.append(
+            Histories(
+                carried.gid.astype(np.int64),
+                carried.cls,
+                carried.absent,
+                carried.offset,
+                carried.vector,
+                mark,
+            )
+        )
     if view.prefix_known and view.start_hw is not None:
         p_gids = groups[~_find_sorted(_carried_groups(carried), groups)[0]].astype(np.int64)
         g = len(p_gids)
-        prev = view.prefix_freeze if view.prefix_freeze is not None and not view.start_latest_kept else view.start_hw
-        parts.insert(0, Histories(p_gids, np.full(g, NULL_CLASS, np.int64), np.ones(g, bool), np.full(g, -1, np.int64),
-                                  np.full((g, n), -1, np.int64), np.tile(np.asarray(prev, np.int64), (g, 1))))
+        prev = (
+            view.prefix_freeze
+            if view.prefix_freeze is not None and not view.start_latest_kept
+            else view.start_hw
+        )
+        parts.insert(
+            0,
+            Histories(
+                p_gids,
+                np.full(g, NULL_CLASS, np.int64),
+                np.ones(g, bool),
+                np.full(g, -1, np.int64),
+                np.full((g, n), -1, np.int64),
+                np.tile(np.asarray(prev, np.int64), (g, 1)),
+            ),
+        )
     if not parts:
-        return Histories(np.zeros(0, np.int64), np.zeros(0, np.int64), np.zeros(0, bool), np.zeros(0, np.int64),
-                         np.zeros((0, n), np.int64), np.zeros((0, n), np.int64))
+        return Histories(
+            np.zeros(0, np.int64),
+            np.zeros(0, np.int64),
+            np.zeros(0, bool),
+            np.zeros(0, np.int64),
+            np.zeros((0, n), np.int64),
+            np.zeros((0, n), np.int64),
+        )
     return _merge(parts)
 
 
@@ -209,9 +266,14 @@ def last_vectors(h: Histories, view: RegionView, groups: np.ndarray) -> np.ndarr
     return out
 
 
-def carry(h: Histories, view: RegionView, real_groups: np.ndarray, partner_last: list[np.ndarray],
-          groups: np.ndarray, carried_last: tuple[np.ndarray, np.ndarray, np.ndarray] | None = None
-          ) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+def carry(
+    h: Histories,
+    view: RegionView,
+    real_groups: np.ndarray,
+    partner_last: list[np.ndarray],
+    groups: np.ndarray,
+    carried_last: tuple[np.ndarray, np.ndarray, np.ndarray] | None = None,
+) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
     """Rows of `h` the next run needs (leapfrog.reference.state rule), and for each kept row `last_open` and the
     mark to carry.
 
@@ -283,11 +345,14 @@ def _merge(parts: list[Histories]) -> Histories:
     records come before the new records of their group)."""
     gid = np.concatenate([p.gid for p in parts])
     order = np.argsort(gid, kind="stable")
-    return Histories(gid[order], np.concatenate([p.cls for p in parts])[order],
-                     np.concatenate([p.absent for p in parts])[order],
-                     np.concatenate([p.offset for p in parts])[order],
-                     np.concatenate([p.vector for p in parts])[order],
-                     np.concatenate([p.mark for p in parts])[order])
+    return Histories(
+        gid[order],
+        np.concatenate([p.cls for p in parts])[order],
+        np.concatenate([p.absent for p in parts])[order],
+        np.concatenate([p.offset for p in parts])[order],
+        np.concatenate([p.vector for p in parts])[order],
+        np.concatenate([p.mark for p in parts])[order],
+    )
 
 
 def _group_bounds(gid: np.ndarray, groups: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
@@ -315,7 +380,7 @@ def _joint_rank(*arrays: np.ndarray) -> list[np.ndarray]:
     rank[order] = np.cumsum(np.concatenate([[0], s[1:] != s[:-1]]))
     out, start = [], 0
     for a in arrays:
-        out.append(rank[start:start + len(a)])
+        out.append(rank[start : start + len(a)])
         start += len(a)
     return out
 
@@ -395,6 +460,6 @@ def compare(a: Histories, b: Histories, groups: np.ndarray) -> PairResult:
     pending = np.ones(g, bool)
     both = (a_hi > a_lo) & (b_hi > b_lo)
     la, lb = a_hi[both] - 1, b_hi[both] - 1
-    comparable_last = (np.all(a.mark[la] >= b.vector[lb], axis=1) & np.all(b.mark[lb] >= a.vector[la], axis=1))
+    comparable_last = np.all(a.mark[la] >= b.vector[lb], axis=1) & np.all(b.mark[lb] >= a.vector[la], axis=1)
     pending[both] = ~comparable_last
     return PairResult(groups, find_a, find_b, comparable_pairs, skipped.astype(np.int64), pending)

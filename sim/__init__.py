@@ -12,5 +12,13 @@ injected faults with ground truth, and an archive per region.
 from .config import FAULT_KINDS, ConfigError, QuietPeriod, SimConfig, parse_faults
 from .runner import SimResult, SimulationError, run
 
-__all__ = ["FAULT_KINDS", "ConfigError", "QuietPeriod", "SimConfig", "SimResult", "SimulationError", "parse_faults",
-           "run"]
+__all__ = [
+    "FAULT_KINDS",
+    "ConfigError",
+    "QuietPeriod",
+    "SimConfig",
+    "SimResult",
+    "SimulationError",
+    "parse_faults",
+    "run",
+]

@@ -71,8 +71,11 @@ class Archiver:
         cfg.setdefault("fetch.max.bytes", 104857600)
         cfg.setdefault("max.partition.fetch.bytes", 8388608)
         self._conf = cfg
-        self._resume = {(p.topic, p.partition): p.last_offset + 1 for p in archive.describe(out_dir)} \
-            if _has_files(out_dir) else {}
+        self._resume = (
+            {(p.topic, p.partition): p.last_offset + 1 for p in archive.describe(out_dir)}
+            if _has_files(out_dir)
+            else {}
+        )
         self._writer = archive.ArchiveWriter(out_dir, row_group_size=row_group_size)
         self._lock = threading.Lock()
         self._next: dict[tuple[str, int], int] = {}  # next offset expected per assigned partition
@@ -128,8 +131,9 @@ class Archiver:
         else:
             self._writer.close()
         if self._error is not None:
-            raise ArchiverError(f"archiving {self.bootstrap} into {self.out_dir} failed: {self._error}") \
-                from self._error
+            raise ArchiverError(
+                f"archiving {self.bootstrap} into {self.out_dir} failed: {self._error}"
+            ) from self._error
         return self.records
 
     # ------------------------------------------------------------------------------------ thread
@@ -167,10 +171,14 @@ class Archiver:
             if targets is not None and self._drained(targets):
                 return
             if targets is not None and now > deadline:
-                missing = {f"{t}[{p}]": (self._next.get((t, p)), end) for (t, p), end in targets.items()
-                           if not self._partition_done((t, p), end)}
-                raise ArchiverError(f"could not drain within {self._drain_timeout_s:.0f} s: (position, end) "
-                                    f"{missing}")
+                missing = {
+                    f"{t}[{p}]": (self._next.get((t, p)), end)
+                    for (t, p), end in targets.items()
+                    if not self._partition_done((t, p), end)
+                }
+                raise ArchiverError(
+                    f"could not drain within {self._drain_timeout_s:.0f} s: (position, end) {missing}"
+                )
             msgs = consumer.consume(self.consume_batch, timeout=0.1)
             if msgs:
                 self._handle(msgs)
@@ -246,8 +254,13 @@ class Archiver:
             self._next.update(nexts)
             self._gaps.extend(gaps)
         for g in gaps:
-            log.warning("archiver: offsets %d..%d of %s[%d] were not in the log when read",
-                        g.first, g.last, g.topic, g.partition)
+            log.warning(
+                "archiver: offsets %d..%d of %s[%d] were not in the log when read",
+                g.first,
+                g.last,
+                g.topic,
+                g.partition,
+            )
 
 
 def _has_files(directory: str) -> bool:

@@ -55,8 +55,13 @@ class RegionProducer:
     It has the produce/poll/flush surface `heartbeat.HeartbeatLeader` expects, so leaders write through it.
     """
 
-    def __init__(self, bootstrap: str, conf: Mapping[str, Any], clock: SimClock, base_offsets:
-                 dict[tuple[str, int], int] | None = None) -> None:
+    def __init__(
+        self,
+        bootstrap: str,
+        conf: Mapping[str, Any],
+        clock: SimClock,
+        base_offsets: dict[tuple[str, int], int] | None = None,
+    ) -> None:
         settings: dict[str, Any] = {
             "enable.idempotence": True,
             "linger.ms": 5,
@@ -73,12 +78,27 @@ class RegionProducer:
         self.records = 0
         self.last_offset = -1  # offset of the last record handed to produce()
 
-    def produce(self, topic: str, value: bytes | None = None, key: bytes | None = None, partition: int = -1,
-                headers: Any = None, on_delivery: Callable | None = None, **_: Any) -> None:
+    def produce(
+        self,
+        topic: str,
+        value: bytes | None = None,
+        key: bytes | None = None,
+        partition: int = -1,
+        headers: Any = None,
+        on_delivery: Callable | None = None,
+        **_: Any,
+    ) -> None:
         if partition < 0:
             raise ClusterError(f"simulated writes name their partition (topic {topic})")
-        self._producer.produce(topic, value=value, key=key, partition=partition, headers=headers,
-                               on_delivery=on_delivery, timestamp=self._clock.now)
+        self._producer.produce(
+            topic,
+            value=value,
+            key=key,
+            partition=partition,
+            headers=headers,
+            on_delivery=on_delivery,
+            timestamp=self._clock.now,
+        )
         tp = (topic, partition)
         off = self._next.get(tp, 0)
         self._next[tp] = off + 1
@@ -140,15 +160,18 @@ class Region:
                 if isinstance(err, KafkaError) and err.code() == KafkaError.TOPIC_ALREADY_EXISTS:
                     self._check_empty(name, partitions)
                     continue
-                raise ClusterError(f"region {self.region}: cannot create topic {name} on {self.bootstrap}: "
-                                   f"{exc}") from None
+                raise ClusterError(
+                    f"region {self.region}: cannot create topic {name} on {self.bootstrap}: {exc}"
+                ) from None
 
     def _existing_topics(self) -> set[str]:
         c = Consumer(consumer_config(self.bootstrap, self.conf))
         try:
             return set(c.list_topics(timeout=30).topics)  # all topics: asking for one could auto-create it
         except KafkaException as exc:
-            raise ClusterError(f"region {self.region}: cannot read the topics of {self.bootstrap}: {exc}") from None
+            raise ClusterError(
+                f"region {self.region}: cannot read the topics of {self.bootstrap}: {exc}"
+            ) from None
         finally:
             c.close()
 
@@ -157,13 +180,17 @@ class Region:
         try:
             md = c.list_topics(timeout=10).topics.get(topic)
             if md is None or len(md.partitions) != partitions:
-                raise ClusterError(f"region {self.region}: topic {topic} exists on {self.bootstrap} with "
-                                   f"{0 if md is None else len(md.partitions)} partitions, not {partitions}")
+                raise ClusterError(
+                    f"region {self.region}: topic {topic} exists on {self.bootstrap} with "
+                    f"{0 if md is None else len(md.partitions)} partitions, not {partitions}"
+                )
             for p in md.partitions:
                 _, high = c.get_watermark_offsets(TopicPartition(topic, p), timeout=10, cached=False)
                 if high:
-                    raise ClusterError(f"region {self.region}: topic {topic} on {self.bootstrap} is not empty; "
-                                       f"use another store name (simulate --conf with `store:`)")
+                    raise ClusterError(
+                        f"region {self.region}: topic {topic} on {self.bootstrap} is not empty; "
+                        f"use another store name (simulate --conf with `store:`)"
+                    )
         finally:
             c.close()
 
@@ -181,9 +208,16 @@ class Reader:
     receives each partition's records in offset order; with `archive_dir` everything is also archived.
     """
 
-    def __init__(self, name: str, bootstrap: str, conf: Mapping[str, Any], partitions: list[tuple[str, int]],
-                 handler: Callable[[str, int, list], None], archive_dir: str | None = None,
-                 stall_timeout_s: float = 120.0) -> None:
+    def __init__(
+        self,
+        name: str,
+        bootstrap: str,
+        conf: Mapping[str, Any],
+        partitions: list[tuple[str, int]],
+        handler: Callable[[str, int, list], None],
+        archive_dir: str | None = None,
+        stall_timeout_s: float = 120.0,
+    ) -> None:
         cfg = consumer_config(bootstrap, conf)
         cfg["enable.partition.eof"] = False
         # librdkafka prefetches in its own thread: what it has fetched is safe from the mock's retention.
@@ -195,8 +229,11 @@ class Reader:
         self._consumer = Consumer(cfg)
         self._consumer.assign([TopicPartition(t, p, 0) for t, p in partitions])
         self._next: dict[tuple[str, int], int] = {tp: 0 for tp in partitions}
-        self.writer = None if archive_dir is None else archive.ArchiveWriter(archive_dir, file_rows=250_000,
-                                                                             file_bytes=64 << 20)
+        self.writer = (
+            None
+            if archive_dir is None
+            else archive.ArchiveWriter(archive_dir, file_rows=250_000, file_bytes=64 << 20)
+        )
         self._handler = handler
         self.stall_timeout_s = stall_timeout_s
         self.records = 0
@@ -214,10 +251,14 @@ class Reader:
             raise_on_fatal(events, f"reading {self.name} ({self.bootstrap})")
             if not data:
                 if time.monotonic() - last_progress > self.stall_timeout_s:
-                    behind = {f"{t}[{p}]": (nxt.get((t, p), 0), e) for (t, p), e in ends.items()
-                              if nxt.get((t, p), 0) < e}
-                    raise ClusterError(f"{self.name}: no records for {self.stall_timeout_s:.0f} s; "
-                                       f"(position, end) {behind}")
+                    behind = {
+                        f"{t}[{p}]": (nxt.get((t, p), 0), e)
+                        for (t, p), e in ends.items()
+                        if nxt.get((t, p), 0) < e
+                    }
+                    raise ClusterError(
+                        f"{self.name}: no records for {self.stall_timeout_s:.0f} s; (position, end) {behind}"
+                    )
                 continue
             last_progress = time.monotonic()
             self._dispatch(data)
@@ -243,7 +284,8 @@ class Reader:
                 raise ClusterError(
                     f"{self.name}: {tp[0]}[{tp[1]}] offsets {first}..{last} ({len(msgs)} records) do not "
                     f"continue at {expected}: records were lost (the embedded cluster keeps ~5 MiB per "
-                    f"partition; lower step_records) or duplicated")
+                    f"partition; lower step_records) or duplicated"
+                )
             self._next[tp] = last + 1
             self._handler(tp[0], tp[1], msgs)
 

@@ -26,18 +26,24 @@ def compact_range(directory: str, topic: str, partition: int, first: int, last: 
     """Remove superseded records with offsets in [first, last] from one partition of an archive written by
     `div.archive.ArchiveWriter`. Returns the removed offsets (sorted)."""
     prefix = f"{topic}+{partition:05d}+"
-    old_files = sorted(os.path.join(directory, n) for n in os.listdir(directory)
-                       if n.startswith(prefix) and n.endswith(".parquet"))
+    old_files = sorted(
+        os.path.join(directory, n)
+        for n in os.listdir(directory)
+        if n.startswith(prefix) and n.endswith(".parquet")
+    )
     if not old_files:
         raise archive.ArchiveError(f"{directory}: no files of {topic}[{partition}] to compact")
-    table = pa.Table.from_batches(list(archive.iter_partition(directory, topic, partition)),
-                                  schema=archive.KAFKA_ARROW_SCHEMA)
+    table = pa.Table.from_batches(
+        list(archive.iter_partition(directory, topic, partition)), schema=archive.KAFKA_ARROW_SCHEMA
+    )
     offsets = table.column("offset").to_pylist()
     keys = table.column("key").to_pylist()
     latest: dict[bytes | None, int] = {}
     for off, key in zip(offsets, keys, strict=True):
         latest[key] = off
-    removed = [off for off, key in zip(offsets, keys, strict=True) if first <= off <= last and latest[key] > off]
+    removed = [
+        off for off, key in zip(offsets, keys, strict=True) if first <= off <= last and latest[key] > off
+    ]
     if not removed:
         return []
     keep = pc.invert(pc.is_in(table.column("offset"), value_set=pa.array(removed, pa.int64())))

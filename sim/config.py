@@ -52,7 +52,9 @@ class SimConfig:
     value_size_min: int = 64
     value_size_max: int = 256
     producers_per_region: int = 2
-    write_rate: list[float] = field(default_factory=lambda: [1000.0])  # writes per simulated second, per region
+    write_rate: list[float] = field(
+        default_factory=lambda: [1000.0]
+    )  # writes per simulated second, per region
     quiet: list[QuietPeriod] = field(default_factory=list)
     default_lag_ms: int = 200  # replication lag between two different regions
     lag_ms: dict[tuple[int, int], int] = field(default_factory=dict)  # (source, destination) overrides
@@ -103,6 +105,7 @@ class SimConfig:
 
     def validate(self) -> SimConfig:
         """Raise ConfigError naming the first unusable setting; returns self."""
+
         def need(cond: bool, what: str) -> None:
             if not cond:
                 raise ConfigError(what)
@@ -113,45 +116,85 @@ class SimConfig:
         need(self.records >= 0, f"records must not be negative, got {self.records}")
         need(self.batch_records >= 0, f"batch_records must not be negative, got {self.batch_records}")
         need(self.keys >= 1, f"keys must be at least 1, got {self.keys}")
-        need(self.batch_records <= self.keys, f"batch_records ({self.batch_records}) exceeds keys ({self.keys})")
+        need(
+            self.batch_records <= self.keys,
+            f"batch_records ({self.batch_records}) exceeds keys ({self.keys})",
+        )
         need(self.key_skew >= 0, f"key_skew must not be negative, got {self.key_skew}")
         need(0 <= self.delete_ratio < 1, f"delete_ratio must be in [0, 1), got {self.delete_ratio}")
-        need(16 <= self.value_size_min <= self.value_size_max,
-             f"value sizes must satisfy 16 <= min <= max, got min {self.value_size_min} max {self.value_size_max}")
-        need(self.value_size_max <= 900_000,
-             f"value_size_max {self.value_size_max} needs chunking, which the simulator does not do (max 900000)")
-        need(self.producers_per_region >= 1, f"producers_per_region must be at least 1, got "
-                                             f"{self.producers_per_region}")
-        need(len(self.write_rate) in (1, self.regions),
-             f"write_rate has {len(self.write_rate)} entries; give one, or one per region ({self.regions})")
-        need(all(r > 0 for r in self.write_rate), f"write_rate entries must be positive, got {self.write_rate}")
+        need(
+            16 <= self.value_size_min <= self.value_size_max,
+            f"value sizes must satisfy 16 <= min <= max, got min {self.value_size_min} max {self.value_size_max}",
+        )
+        need(
+            self.value_size_max <= 900_000,
+            f"value_size_max {self.value_size_max} needs chunking, which the simulator does not do (max 900000)",
+        )
+        need(
+            self.producers_per_region >= 1,
+            f"producers_per_region must be at least 1, got {self.producers_per_region}",
+        )
+        need(
+            len(self.write_rate) in (1, self.regions),
+            f"write_rate has {len(self.write_rate)} entries; give one, or one per region ({self.regions})",
+        )
+        need(
+            all(r > 0 for r in self.write_rate), f"write_rate entries must be positive, got {self.write_rate}"
+        )
         need(self.default_lag_ms >= 0, f"default_lag_ms must not be negative, got {self.default_lag_ms}")
         for (s, d), v in self.lag_ms.items():
-            need(0 <= s < self.regions and 0 <= d < self.regions,
-                 f"lag_ms {s}-{d}: regions must be in 0..{self.regions - 1}")
+            need(
+                0 <= s < self.regions and 0 <= d < self.regions,
+                f"lag_ms {s}-{d}: regions must be in 0..{self.regions - 1}",
+            )
             need(v >= 0, f"lag_ms {s}-{d}: lag must not be negative, got {v}")
         for q in self.quiet:
-            need(0 <= q.region < self.regions, f"quiet period region {q.region} is not in 0..{self.regions - 1}")
-            need(0 <= q.start < q.end <= 1, f"quiet period of region {q.region}: need 0 <= from < to <= 1, got "
-                                            f"{q.start}..{q.end}")
+            need(
+                0 <= q.region < self.regions,
+                f"quiet period region {q.region} is not in 0..{self.regions - 1}",
+            )
+            need(
+                0 <= q.start < q.end <= 1,
+                f"quiet period of region {q.region}: need 0 <= from < to <= 1, got {q.start}..{q.end}",
+            )
             if q.partitions is not None:
                 bad = [p for p in q.partitions if not 0 <= p < self.partitions]
                 need(not bad, f"quiet period of region {q.region}: partitions {bad} do not exist")
-        need(self.heartbeat_every_records >= 1, f"heartbeat_every_records must be at least 1, got "
-                                                f"{self.heartbeat_every_records}")
-        need(self.heartbeat_every_ms >= 1, f"heartbeat_every_ms must be at least 1, got {self.heartbeat_every_ms}")
-        need(self.failover_delay_ms >= 0, f"failover_delay_ms must not be negative, got {self.failover_delay_ms}")
+        need(
+            self.heartbeat_every_records >= 1,
+            f"heartbeat_every_records must be at least 1, got {self.heartbeat_every_records}",
+        )
+        need(
+            self.heartbeat_every_ms >= 1,
+            f"heartbeat_every_ms must be at least 1, got {self.heartbeat_every_ms}",
+        )
+        need(
+            self.failover_delay_ms >= 0,
+            f"failover_delay_ms must not be negative, got {self.failover_delay_ms}",
+        )
         need(self.step_records >= 100, f"step_records must be at least 100, got {self.step_records}")
         for kind, n in self.faults.items():
             need(kind in FAULT_KINDS, f"unknown fault kind {kind!r} (known: {', '.join(FAULT_KINDS)})")
-            need(isinstance(n, int) and n >= 0, f"fault {kind}: count must be a non-negative integer, got {n!r}")
+            need(
+                isinstance(n, int) and n >= 0,
+                f"fault {kind}: count must be a non-negative integer, got {n!r}",
+            )
         if self.kafka is not None:
-            need(sorted(self.kafka) == list(range(self.regions)),
-                 f"--kafka names regions {sorted(self.kafka)}; every region 0..{self.regions - 1} needs one")
-        need(bool(self.store) and all(c.isalnum() or c in "._-" for c in self.store) and self.store[0] not in "._",
-             f"store name {self.store!r} must be letters, digits, '.', '_' or '-' and not start with '.' or '_'")
+            need(
+                sorted(self.kafka) == list(range(self.regions)),
+                f"--kafka names regions {sorted(self.kafka)}; every region 0..{self.regions - 1} needs one",
+            )
+        need(
+            bool(self.store)
+            and all(c.isalnum() or c in "._-" for c in self.store)
+            and self.store[0] not in "._",
+            f"store name {self.store!r} must be letters, digits, '.', '_' or '-' and not start with '.' or '_'",
+        )
         need(self.version >= 1, f"version must be at least 1, got {self.version}")
-        need(self.workers in ("process", "inline"), f"workers must be 'process' or 'inline', got {self.workers!r}")
+        need(
+            self.workers in ("process", "inline"),
+            f"workers must be 'process' or 'inline', got {self.workers!r}",
+        )
         return self
 
 
@@ -168,14 +211,18 @@ def parse_faults(spec: str) -> dict[str, int]:
         name, sep, count = item.partition("=")
         name = name.strip()
         if name not in FAULT_KINDS:
-            raise ConfigError(f"--faults item {item!r}: unknown fault kind {name!r} (known: {', '.join(FAULT_KINDS)})")
+            raise ConfigError(
+                f"--faults item {item!r}: unknown fault kind {name!r} (known: {', '.join(FAULT_KINDS)})"
+            )
         if not sep:
             n = 1
         else:
             try:
                 n = int(count.strip())
             except ValueError:
-                raise ConfigError(f"--faults item {item!r}: count {count.strip()!r} is not an integer") from None
+                raise ConfigError(
+                    f"--faults item {item!r}: count {count.strip()!r} is not an integer"
+                ) from None
             if n < 0:
                 raise ConfigError(f"--faults item {item!r}: count must not be negative")
         if name in out:
@@ -203,7 +250,7 @@ def parse_kafka(items: list[str]) -> dict[int, str] | None:
             raise ConfigError(f"--kafka item {item!r}: region {r} is given twice")
         boot = bootstrap.strip()
         if boot.startswith("kafka://"):
-            boot = boot[len("kafka://"):]
+            boot = boot[len("kafka://") :]
         out[r] = boot
     return out
 
@@ -225,17 +272,31 @@ def _quiet(item: Any) -> QuietPeriod:
         raise ConfigError(f"quiet period {item!r}: expected a mapping with region, from, to")
     try:
         parts = item.get("partitions")
-        return QuietPeriod(int(item["region"]), float(item["from"]), float(item["to"]),
-                           None if parts is None else tuple(int(p) for p in parts))
+        return QuietPeriod(
+            int(item["region"]),
+            float(item["from"]),
+            float(item["to"]),
+            None if parts is None else tuple(int(p) for p in parts),
+        )
     except KeyError as exc:
         raise ConfigError(f"quiet period {dict(item)!r}: missing {exc.args[0]!r}") from None
     except (TypeError, ValueError) as exc:
         raise ConfigError(f"quiet period {dict(item)!r}: {exc}") from None
 
 
-_SIMPLE = {f.name for f in fields(SimConfig)} - {"quiet", "lag_ms", "faults", "kafka", "kafka_conf",
-                                                   "kafka_conf_by_region", "write_rate", "value_size_min",
-                                                   "value_size_max", "out", "progress"}
+_SIMPLE = {f.name for f in fields(SimConfig)} - {
+    "quiet",
+    "lag_ms",
+    "faults",
+    "kafka",
+    "kafka_conf",
+    "kafka_conf_by_region",
+    "write_rate",
+    "value_size_min",
+    "value_size_max",
+    "out",
+    "progress",
+}
 
 
 def from_mapping(data: Mapping[str, Any], base: SimConfig | None = None) -> SimConfig:
@@ -248,13 +309,17 @@ def from_mapping(data: Mapping[str, Any], base: SimConfig | None = None) -> SimC
             try:
                 changes[key] = type(default)(value)
             except (TypeError, ValueError):
-                raise ConfigError(f"setting {key}: {value!r} is not a valid {type(default).__name__}") from None
+                raise ConfigError(
+                    f"setting {key}: {value!r} is not a valid {type(default).__name__}"
+                ) from None
         elif key == "write_rate":
             rates = value if isinstance(value, list) else [value]
             try:
                 changes[key] = [float(r) for r in rates]
             except (TypeError, ValueError):
-                raise ConfigError(f"setting write_rate: {value!r} is not a number or a list of numbers") from None
+                raise ConfigError(
+                    f"setting write_rate: {value!r} is not a number or a list of numbers"
+                ) from None
         elif key == "value_size":
             if isinstance(value, Mapping):
                 changes["value_size_min"] = int(value.get("min", cfg.value_size_min))
@@ -265,17 +330,26 @@ def from_mapping(data: Mapping[str, Any], base: SimConfig | None = None) -> SimC
             changes[key] = [_quiet(q) for q in (value or [])]
         elif key == "lag_ms":
             if not isinstance(value, Mapping):
-                raise ConfigError(f"setting lag_ms: expected a mapping 'SOURCE-DESTINATION: ms', got {value!r}")
+                raise ConfigError(
+                    f"setting lag_ms: expected a mapping 'SOURCE-DESTINATION: ms', got {value!r}"
+                )
             changes[key] = {_parse_lag_key(k): int(v) for k, v in value.items()}
         elif key == "faults":
-            changes[key] = parse_faults(value) if isinstance(value, str) else {str(k): int(v) for k, v in
-                                                                                 (value or {}).items()}
+            changes[key] = (
+                parse_faults(value)
+                if isinstance(value, str)
+                else {str(k): int(v) for k, v in (value or {}).items()}
+            )
         elif key == "kafka_bootstrap":
-            changes["kafka"] = None if value in (None, "embedded") else {int(k): str(v) for k, v in value.items()}
+            changes["kafka"] = (
+                None if value in (None, "embedded") else {int(k): str(v) for k, v in value.items()}
+            )
         else:
             import difflib
 
             valid = [*_SIMPLE, "write_rate", "value_size", "quiet", "lag_ms", "faults", "kafka_bootstrap"]
             match = difflib.get_close_matches(str(key), valid, n=1, cutoff=0.5)
-            raise ConfigError(f"unknown simulate setting {key!r}" + (f" (did you mean {match[0]!r}?)" if match else ""))
+            raise ConfigError(
+                f"unknown simulate setting {key!r}" + (f" (did you mean {match[0]!r}?)" if match else "")
+            )
     return replace(cfg, **changes)

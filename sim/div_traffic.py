@@ -24,7 +24,9 @@ class TrafficSpec:
     batch_records: int = 2_000  # push job records before EndOfPush (per partition)
     value_size: int = 100
     keys: int = 50_000
-    segment_every: int = 5_000  # end a segment after this many data records of a producer (time rolling stand-in)
+    segment_every: int = (
+        5_000  # end a segment after this many data records of a producer (time rolling stand-in)
+    )
     checksum_type: int = cks.ADHASH
     seed: int = 7
     start_ms: int = 1_700_000_000_000
@@ -63,15 +65,28 @@ def generate(spec: TrafficSpec) -> Iterator[TrafficRecord]:
             next_offset[r.partition] += 1
             yield TrafficRecord(r.partition, off, r.key, r.value, r.headers, clock[0])
 
-    push = SegmentWriter(rng.randbytes(16), checksum_type=spec.checksum_type, clock=tick, host_name="push-job",
-                         max_segment_age_ms=-1)
+    push = SegmentWriter(
+        rng.randbytes(16),
+        checksum_type=spec.checksum_type,
+        clock=tick,
+        host_name="push-job",
+        max_segment_age_ms=-1,
+    )
     for p in range(spec.partitions):
         yield from emit(push.start_of_push(p))
         for i in range(spec.batch_records):
             yield from emit(push.put(p, b"batch-%d" % i, rng.randbytes(spec.value_size)))
         yield from emit(push.end_of_push(p))
-    writers = [SegmentWriter(rng.randbytes(16), checksum_type=spec.checksum_type, clock=tick,
-                             host_name=f"producer-{i}", max_segment_age_ms=-1) for i in range(spec.producers)]
+    writers = [
+        SegmentWriter(
+            rng.randbytes(16),
+            checksum_type=spec.checksum_type,
+            clock=tick,
+            host_name=f"producer-{i}",
+            max_segment_age_ms=-1,
+        )
+        for i in range(spec.producers)
+    ]
     counts = [0] * spec.producers
     value = rng.randbytes(spec.value_size)
     for n in range(spec.records):

@@ -61,7 +61,13 @@ def _load() -> ctypes.CDLL:
         if _lib is not None:
             return _lib
         lib = ctypes.CDLL(librdkafka_path())
-        vp, cp, i32, i16, sz = ctypes.c_void_p, ctypes.c_char_p, ctypes.c_int32, ctypes.c_int16, ctypes.c_size_t
+        vp, cp, i32, i16, sz = (
+            ctypes.c_void_p,
+            ctypes.c_char_p,
+            ctypes.c_int32,
+            ctypes.c_int16,
+            ctypes.c_size_t,
+        )
         signatures = {
             "rd_kafka_conf_new": ([], vp),
             "rd_kafka_conf_set": ([vp, cp, cp, cp, sz], ctypes.c_int),
@@ -153,42 +159,56 @@ class EmbeddedKafka:
 
     def _check_broker(self, broker_id: int) -> None:
         if broker_id != -1 and not 1 <= broker_id <= self.brokers:
-            raise ValueError(f"broker id {broker_id} does not exist (ids are 1..{self.brokers}, or -1 for all)")
+            raise ValueError(
+                f"broker id {broker_id} does not exist (ids are 1..{self.brokers}, or -1 for all)"
+            )
 
     def create_topic(self, name: str, partitions: int, replication_factor: int = 1) -> None:
         """Create a topic with exactly `partitions` partitions (raises if it exists)."""
         if partitions < 1:
             raise ValueError(f"topic {name!r}: partitions must be at least 1, got {partitions}")
         if not 1 <= replication_factor <= self.brokers:
-            raise ValueError(f"topic {name!r}: replication factor {replication_factor} needs that many brokers "
-                             f"(cluster has {self.brokers})")
+            raise ValueError(
+                f"topic {name!r}: replication factor {replication_factor} needs that many brokers "
+                f"(cluster has {self.brokers})"
+            )
         with self._lock:
-            err = self._lib.rd_kafka_mock_topic_create(self._handle(), name.encode(), partitions, replication_factor)
+            err = self._lib.rd_kafka_mock_topic_create(
+                self._handle(), name.encode(), partitions, replication_factor
+            )
         self._check(err, f"creating topic {name!r} with {partitions} partitions")
 
     def broker_down(self, broker_id: int) -> None:
         """Disconnect the broker and refuse new connections (no leader change: its partitions stall)."""
         self._check_broker(broker_id)
         with self._lock:
-            self._check(self._lib.rd_kafka_mock_broker_set_down(self._handle(), broker_id), f"broker {broker_id} down")
+            self._check(
+                self._lib.rd_kafka_mock_broker_set_down(self._handle(), broker_id), f"broker {broker_id} down"
+            )
 
     def broker_up(self, broker_id: int) -> None:
         self._check_broker(broker_id)
         with self._lock:
-            self._check(self._lib.rd_kafka_mock_broker_set_up(self._handle(), broker_id), f"broker {broker_id} up")
+            self._check(
+                self._lib.rd_kafka_mock_broker_set_up(self._handle(), broker_id), f"broker {broker_id} up"
+            )
 
     def set_rtt(self, broker_id: int, rtt_ms: int) -> None:
         """Delay every response of the broker by `rtt_ms` (slow network)."""
         self._check_broker(broker_id)
         with self._lock:
-            self._check(self._lib.rd_kafka_mock_broker_set_rtt(self._handle(), broker_id, rtt_ms),
-                        f"broker {broker_id} rtt")
+            self._check(
+                self._lib.rd_kafka_mock_broker_set_rtt(self._handle(), broker_id, rtt_ms),
+                f"broker {broker_id} rtt",
+            )
 
     def set_leader(self, topic: str, partition: int, broker_id: int) -> None:
         """Move a partition's leadership (a failover); -1 leaves the partition without a leader."""
         self._check_broker(broker_id)
         with self._lock:
-            err = self._lib.rd_kafka_mock_partition_set_leader(self._handle(), topic.encode(), partition, broker_id)
+            err = self._lib.rd_kafka_mock_partition_set_leader(
+                self._handle(), topic.encode(), partition, broker_id
+            )
         self._check(err, f"leader of {topic}[{partition}]")
 
     def push_request_errors(self, api_key: int, errors: Iterable[int]) -> None:

@@ -108,7 +108,9 @@ def _neighbours(key: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
     return prev, nxt
 
 
-def plan_faults(cfg: SimConfig, schedule: Schedule, keyspace_keys: list[bytes], rng: np.random.Generator) -> FaultPlan:
+def plan_faults(
+    cfg: SimConfig, schedule: Schedule, keyspace_keys: list[bytes], rng: np.random.Generator
+) -> FaultPlan:
     """Choose every fault's target from the seed. Kinds that cannot be placed (e.g. too few suitable writes in
     a tiny run) are injected fewer times; `shortfall` says why."""
     plan = FaultPlan(requested={k: v for k, v in cfg.faults.items() if v})
@@ -147,14 +149,23 @@ def plan_faults(cfg: SimConfig, schedule: Schedule, keyspace_keys: list[bytes], 
 
     def add_write_faults(kind: str, idx: list[int]) -> None:
         for i in idx:
-            new(kind, region=int(schedule.region[i]), partition=int(schedule.partition[i]),
-                key=keyspace_keys[int(schedule.key[i])], write=i, time_ms=int(t[i]))
+            new(
+                kind,
+                region=int(schedule.region[i]),
+                partition=int(schedule.partition[i]),
+                key=keyspace_keys[int(schedule.key[i])],
+                write=i,
+                time_ms=int(t[i]),
+            )
 
     # RT faults first: the keys they touch are kept away from dropped/poisoned, whose expectations assume
     # every earlier write of their key reached every region. Gaps and corruptions go to distinct (producer,
     # partition) pairs, so that each is the only reason for its segment's checksum mismatch.
-    stream = ((schedule.region.astype(np.int64) << 32) | (schedule.writer.astype(np.int64) << 16)
-              | schedule.partition.astype(np.int64))
+    stream = (
+        (schedule.region.astype(np.int64) << 32)
+        | (schedule.writer.astype(np.int64) << 16)
+        | schedule.partition.astype(np.int64)
+    )
     damaged: set[int] = set()
     for kind, need_put in (("gap", False), ("corrupt", True), ("duplicate", False)):
         k = cfg.faults.get(kind, 0)
@@ -187,7 +198,7 @@ def plan_faults(cfg: SimConfig, schedule: Schedule, keyspace_keys: list[bytes], 
         prev, nxt = _neighbours(schedule.key)
         prev_is_put = np.where(prev >= 0, schedule.op[np.maximum(prev, 0)] == PUT, True)
         key_used = np.isin(schedule.key, np.fromiter(used_keys, dtype=np.int64, count=len(used_keys)))
-        mask = (window(0.15, 0.7) & (nxt < 0) & (schedule.op == PUT) & prev_is_put & ~key_used & ~used)
+        mask = window(0.15, 0.7) & (nxt < 0) & (schedule.op == PUT) & prev_is_put & ~key_used & ~used
         for kind, k in (("dropped", k_drop), ("poisoned", k_poison)):
             if not k:
                 continue
@@ -201,19 +212,28 @@ def plan_faults(cfg: SimConfig, schedule: Schedule, keyspace_keys: list[bytes], 
                 # whose only earlier value came from the batch load has no record in the dropping region's
                 # scan: the finding is MISSING there, although the region still serves the batch value.
                 seen_by_scan = bool(prev[i] >= 0)
-                f = new(kind, region=origin, partition=part, key=keyspace_keys[key_id], write=i, time_ms=int(t[i]))
+                f = new(
+                    kind, region=origin, partition=part, key=keyspace_keys[key_id], write=i, time_ms=int(t[i])
+                )
                 if kind == "dropped":
                     f.affected_regions = [x for x in range(cfg.regions) if x != origin]
-                    f.detail = {"applied_in": [origin], "dropped_in": f.affected_regions,
-                                "key_had_value_before": had_value,
-                                "key_had_online_value_before": seen_by_scan}
+                    f.detail = {
+                        "applied_in": [origin],
+                        "dropped_in": f.affected_regions,
+                        "key_had_value_before": had_value,
+                        "key_had_online_value_before": seen_by_scan,
+                    }
                 else:
                     x = int(rng.integers(cfg.regions))
                     f.region = x
                     f.affected_regions = [x]
                     f.detail = {"origin_region": origin, "poisoned_in": x}
-                f.expect = {"leapfrog": _leapfrog_expect(kind, cfg.regions, origin, f.affected_regions, part,
-                                                          f.key, seen_by_scan), "div": []}
+                f.expect = {
+                    "leapfrog": _leapfrog_expect(
+                        kind, cfg.regions, origin, f.affected_regions, part, f.key, seen_by_scan
+                    ),
+                    "div": [],
+                }
 
     pairs = [(x, p) for x in range(cfg.regions) for p in range(cfg.partitions)]
     k = cfg.faults.get("failover", 0)
@@ -227,7 +247,13 @@ def plan_faults(cfg: SimConfig, schedule: Schedule, keyspace_keys: list[bytes], 
             tf = start + int(rng.uniform(0.35, 0.6) * span)
             # The successor must be back before the producers close, so that the run ends with heartbeats of
             # every leader: in a run shorter than the delay the outage is cut short.
-            new("failover", region=x, partition=p, time_ms=tf, end_ms=max(tf + 1, min(tf + cfg.failover_delay_ms, end)))
+            new(
+                "failover",
+                region=x,
+                partition=p,
+                time_ms=tf,
+                end_ms=max(tf + 1, min(tf + cfg.failover_delay_ms, end)),
+            )
     for _ in range(cfg.faults.get("broker", 0)):
         x = int(rng.integers(cfg.regions))
         new("broker", region=x, time_ms=start + int(rng.uniform(0.2, 0.8) * span))
@@ -241,8 +267,15 @@ def plan_faults(cfg: SimConfig, schedule: Schedule, keyspace_keys: list[bytes], 
     return plan
 
 
-def _leapfrog_expect(kind: str, regions: int, origin: int, affected: list[int], partition: int, key: bytes,
-                     scanned_value_before: bool) -> list[dict]:
+def _leapfrog_expect(
+    kind: str,
+    regions: int,
+    origin: int,
+    affected: list[int],
+    partition: int,
+    key: bytes,
+    scanned_value_before: bool,
+) -> list[dict]:
     out = []
     if kind == "dropped":
         for x in affected:
@@ -257,11 +290,25 @@ def _leapfrog_expect(kind: str, regions: int, origin: int, affected: list[int], 
         for y in range(regions):
             if y != x:
                 a, b = sorted((x, y))
-                out.append({"type": "VALUE_MISMATCH", "region_a": a, "region_b": b, "partition": partition,
-                            "key": key.hex()})
+                out.append(
+                    {
+                        "type": "VALUE_MISMATCH",
+                        "region_a": a,
+                        "region_b": b,
+                        "partition": partition,
+                        "key": key.hex(),
+                    }
+                )
     return out
 
 
 def div_expect(region: int, topic: str, partition: int, offset: int, typ: str) -> dict:
     """One finding `tidegauge div validate` must report (RT findings are never fatal: RTs are after EOP)."""
-    return {"region": region, "topic": topic, "partition": partition, "offset": offset, "type": typ, "fatal": False}
+    return {
+        "region": region,
+        "topic": topic,
+        "partition": partition,
+        "offset": offset,
+        "type": typ,
+        "fatal": False,
+    }

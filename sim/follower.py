@@ -39,9 +39,16 @@ def footer_size(footer: dict) -> int:
         raw = host.encode()
         hs = _HOST_SIZE[host] = _long_size(len(raw)) + len(raw)
     pos = footer["upstreamPubSubPosition"]
-    return (1 + hs + _long_size(footer["upstreamOffset"]) + _long_size(footer["upstreamKafkaClusterId"])
-            + _long_size(len(pos)) + len(pos) + _long_size(footer["termId"])
-            + _long_size(footer["upstreamMessageTimestamp"]))
+    return (
+        1
+        + hs
+        + _long_size(footer["upstreamOffset"])
+        + _long_size(footer["upstreamKafkaClusterId"])
+        + _long_size(len(pos))
+        + len(pos)
+        + _long_size(footer["termId"])
+        + _long_size(footer["upstreamMessageTimestamp"])
+    )
 
 
 def rmd_size(body: dict) -> int:
@@ -157,8 +164,14 @@ class Follower:
         """Save the offset and DIV state together (atomically), stamped with simulated time."""
         if self.next_offset == 0:
             return
-        self.store.save(self.topic, self.partition, self.next_offset - 1, self.validator.producer_states(),
-                        end_of_push=self.validator.end_of_push, last_update=self.clock.now,
-                        heartbeat_timestamp=self.last_heartbeat_ms)
+        self.store.save(
+            self.topic,
+            self.partition,
+            self.next_offset - 1,
+            self.validator.producer_states(),
+            end_of_push=self.validator.end_of_push,
+            last_update=self.clock.now,
+            heartbeat_timestamp=self.last_heartbeat_ms,
+        )
         self.checkpoints += 1
         self._since_checkpoint = 0

@@ -93,10 +93,25 @@ class LeaderStats:
 class SimLeader:
     """Leader of VT partition `partition` of region `region` for one term."""
 
-    def __init__(self, *, region: int, partition: int, term: int, host: str, n_regions: int, vt_topic: str,
-                 rt_topic: str, lags: list[int], producer: RegionProducer, clock: SimClock, store: ReplicaStore,
-                 faults: LeaderFaults, guid: bytes, segment_max_age_ms: int,
-                 on_watch: Callable[[int, int, int, int], None] | None = None) -> None:
+    def __init__(
+        self,
+        *,
+        region: int,
+        partition: int,
+        term: int,
+        host: str,
+        n_regions: int,
+        vt_topic: str,
+        rt_topic: str,
+        lags: list[int],
+        producer: RegionProducer,
+        clock: SimClock,
+        store: ReplicaStore,
+        faults: LeaderFaults,
+        guid: bytes,
+        segment_max_age_ms: int,
+        on_watch: Callable[[int, int, int, int], None] | None = None,
+    ) -> None:
         self.region = region
         self.partition = partition
         self.term = term
@@ -108,9 +123,20 @@ class SimLeader:
         self.clock = clock
         self.store = store
         self.faults = faults
-        self.hl = HeartbeatLeader(producer, vt_topic=vt_topic, rt_topic=rt_topic, partition=partition, region=region,
-                                  n_regions=n_regions, host=self.host, term_id=term, interval_ms=0, clock=clock,
-                                  guid=guid, max_segment_age_ms=segment_max_age_ms)
+        self.hl = HeartbeatLeader(
+            producer,
+            vt_topic=vt_topic,
+            rt_topic=rt_topic,
+            partition=partition,
+            region=region,
+            n_regions=n_regions,
+            host=self.host,
+            term_id=term,
+            interval_ms=0,
+            clock=clock,
+            guid=guid,
+            max_segment_age_ms=segment_max_age_ms,
+        )
         self.cursor = [0] * n_regions  # next offset of each region's shared RT buffer to process
         self.backlog: list[list[tuple]] = [[] for _ in range(n_regions)]  # re-read at takeover
         self.reprocess_below = [0] * n_regions  # RT offsets a predecessor already handled
@@ -132,14 +158,26 @@ class SimLeader:
             buf = buffers[r]
             i = self.cursor[r] - buf.base
             if i < 0:
-                raise RuntimeError(f"leader {self.host}: RT buffer of region {r} was trimmed past its position "
-                                   f"{self.cursor[r]} (base {buf.base})")
+                raise RuntimeError(
+                    f"leader {self.host}: RT buffer of region {r} was trimmed past its position "
+                    f"{self.cursor[r]} (base {buf.base})"
+                )
             j = bisect.bisect_left(buf.ts, t_end - lag, lo=i)
             if j > i:
                 base = buf.base
                 ts = buf.ts[i:j]
-                events.extend(zip([t + lag for t in ts], [r] * (j - i), range(base + i, base + j),
-                                  buf.keys[i:j], buf.values[i:j], buf.headers[i:j], ts, strict=True))
+                events.extend(
+                    zip(
+                        [t + lag for t in ts],
+                        [r] * (j - i),
+                        range(base + i, base + j),
+                        buf.keys[i:j],
+                        buf.values[i:j],
+                        buf.headers[i:j],
+                        ts,
+                        strict=True,
+                    )
+                )
                 self.cursor[r] = base + j
         events.sort(key=_order)
         return events
@@ -164,8 +202,10 @@ class SimLeader:
                 rec = on_rt_record(r, off, key, value, headers, ts)
                 if rec.is_heartbeat:
                     if hl.pending_heartbeats:
-                        raise RuntimeError(f"leader {self.host}: VT heartbeat for RT[{r}] offset {off} is still "
-                                           f"waiting for acknowledgements after a flush")
+                        raise RuntimeError(
+                            f"leader {self.host}: VT heartbeat for RT[{r}] offset {off} is still "
+                            f"waiting for acknowledgements after a flush"
+                        )
                     stats.heartbeats += 1
                     continue
             else:
@@ -195,9 +235,13 @@ class SimLeader:
                             if (r, off) in poison_set:
                                 v = poison(v)
                                 stats.poisoned_by_fault += 1
-                            put(rec.key, v, VALUE_SCHEMA_ID, rmd_version=RMD_PROTOCOL_VERSION, rmd_payload=rmd)
+                            put(
+                                rec.key, v, VALUE_SCHEMA_ID, rmd_version=RMD_PROTOCOL_VERSION, rmd_payload=rmd
+                            )
                         else:
-                            delete(rec.key, VALUE_SCHEMA_ID, rmd_version=RMD_PROTOCOL_VERSION, rmd_payload=rmd)
+                            delete(
+                                rec.key, VALUE_SCHEMA_ID, rmd_version=RMD_PROTOCOL_VERSION, rmd_payload=rmd
+                            )
                         stats.vt_writes += 1
                         if off < reprocess_below[r]:
                             stats.reapplied += 1

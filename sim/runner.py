@@ -85,8 +85,10 @@ def run(cfg: SimConfig, progress: Callable[[str], None] | None = None) -> SimRes
     """Run a simulation; `progress` receives one-line progress reports (default: stderr when cfg.progress)."""
     cfg.validate()
     if progress is None and cfg.progress:
+
         def progress(line: str) -> None:
             print(line, file=sys.stderr, flush=True)
+
     sim = _Simulation(cfg, progress)
     try:
         return sim.run()
@@ -131,7 +133,9 @@ class _Simulation:
         self.keyspace = KeySpace.build(cfg.keys, cfg.partitions)
         self.schedule = build_schedule(cfg, self.keyspace, np.random.default_rng([cfg.seed, 1]))
         self.values = Values(np.random.default_rng([cfg.seed, 2]), cfg.value_size_max)
-        self.plan = F.plan_faults(cfg, self.schedule, self.keyspace.keys, np.random.default_rng([cfg.seed, 3]))
+        self.plan = F.plan_faults(
+            cfg, self.schedule, self.keyspace.keys, np.random.default_rng([cfg.seed, 3])
+        )
         self.timings["plan_s"] += time.perf_counter() - t0
         n, p = cfg.regions, cfg.partitions
         confs = {}
@@ -147,9 +151,18 @@ class _Simulation:
             self.regions.append(region)
             region.create_topics([cfg.rt_topic, cfg.vt_topic], p)
             self.producers.append(RegionProducer(region.bootstrap, conf, self.clock))
-        self.writers = [[SegmentWriter(seeded_guid(cfg.seed, 1, x, w), clock=self.clock,
-                                       host_name=f"dc{x}-producer-{w}", max_segment_age_ms=cfg.segment_max_age_ms)
-                         for w in range(cfg.producers_per_region)] for x in range(n)]
+        self.writers = [
+            [
+                SegmentWriter(
+                    seeded_guid(cfg.seed, 1, x, w),
+                    clock=self.clock,
+                    host_name=f"dc{x}-producer-{w}",
+                    max_segment_age_ms=cfg.segment_max_age_ms,
+                )
+                for w in range(cfg.producers_per_region)
+            ]
+            for x in range(n)
+        ]
         self.alive = [[True] * p for _ in range(n)]
         self.terms = [[1] * p for _ in range(n)]
         self.pending_faults: list[list[tuple]] = [[] for _ in range(n)]
@@ -158,11 +171,22 @@ class _Simulation:
         push = self._push_records()
         t0 = time.perf_counter()
         for x in range(n):
-            guids = {(q, term): seeded_guid(cfg.seed, 2, x, q, term)
-                     for q in range(p) for term in range(1, 2 + failovers[(x, q)])}
-            spec = WorkerSpec(cfg, x, {r.region: r.bootstrap for r in self.regions}, confs,
-                              str(self.out / "archive" / f"dc-{x}"), str(self.out / "followers" / f"dc-{x}"),
-                              push, cfg.start_ms - PUSH_LEAD_MS, guids)
+            guids = {
+                (q, term): seeded_guid(cfg.seed, 2, x, q, term)
+                for q in range(p)
+                for term in range(1, 2 + failovers[(x, q)])
+            }
+            spec = WorkerSpec(
+                cfg,
+                x,
+                {r.region: r.bootstrap for r in self.regions},
+                confs,
+                str(self.out / "archive" / f"dc-{x}"),
+                str(self.out / "followers" / f"dc-{x}"),
+                push,
+                cfg.start_ms - PUSH_LEAD_MS,
+                guids,
+            )
             self.workers.append(ProcessWorker(spec) if cfg.workers == "process" else InlineWorker(spec))
         self.timings["start_workers_s"] += time.perf_counter() - t0
 
@@ -170,9 +194,12 @@ class _Simulation:
         """The push job: StartOfPush, the batch keys, EndOfPush for every partition (identical in every VT)."""
         cfg = self.cfg
         clock = SimClock(cfg.start_ms - PUSH_LEAD_MS)
-        push = SegmentWriter(seeded_guid(cfg.seed, 0), clock=clock, host_name="push-job", max_segment_age_ms=-1)
-        sizes = np.random.default_rng([cfg.seed, 4]).integers(cfg.value_size_min, cfg.value_size_max + 1,
-                                                              cfg.batch_records)
+        push = SegmentWriter(
+            seeded_guid(cfg.seed, 0), clock=clock, host_name="push-job", max_segment_age_ms=-1
+        )
+        sizes = np.random.default_rng([cfg.seed, 4]).integers(
+            cfg.value_size_min, cfg.value_size_max + 1, cfg.batch_records
+        )
         by_part: list[list[int]] = [[] for _ in range(cfg.partitions)]
         for k in range(cfg.batch_records):
             by_part[int(self.keyspace.partition[k])].append(k)
@@ -196,8 +223,13 @@ class _Simulation:
         summary = self._summary(complete, reports)
         summary_path = self.out / "summary.json"
         atomic_write(summary_path, (json.dumps(summary, indent=2) + "\n").encode())
-        return SimResult(str(self.out), truth, str(summary_path),
-                         {x: str(self.out / "archive" / f"dc-{x}") for x in range(self.cfg.regions)}, summary)
+        return SimResult(
+            str(self.out),
+            truth,
+            str(summary_path),
+            {x: str(self.out / "archive" / f"dc-{x}") for x in range(self.cfg.regions)},
+            summary,
+        )
 
     def _boundaries(self) -> list[tuple[int, list[Callable[[], None]]]]:
         """Step ends, each with the actions that run once everything before it is done."""
@@ -232,8 +264,10 @@ class _Simulation:
             self._produce_until(t1)
             self.timings["produce_s"] += time.perf_counter() - t
             self._flush()
-            ends = {r: {q: prod.next_offset(cfg.rt_topic, q) for q in range(cfg.partitions)}
-                    for r, prod in enumerate(self.producers)}
+            ends = {
+                r: {q: prod.next_offset(cfg.rt_topic, q) for q in range(cfg.partitions)}
+                for r, prod in enumerate(self.producers)
+            }
             for x, w in enumerate(self.workers):
                 w.send("step", t1, ends, self.pending_faults[x])
                 self.pending_faults[x] = []
@@ -355,8 +389,12 @@ class _Simulation:
             bad = bytearray(data.value)
             bad[pos + len(value) // 2] ^= 0xFF
             data = type(data)(data.partition, data.key, bytes(bad), data.headers, data.segment, data.sequence)
-            f.detail = {"producer_guid": guid, "segment": data.segment, "sequence": data.sequence,
-                        "flipped_value_byte": len(value) // 2}
+            f.detail = {
+                "producer_guid": guid,
+                "segment": data.segment,
+                "sequence": data.sequence,
+                "flipped_value_byte": len(value) // 2,
+            }
         off = self._produce_rt(r, w, q, data)
         for f in faults:
             f.rt_offset = off
@@ -364,8 +402,12 @@ class _Simulation:
                 self._watch_after_loss(f, r, w, q, data.segment, rt, gap=False)
             elif f.kind == "duplicate":
                 dup = self._produce_rt(r, w, q, data)
-                f.detail = {"producer_guid": guid, "segment": data.segment, "sequence": data.sequence,
-                            "copy_offset": dup}
+                f.detail = {
+                    "producer_guid": guid,
+                    "segment": data.segment,
+                    "sequence": data.sequence,
+                    "copy_offset": dup,
+                }
                 f.expect = {"leapfrog": [], "div": [F.div_expect(r, rt, q, dup, "DUPLICATE")]}
             elif f.kind in ("dropped", "poisoned"):
                 for x in range(self.cfg.regions):
@@ -386,7 +428,9 @@ class _Simulation:
                 exp = []
                 if gap:
                     exp.append(F.div_expect(r, rt, q, state["next"], "MISSING"))
-                    if state["next"] != off:  # the resync after MISSING at the EOS itself tolerates its checksum
+                    if (
+                        state["next"] != off
+                    ):  # the resync after MISSING at the EOS itself tolerates its checksum
                         exp.append(F.div_expect(r, rt, q, off, "CORRUPT"))
                 else:
                     exp.append(F.div_expect(r, rt, q, off, "CORRUPT"))
@@ -427,8 +471,11 @@ class _Simulation:
         timer.daemon = True
         timer.start()
         self.timers.append(timer)
-        f.detail = {"broker": 1, "down_wall_s": self.cfg.broker_down_s,
-                    "then": "3 produce requests fail with NOT_LEADER_OR_FOLLOWER (retriable)"}
+        f.detail = {
+            "broker": 1,
+            "down_wall_s": self.cfg.broker_down_s,
+            "then": "3 produce requests fail with NOT_LEADER_OR_FOLLOWER (retriable)",
+        }
 
     def _close_writers(self) -> None:
         """Online producers close gracefully: a final EndOfSegment in every partition they wrote."""
@@ -459,8 +506,13 @@ class _Simulation:
         for timer in self.timers:
             timer.join()
         cfg = self.cfg
-        self.ends = {x: {(cfg.rt_topic, q): self.producers[x].next_offset(cfg.rt_topic, q) for q in
-                         range(cfg.partitions)} for x in range(cfg.regions)}
+        self.ends = {
+            x: {
+                (cfg.rt_topic, q): self.producers[x].next_offset(cfg.rt_topic, q)
+                for q in range(cfg.partitions)
+            }
+            for x in range(cfg.regions)
+        }
         for rep in reports:
             for q, end in rep["vt_ends"].items():
                 self.ends[rep["region"]][(cfg.vt_topic, int(q))] = end
@@ -479,9 +531,13 @@ class _Simulation:
             last = min(end - 1, first + max(20, int(0.03 * n)))
             removed = compact_range(str(self.out / "archive" / f"dc-{x}"), cfg.vt_topic, q, first, last)
             f.vt_offsets = {x: [first, last]}
-            f.detail = {"topic": cfg.vt_topic, "range": [first, last], "removed_records": len(removed),
-                        "removed_offsets": removed,
-                        "note": "validate with compaction tolerance (e.g. div validate --min-compaction-lag-ms 0)"}
+            f.detail = {
+                "topic": cfg.vt_topic,
+                "range": [first, last],
+                "removed_records": len(removed),
+                "removed_offsets": removed,
+                "note": "validate with compaction tolerance (e.g. div validate --min-compaction-lag-ms 0)",
+            }
             f.expect = {"leapfrog": [], "div": []}
 
     def _check_archives(self) -> dict[str, Any]:
@@ -498,9 +554,16 @@ class _Simulation:
                 expected = end - (removed[(x, q)] if topic == cfg.vt_topic else 0)
                 if end == 0 and info is None:
                     continue
-                if info is None or info.first_offset != 0 or info.last_offset != end - 1 or info.records != expected:
-                    problems.append(f"dc-{x} {topic}[{q}]: expected offsets 0..{end - 1} ({expected} records), "
-                                    f"archived {info}")
+                if (
+                    info is None
+                    or info.first_offset != 0
+                    or info.last_offset != end - 1
+                    or info.records != expected
+                ):
+                    problems.append(
+                        f"dc-{x} {topic}[{q}]: expected offsets 0..{end - 1} ({expected} records), "
+                        f"archived {info}"
+                    )
         if problems:
             raise SimulationError("archive incomplete: " + "; ".join(problems))
         return {"complete": True, "partitions_checked": sum(len(e) for e in self.ends.values())}
@@ -523,17 +586,33 @@ class _Simulation:
         nominal = s.nominal_end_ms - s.start_ms
         truth = {
             "run": {
-                "seed": cfg.seed, "store": cfg.store, "version": cfg.version, "regions": cfg.regions,
-                "partitions": cfg.partitions, "records": cfg.records, "batch_records": cfg.batch_records,
-                "keys": cfg.keys, "key_skew": cfg.key_skew, "delete_ratio": cfg.delete_ratio,
+                "seed": cfg.seed,
+                "store": cfg.store,
+                "version": cfg.version,
+                "regions": cfg.regions,
+                "partitions": cfg.partitions,
+                "records": cfg.records,
+                "batch_records": cfg.batch_records,
+                "keys": cfg.keys,
+                "key_skew": cfg.key_skew,
+                "delete_ratio": cfg.delete_ratio,
                 "value_size": {"min": cfg.value_size_min, "max": cfg.value_size_max},
-                "rt_topic": cfg.rt_topic, "vt_topic": cfg.vt_topic, "legacy_rmd": cfg.legacy_rmd,
-                "start_ms": s.start_ms, "last_write_ms": s.end_ms, "end_ms": self.t_done,
-                "heartbeat": {"every_records": cfg.heartbeat_every_records, "every_ms": cfg.heartbeat_every_ms},
+                "rt_topic": cfg.rt_topic,
+                "vt_topic": cfg.vt_topic,
+                "legacy_rmd": cfg.legacy_rmd,
+                "start_ms": s.start_ms,
+                "last_write_ms": s.end_ms,
+                "end_ms": self.t_done,
+                "heartbeat": {
+                    "every_records": cfg.heartbeat_every_records,
+                    "every_ms": cfg.heartbeat_every_ms,
+                },
                 "kafka": "embedded" if cfg.kafka is None else {str(k): v for k, v in cfg.kafka.items()},
                 "eop_offsets": {str(q): o for q, o in self.eop_offsets.items()},
-                "end_offsets": {str(x): {f"{t}[{q}]": e for (t, q), e in sorted(ends.items())}
-                                for x, ends in self.ends.items()},
+                "end_offsets": {
+                    str(x): {f"{t}[{q}]": e for (t, q), e in sorted(ends.items())}
+                    for x, ends in self.ends.items()
+                },
             },
             "regions": [
                 {
@@ -541,10 +620,16 @@ class _Simulation:
                     "write_rate_per_s": cfg.rate(x),
                     "writes": int((s.region == x).sum()),
                     "quiet_periods": [
-                        {"from": q.start, "to": q.end,
-                         "partitions": None if q.partitions is None else list(q.partitions),
-                         "from_ms": s.start_ms + int(q.start * nominal), "to_ms": s.start_ms + int(q.end * nominal)}
-                        for q in cfg.quiet if q.region == x],
+                        {
+                            "from": q.start,
+                            "to": q.end,
+                            "partitions": None if q.partitions is None else list(q.partitions),
+                            "from_ms": s.start_ms + int(q.start * nominal),
+                            "to_ms": s.start_ms + int(q.end * nominal),
+                        }
+                        for q in cfg.quiet
+                        if q.region == x
+                    ],
                     "lag_ms_from": {str(r): cfg.lag(r, x) for r in range(cfg.regions)},
                     "producer_guids": [w.guid.hex() for w in self.writers[x]],
                 }
@@ -589,14 +674,24 @@ class _Simulation:
                 for off, typ, fatal, detail in fol["findings"]:
                     fc[typ] += 1
                     if len(examples) < 5:
-                        examples.append({"partition": fol["partition"], "offset": off, "type": typ, "fatal": fatal,
-                                         "detail": detail})
+                        examples.append(
+                            {
+                                "partition": fol["partition"],
+                                "offset": off,
+                                "type": typ,
+                                "fatal": fatal,
+                                "detail": detail,
+                            }
+                        )
                 region_meta.add(MetadataBytes(**fol["meta"]))
             meta.add(region_meta)
-            followers[str(x)] = {"div_findings": dict(fc), "examples": examples,
-                                 "checkpoints": sum(f["checkpoints"] for f in rep["followers"]),
-                                 "checkpoint_dir": str(self.out / "followers" / f"dc-{x}"),
-                                 "metadata_bytes": region_meta.as_dict()}
+            followers[str(x)] = {
+                "div_findings": dict(fc),
+                "examples": examples,
+                "checkpoints": sum(f["checkpoints"] for f in rep["followers"]),
+                "checkpoint_dir": str(self.out / "followers" / f"dc-{x}"),
+                "metadata_bytes": region_meta.as_dict(),
+            }
         return {
             "job": "simulate",
             "tidegauge_version": _version(),
@@ -604,17 +699,30 @@ class _Simulation:
             "elapsed_s": round(elapsed, 3),
             "exit_code": 0,
             "sources": {str(x): str(self.out / "archive" / f"dc-{x}") for x in range(cfg.regions)},
-            "seed": cfg.seed, "store": cfg.store, "version": cfg.version, "regions": cfg.regions,
-            "partitions": cfg.partitions, "records": cfg.records, "legacy_rmd": cfg.legacy_rmd,
+            "seed": cfg.seed,
+            "store": cfg.store,
+            "version": cfg.version,
+            "regions": cfg.regions,
+            "partitions": cfg.partitions,
+            "records": cfg.records,
+            "legacy_rmd": cfg.legacy_rmd,
             "workers": cfg.workers,
             "topics": topics,
             "vt_records_per_region": {x: topics[x][cfg.vt_topic]["records"] for x in topics},
             "records_per_s": round(total / max(elapsed, 1e-9)),
             "faults_injected": self.plan.injected(),
             "faults_shortfall": self.plan.shortfall,
-            "faults": [{"id": f.id, "kind": f.kind, "region": f.region, "partition": f.partition,
-                        "key": None if f.key is None else f.key.hex(), "rt_offset": f.rt_offset}
-                       for f in self.plan.faults],
+            "faults": [
+                {
+                    "id": f.id,
+                    "kind": f.kind,
+                    "region": f.region,
+                    "partition": f.partition,
+                    "key": None if f.key is None else f.key.hex(),
+                    "rt_offset": f.rt_offset,
+                }
+                for f in self.plan.faults
+            ],
             "leaders": leaders,
             "followers": followers,
             "metadata_bytes": meta.as_dict(),
@@ -637,9 +745,12 @@ class _Simulation:
         rt = sum(sum(p.ends().values()) for p in self.producers)
         vt = [self.worker_progress.get(x, {}).get("vt_records", 0) for x in range(cfg.regions)]
         total = rt + sum(vt)
-        self.progress(f"[simulate] {pct:5.1f}% of writes | sim t+{(self.clock.now - cfg.start_ms) / 1000:.1f}s | "
-                      f"RT {rt:,} | VT " + " ".join(f"dc-{x}:{v:,}" for x, v in enumerate(vt))
-                      + f" | {total / elapsed:,.0f} records/s | {elapsed:.0f}s")
+        self.progress(
+            f"[simulate] {pct:5.1f}% of writes | sim t+{(self.clock.now - cfg.start_ms) / 1000:.1f}s | "
+            f"RT {rt:,} | VT "
+            + " ".join(f"dc-{x}:{v:,}" for x, v in enumerate(vt))
+            + f" | {total / elapsed:,.0f} records/s | {elapsed:.0f}s"
+        )
 
     def close(self) -> None:
         for timer in self.timers:

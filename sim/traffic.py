@@ -138,8 +138,18 @@ def build_schedule(cfg: SimConfig, keyspace: KeySpace, rng: np.random.Generator)
     op = (rng.random(n) < cfg.delete_ratio).astype(np.int8)
     size = rng.integers(cfg.value_size_min, cfg.value_size_max + 1, n, dtype=np.int32)
     writer = rng.integers(0, cfg.producers_per_region, n, dtype=np.int16)
-    return Schedule(t, region, key, part, op, size, writer,
-                    _every_kth(region, part, cfg.partitions, cfg.heartbeat_every_records), start, start + nominal)
+    return Schedule(
+        t,
+        region,
+        key,
+        part,
+        op,
+        size,
+        writer,
+        _every_kth(region, part, cfg.partitions, cfg.heartbeat_every_records),
+        start,
+        start + nominal,
+    )
 
 
 def _every_kth(region: np.ndarray, part: np.ndarray, partitions: int, k: int) -> np.ndarray:
@@ -167,12 +177,12 @@ class Values:
     def write(self, write_id: int, region: int, size: int) -> bytes:
         head = _VALUE_HEAD.pack(b"W", region, write_id)
         start = (write_id * 7919) % _POOL_SPAN
-        return head + self._pool[start:start + size - len(head)]
+        return head + self._pool[start : start + size - len(head)]
 
     def batch(self, key_id: int, size: int) -> bytes:
         head = _VALUE_HEAD.pack(b"B", 255, key_id)
         start = (key_id * 104729) % _POOL_SPAN
-        return head + self._pool[start:start + size - len(head)]
+        return head + self._pool[start : start + size - len(head)]
 
 
 def poison(value: bytes) -> bytes:

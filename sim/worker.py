@@ -72,18 +72,29 @@ class RegionWorker:
         self.producer = RegionProducer(spec.bootstraps[x], spec.confs[x], self.clock)
         self.rt_buffers = [[RtBuffer() for _ in range(p)] for _ in range(n)]
         store = CheckpointStore(spec.followers_dir)
-        self.followers = [Follower(x, q, cfg.vt_topic, store, cfg.follower_checkpoint_every, self.clock)
-                          for q in range(p)]
+        self.followers = [
+            Follower(x, q, cfg.vt_topic, store, cfg.follower_checkpoint_every, self.clock) for q in range(p)
+        ]
         self.readers: list[Reader] = []
         for r in range(n):
             parts = [(cfg.rt_topic, q) for q in range(p)]
             if r == x:
                 parts += [(cfg.vt_topic, q) for q in range(p)]
-            self.readers.append(Reader(f"region {x} reading region {r}", spec.bootstraps[r], spec.confs[r], parts,
-                                       self._handler(r), spec.archive_dir if r == x else None))
+            self.readers.append(
+                Reader(
+                    f"region {x} reading region {r}",
+                    spec.bootstraps[r],
+                    spec.confs[r],
+                    parts,
+                    self._handler(r),
+                    spec.archive_dir if r == x else None,
+                )
+            )
         self.stores = [ReplicaStore(cfg.legacy_rmd) for _ in range(p)]
         self.faults = [LeaderFaults() for _ in range(p)]
-        self.watched: dict[tuple[int, int, int], list[int]] = {}  # (partition, region, rt offset) -> VT offsets
+        self.watched: dict[
+            tuple[int, int, int], list[int]
+        ] = {}  # (partition, region, rt offset) -> VT offsets
         self.retired: list[SimLeader] = []
         self.failovers: dict[int, dict] = {}
         self._successors: dict[int, SimLeader] = {}
@@ -104,15 +115,28 @@ class RegionWorker:
                 buffers[partition].extend(msgs)
             else:
                 followers[partition].consume(msgs)
+
         return handle
 
     def _make_leader(self, q: int, term: int) -> SimLeader:
         cfg, x = self.cfg, self.x
-        return SimLeader(region=x, partition=q, term=term, host=leader_host(x, q, term), n_regions=cfg.regions,
-                         vt_topic=cfg.vt_topic, rt_topic=cfg.rt_topic, lags=[cfg.lag(r, x) for r in range(cfg.regions)],
-                         producer=self.producer, clock=self.clock, store=self.stores[q], faults=self.faults[q],
-                         guid=self.spec.leader_guids[(q, term)], segment_max_age_ms=cfg.segment_max_age_ms,
-                         on_watch=self._on_watch)
+        return SimLeader(
+            region=x,
+            partition=q,
+            term=term,
+            host=leader_host(x, q, term),
+            n_regions=cfg.regions,
+            vt_topic=cfg.vt_topic,
+            rt_topic=cfg.rt_topic,
+            lags=[cfg.lag(r, x) for r in range(cfg.regions)],
+            producer=self.producer,
+            clock=self.clock,
+            store=self.stores[q],
+            faults=self.faults[q],
+            guid=self.spec.leader_guids[(q, term)],
+            segment_max_age_ms=cfg.segment_max_age_ms,
+            on_watch=self._on_watch,
+        )
 
     def _on_watch(self, partition: int, r: int, rt_offset: int, vt_offset: int) -> None:
         self.watched.setdefault((partition, r, rt_offset), []).append(vt_offset)
@@ -122,7 +146,9 @@ class RegionWorker:
         self.clock.now = self.spec.push_ms
         for key, value, headers, q in records:
             self.producer.produce(self.cfg.vt_topic, value, key, q, headers)
-        self.eop_offsets = {q: self.producer.next_offset(self.cfg.vt_topic, q) - 2 for q in range(self.cfg.partitions)}
+        self.eop_offsets = {
+            q: self.producer.next_offset(self.cfg.vt_topic, q) - 2 for q in range(self.cfg.partitions)
+        }
         self._sync()
 
     # -- commands --------------------------------------------------------------------------------------
@@ -157,8 +183,12 @@ class RegionWorker:
         for r, reader in enumerate(self.readers):
             ends = {(cfg.rt_topic, q): e for q, e in (rt_ends or {}).get(r, {}).items()}
             if r == x:
-                ends.update({(cfg.vt_topic, q): self.producer.next_offset(cfg.vt_topic, q)
-                             for q in range(cfg.partitions)})
+                ends.update(
+                    {
+                        (cfg.vt_topic, q): self.producer.next_offset(cfg.vt_topic, q)
+                        for q in range(cfg.partitions)
+                    }
+                )
             if ends:
                 reader.drain(ends)
 
@@ -168,7 +198,9 @@ class RegionWorker:
         leader.alive = False
         self.failovers[fault_id] = {
             "old_leader": {"host": leader.host, "guid": leader.hl.guid.hex(), "term": leader.term},
-            "failed_at_ms": t, "old_leader_rt_positions": list(leader.cursor)}
+            "failed_at_ms": t,
+            "old_leader_rt_positions": list(leader.cursor),
+        }
 
     def take_over(self, fault_id: int, q: int, t: int) -> None:
         """A follower becomes leader: state from the last VT heartbeat it consumed, RT re-read from Kafka."""
@@ -187,8 +219,10 @@ class RegionWorker:
             marks = list(hbw.high_watermarks)
             rt_states = decode_hbd(hdr["hbd"]).rt_producers
             if hbw.term_id + 1 > term:
-                raise WorkerError(f"region {self.x} partition {q}: the last VT heartbeat has term {hbw.term_id}, "
-                                  f"newer than the failed leader's {old.term}")
+                raise WorkerError(
+                    f"region {self.x} partition {q}: the last VT heartbeat has term {hbw.term_id}, "
+                    f"newer than the failed leader's {old.term}"
+                )
         new = self._make_leader(q, term)
         self.clock.now = t
         new.hl.take_over(fol.validator.producer_states(), rt_states, marks)
@@ -199,13 +233,15 @@ class RegionWorker:
         new.resume_ms = t
         self.retired.append(old)
         self.leaders[q] = new
-        self.failovers[fault_id].update({
-            "new_leader": {"host": new.host, "guid": new.hl.guid.hex(), "term": term},
-            "takeover_at_ms": t,
-            "resumed_from_vt_heartbeat_offset": hb_offset,
-            "resume_rt_positions": [m + 1 for m in marks],
-            "first_vt_offset_of_new_term": self.producer.next_offset(cfg.vt_topic, q),
-        })
+        self.failovers[fault_id].update(
+            {
+                "new_leader": {"host": new.host, "guid": new.hl.guid.hex(), "term": term},
+                "takeover_at_ms": t,
+                "resumed_from_vt_heartbeat_offset": hb_offset,
+                "resume_rt_positions": [m + 1 for m in marks],
+                "first_vt_offset_of_new_term": self.producer.next_offset(cfg.vt_topic, q),
+            }
+        )
         self._successors[fault_id] = new
 
     def _reread_rt(self, r: int, q: int, start: int, end: int) -> list[tuple]:
@@ -214,15 +250,20 @@ class RegionWorker:
             return []
         out: list[tuple] = []
         reader = self.readers[r]
-        for batch in kafka_iter_partition(reader.bootstrap, self.spec.confs[r], self.cfg.rt_topic, q, start, end):
+        for batch in kafka_iter_partition(
+            reader.bootstrap, self.spec.confs[r], self.cfg.rt_topic, q, start, end
+        ):
             cols = batch.to_pydict()
             stamps = batch.column("timestamp").cast("int64").to_pylist()
-            for off, k, v, h, ts in zip(cols["offset"], cols["key"], cols["value"], cols["headers"], stamps,
-                                        strict=True):
+            for off, k, v, h, ts in zip(
+                cols["offset"], cols["key"], cols["value"], cols["headers"], stamps, strict=True
+            ):
                 out.append((off, k, v, [(e["key"], e["value"]) for e in h] if h else None, ts // 1000))
         if len(out) != end - start or out[0][0] != start:
-            raise WorkerError(f"region {self.x} takeover of partition {q}: RT[{r}] offsets {start}..{end - 1} are "
-                              f"no longer all in the cluster (read {len(out)}); heartbeat more often")
+            raise WorkerError(
+                f"region {self.x} takeover of partition {q}: RT[{r}] offsets {start}..{end - 1} are "
+                f"no longer all in the cluster (read {len(out)}); heartbeat more often"
+            )
         return out
 
     def close_leaders(self, t: int) -> None:
@@ -235,8 +276,10 @@ class RegionWorker:
                     raise WorkerError(f"leader {leader.host}: {left} VT records not delivered")
 
     def progress(self) -> dict:
-        return {"vt_records": sum(self.producer.ends().values()),
-                "rt_read": sum(r.records for r in self.readers)}
+        return {
+            "vt_records": sum(self.producer.ends().values()),
+            "rt_read": sum(r.records for r in self.readers),
+        }
 
     def finish(self) -> dict:
         """Read the rest, checkpoint the followers, close the archive; report what the coordinator needs."""
@@ -250,14 +293,27 @@ class RegionWorker:
             self.failovers[fid]["reapplied_vt_records"] = new.stats.reapplied
         leaders = []
         for leader in self.leaders + self.retired:
-            leaders.append({"partition": leader.partition, "term": leader.term, "host": leader.host,
-                            "stats": asdict(leader.stats), "rt_heartbeats_seen": leader.stats.heartbeats,
-                            "findings": [(r, f.offset, f.type, f.fatal, f.detail) for r, f in leader.findings]})
+            leaders.append(
+                {
+                    "partition": leader.partition,
+                    "term": leader.term,
+                    "host": leader.host,
+                    "stats": asdict(leader.stats),
+                    "rt_heartbeats_seen": leader.stats.heartbeats,
+                    "findings": [(r, f.offset, f.type, f.fatal, f.detail) for r, f in leader.findings],
+                }
+            )
         followers = []
         for fol in self.followers:
-            followers.append({"partition": fol.partition, "counts": dict(fol.counts), "meta": asdict(fol.meta),
-                              "checkpoints": fol.checkpoints,
-                              "findings": [(f.offset, f.type, f.fatal, f.detail) for f in fol.findings]})
+            followers.append(
+                {
+                    "partition": fol.partition,
+                    "counts": dict(fol.counts),
+                    "meta": asdict(fol.meta),
+                    "checkpoints": fol.checkpoints,
+                    "findings": [(f.offset, f.type, f.fatal, f.detail) for f in fol.findings],
+                }
+            )
         return {
             "region": self.x,
             "vt_ends": {q: self.producer.next_offset(cfg.vt_topic, q) for q in range(cfg.partitions)},
@@ -312,7 +368,9 @@ class ProcessWorker:
     def __init__(self, spec: WorkerSpec) -> None:
         ctx = mp.get_context("spawn")
         self._conn, child = ctx.Pipe()
-        self._proc = ctx.Process(target=_serve, args=(child,), name=f"tidegauge-sim-dc{spec.region}", daemon=True)
+        self._proc = ctx.Process(
+            target=_serve, args=(child,), name=f"tidegauge-sim-dc{spec.region}", daemon=True
+        )
         self._proc.start()
         child.close()
         self._pending = 0
@@ -325,7 +383,9 @@ class ProcessWorker:
         except (BrokenPipeError, ConnectionResetError):
             while self._pending:  # the worker stopped: its last reply says why
                 self.recv()
-            raise WorkerError(f"region {self.region} worker is gone (exit code {self._proc.exitcode})") from None
+            raise WorkerError(
+                f"region {self.region} worker is gone (exit code {self._proc.exitcode})"
+            ) from None
         self._pending += 1
 
     def outstanding(self) -> int:

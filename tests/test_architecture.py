@@ -57,8 +57,10 @@ def _imports(path: Path, module: str, modules: set[str] | frozenset[str] = froze
 def _graph() -> dict[str, set[str]]:
     paths = {_module_name(p): p for pkg in PACKAGES for p in (REPO / pkg).rglob("*.py")}
     names = frozenset(paths)
-    return {name: {m for m in _imports(path, name, names) if m in names and m != name}
-            for name, path in paths.items()}
+    return {
+        name: {m for m in _imports(path, name, names) if m in names and m != name}
+        for name, path in paths.items()
+    }
 
 
 def _external(package: str) -> dict[str, set[str]]:
@@ -80,7 +82,7 @@ def _cycle(graph: dict[str, set[str]]) -> list[str] | None:
         stack.append(node)
         for nxt in sorted(graph.get(node, ())):
             if state.get(nxt) == 1:
-                return [*stack[stack.index(nxt):], nxt]
+                return [*stack[stack.index(nxt) :], nxt]
             if nxt not in state:
                 found = visit(nxt)
                 if found:
@@ -99,7 +101,9 @@ def _cycle(graph: dict[str, set[str]]) -> list[str] | None:
 
 def test_the_graph_is_built_from_every_module():
     graph = _graph()
-    assert {"div.envelope", "leapfrog.compare", "pipelines.cli", "heartbeat.leader", "sim.runner"} <= set(graph)
+    assert {"div.envelope", "leapfrog.compare", "pipelines.cli", "heartbeat.leader", "sim.runner"} <= set(
+        graph
+    )
     assert "div.envelope" in graph["div.batch"]  # relative imports are resolved
 
 
@@ -116,19 +120,25 @@ def test_cycle_finder_finds_one():
 STDLIB = set(sys.stdlib_module_names) | {"__future__"}
 
 
-@pytest.mark.parametrize("package,allowed", [
-    ("leapfrog", STDLIB | {"numpy", "xxhash", "leapfrog"}),
-])
+@pytest.mark.parametrize(
+    "package,allowed",
+    [
+        ("leapfrog", STDLIB | {"numpy", "xxhash", "leapfrog"}),
+    ],
+)
 def test_the_rules_stay_pure(package, allowed):
     bad = {m: sorted(deps - allowed) for m, deps in _external(package).items() if deps - allowed}
     assert not bad, f"{package} must import only the standard library, numpy, xxhash and itself: {bad}"
 
 
-@pytest.mark.parametrize("package,forbidden", [
-    ("div", {"heartbeat", "leapfrog", "pipelines", "sim"}),
-    ("heartbeat", {"leapfrog", "pipelines", "sim"}),
-    ("leapfrog", {"div", "heartbeat", "pipelines", "sim"}),
-])
+@pytest.mark.parametrize(
+    "package,forbidden",
+    [
+        ("div", {"heartbeat", "leapfrog", "pipelines", "sim"}),
+        ("heartbeat", {"leapfrog", "pipelines", "sim"}),
+        ("leapfrog", {"div", "heartbeat", "pipelines", "sim"}),
+    ],
+)
 def test_lower_layers_do_not_import_upper_ones(package, forbidden):
     bad = {m: sorted(deps & forbidden) for m, deps in _external(package).items() if deps & forbidden}
     assert not bad, f"{package} imports a layer above it: {bad}"
@@ -138,9 +148,11 @@ def test_the_runtime_does_not_import_the_reference_model():
     # Issue 17: the job runs leapfrog's rules; leapfrog.reference is only what the tests check it against.
     graph = _graph()
     assert "leapfrog.reference.partition" in graph  # the reference modules are in the graph
-    bad = {m: sorted(d for d in deps if d == "leapfrog.reference" or d.startswith("leapfrog.reference."))
-           for m, deps in graph.items()
-           if m != "leapfrog.reference" and not m.startswith("leapfrog.reference.")}
+    bad = {
+        m: sorted(d for d in deps if d == "leapfrog.reference" or d.startswith("leapfrog.reference."))
+        for m, deps in graph.items()
+        if m != "leapfrog.reference" and not m.startswith("leapfrog.reference.")
+    }
     bad = {m: deps for m, deps in bad.items() if deps}
     assert not bad, f"runtime modules import the reference model: {bad}"
 
@@ -150,8 +162,12 @@ def test_the_exit_codes_are_defined_once():
     import re
 
     pattern = re.compile(r"^EXIT_\w+(\s*,\s*EXIT_\w+)*\s*=\s*\d", re.M)
-    defining = sorted(str(p.relative_to(REPO)) for pkg in PACKAGES for p in (REPO / pkg).rglob("*.py")
-                      if pattern.search(p.read_text(encoding="utf-8")))
+    defining = sorted(
+        str(p.relative_to(REPO))
+        for pkg in PACKAGES
+        for p in (REPO / pkg).rglob("*.py")
+        if pattern.search(p.read_text(encoding="utf-8"))
+    )
     assert defining == ["pipelines/core/errors.py"]
 
 
@@ -160,7 +176,9 @@ def test_no_module_but_the_entry_points_imports_the_cli():
     assert importers == ["pipelines.submit"], importers  # spark-submit's entry runs the CLI's main
 
 
-COMMANDS = sorted(p.name for p in (REPO / "pipelines").iterdir() if (p / "__init__.py").exists() and p.name != "core")
+COMMANDS = sorted(
+    p.name for p in (REPO / "pipelines").iterdir() if (p / "__init__.py").exists() and p.name != "core"
+)
 
 
 def _command_of(module: str) -> str | None:
@@ -172,15 +190,20 @@ def test_every_command_is_a_package_with_a_cli():
     assert COMMANDS == ["demo", "div", "lag", "leapfrog", "report", "simulate"]
     from pipelines import cli
 
-    assert cli._JOBS == [f"pipelines.{c}.cli" for c in ("simulate", "lag", "leapfrog", "div", "report", "demo")]
+    assert cli._JOBS == [
+        f"pipelines.{c}.cli" for c in ("simulate", "lag", "leapfrog", "div", "report", "demo")
+    ]
     for command in COMMANDS:
         assert (REPO / "pipelines" / command / "cli.py").exists(), command
 
 
 def test_core_imports_no_command():
     graph = _graph()
-    bad = {m: sorted(d for d in deps if _command_of(d)) for m, deps in graph.items()
-           if m.startswith("pipelines.core") and any(_command_of(d) for d in deps)}
+    bad = {
+        m: sorted(d for d in deps if _command_of(d))
+        for m, deps in graph.items()
+        if m.startswith("pipelines.core") and any(_command_of(d) for d in deps)
+    }
     assert not bad, f"pipelines.core must not import a command package: {bad}"
 
 

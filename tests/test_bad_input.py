@@ -42,8 +42,14 @@ REGIONS = 3
 def world(tmp_path_factory):
     root = tmp_path_factory.mktemp("bad-input")
     sim = small_sim(root / "sim", regions=REGIONS, faults={"dropped": 1, "poisoned": 1})
-    return {"root": root, "archives": sim.archives, "store": sim.store, "version": sim.version, "topic": sim.topic,
-            "n": [0]}
+    return {
+        "root": root,
+        "archives": sim.archives,
+        "store": sim.store,
+        "version": sim.version,
+        "topic": sim.topic,
+        "n": [0],
+    }
 
 
 def _cli(argv: list[str]) -> tuple[int, str]:
@@ -77,6 +83,7 @@ def _check_contract(code: int, err: str, truth) -> None:
 
 # ---- leapfrog ----------------------------------------------------------------------------------------------------
 
+
 def _leapfrog(world, archives, out: Path) -> tuple[int, str]:
     argv = ["leapfrog", "--store", world["store"], "--version", str(world["version"]), "--out", str(out)]
     for r, a in sorted(archives.items()):
@@ -101,14 +108,28 @@ def leapfrog_baseline(world, spark):
 
 
 damages = st.lists(
-    st.builds(Damage, kind=st.sampled_from(sorted(KINDS)), row=st.integers(0, 10**6), seed=st.integers(0, 10**6)),
-    min_size=1, max_size=4)
+    st.builds(
+        Damage, kind=st.sampled_from(sorted(KINDS)), row=st.integers(0, 10**6), seed=st.integers(0, 10**6)
+    ),
+    min_size=1,
+    max_size=4,
+)
 record_damages = st.lists(
-    st.builds(Damage, kind=st.sampled_from(sorted(RECORD_KINDS)), row=st.integers(0, 10**6),
-              seed=st.integers(0, 10**6)),
-    min_size=1, max_size=6)
-SETTINGS = settings(max_examples=6, deadline=None, derandomize=True,
-                    suppress_health_check=[HealthCheck.function_scoped_fixture, HealthCheck.too_slow])
+    st.builds(
+        Damage,
+        kind=st.sampled_from(sorted(RECORD_KINDS)),
+        row=st.integers(0, 10**6),
+        seed=st.integers(0, 10**6),
+    ),
+    min_size=1,
+    max_size=6,
+)
+SETTINGS = settings(
+    max_examples=6,
+    deadline=None,
+    derandomize=True,
+    suppress_health_check=[HealthCheck.function_scoped_fixture, HealthCheck.too_slow],
+)
 
 
 def _undecodable_offsets_in(summary: dict) -> set[tuple[int, int]]:
@@ -137,14 +158,24 @@ def test_leapfrog_keeps_the_contract_under_damage(world, leapfrog_baseline, regi
     for f in found:
         if _finding_id(f) in leapfrog_baseline:
             continue
-        own = f["a_vt_offset"] if f["region_a"] == region else f["b_vt_offset"] if f["region_b"] == region else None
+        own = (
+            f["a_vt_offset"]
+            if f["region_a"] == region
+            else f["b_vt_offset"]
+            if f["region_b"] == region
+            else None
+        )
         damaged_keys = truth.keys()  # Venice keys: the findings name them without their header byte
-        assert (f["partition"], own) in altered_offsets or f["key"] in damaged_keys or \
-            b"\x00" + f["key"] in damaged_keys, (
-            f"finding not in the undamaged run and not about an altered record: {f}")
+        assert (
+            (f["partition"], own) in altered_offsets
+            or f["key"] in damaged_keys
+            or b"\x00" + f["key"] in damaged_keys
+        ), f"finding not in the undamaged run and not about an altered record: {f}"
     summary = json.loads((out / "summary.json").read_text())
     listed = _undecodable_offsets_in(summary)
-    unreadable = {(p, o) for t, p, o in truth.offsets(UNDECODABLE) if t == world["topic"]}  # leapfrog reads the VT
+    unreadable = {
+        (p, o) for t, p, o in truth.offsets(UNDECODABLE) if t == world["topic"]
+    }  # leapfrog reads the VT
     for p, o in unreadable:
         assert (p, o) in listed, f"undecodable record at partition {p} offset {o} not counted"
     expected = 1 if found else (3 if unreadable else None)
@@ -155,9 +186,24 @@ def test_leapfrog_keeps_the_contract_under_damage(world, leapfrog_baseline, regi
 
 # ---- div validate ------------------------------------------------------------------------------------------------
 
+
 def _div(world, source: str, out: Path, engine: str = "local") -> tuple[int, str]:
-    return _cli(["div", "validate", "--source", f"0={source}", "--topic", world["topic"], "--out", str(out),
-                 "--now-ms", "1800000000000", "--engine", engine])
+    return _cli(
+        [
+            "div",
+            "validate",
+            "--source",
+            f"0={source}",
+            "--topic",
+            world["topic"],
+            "--out",
+            str(out),
+            "--now-ms",
+            "1800000000000",
+            "--engine",
+            engine,
+        ]
+    )
 
 
 def _div_findings(out: Path) -> list[dict]:
@@ -203,7 +249,8 @@ def _check_div_under_damage(world, div_baselines, region, damage, engine):
             continue
         # an altered record that still decodes may break its producer's sequence or checksum from there on
         assert f["partition"] in first_altered and f["offset"] >= first_altered[f["partition"]], (
-            f"DIV finding not in the undamaged run and before any altered record: {f}")
+            f"DIV finding not in the undamaged run and before any altered record: {f}"
+        )
     fatal = [f for f in rows if f["fatal"]]
     if not fatal and unreadable:
         assert code == 3, err
@@ -229,8 +276,22 @@ RESTORE_PARTITION = 1
 
 
 def _restore(world, archives, region: int, at: int, out: Path) -> tuple[int, str]:
-    argv = ["div", "restore", "--store", world["store"], "--version", str(world["version"]), "--partition",
-            str(RESTORE_PARTITION), "--at-offset", str(at), "--out", str(out), "--source", f"{region}={archives[region]}"]
+    argv = [
+        "div",
+        "restore",
+        "--store",
+        world["store"],
+        "--version",
+        str(world["version"]),
+        "--partition",
+        str(RESTORE_PARTITION),
+        "--at-offset",
+        str(at),
+        "--out",
+        str(out),
+        "--source",
+        f"{region}={archives[region]}",
+    ]
     for r, a in sorted(archives.items()):
         argv += ["--rt-source", f"{r}={a}"]
     return _cli(argv)
@@ -243,9 +304,16 @@ def test_div_restore_keeps_the_contract_under_damage(world, region, damage, wher
     vt = [r["offset"] for r in rows if r["topic"] == world["topic"] and r["partition"] == RESTORE_PARTITION]
     at = vt[min(len(vt) - 1, int(where * len(vt)))]
     # aim the record damage at the last records before the offset, where the replay reads
-    window = [i for i, r in enumerate(rows) if r["topic"] == world["topic"] and r["partition"] == RESTORE_PARTITION
-              and at - 30 <= r["offset"] <= at]
-    damage = [Damage(d.kind, window[d.row % len(window)], d.seed) if d.kind in RECORD_KINDS else d for d in damage]
+    window = [
+        i
+        for i, r in enumerate(rows)
+        if r["topic"] == world["topic"]
+        and r["partition"] == RESTORE_PARTITION
+        and at - 30 <= r["offset"] <= at
+    ]
+    damage = [
+        Damage(d.kind, window[d.row % len(window)], d.seed) if d.kind in RECORD_KINDS else d for d in damage
+    ]
     archives, truth = _damaged_sources(world, region, damage)
     out = _fresh(world, "restore")
     code, err = _restore(world, archives, region, at, out)
@@ -262,7 +330,8 @@ def test_div_restore_keeps_the_contract_under_damage(world, region, damage, wher
             start, end = e["planned_offsets"]
             if p == RESTORE_PARTITION and e["topic"] == topic and e["region"] == region and start <= o < end:
                 assert o in e["undecodable_offsets"] or len(e["undecodable_offsets"]) == MAX_LISTED_OFFSETS, (
-                    f"undecodable record {topic}[{p}]@{o} in a replayed range not counted: {e}")
+                    f"undecodable record {topic}[{p}]@{o} in a replayed range not counted: {e}"
+                )
                 assert code == 3, err
     if code == 0:
         assert all(e["undecodable"] == 0 and not e["short"] for e in replays)
@@ -270,6 +339,7 @@ def test_div_restore_keeps_the_contract_under_damage(world, region, damage, wher
 
 
 # ---- report ------------------------------------------------------------------------------------------------------
+
 
 @pytest.mark.spark
 @settings(SETTINGS, max_examples=3)
@@ -296,6 +366,7 @@ def test_report_keeps_the_contract_over_damaged_runs(world, spark, region, damag
 
 
 # ---- lag ---------------------------------------------------------------------------------------------------------
+
 
 @SETTINGS
 @given(region=st.integers(0, REGIONS - 1), damage=damages)

@@ -32,14 +32,26 @@ def world(tmp_path_factory):
     archives = {r: os.path.relpath(a, root) for r, a in sim.archives.items()}
     assert all(not os.path.isabs(a) for a in archives.values())
     with standalone_cluster(root / "spark") as cluster:
-        yield {"root": root, "cluster": cluster, "store": sim.store, "version": str(sim.version),
-               "topic": sim.topic, "archives": archives}
+        yield {
+            "root": root,
+            "cluster": cluster,
+            "store": sim.store,
+            "version": str(sim.version),
+            "topic": sim.topic,
+            "archives": archives,
+        }
 
 
 def _run(world, argv: list[str]) -> tuple[int, str]:
     """A tidegauge driver process on the cluster, in the world's directory (where the relative paths hold)."""
-    p = subprocess.run([sys.executable, "-m", "pipelines.cli", *argv, "--master", world["cluster"].master_url],
-                       cwd=world["root"], env=world["cluster"].env(), capture_output=True, text=True, timeout=600)
+    p = subprocess.run(
+        [sys.executable, "-m", "pipelines.cli", *argv, "--master", world["cluster"].master_url],
+        cwd=world["root"],
+        env=world["cluster"].env(),
+        capture_output=True,
+        text=True,
+        timeout=600,
+    )
     return p.returncode, p.stderr
 
 
@@ -60,8 +72,10 @@ def _sources(world) -> list[str]:
 
 
 def _findings(path: Path) -> list[tuple]:
-    return sorted((r["type"], r["region_a"], r["region_b"], r["partition"], r["key"])
-                  for r in pq.read_table(path).to_pylist())
+    return sorted(
+        (r["type"], r["region_a"], r["region_b"], r["partition"], r["key"])
+        for r in pq.read_table(path).to_pylist()
+    )
 
 
 def test_leapfrog_on_the_cluster_with_relative_paths_equals_local_mode(world, spark):
@@ -70,17 +84,29 @@ def test_leapfrog_on_the_cluster_with_relative_paths_equals_local_mode(world, sp
     code, err = _run(world, [*base, "--out", "lf-cluster"])
     assert code == 1, err  # the simulation's dropped and poisoned writes
     root = world["root"]
-    assert _findings(root / "lf-cluster" / "inconsistencies") == _findings(root / "lf-local" / "inconsistencies")
+    assert _findings(root / "lf-cluster" / "inconsistencies") == _findings(
+        root / "lf-local" / "inconsistencies"
+    )
     cluster, local = (json.loads((root / d / "summary.json").read_text()) for d in ("lf-cluster", "lf-local"))
     assert cluster["verdict"] == local["verdict"] == "findings"
     assert cluster["evidence"]["read_records"] == local["evidence"]["read_records"] > 0
     assert cluster["evidence"]["partitions_read_short"] == 0
-    assert all(Path(uri).is_absolute() for uri in cluster["sources"].values())  # what the executors were given
+    assert all(
+        Path(uri).is_absolute() for uri in cluster["sources"].values()
+    )  # what the executors were given
 
 
 def test_incremental_leapfrog_on_the_cluster_with_a_relative_state(world, spark):
-    base = ["leapfrog", "--store", world["store"], "--version", world["version"], *_sources(world),
-            "--state", "state/leapfrog"]
+    base = [
+        "leapfrog",
+        "--store",
+        world["store"],
+        "--version",
+        world["version"],
+        *_sources(world),
+        "--state",
+        "state/leapfrog",
+    ]
     first, err = _run(world, [*base, "--out", "inc-1"])
     assert first == 1, err
     again, err = _run(world, [*base, "--out", "inc-2"])  # nothing new: the findings stand
@@ -96,6 +122,8 @@ def test_div_validate_on_the_cluster_with_relative_paths_equals_local_mode(world
     code, err = _run(world, ["div", "validate", *source, "--engine", "spark", "--out", "div-cluster"])
     assert code in (0, 1), err
     root = world["root"]
-    cluster, local = (json.loads((root / d / "summary.json").read_text()) for d in ("div-cluster", "div-local"))
+    cluster, local = (
+        json.loads((root / d / "summary.json").read_text()) for d in ("div-cluster", "div-local")
+    )
     assert cluster["records_read"] == local["records_read"] > 0
     assert cluster["verdict"] == local["verdict"] and cluster["findings_by_type"] == local["findings_by_type"]

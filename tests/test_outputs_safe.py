@@ -24,8 +24,19 @@ from sim import run as simulate
 @pytest.fixture(scope="module")
 def sim(tmp_path_factory):
     root = tmp_path_factory.mktemp("outputs-safe")
-    cfg = SimConfig(out=str(root / "sim"), seed=3, regions=2, partitions=1, records=300, keys=100,
-                    batch_records=20, heartbeat_every_records=50, step_records=300, progress=False, workers="inline")
+    cfg = SimConfig(
+        out=str(root / "sim"),
+        seed=3,
+        regions=2,
+        partitions=1,
+        records=300,
+        keys=100,
+        batch_records=20,
+        heartbeat_every_records=50,
+        step_records=300,
+        progress=False,
+        workers="inline",
+    )
     result = simulate(cfg)
     return result
 

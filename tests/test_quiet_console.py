@@ -17,7 +17,9 @@ def _record(msg: str) -> logging.LogRecord:
 
 def test_one_line_per_kind_of_client_error():
     f = _OncePerKind(every_s=60)
-    refused = "FAIL [rdkafka#consumer-1] 127.0.0.1:1/bootstrap: Connect failed: Connection refused (after {}ms)"
+    refused = (
+        "FAIL [rdkafka#consumer-1] 127.0.0.1:1/bootstrap: Connect failed: Connection refused (after {}ms)"
+    )
     assert f.filter(_record(refused.format(0)))
     assert not f.filter(_record(refused.format(51)))  # the same refusal again, other numbers
     assert f.filter(_record("FAIL [rdkafka#consumer-1] SASL authentication error"))  # another kind passes
@@ -28,13 +30,21 @@ def test_clients_log_through_python_logging_and_user_settings_win():
     assert conf["logger"] is client_logger() and conf["security.protocol"] == "SSL"
 
 
-@pytest.mark.parametrize("argv", [
-    ["lag", "--store", "s", "--version", "1", "--source", "0=kafka://127.0.0.1:1"],
-    ["div", "validate", "--source", "0=kafka://127.0.0.1:1"],
-])
+@pytest.mark.parametrize(
+    "argv",
+    [
+        ["lag", "--store", "s", "--version", "1", "--source", "0=kafka://127.0.0.1:1"],
+        ["div", "validate", "--source", "0=kafka://127.0.0.1:1"],
+    ],
+)
 def test_an_unreachable_broker_is_one_line_and_exit_2(tmp_path, argv):
-    run = subprocess.run([sys.executable, "-m", "pipelines.cli", *argv, "--out", str(tmp_path / "out")],
-                         capture_output=True, text=True, timeout=120, cwd=tmp_path)
+    run = subprocess.run(
+        [sys.executable, "-m", "pipelines.cli", *argv, "--out", str(tmp_path / "out")],
+        capture_output=True,
+        text=True,
+        timeout=120,
+        cwd=tmp_path,
+    )
     assert run.returncode == 2
     lines = run.stderr.strip().splitlines()
     assert len(lines) == 1, run.stderr
@@ -49,12 +59,40 @@ def test_spark_start_up_notices_stay_below_the_default_level(tmp_path):
     from sim import SimConfig
     from sim import run as simulate
 
-    sim = simulate(SimConfig(out=str(tmp_path / "sim"), seed=2, regions=2, partitions=1, records=200, keys=50,
-                             batch_records=10, step_records=200, progress=False, workers="inline"))
+    sim = simulate(
+        SimConfig(
+            out=str(tmp_path / "sim"),
+            seed=2,
+            regions=2,
+            partitions=1,
+            records=200,
+            keys=50,
+            batch_records=10,
+            step_records=200,
+            progress=False,
+            workers="inline",
+        )
+    )
     tidegauge = Path(sys.executable).parent / "tidegauge"
-    run = subprocess.run([str(tidegauge), "leapfrog", "--store", "sim_store", "--version", "1",
-                          "--source", f"0={sim.archives[0]}", "--source", f"1={sim.archives[1]}",
-                          "--out", str(tmp_path / "out")], capture_output=True, text=True, timeout=600)
+    run = subprocess.run(
+        [
+            str(tidegauge),
+            "leapfrog",
+            "--store",
+            "sim_store",
+            "--version",
+            "1",
+            "--source",
+            f"0={sim.archives[0]}",
+            "--source",
+            f"1={sim.archives[1]}",
+            "--out",
+            str(tmp_path / "out"),
+        ],
+        capture_output=True,
+        text=True,
+        timeout=600,
+    )
     assert run.returncode in (0, 1), run.stderr
     for noise in ("Using Spark's default log4j profile", "NativeCodeLoader", "setLogLevel", " WARN "):
         assert noise not in run.stderr, run.stderr

@@ -32,7 +32,9 @@ def _blocks(text: str, language: str) -> list[str]:
 
 def _example(name: str) -> str:
     """The code block right after `<!-- example: NAME -->`."""
-    m = re.search(rf"<!-- example: {re.escape(name)} -->\s*```python\n(.*?)```", README.read_text(), flags=re.S)
+    m = re.search(
+        rf"<!-- example: {re.escape(name)} -->\s*```python\n(.*?)```", README.read_text(), flags=re.S
+    )
     assert m, f"README.md has no example block {name!r}"
     return m.group(1)
 
@@ -55,7 +57,9 @@ def test_ci_runs_exactly_the_readme_test_command():
 def test_cli_reference_equals_what_the_parsers_say():
     gen = _load(REPO / "docs" / "gen_cli_reference.py")
     section = gen.generate()
-    assert section in README.read_text(), "README's CLI reference is out of date: run python docs/gen_cli_reference.py"
+    assert section in README.read_text(), (
+        "README's CLI reference is out of date: run python docs/gen_cli_reference.py"
+    )
     # and it really covers every flag of every subcommand
     from pipelines.cli import build_parser
 
@@ -71,7 +75,8 @@ def test_cli_reference_equals_what_the_parsers_say():
     missing = {f for f in flags(build_parser()) if f"`{f}" not in section and f"`{f}," not in section}
     assert not missing - {"--help"}
     assert {"### `tidegauge demo`", "### `tidegauge div validate`", "### `tidegauge leapfrog`"} <= set(
-        section.splitlines())
+        section.splitlines()
+    )
 
 
 @pytest.mark.kafka
@@ -83,8 +88,10 @@ def test_the_heartbeat_leader_example_runs_and_prints_what_the_readme_says():
         exec(compile(_example("leader-loop-run"), "README.md:leader-loop-run", "exec"), namespace)
     lines = out.getvalue().splitlines()
     assert lines[0] == "leader of region 0 processed RT offsets [52, 52]"
-    heartbeats = [re.fullmatch(r"VT offset (\d+): heartbeat from region (\d), watermarks \[(\d+), (\d+)\]", ln)
-                  for ln in lines[1:]]
+    heartbeats = [
+        re.fullmatch(r"VT offset (\d+): heartbeat from region (\d), watermarks \[(\d+), (\d+)\]", ln)
+        for ln in lines[1:]
+    ]
     assert len(heartbeats) == 2 and all(heartbeats), lines
     assert sorted(int(m.group(2)) for m in heartbeats) == [0, 1]
     for m in heartbeats:  # a heartbeat covers at least its own RT heartbeat (offset 52 of its origin region)
@@ -97,7 +104,9 @@ def test_the_benchmark_table_is_what_the_benchmarks_printed():
     bench = _load(REPO / "bench" / "readme_table.py")
     results = json.loads((REPO / "bench" / "results.json").read_text())
     table = bench.table(results)
-    assert table in README.read_text(), "README's benchmark table is out of date: python bench/readme_table.py --render"
+    assert table in README.read_text(), (
+        "README's benchmark table is out of date: python bench/readme_table.py --render"
+    )
     rows = [ln for ln in table.splitlines() if ln.startswith("| ") and "python bench/" in ln]
     assert len(rows) == len(results["benches"]) >= 5
     for name, entry in results["benches"].items():

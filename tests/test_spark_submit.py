@@ -41,8 +41,12 @@ def bare_python(root: Path) -> str:
     site = next(root.glob("lib/python*/site-packages"))
     (site / "deps.pth").write_text(sysconfig.get_paths()["purelib"] + "\n")
     python = str(root / "bin" / "python")
-    probe = subprocess.run([python, "-c", "import pyarrow, fastavro, pyspark\nimport pipelines"], cwd=root,
-                           capture_output=True, text=True)
+    probe = subprocess.run(
+        [python, "-c", "import pyarrow, fastavro, pyspark\nimport pipelines"],
+        cwd=root,
+        capture_output=True,
+        text=True,
+    )
     assert "No module named 'pipelines'" in probe.stderr, probe.stderr
     return python
 
@@ -72,13 +76,33 @@ def test_leapfrog_under_spark_submit_with_py_files(tmp_path):
         logs[x] = write_archive([vt], tmp_path / f"dc-{x}", "sub_v1")
     work = tmp_path / "submit"
     work.mkdir()
-    (work / "tidegauge_submit.py").write_text((REPO / "pipelines" / "submit.py").read_text())  # the shipped one
+    (work / "tidegauge_submit.py").write_text(
+        (REPO / "pipelines" / "submit.py").read_text()
+    )  # the shipped one
     build_zip(work / "tidegauge.zip")
     python = bare_python(tmp_path / "venv")
     out = tmp_path / "out"
-    cmd = [_spark_submit(), "--master", "local[2]", "--py-files", "tidegauge.zip", "tidegauge_submit.py",
-           "leapfrog", "--master", "local[2]", "--store", "sub", "--version", "1",
-           "--source", f"0={logs[0]}", "--source", f"1={logs[1]}", "--out", str(out)]
+    cmd = [
+        _spark_submit(),
+        "--master",
+        "local[2]",
+        "--py-files",
+        "tidegauge.zip",
+        "tidegauge_submit.py",
+        "leapfrog",
+        "--master",
+        "local[2]",
+        "--store",
+        "sub",
+        "--version",
+        "1",
+        "--source",
+        f"0={logs[0]}",
+        "--source",
+        f"1={logs[1]}",
+        "--out",
+        str(out),
+    ]
     proc = subprocess.run(cmd, cwd=work, env=_env(python), capture_output=True, text=True, timeout=600)
     output = proc.stdout + proc.stderr  # spark-submit passes the driver's stderr on as its stdout
     assert (out / "summary.json").exists(), output[-3000:]
@@ -95,16 +119,27 @@ def test_spark_submit_master_and_settings_are_kept(tmp_path):
     """Without --master on the tidegauge command line, the job runs on the master spark-submit was given, and
     spark-submit's --conf beats tidegauge's defaults."""
     probe = tmp_path / "probe.py"
-    probe.write_text("from pipelines.core.spark_session import get_session\n"
-                     "s = get_session()\n"
-                     "print('MASTER=' + s.sparkContext.master)\n"
-                     "print('shuffle.partitions=' + s.conf.get('spark.sql.shuffle.partitions'))\n")
-    env = {k: v for k, v in os.environ.items() if k not in ("PYTHONPATH", "PYSPARK_DRIVER_PYTHON", "SPARK_MASTER")}
+    probe.write_text(
+        "from pipelines.core.spark_session import get_session\n"
+        "s = get_session()\n"
+        "print('MASTER=' + s.sparkContext.master)\n"
+        "print('shuffle.partitions=' + s.conf.get('spark.sql.shuffle.partitions'))\n"
+    )
+    env = {
+        k: v
+        for k, v in os.environ.items()
+        if k not in ("PYTHONPATH", "PYSPARK_DRIVER_PYTHON", "SPARK_MASTER")
+    }
     env["PYSPARK_PYTHON"] = sys.executable
-    proc = subprocess.run([_spark_submit(), "--master", "local[1]", "--conf", "spark.sql.shuffle.partitions=3",
-                           str(probe)], cwd=tmp_path, env=env,
-                          capture_output=True, text=True, timeout=300)
+    proc = subprocess.run(
+        [_spark_submit(), "--master", "local[1]", "--conf", "spark.sql.shuffle.partitions=3", str(probe)],
+        cwd=tmp_path,
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=300,
+    )
     assert proc.returncode == 0, proc.stderr[-3000:]
-    master = next(line for line in proc.stdout.splitlines() if line.startswith("MASTER="))[len("MASTER="):]
+    master = next(line for line in proc.stdout.splitlines() if line.startswith("MASTER="))[len("MASTER=") :]
     assert "shuffle.partitions=3" in proc.stdout, proc.stdout[-2000:]
     assert master == "local[1]"

@@ -46,12 +46,32 @@ class PartitionContext:
 class Record:
     """One Kafka record as a validator sees it. Read-only by convention; build no state on it."""
 
-    __slots__ = ("region", "topic", "partition", "offset", "key", "value", "headers", "envelope", "timestamp_ms",
-                 "undecodable")
+    __slots__ = (
+        "region",
+        "topic",
+        "partition",
+        "offset",
+        "key",
+        "value",
+        "headers",
+        "envelope",
+        "timestamp_ms",
+        "undecodable",
+    )
 
-    def __init__(self, region: int, topic: str, partition: int, offset: int, key: bytes | None,
-                 value: bytes | None, headers: list | None, envelope: dict | None, timestamp_ms: int | None,
-                 undecodable: str | None = None) -> None:
+    def __init__(
+        self,
+        region: int,
+        topic: str,
+        partition: int,
+        offset: int,
+        key: bytes | None,
+        value: bytes | None,
+        headers: list | None,
+        envelope: dict | None,
+        timestamp_ms: int | None,
+        undecodable: str | None = None,
+    ) -> None:
         self.region = region
         self.topic = topic
         self.partition = partition
@@ -134,8 +154,10 @@ class Chain(list):
                 raised = self._raises[i] = self._raises[i] + 1
                 detail = f"validator raised {type(exc).__name__}: {exc}"
                 if raised >= MAX_RAISES_PER_PARTITION:
-                    detail += (f" (raised {raised} times in this partition: not run on the rest of "
-                               f"{record.topic}/{record.partition})")
+                    detail += (
+                        f" (raised {raised} times in this partition: not run on the rest of "
+                        f"{record.topic}/{record.partition})"
+                    )
                 out.append(_finding(record, self._names[i], detail))
                 continue
             if reason is not None and reason is not False:
@@ -147,8 +169,15 @@ def _finding(record: Record, name: str, detail: str) -> Finding:
     env = record.envelope
     if env is not None:
         pm = env["producerMetadata"]
-        return Finding(record.offset, pm["producerGUID"], pm["segmentNumber"], pm["messageSequenceNumber"],
-                       VALIDATOR_PREFIX + name, False, detail)
+        return Finding(
+            record.offset,
+            pm["producerGUID"],
+            pm["segmentNumber"],
+            pm["messageSequenceNumber"],
+            VALIDATOR_PREFIX + name,
+            False,
+            detail,
+        )
     return Finding(record.offset, None, -1, -1, VALIDATOR_PREFIX + name, False, detail)
 
 

@@ -63,8 +63,9 @@ class TimestampDrift(RecordValidator):
 
     name = "timestamp_drift"
 
-    def __init__(self, max_drift_ms: int = 3_600_000, max_ahead_ms: int | None = None,
-                 timestamp: str = "broker") -> None:
+    def __init__(
+        self, max_drift_ms: int = 3_600_000, max_ahead_ms: int | None = None, timestamp: str = "broker"
+    ) -> None:
         self.max_behind = _non_negative_int("max_drift_ms", max_drift_ms)
         if max_ahead_ms is None:
             self.max_ahead: int | None = self.max_behind
@@ -91,11 +92,15 @@ class TimestampDrift(RecordValidator):
         delta = ts - prev_ts
         which = "timestamp" if self.use_broker else "producer timestamp"
         if delta < -self.max_behind:
-            return (f"{which} {ts} is {-delta} ms before that of the previous record (offset {prev_offset}, "
-                    f"{prev_ts}); allowed drift {self.max_behind} ms")
+            return (
+                f"{which} {ts} is {-delta} ms before that of the previous record (offset {prev_offset}, "
+                f"{prev_ts}); allowed drift {self.max_behind} ms"
+            )
         if self.max_ahead is not None and delta > self.max_ahead:
-            return (f"{which} {ts} is {delta} ms after that of the previous record (offset {prev_offset}, "
-                    f"{prev_ts}); allowed drift {self.max_ahead} ms")
+            return (
+                f"{which} {ts} is {delta} ms after that of the previous record (offset {prev_offset}, "
+                f"{prev_ts}); allowed drift {self.max_ahead} ms"
+            )
         return None
 
 
@@ -123,7 +128,9 @@ class KeyPresent(RecordValidator):
     def _decide(self, topic: str, compacted: bool) -> bool:
         if not self.topics and self.pattern is None:
             return compacted
-        return topic in self.topics or (self.pattern is not None and self.pattern.fullmatch(topic) is not None)
+        return topic in self.topics or (
+            self.pattern is not None and self.pattern.fullmatch(topic) is not None
+        )
 
     def reset(self, context: PartitionContext) -> None:
         self._topic = context.topic
@@ -152,7 +159,13 @@ class SchemaIds(RecordValidator):
     def __init__(self, allowed: list | str | int | None = None, chunks: bool = True) -> None:
         if allowed is None:
             raise ValueError("allowed (the value schema ids to accept) is required")
-        items = allowed.split(",") if isinstance(allowed, str) else allowed if isinstance(allowed, list) else [allowed]
+        items = (
+            allowed.split(",")
+            if isinstance(allowed, str)
+            else allowed
+            if isinstance(allowed, list)
+            else [allowed]
+        )
         self.ids: set[int] = set()
         self.ranges: list[tuple[int, int]] = []
         for item in items:

@@ -21,10 +21,13 @@ def _entry(spec: Any, index: int) -> dict[str, Any]:
         return {"class": spec}
     if isinstance(spec, dict):
         if not isinstance(spec.get("class"), str) or not spec["class"].strip():
-            raise ValidatorSpecError(f"validators[{index}] {spec!r}: needs `class: module:Class` "
-                                     f"(or builtin:<name>)")
+            raise ValidatorSpecError(
+                f"validators[{index}] {spec!r}: needs `class: module:Class` (or builtin:<name>)"
+            )
         return spec
-    raise ValidatorSpecError(f"validators[{index}] {spec!r}: expected `module:Class` or a mapping with `class:`")
+    raise ValidatorSpecError(
+        f"validators[{index}] {spec!r}: expected `module:Class` or a mapping with `class:`"
+    )
 
 
 def resolve_class(path: str) -> type:
@@ -40,24 +43,31 @@ def resolve_class(path: str) -> type:
     if builtin:
         cls = BUILTINS.get(attr)
         if cls is None:
-            raise ValidatorSpecError(f"validator {path!r}: no built-in validator {attr!r} (built-ins: "
-                                     f"{', '.join(sorted(BUILTINS))}; others are module:Class)")
+            raise ValidatorSpecError(
+                f"validator {path!r}: no built-in validator {attr!r} (built-ins: "
+                f"{', '.join(sorted(BUILTINS))}; others are module:Class)"
+            )
         return cls
     if not module_name or not attr:
-        raise ValidatorSpecError(f"validator {path!r}: expected module:Class, e.g. mypackage.checks:MyValidator")
+        raise ValidatorSpecError(
+            f"validator {path!r}: expected module:Class, e.g. mypackage.checks:MyValidator"
+        )
     try:
         module = importlib.import_module(module_name)
     except Exception as exc:
-        raise ValidatorSpecError(f"validator {path!r}: cannot import module {module_name!r}: "
-                                 f"{type(exc).__name__}: {exc}") from None
+        raise ValidatorSpecError(
+            f"validator {path!r}: cannot import module {module_name!r}: {type(exc).__name__}: {exc}"
+        ) from None
     obj = module
     for part in attr.split("."):
         obj = getattr(obj, part, None)
         if obj is None:
             raise ValidatorSpecError(f"validator {path!r}: module {module_name!r} has no {attr!r}")
     if not inspect.isclass(obj) or not callable(getattr(obj, "validate", None)):
-        raise ValidatorSpecError(f"validator {path!r}: {attr!r} is not a validator class (it needs a "
-                                 f"`validate(record)` method; see div.validators.base.RecordValidator)")
+        raise ValidatorSpecError(
+            f"validator {path!r}: {attr!r} is not a validator class (it needs a "
+            f"`validate(record)` method; see div.validators.base.RecordValidator)"
+        )
     return obj
 
 
@@ -95,8 +105,9 @@ def build_chain(specs: list | None) -> Chain:
         try:
             inst = cls(**params)
         except (TypeError, ValueError) as exc:
-            raise ValidatorSpecError(f"validator {entry['class']!r} (validators[{i}]): bad parameters "
-                                     f"{params!r}: {exc}") from None
+            raise ValidatorSpecError(
+                f"validator {entry['class']!r} (validators[{i}]): bad parameters {params!r}: {exc}"
+            ) from None
         if entry.get("name"):
             try:
                 inst.name = str(entry["name"])

@@ -173,12 +173,20 @@ class RegionScan:
         self.final_hw = hw
         self._gap_firsts = [g.first for g in self.gaps]
         # The per-key rules see the scan through this view, as the distributed job does (leapfrog.history).
-        self.view = RegionView(n_regions, mode, self.start_after, self.prefix_known, self.default_vector, hw,
-                               tuple(self._gap_firsts), tuple(g.hw_before for g in self.gaps),
-                               prefix_freeze=carried.gap_hw if carried is not None else None,
-                               start_hw=carried.final_hw if carried is not None else None,
-                               latest_kept=log.latest_kept,
-                               start_latest_kept=carried.latest_kept if carried is not None else True)
+        self.view = RegionView(
+            n_regions,
+            mode,
+            self.start_after,
+            self.prefix_known,
+            self.default_vector,
+            hw,
+            tuple(self._gap_firsts),
+            tuple(g.hw_before for g in self.gaps),
+            prefix_freeze=carried.gap_hw if carried is not None else None,
+            start_hw=carried.final_hw if carried is not None else None,
+            latest_kept=log.latest_kept,
+            start_latest_kept=carried.latest_kept if carried is not None else True,
+        )
         self._histories: dict[bytes, list[KeyRecord]] = {}
         # The mark before the first gap since the (first) scan began freezes every absent prefix.
         if carried is not None and carried.gap_hw is not None:
@@ -277,7 +285,9 @@ class RegionScan:
         elif self.prefix_known:
             if self.carried is not None:
                 marks.append(
-                    self.carried.gap_hw if self.carried.gap_hw is not None and not latest else self.carried.final_hw
+                    self.carried.gap_hw
+                    if self.carried.gap_hw is not None and not latest
+                    else self.carried.final_hw
                 )
             else:
                 marks.append(None)

@@ -53,7 +53,9 @@ class RegionState:
     baseline: Vector | None
     gap_hw: Vector | None
     keys: Mapping[bytes, CarriedKey]
-    latest_kept: bool = True  # that run's log kept every key's latest record: its last records stood to its end
+    latest_kept: bool = (
+        True  # that run's log kept every key's latest record: its last records stood to its end
+    )
 
 
 @dataclass(frozen=True)

@@ -17,7 +17,9 @@ from div.archive import ArchiveError
 from pipelines.core.kafka_source import KAFKA_SPARK_SCHEMA
 
 
-def read_archive(spark: SparkSession, directory: str | os.PathLike, topics: str | list[str] | None = None) -> DataFrame:
+def read_archive(
+    spark: SparkSession, directory: str | os.PathLike, topics: str | list[str] | None = None
+) -> DataFrame:
     """The archive's records in Spark's Kafka schema, optionally only those of `topics` (a list or comma list).
 
     Rows come in no particular order (sort by topic, partition, offset when order matters). Records an archive

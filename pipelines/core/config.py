@@ -52,7 +52,7 @@ class JobConfig(_Strict):
 
 
 def closest(name: str, valid) -> str:
-    """" (did you mean X?)" for the valid name closest to a misspelled one, or ""."""
+    """ " (did you mean X?)" for the valid name closest to a misspelled one, or ""."""
     match = difflib.get_close_matches(str(name), [str(v) for v in valid], n=1, cutoff=0.5)
     return f" (did you mean {match[0]!r}?)" if match else ""
 

@@ -51,8 +51,11 @@ def exit_codes(*usage: type[Exception]) -> Callable[[Command], Command]:
                 return EXIT_INTERRUPTED
             except Exception:
                 traceback.print_exc()
-                print(f"tidegauge {name}: internal error (the traceback above says where); no result was "
-                      "written for this run", file=sys.stderr)
+                print(
+                    f"tidegauge {name}: internal error (the traceback above says where); no result was "
+                    "written for this run",
+                    file=sys.stderr,
+                )
             return EXIT_USAGE
 
         return entry

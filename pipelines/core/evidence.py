@@ -68,15 +68,23 @@ class PartitionEvidence:
 
     def to_json(self) -> dict[str, Any]:
         return {
-            "region": self.region, "topic": self.topic, "partition": self.partition,
-            "planned_offsets": [self.start, self.end], "planned_records": self.planned_records,
-            "read_records": self.read_records, "undecodable": self.undecodable,
-            "undecodable_offsets": list(self.undecodable_offsets), "reached_end": self.reached_end,
-            "short": self.short, "error": self.error,
+            "region": self.region,
+            "topic": self.topic,
+            "partition": self.partition,
+            "planned_offsets": [self.start, self.end],
+            "planned_records": self.planned_records,
+            "read_records": self.read_records,
+            "undecodable": self.undecodable,
+            "undecodable_offsets": list(self.undecodable_offsets),
+            "reached_end": self.reached_end,
+            "short": self.short,
+            "error": self.error,
         }
 
 
-def verdict(findings: int, evidence: Iterable[PartitionEvidence], failed_partitions: int = 0) -> tuple[str, int]:
+def verdict(
+    findings: int, evidence: Iterable[PartitionEvidence], failed_partitions: int = 0
+) -> tuple[str, int]:
     """(verdict, exit code) from the number of findings and the evidence behind them."""
     if findings > 0:
         return FINDINGS, EXIT_FINDINGS
@@ -85,7 +93,9 @@ def verdict(findings: int, evidence: Iterable[PartitionEvidence], failed_partiti
     return CLEAN, EXIT_CLEAN
 
 
-def summary_fields(findings: int, evidence: list[PartitionEvidence], failed_partitions: int = 0) -> dict[str, Any]:
+def summary_fields(
+    findings: int, evidence: list[PartitionEvidence], failed_partitions: int = 0
+) -> dict[str, Any]:
     """`verdict` and `evidence` for summary.json: the counts behind the verdict, totals first."""
     name, code = verdict(findings, evidence, failed_partitions)
     short = [e for e in evidence if e.short]
@@ -111,7 +121,11 @@ def describe_short(evidence: Iterable[PartitionEvidence]) -> list[str]:
         if e.error is not None:
             lines.append(f"{where}: not read: {e.error}")
         elif e.short:
-            expected = f"{e.planned_records} records" if e.planned_records is not None else f"offsets {e.start}..{e.end - 1}"
+            expected = (
+                f"{e.planned_records} records"
+                if e.planned_records is not None
+                else f"offsets {e.start}..{e.end - 1}"
+            )
             lines.append(f"{where}: read {e.read_records} of {expected}")
         if e.undecodable:
             shown = ", ".join(str(o) for o in e.undecodable_offsets[:5])

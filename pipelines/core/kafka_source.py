@@ -51,8 +51,10 @@ KAFKA_SPARK_SCHEMA = StructType(
         StructField("offset", LongType()),
         StructField("timestamp", TimestampType()),
         StructField("timestampType", IntegerType()),
-        StructField("headers", ArrayType(StructType([StructField("key", StringType()),
-                                                     StructField("value", BinaryType())]))),
+        StructField(
+            "headers",
+            ArrayType(StructType([StructField("key", StringType()), StructField("value", BinaryType())])),
+        ),
     ]
 )
 
@@ -86,7 +88,9 @@ class _Options:
         try:
             conf = json.loads(opts.get("conf") or "{}")
         except json.JSONDecodeError as e:
-            raise ValueError(f"{SHORT_NAME}: option 'conf' is not valid JSON ({e.msg} at position {e.pos})") from None
+            raise ValueError(
+                f"{SHORT_NAME}: option 'conf' is not valid JSON ({e.msg} at position {e.pos})"
+            ) from None
         if not isinstance(conf, dict):
             raise ValueError(f"{SHORT_NAME}: option 'conf' must be a JSON object of librdkafka settings")
         self.conf: dict[str, object] = conf
@@ -96,7 +100,9 @@ class _Options:
         try:
             self.max_records_per_split = int(raw) if raw not in (None, "") else None
         except ValueError:
-            raise ValueError(f"{SHORT_NAME}: option 'max_records_per_split' must be an integer, got {raw!r}") from None
+            raise ValueError(
+                f"{SHORT_NAME}: option 'max_records_per_split' must be an integer, got {raw!r}"
+            ) from None
         if self.max_records_per_split is not None and self.max_records_per_split < 1:
             raise ValueError(f"{SHORT_NAME}: option 'max_records_per_split' must be positive, got {raw!r}")
         self.batch_size = int(opts.get("batch_size") or 65536)
@@ -111,22 +117,32 @@ def _parse_offsets(raw: str | None, name: str) -> dict[tuple[str, int], int]:
         raise ValueError(f"{SHORT_NAME}: option {name!r} is not valid JSON: {e.msg}") from None
     out: dict[tuple[str, int], int] = {}
     if not isinstance(spec, dict):
-        raise ValueError(f"{SHORT_NAME}: option {name!r} must look like {{\"topic\": {{\"0\": 42}}}}, got {raw!r}")
+        raise ValueError(
+            f'{SHORT_NAME}: option {name!r} must look like {{"topic": {{"0": 42}}}}, got {raw!r}'
+        )
     for topic, parts in spec.items():
         if not isinstance(parts, dict):
-            raise ValueError(f"{SHORT_NAME}: option {name!r}: topic {topic!r} needs a {{partition: offset}} object")
+            raise ValueError(
+                f"{SHORT_NAME}: option {name!r}: topic {topic!r} needs a {{partition: offset}} object"
+            )
         for p, off in parts.items():
             try:
                 out[(topic, int(p))] = int(off)
             except (TypeError, ValueError):
-                raise ValueError(f"{SHORT_NAME}: option {name!r}: {topic}[{p}] = {off!r} is not an offset") from None
+                raise ValueError(
+                    f"{SHORT_NAME}: option {name!r}: {topic}[{p}] = {off!r} is not an offset"
+                ) from None
     return out
 
 
-def plan_splits(bootstrap: str, conf: Mapping[str, object] | None, topics: list[str],
-                starting: Mapping[tuple[str, int], int] | None = None,
-                ending: Mapping[tuple[str, int], int] | None = None,
-                max_records_per_split: int | None = None) -> list[KafkaSplit]:
+def plan_splits(
+    bootstrap: str,
+    conf: Mapping[str, object] | None,
+    topics: list[str],
+    starting: Mapping[tuple[str, int], int] | None = None,
+    ending: Mapping[tuple[str, int], int] | None = None,
+    max_records_per_split: int | None = None,
+) -> list[KafkaSplit]:
     """Resolve every partition's [start, end) against the cluster's watermarks and cut it into splits."""
     starting, ending = dict(starting or {}), dict(ending or {})
     splits: list[KafkaSplit] = []
@@ -169,8 +185,9 @@ class TidegaugeKafkaReader(DataSourceReader):
         if split.end <= split.start:
             return
         o = self.options
-        yield from kafka_log.iter_partition(o.bootstrap, o.conf, split.topic, split.partition, split.start,
-                                            split.end, batch_size=o.batch_size)
+        yield from kafka_log.iter_partition(
+            o.bootstrap, o.conf, split.topic, split.partition, split.start, split.end, batch_size=o.batch_size
+        )
 
 
 class TidegaugeKafkaDataSource(DataSource):
@@ -210,9 +227,15 @@ def _flatten(spec: OffsetSpec | Mapping[tuple[str, int], int] | None) -> dict[tu
     return out
 
 
-def read_kafka(spark: SparkSession, bootstrap: str, topics: str | list[str],
-               conf: Mapping[str, object] | None = None, starting: OffsetSpec | None = None,
-               ending: OffsetSpec | None = None, max_records_per_split: int | None = None) -> DataFrame:
+def read_kafka(
+    spark: SparkSession,
+    bootstrap: str,
+    topics: str | list[str],
+    conf: Mapping[str, object] | None = None,
+    starting: OffsetSpec | None = None,
+    ending: OffsetSpec | None = None,
+    max_records_per_split: int | None = None,
+) -> DataFrame:
     """A DataFrame of the topics' records in Spark's Kafka schema.
 
     Unless `ending` names them, end offsets are the high watermarks at the time of this call, so every action on
@@ -226,11 +249,13 @@ def read_kafka(spark: SparkSession, bootstrap: str, topics: str | list[str],
             for p in kl.partitions(t):
                 if end.get((t, p), LATEST) == LATEST:
                     end[(t, p)] = kl.watermarks(t, p)[1]
-    reader = (spark.read.format(SHORT_NAME)
-              .option("bootstrap", kafka_log.bootstrap_of(bootstrap))
-              .option("topics", ",".join(topic_list))
-              .option("conf", json.dumps(dict(conf or {})))
-              .option("ending_offsets", _offsets_json(end)))
+    reader = (
+        spark.read.format(SHORT_NAME)
+        .option("bootstrap", kafka_log.bootstrap_of(bootstrap))
+        .option("topics", ",".join(topic_list))
+        .option("conf", json.dumps(dict(conf or {})))
+        .option("ending_offsets", _offsets_json(end))
+    )
     if starting:
         reader = reader.option("starting_offsets", _offsets_json(_flatten(starting)))
     if max_records_per_split:

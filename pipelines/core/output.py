@@ -48,7 +48,7 @@ def local_path(uri: str | os.PathLike) -> Path | None:
     """The absolute local path of a plain path or `file://` URI; None for other schemes (not checked here)."""
     text = os.fspath(uri)
     if text.startswith("file://"):
-        text = text[len("file://"):]
+        text = text[len("file://") :]
     elif "://" in text:
         return None
     return Path(os.path.abspath(os.path.expanduser(text)))
@@ -98,8 +98,10 @@ def check_output(path: str | os.PathLike, command: str, flag: str = "--out") -> 
     if not p.exists():
         return
     if not p.is_dir():
-        raise OutputRefused(f"{flag} {path}: exists and is not a directory (tidegauge writes a directory there; "
-                            "choose a new path)")
+        raise OutputRefused(
+            f"{flag} {path}: exists and is not a directory (tidegauge writes a directory there; "
+            "choose a new path)"
+        )
     try:
         empty = not any(p.iterdir())
     except OSError as exc:
@@ -109,17 +111,23 @@ def check_output(path: str | os.PathLike, command: str, flag: str = "--out") -> 
     mark = marker_of(p)
     if mark is not None:
         if mark.get("command") != command:
-            raise OutputRefused(f"{flag} {path}: holds the output of `tidegauge {mark.get('command')}`, not of "
-                                f"`tidegauge {command}`; choose another directory")
+            raise OutputRefused(
+                f"{flag} {path}: holds the output of `tidegauge {mark.get('command')}`, not of "
+                f"`tidegauge {command}`; choose another directory"
+            )
         return
     if _is_legacy_output(p, command):
         return
-    raise OutputRefused(f"{flag} {path}: the directory is not empty and is not an earlier output of `tidegauge "
-                        f"{command}` (no {MARKER} marker); tidegauge never replaces what it did not write: choose a "
-                        "new or empty directory")
+    raise OutputRefused(
+        f"{flag} {path}: the directory is not empty and is not an earlier output of `tidegauge "
+        f"{command}` (no {MARKER} marker); tidegauge never replaces what it did not write: choose a "
+        "new or empty directory"
+    )
 
 
-def check_disjoint(outputs: dict[str, str | os.PathLike | None], inputs: dict[str, str | os.PathLike | None]) -> None:
+def check_disjoint(
+    outputs: dict[str, str | os.PathLike | None], inputs: dict[str, str | os.PathLike | None]
+) -> None:
     """Refuse an output equal to or inside an input, an input inside an output, and two outputs that nest.
 
     Keys are the labels the message uses (`--out`, `--source 1`); None values are ignored."""
@@ -132,21 +140,36 @@ def check_disjoint(outputs: dict[str, str | os.PathLike | None], inputs: dict[st
         for ik, i in ins.items():
             i_real = Path(os.path.realpath(i))
             if o_real == i_real or o_real.is_relative_to(i_real):
-                raise OutputRefused(f"{ok} {outputs[ok]}: is inside {ik} ({inputs[ik]}), which this job reads; "
-                                    "write the output somewhere else")
+                raise OutputRefused(
+                    f"{ok} {outputs[ok]}: is inside {ik} ({inputs[ik]}), which this job reads; "
+                    "write the output somewhere else"
+                )
             if i_real.is_relative_to(o_real):
-                raise OutputRefused(f"{ok} {outputs[ok]}: contains {ik} ({inputs[ik]}), which this job reads; "
-                                    "write the output somewhere else")
+                raise OutputRefused(
+                    f"{ok} {outputs[ok]}: contains {ik} ({inputs[ik]}), which this job reads; "
+                    "write the output somewhere else"
+                )
         for ok2, o2 in outs.items():
             if ok2 != ok and Path(os.path.realpath(o2)).is_relative_to(o_real):
-                raise OutputRefused(f"{ok} {outputs[ok]} and {ok2} {outputs[ok2]} overlap; give them separate "
-                                    "directories")
+                raise OutputRefused(
+                    f"{ok} {outputs[ok]} and {ok2} {outputs[ok2]} overlap; give them separate directories"
+                )
 
 
 def write_marker(directory: Path, command: str) -> None:
-    atomic_write(directory / MARKER, (json.dumps({"command": command, "tidegauge_version": tidegauge_version(),
-                                                  "written_at": dt.datetime.now(dt.UTC).isoformat(
-                                                      timespec="seconds")}) + "\n").encode())
+    atomic_write(
+        directory / MARKER,
+        (
+            json.dumps(
+                {
+                    "command": command,
+                    "tidegauge_version": tidegauge_version(),
+                    "written_at": dt.datetime.now(dt.UTC).isoformat(timespec="seconds"),
+                }
+            )
+            + "\n"
+        ).encode(),
+    )
 
 
 def tidegauge_version() -> str:
@@ -208,10 +231,14 @@ class OutputDir:
 
     def write_json(self, name: str, data: Any) -> Path:
         path = self.file(name)
-        atomic_write(path, (json.dumps(data, indent=2, sort_keys=False, default=_json_default) + "\n").encode())
+        atomic_write(
+            path, (json.dumps(data, indent=2, sort_keys=False, default=_json_default) + "\n").encode()
+        )
         return path
 
-    def common_fields(self, job: str, exit_code: int, sources: dict[int, str] | None = None) -> dict[str, Any]:
+    def common_fields(
+        self, job: str, exit_code: int, sources: dict[int, str] | None = None
+    ) -> dict[str, Any]:
         return {
             "job": job,
             "tidegauge_version": tidegauge_version(),
@@ -251,15 +278,21 @@ def check_history(path: str | os.PathLike | None) -> None:
     mark = marker_of(p)
     if mark is not None and mark.get("command") == "report history":
         return
-    strangers = [c.name for c in p.iterdir() if not c.name.startswith(".")
-                 and not (c.name.startswith("run-") and c.name.endswith(".parquet"))]
+    strangers = [
+        c.name
+        for c in p.iterdir()
+        if not c.name.startswith(".") and not (c.name.startswith("run-") and c.name.endswith(".parquet"))
+    ]
     if strangers:
-        raise OutputRefused(f"--history {path}: holds files the report did not write ({', '.join(sorted(strangers)[:3])}"
-                            f"{', ...' if len(strangers) > 3 else ''}); choose a new or empty directory")
+        raise OutputRefused(
+            f"--history {path}: holds files the report did not write ({', '.join(sorted(strangers)[:3])}"
+            f"{', ...' if len(strangers) > 3 else ''}); choose a new or empty directory"
+        )
 
 
-def guard(command: str, outputs: dict[str, str | os.PathLike | None],
-          inputs: dict[str, str | os.PathLike | None]) -> None:
+def guard(
+    command: str, outputs: dict[str, str | os.PathLike | None], inputs: dict[str, str | os.PathLike | None]
+) -> None:
     """Every check a job makes of its outputs before any work: each output absent, empty or its own earlier
     output, none inside or around an input. Raises OutputRefused naming the path."""
     check_disjoint(outputs, inputs)  # first: "it is your input" says more than "it is not empty"

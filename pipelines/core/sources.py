@@ -29,7 +29,7 @@ def absolute_uri(uri: str) -> str:
     if not isinstance(uri, str):
         return uri  # not a path: the opener names what is wrong with it
     if uri.startswith("file://"):
-        return "file://" + os.path.abspath(os.path.expanduser(uri[len("file://"):]))
+        return "file://" + os.path.abspath(os.path.expanduser(uri[len("file://") :]))
     if "://" in uri:
         return uri
     return os.path.abspath(os.path.expanduser(uri))
@@ -52,7 +52,9 @@ def parse_source(text: str) -> SourceSpec:
     """`ID=URI` → SourceSpec. ID is a region id (0..N-1); URI an archive directory or kafka://host:port,..."""
     m = re.fullmatch(r"\s*(\d+)\s*=\s*(\S.*?)\s*", text or "")
     if not m:
-        raise SourceError(f"--source {text!r}: expected ID=URI, e.g. 0=out/archive/dc-0 or 1=kafka://host:9092")
+        raise SourceError(
+            f"--source {text!r}: expected ID=URI, e.g. 0=out/archive/dc-0 or 1=kafka://host:9092"
+        )
     return SourceSpec(int(m.group(1)), m.group(2))
 
 
@@ -93,8 +95,15 @@ class Source:
         """(first offset, end offset exclusive) of the planned snapshot of this partition."""
         raise NotImplementedError
 
-    def iter_partition(self, topic: str, partition: int, start: int | None = None, end: int | None = None,
-                       columns: list[str] | None = None, batch_size: int = 65536) -> Iterator[pa.RecordBatch]:
+    def iter_partition(
+        self,
+        topic: str,
+        partition: int,
+        start: int | None = None,
+        end: int | None = None,
+        columns: list[str] | None = None,
+        batch_size: int = 65536,
+    ) -> Iterator[pa.RecordBatch]:
         raise NotImplementedError
 
     def planned_records(self, topic: str, partition: int) -> int | None:
@@ -109,7 +118,7 @@ class Source:
 
 class ArchiveSource(Source):
     def __post_init__(self) -> None:
-        path = self.uri[len("file://"):] if self.uri.startswith("file://") else self.uri
+        path = self.uri[len("file://") :] if self.uri.startswith("file://") else self.uri
         if not os.path.isdir(path):
             raise SourceError(f"source {self.region}={self.uri}: no such archive directory")
         self.path = path
@@ -171,8 +180,9 @@ class KafkaSource(Source):
         end = high if end is None else min(end, high)
         if start >= end:
             return
-        for batch in kafka_log.iter_partition(self.bootstrap, self.kafka_conf, topic, partition, start, end,
-                                              batch_size):
+        for batch in kafka_log.iter_partition(
+            self.bootstrap, self.kafka_conf, topic, partition, start, end, batch_size
+        ):
             yield batch.select(columns) if columns else batch
 
     def min_compaction_lag_ms(self, topic: str) -> int | None:

@@ -23,7 +23,9 @@ class JavaMissingError(RuntimeError):
 
 def check_java() -> str:
     """Return the Java version string, or raise JavaMissingError with a message that says what to install."""
-    java = shutil.which("java", path=os.path.join(os.environ["JAVA_HOME"], "bin") if "JAVA_HOME" in os.environ else None)
+    java = shutil.which(
+        "java", path=os.path.join(os.environ["JAVA_HOME"], "bin") if "JAVA_HOME" in os.environ else None
+    )
     java = java or shutil.which("java")
     if not java:
         raise JavaMissingError(
@@ -38,7 +40,9 @@ def check_java() -> str:
     return out.splitlines()[0] if out else "java"
 
 
-def get_session(master: str | None = None, app_name: str = "tidegauge", conf: dict[str, str] | None = None) -> SparkSession:
+def get_session(
+    master: str | None = None, app_name: str = "tidegauge", conf: dict[str, str] | None = None
+) -> SparkSession:
     """Get or create the process-wide SparkSession.
 
     `master` defaults to `local[*]`, or to whatever `spark-submit` already configured. Extra `conf` entries are

@@ -31,16 +31,34 @@ HELP = textwrap.dedent("""\
 
 
 def register(sub) -> None:
-    p = sub.add_parser("demo", help="simulate three regions with faults on embedded Kafka, run every job, "
-                                    "check the findings against the truth",
-                       description=HELP, formatter_class=argparse.RawDescriptionHelpFormatter)
-    p.add_argument("--out", default="tidegauge-demo", metavar="DIR",
-                   help="output directory: new, empty, or an earlier demo's (default ./tidegauge-demo)")
-    p.add_argument("--seed", type=int, default=1, metavar="N",
-                   help="seed of the simulation: traffic, fault targets, GUIDs (default 1)")
-    p.add_argument("--records", type=int, default=12_000, metavar="N",
-                   help="online writes, all regions together (default 12000; at least 3000 so that every "
-                        "fault can be placed)")
+    p = sub.add_parser(
+        "demo",
+        help="simulate three regions with faults on embedded Kafka, run every job, "
+        "check the findings against the truth",
+        description=HELP,
+        formatter_class=argparse.RawDescriptionHelpFormatter,
+    )
+    p.add_argument(
+        "--out",
+        default="tidegauge-demo",
+        metavar="DIR",
+        help="output directory: new, empty, or an earlier demo's (default ./tidegauge-demo)",
+    )
+    p.add_argument(
+        "--seed",
+        type=int,
+        default=1,
+        metavar="N",
+        help="seed of the simulation: traffic, fault targets, GUIDs (default 1)",
+    )
+    p.add_argument(
+        "--records",
+        type=int,
+        default=12_000,
+        metavar="N",
+        help="online writes, all regions together (default 12000; at least 3000 so that every "
+        "fault can be placed)",
+    )
     p.add_argument("--master", metavar="URL", help="Spark master (default local[*])")
     p.set_defaults(func=run)
 
@@ -50,7 +68,14 @@ def run(args: argparse.Namespace) -> int:
     from pipelines.demo.job import DemoOptions, run_demo
 
     if args.records < 3000:
-        raise UsageError(f"--records {args.records}: the demo needs at least 3000 writes to place every fault")
-    opts = DemoOptions(out=args.out, seed=args.seed, records=args.records, verbose=bool(getattr(args, "verbose", False)),
-                       master=args.master)
+        raise UsageError(
+            f"--records {args.records}: the demo needs at least 3000 writes to place every fault"
+        )
+    opts = DemoOptions(
+        out=args.out,
+        seed=args.seed,
+        records=args.records,
+        verbose=bool(getattr(args, "verbose", False)),
+        master=args.master,
+    )
     return run_demo(opts).exit_code

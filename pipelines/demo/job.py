@@ -37,7 +37,15 @@ from pipelines.core.errors import EXIT_PARTIAL as EXIT_STEP_FAILED
 from pipelines.core.progress import duration
 from sim.config import QuietPeriod, SimConfig
 
-DEMO_FAULTS = {"dropped": 2, "poisoned": 1, "failover": 1, "duplicate": 1, "gap": 1, "corrupt": 1, "compaction": 1}
+DEMO_FAULTS = {
+    "dropped": 2,
+    "poisoned": 1,
+    "failover": 1,
+    "duplicate": 1,
+    "gap": 1,
+    "corrupt": 1,
+    "compaction": 1,
+}
 """Every fault kind the jobs can find (dropped, poisoned: leapfrog; gap, corrupt, duplicate: div validate) and
 the ones they must stay quiet about (failover, compaction). Broker outages are left out: they only cost time."""
 
@@ -96,10 +104,23 @@ def demo_config(out: str, seed: int = 1, records: int = 12_000, partitions: int 
     """The demo's simulation: small enough for a couple of minutes on 2 cores, with every fault kind the jobs
     can find, a leader failover, uneven replication lag and a quiet region (which keeps heartbeating)."""
     return SimConfig(
-        out=out, seed=seed, regions=3, partitions=partitions, records=records, keys=max(1_000, records // 3),
-        batch_records=300, write_rate=[1000.0], heartbeat_every_records=200, heartbeat_every_ms=500,
-        default_lag_ms=150, lag_ms={(0, 2): 600}, quiet=[QuietPeriod(2, 0.3, 0.5, None)],
-        failover_delay_ms=300, faults=dict(DEMO_FAULTS), step_records=5_000, progress=False,
+        out=out,
+        seed=seed,
+        regions=3,
+        partitions=partitions,
+        records=records,
+        keys=max(1_000, records // 3),
+        batch_records=300,
+        write_rate=[1000.0],
+        heartbeat_every_records=200,
+        heartbeat_every_ms=500,
+        default_lag_ms=150,
+        lag_ms={(0, 2): 600},
+        quiet=[QuietPeriod(2, 0.3, 0.5, None)],
+        failover_delay_ms=300,
+        faults=dict(DEMO_FAULTS),
+        step_records=5_000,
+        progress=False,
     ).validate()
 
 
@@ -142,20 +163,26 @@ def _div_text(f: DivFinding) -> str:
 
 
 def _fault_title(fault: dict) -> str:
-    where = f"region {fault['region']}" + ("" if fault.get("partition") is None else f" partition {fault['partition']}")
+    where = f"region {fault['region']}" + (
+        "" if fault.get("partition") is None else f" partition {fault['partition']}"
+    )
     return f"#{fault['id']} {fault['kind']} ({where})"
 
 
 def _quiet_fault_detail(fault: dict) -> str:
     d = fault.get("detail") or {}
     if fault["kind"] == "failover":
-        return (f"the successor (term {d.get('new_leader', {}).get('term')}) resumed from the VT heartbeat at "
-                f"offset {d.get('resumed_from_vt_heartbeat_offset')} and re-applied {d.get('reapplied_vt_records')} "
-                f"records; no false alarm")
+        return (
+            f"the successor (term {d.get('new_leader', {}).get('term')}) resumed from the VT heartbeat at "
+            f"offset {d.get('resumed_from_vt_heartbeat_offset')} and re-applied {d.get('reapplied_vt_records')} "
+            f"records; no false alarm"
+        )
     if fault["kind"] == "compaction":
         lo, hi = (d.get("range") or [None, None])[:2]
-        return (f"{d.get('removed_records')} superseded records removed from VT offsets {lo}-{hi}; "
-                f"no false alarm (DIV with compaction tolerance)")
+        return (
+            f"{d.get('removed_records')} superseded records removed from VT offsets {lo}-{hi}; "
+            f"no false alarm (DIV with compaction tolerance)"
+        )
     if fault["kind"] == "broker":
         return "the region's broker went down and came back; no false alarm"
     return "nothing expected, nothing reported"
@@ -164,7 +191,8 @@ def _quiet_fault_detail(fault: dict) -> str:
 def _at(fault: dict, region: int, partition: int) -> bool:
     """Whether a finding in `region` and `partition` is where `fault` happened (None: anywhere)."""
     return (fault.get("region") is None or region == fault["region"]) and (
-        fault.get("partition") is None or partition == fault["partition"])
+        fault.get("partition") is None or partition == fault["partition"]
+    )
 
 
 def check_faults(truth: dict, leapfrog: set[LeapfrogFinding], div: set[DivFinding]) -> list[Check]:
@@ -178,10 +206,14 @@ def check_faults(truth: dict, leapfrog: set[LeapfrogFinding], div: set[DivFindin
     expected_lf: set[LeapfrogFinding] = set()
     expected_div: set[DivFinding] = set()
     for fault in truth.get("faults", []):
-        expected_lf |= {(e["type"], e["region_a"], e["region_b"], e["partition"], e["key"])
-                        for e in fault["expect"]["leapfrog"]}
-        expected_div |= {(e["region"], e["topic"], e["partition"], e["offset"], e["type"], bool(e["fatal"]))
-                         for e in fault["expect"]["div"]}
+        expected_lf |= {
+            (e["type"], e["region_a"], e["region_b"], e["partition"], e["key"])
+            for e in fault["expect"]["leapfrog"]
+        }
+        expected_div |= {
+            (e["region"], e["topic"], e["partition"], e["offset"], e["type"], bool(e["fatal"]))
+            for e in fault["expect"]["div"]
+        }
     # A divergence reported at the expected key and region pair but with another type is the fault's, found
     # wrongly: one ✗ on the fault says so, instead of a false alarm blamed on a neighbour.
     claimed: set[LeapfrogFinding] = set()
@@ -190,16 +222,22 @@ def check_faults(truth: dict, leapfrog: set[LeapfrogFinding], div: set[DivFindin
     extra_lf, extra_div = leapfrog - expected_lf - claimed, div - expected_div
     checks: list[Check] = []
     for fault in truth.get("faults", []):
-        want_lf = {(e["type"], e["region_a"], e["region_b"], e["partition"], e["key"])
-                   for e in fault["expect"]["leapfrog"]}
-        want_div = {(e["region"], e["topic"], e["partition"], e["offset"], e["type"], bool(e["fatal"]))
-                    for e in fault["expect"]["div"]}
+        want_lf = {
+            (e["type"], e["region_a"], e["region_b"], e["partition"], e["key"])
+            for e in fault["expect"]["leapfrog"]
+        }
+        want_div = {
+            (e["region"], e["topic"], e["partition"], e["offset"], e["type"], bool(e["fatal"]))
+            for e in fault["expect"]["div"]
+        }
         title = _fault_title(fault)
         if want_lf or want_div:
             missed: list[str] = []
             for m in sorted(want_lf - leapfrog):
                 instead = sorted(f[0] for f in claimed if f[1:] == m[1:])
-                missed.append(_lf_text(m) + (f" (reported as {', '.join(instead)} instead)" if instead else ""))
+                missed.append(
+                    _lf_text(m) + (f" (reported as {', '.join(instead)} instead)" if instead else "")
+                )
             missed += [_div_text(m) for m in sorted(want_div - div)]
             if missed:
                 checks.append(Check(False, title, "NOT found: " + "; ".join(missed)))
@@ -208,8 +246,11 @@ def check_faults(truth: dict, leapfrog: set[LeapfrogFinding], div: set[DivFindin
             proof += [f"div validate {_div_text(f)}" for f in sorted(want_div)]
             checks.append(Check(True, title, "found by " + "; ".join(proof)))
             continue
-        near = [f"leapfrog {_lf_text(f)}" for f in sorted(extra_lf)
-                if _at(fault, f[1], f[3]) or _at(fault, f[2], f[3])]
+        near = [
+            f"leapfrog {_lf_text(f)}"
+            for f in sorted(extra_lf)
+            if _at(fault, f[1], f[3]) or _at(fault, f[2], f[3])
+        ]
         near += [f"div validate {_div_text(f)}" for f in sorted(extra_div) if _at(fault, f[0], f[2])]
         if near:
             checks.append(Check(False, title, "a false alarm where it happened: " + _some(near)))
@@ -222,7 +263,9 @@ def check_faults(truth: dict, leapfrog: set[LeapfrogFinding], div: set[DivFindin
 
 def _nothing_else(job: str, total: int, extra: list[str]) -> Check:
     if not extra:
-        return Check(True, f"{job}: nothing else", f"each of its {total} finding(s) belongs to an injected fault")
+        return Check(
+            True, f"{job}: nothing else", f"each of its {total} finding(s) belongs to an injected fault"
+        )
     return Check(False, f"{job}: nothing else", f"{len(extra)} finding(s) no fault explains: {_some(extra)}")
 
 
@@ -261,11 +304,15 @@ def check_report(truth: dict, report_json: dict) -> Check:
     failed = {s["name"] for s in suites if s.get("success") is False}
     not_run = {s["name"] for s in suites if s.get("success") is None}
     verdict = report_json.get("verdict", {})
-    summary = (f"{verdict.get('overall')}: regions {verdict.get('regions', {}).get('status')}, "
-               f"logs {verdict.get('logs', {}).get('status')}")
+    summary = (
+        f"{verdict.get('overall')}: regions {verdict.get('regions', {}).get('status')}, "
+        f"logs {verdict.get('logs', {}).get('status')}"
+    )
     if failed == expected and not not_run:
         what = ", ".join(sorted(failed)) or "none"
-        return Check(True, "report", f"{summary}; failed suites: {what} (as the faults require), every other passed")
+        return Check(
+            True, "report", f"{summary}; failed suites: {what} (as the faults require), every other passed"
+        )
     problems = []
     if failed - expected:
         problems.append(f"failed {', '.join(sorted(failed - expected))} that no fault breaks")
@@ -317,7 +364,9 @@ class _Progress:
             raise
         s = time.perf_counter() - t
         self.steps.append(Step(name, s, "; ".join(result)))
-        self.emit(f"      {'; '.join(result)}  ({duration(s * 1000)}, {duration((time.perf_counter() - self.t0) * 1000)} so far)")
+        self.emit(
+            f"      {'; '.join(result)}  ({duration(s * 1000)}, {duration((time.perf_counter() - self.t0) * 1000)} so far)"
+        )
 
 
 def prepare_out(out: Path) -> None:
@@ -326,8 +375,10 @@ def prepare_out(out: Path) -> None:
         raise DemoError(f"--out {out}: exists and is not a directory")
     if out.exists() and any(out.iterdir()):
         if not (out / MARKER).exists():
-            raise DemoError(f"--out {out}: the directory is not empty and holds no earlier demo ({MARKER}); "
-                            f"choose a new or empty directory")
+            raise DemoError(
+                f"--out {out}: the directory is not empty and holds no earlier demo ({MARKER}); "
+                f"choose a new or empty directory"
+            )
         for child in out.iterdir():
             if child.name == "history":
                 continue
@@ -343,8 +394,13 @@ def _lag_step(out: Path, truth: dict) -> str:
 
     run = truth["run"]
     archives = [SourceSpec(x, str(out / "sim" / "archive" / f"dc-{x}")) for x in range(run["regions"])]
-    options = LagOptions(sources=archives, store=run["store"], version=run["version"], now_ms=run["end_ms"],
-                         out=str(out / "lag"))
+    options = LagOptions(
+        sources=archives,
+        store=run["store"],
+        version=run["version"],
+        now_ms=run["end_ms"],
+        out=str(out / "lag"),
+    )
     table = io.StringIO()
     with contextlib.redirect_stdout(table):  # the full table is kept beside the outputs
         code = lag(options)
@@ -357,8 +413,11 @@ def _lag_step(out: Path, truth: dict) -> str:
         if r["time_lag_ms"] is not None:
             worst[r["vt_region"]] = max(worst.get(r["vt_region"], 0), r["time_lag_ms"])
     behind = sum(r["offset_lag"] or 0 for r in rows)
-    return ("worst heartbeat lag per region: " + ", ".join(f"dc-{x} {ms} ms" for x, ms in sorted(worst.items()))
-            + f"; {behind} RT records not yet replicated")
+    return (
+        "worst heartbeat lag per region: "
+        + ", ".join(f"dc-{x} {ms} ms" for x, ms in sorted(worst.items()))
+        + f"; {behind} RT records not yet replicated"
+    )
 
 
 def _replayed_vt_state(archive: str, topic: str, partition: int, upto: int, now_ms: int) -> dict[str, dict]:
@@ -372,8 +431,9 @@ def _replayed_vt_state(archive: str, topic: str, partition: int, upto: int, now_
 
     codec = E.EnvelopeCodec()
     val = PartitionValidator(config=ValidatorConfig(min_compaction_lag_ms=0, now_ms=now_ms))
-    for batch in A.iter_partition(archive, topic, partition, None, upto + 1, ["offset", "key", "value", "headers",
-                                                                                "timestamp"]):
+    for batch in A.iter_partition(
+        archive, topic, partition, None, upto + 1, ["offset", "key", "value", "headers", "timestamp"]
+    ):
         for rec in iter_records(batch, codec):
             if rec.env is None:  # the demo's own simulation writes no undecodable record: one is a bug
                 raise E.UndecodableError(f"{topic}[{partition}]@{rec.offset}: {rec.error}")
@@ -387,10 +447,15 @@ def _same_states(restored: dict[str, dict], reference: dict[str, dict]) -> list[
     for guid in sorted(set(restored) | set(reference)):
         a, b = restored.get(guid), reference.get(guid)
         if a is None or b is None:
-            out.append(f"producer {guid.encode('latin-1').hex()} only in the {'reference' if a is None else 'restore'}")
+            out.append(
+                f"producer {guid.encode('latin-1').hex()} only in the {'reference' if a is None else 'restore'}"
+            )
             continue
-        out += [f"producer {guid.encode('latin-1').hex()} {f}: restored {a.get(f)!r}, expected {b[f]!r}"
-                for f in b if a.get(f) != b[f]]
+        out += [
+            f"producer {guid.encode('latin-1').hex()} {f}: restored {a.get(f)!r}, expected {b[f]!r}"
+            for f in b
+            if a.get(f) != b[f]
+        ]
     return out
 
 
@@ -423,15 +488,25 @@ def _restore_step(out: Path, truth: dict, checks: list[Check]) -> str:
                 targets.insert(0, ("a full replay", end * 2 // 3))
             for against, at in targets:
                 where = out / "restore" / f"dc-{x}" / f"p{q}-at-{at}"
-                code = run_restore(RestoreOptions(source=SourceSpec(x, arch), store=run["store"],
-                                                  version=run["version"], partition=q, at=at, out=str(where),
-                                                  rt_sources=rt_sources))
+                code = run_restore(
+                    RestoreOptions(
+                        source=SourceSpec(x, arch),
+                        store=run["store"],
+                        version=run["version"],
+                        partition=q,
+                        at=at,
+                        out=str(where),
+                        rt_sources=rt_sources,
+                    )
+                )
                 summary = json.loads((where / "summary.json").read_text())
                 restored += 1
                 replayed += summary["vt_records_replayed"]
                 if code != EXIT_MATCH or summary["restored_from"] != "heartbeat":
-                    problems.append(f"region {x} {topic}[{q}] at {at}: exit {code}, restored from "
-                                    f"{summary['restored_from']} ({summary.get('fallback_reason')})")
+                    problems.append(
+                        f"region {x} {topic}[{q}] at {at}: exit {code}, restored from "
+                        f"{summary['restored_from']} ({summary.get('fallback_reason')})"
+                    )
                     continue
                 state = ps.decode((where / "partition_state.bin").read_bytes())["producerStates"]
                 if at == checkpoint["offset"]:
@@ -440,17 +515,29 @@ def _restore_step(out: Path, truth: dict, checks: list[Check]) -> str:
                     reference = _replayed_vt_state(arch, topic, q, at, run["end_ms"])
                 diffs = _same_states(state, reference)
                 if diffs:
-                    problems.append(f"region {x} {topic}[{q}] at {at} differs from {against}: " + "; ".join(diffs[:3]))
-    total = sum(run["end_offsets"][str(x)][f"{topic}[{q}]"] for x in archives for q in range(run["partitions"]))
+                    problems.append(
+                        f"region {x} {topic}[{q}] at {at} differs from {against}: " + "; ".join(diffs[:3])
+                    )
+    total = sum(
+        run["end_offsets"][str(x)][f"{topic}[{q}]"] for x in archives for q in range(run["partitions"])
+    )
     if problems:
         checks.append(Check(False, "div restore", _some(problems, 3)))
     else:
-        checks.append(Check(True, "div restore", f"{restored} states restored from heartbeats equal a full DIV "
-                                                 f"replay (two thirds into each partition not compacted) and the "
-                                                 f"followers' checkpoints (at the end)"))
-    return (f"{restored} VT DIV states restored from heartbeats ({replayed} records replayed instead of up to "
-            f"{total:,}); {'all' if not problems else len(problems)} "
-            f"{'equal the reference' if not problems else 'differ from the reference'}")
+        checks.append(
+            Check(
+                True,
+                "div restore",
+                f"{restored} states restored from heartbeats equal a full DIV "
+                f"replay (two thirds into each partition not compacted) and the "
+                f"followers' checkpoints (at the end)",
+            )
+        )
+    return (
+        f"{restored} VT DIV states restored from heartbeats ({replayed} records replayed instead of up to "
+        f"{total:,}); {'all' if not problems else len(problems)} "
+        f"{'equal the reference' if not problems else 'differ from the reference'}"
+    )
 
 
 def run_demo(opts: DemoOptions, emit: Callable[[str], None] | None = None, spark: Any = None) -> DemoResult:
@@ -488,19 +575,31 @@ def run_demo(opts: DemoOptions, emit: Callable[[str], None] | None = None, spark
     return result
 
 
-def _run_steps(opts: DemoOptions, cfg: SimConfig, out: Path, progress: _Progress, result: DemoResult,
-               spark: Any, java: str) -> None:
+def _run_steps(
+    opts: DemoOptions,
+    cfg: SimConfig,
+    out: Path,
+    progress: _Progress,
+    result: DemoResult,
+    spark: Any,
+    java: str,
+) -> None:
     from pipelines.core.sources import SourceSpec
     from pipelines.core.spark_session import get_session
     from sim import run as simulate
 
     kinds = ", ".join(f"{k}" if v == 1 else f"{k} x{v}" for k, v in cfg.faults.items())
-    with progress.step("simulate", f"{cfg.regions} regions x {cfg.partitions} partitions, one embedded Kafka "
-                                   f"cluster each; faults: {kinds}") as res:
+    with progress.step(
+        "simulate",
+        f"{cfg.regions} regions x {cfg.partitions} partitions, one embedded Kafka "
+        f"cluster each; faults: {kinds}",
+    ) as res:
         sim = simulate(cfg)
         s = sim.summary
-        res.append("VT records per region: " + ", ".join(f"dc-{x} {n:,}" for x, n in
-                                                         sorted(s["vt_records_per_region"].items())))
+        res.append(
+            "VT records per region: "
+            + ", ".join(f"dc-{x} {n:,}" for x, n in sorted(s["vt_records_per_region"].items()))
+        )
     truth = sim.truth
     run = truth["run"]
     sources = [SourceSpec(x, sim.archives[x]) for x in range(run["regions"])]
@@ -516,7 +615,9 @@ def _run_steps(opts: DemoOptions, cfg: SimConfig, out: Path, progress: _Progress
             spark.stop()
 
 
-def _run_jobs(out: Path, truth: dict, sources: list, spark: Any, progress: _Progress, result: DemoResult) -> None:
+def _run_jobs(
+    out: Path, truth: dict, sources: list, spark: Any, progress: _Progress, result: DemoResult
+) -> None:
     from pipelines.div.validate import ValidateOptions, run_local
     from pipelines.leapfrog.job import LeapfrogOptions
     from pipelines.leapfrog.job import run as leapfrog
@@ -528,35 +629,58 @@ def _run_jobs(out: Path, truth: dict, sources: list, spark: Any, progress: _Prog
         res.append(_lag_step(out, truth))
 
     with progress.step("leapfrog", "are the regions consistent? (every key, every region pair)") as res:
-        code = leapfrog(LeapfrogOptions(store=run["store"], version=run["version"], sources=sources,
-                                        out=str(out / "leapfrog"), mode="heartbeat"), spark=spark)
+        code = leapfrog(
+            LeapfrogOptions(
+                store=run["store"],
+                version=run["version"],
+                sources=sources,
+                out=str(out / "leapfrog"),
+                mode="heartbeat",
+            ),
+            spark=spark,
+        )
         lf = json.loads((out / "leapfrog" / "summary.json").read_text())
         found = {k: v for k, v in lf["totals"]["findings"].items() if v}
-        res.append(f"exit {code}: " + (", ".join(f"{v} {k}" for k, v in found.items()) or "no divergence")
-                   + f"; {lf['totals']['comparable_pairs']:,} value pairs compared, "
-                     f"{lf['totals']['pending_keys']} keys pending")
+        res.append(
+            f"exit {code}: "
+            + (", ".join(f"{v} {k}" for k, v in found.items()) or "no divergence")
+            + f"; {lf['totals']['comparable_pairs']:,} value pairs compared, "
+            f"{lf['totals']['pending_keys']} keys pending"
+        )
 
     with progress.step("div validate", "are the logs whole? (DIV on every RT and VT of every region)") as res:
-        code = run_local(ValidateOptions(sources=sources, out=str(out / "div"), min_compaction_lag_ms=0,
-                                         now_ms=run["end_ms"]))
+        code = run_local(
+            ValidateOptions(
+                sources=sources, out=str(out / "div"), min_compaction_lag_ms=0, now_ms=run["end_ms"]
+            )
+        )
         dv = json.loads((out / "div" / "summary.json").read_text())
-        res.append(f"exit {code}: {dv['records_read']:,} records, "
-                   + (", ".join(f"{v} {k}" for k, v in dv["findings_by_type"].items()) or "no finding")
-                   + f", {dv['fatal_findings']} fatal")
+        res.append(
+            f"exit {code}: {dv['records_read']:,} records, "
+            + (", ".join(f"{v} {k}" for k, v in dv["findings_by_type"].items()) or "no finding")
+            + f", {dv['fatal_findings']} fatal"
+        )
 
     restore_checks: list[Check] = []
-    with progress.step("div restore", "rebuild replicas' DIV state from heartbeats, not from offset 0") as res:
+    with progress.step(
+        "div restore", "rebuild replicas' DIV state from heartbeats, not from offset 0"
+    ) as res:
         res.append(_restore_step(out, truth, restore_checks))
 
     with progress.step("report", "morning report (Great Expectations suites, HTML page)") as res:
-        report = run_report(out / "leapfrog", out / "div", out / "report", lag_dir=out / "lag",
-                            history_dir=out / "history")
+        report = run_report(
+            out / "leapfrog", out / "div", out / "report", lag_dir=out / "lag", history_dir=out / "history"
+        )
         v = report.verdict
-        res.append(f"{v['overall']}: {v['checks_failed']} of {v['checks_evaluated']} checks failed; regions "
-                   f"{v['regions']['status']}, logs {v['logs']['status']}")
+        res.append(
+            f"{v['overall']}: {v['checks_failed']} of {v['checks_evaluated']} checks failed; regions "
+            f"{v['regions']['status']}, logs {v['logs']['status']}"
+        )
         result.report_html = report.html_path.resolve()
 
-    result.checks = check_faults(truth, read_leapfrog_findings(out / "leapfrog"), read_div_findings(out / "div"))
+    result.checks = check_faults(
+        truth, read_leapfrog_findings(out / "leapfrog"), read_div_findings(out / "div")
+    )
     result.checks += restore_checks
     result.checks.append(check_report(truth, json.loads(report.json_path.read_text())))
     if truth.get("faults_shortfall"):
@@ -575,8 +699,10 @@ def _final_block(result: DemoResult, emit: Callable[[str], None]) -> None:
         emit(f"Report: {result.report_html}")
         emit(f"        {result.report_html.as_uri()}")
     ok = result.exit_code == EXIT_MATCH
-    emit(f"{'Every injected fault was found, and nothing else' if ok else 'MISMATCH: see the ✗ lines above'} "
-         f"({duration(result.elapsed_s * 1000)}). Outputs of every job: {result.out}")
+    emit(
+        f"{'Every injected fault was found, and nothing else' if ok else 'MISMATCH: see the ✗ lines above'} "
+        f"({duration(result.elapsed_s * 1000)}). Outputs of every job: {result.out}"
+    )
 
 
 def _write_marker(out: Path, opts: DemoOptions, result: DemoResult) -> None:

@@ -95,11 +95,19 @@ def _error_text(exc: BaseException) -> str:
     return f"{type(exc).__name__}: {exc}"
 
 
-def start_run(task: PartitionTask, opts: ValidateOptions, source: Source | None = None) -> tuple[PartitionRun, int | None]:
+def start_run(
+    task: PartitionTask, opts: ValidateOptions, source: Source | None = None
+) -> tuple[PartitionRun, int | None]:
     """A fresh run for one task (record validators built, DIV state restored with --restore-at), and the offset
     to start from (None: the first record). Mirrors `validate.validate_partition`."""
-    run = PartitionRun(task.region, task.topic, task.partition, config=task.config, fail_fast=opts.fail_fast,
-                       record_validators=build_chain(opts.record_validators))
+    run = PartitionRun(
+        task.region,
+        task.topic,
+        task.partition,
+        config=task.config,
+        fail_fast=opts.fail_fast,
+        record_validators=build_chain(opts.record_validators),
+    )
     start = None
     if opts.restore_at is not None:
         from pipelines.div.restore import restore_validator
@@ -137,7 +145,9 @@ class TaskOutcome:
 class _TaskRun:
     """One task inside an executor: feeds its batches to a PartitionRun, hands back error rows as they appear."""
 
-    def __init__(self, tid: int, task: PartitionTask, opts: ValidateOptions, source: Source | None = None) -> None:
+    def __init__(
+        self, tid: int, task: PartitionTask, opts: ValidateOptions, source: Source | None = None
+    ) -> None:
         self.tid, self.task = tid, task
         self.run: PartitionRun | None = None
         self.start: int | None = None
@@ -216,11 +226,21 @@ def _with_headers(batch: pa.RecordBatch) -> pa.RecordBatch:
     if js.null_count == n:
         headers = pa.nulls(n, _HEADERS_TYPE)
     else:
-        headers = pa.array([None if j is None else [
-            {"key": h.get("key"), "value": base64.b64decode(h["value"]) if "value" in h else None}
-            for h in json.loads(j)] for j in js.to_pylist()], _HEADERS_TYPE)
-    return pa.RecordBatch.from_arrays([batch.column(c) for c in _FED_COLUMNS] + [headers],
-                                      names=[*_FED_COLUMNS, "headers"])
+        headers = pa.array(
+            [
+                None
+                if j is None
+                else [
+                    {"key": h.get("key"), "value": base64.b64decode(h["value"]) if "value" in h else None}
+                    for h in json.loads(j)
+                ]
+                for j in js.to_pylist()
+            ],
+            _HEADERS_TYPE,
+        )
+    return pa.RecordBatch.from_arrays(
+        [batch.column(c) for c in _FED_COLUMNS] + [headers], names=[*_FED_COLUMNS, "headers"]
+    )
 
 
 def _summary_batch(tid: int, task: PartitionTask, payload: str) -> pa.RecordBatch:
@@ -290,7 +310,9 @@ class ReadAndValidate:
                 if source is None:
                     try:
                         spec = next(s for s in self.opts.sources if s.region == task.region)
-                        source = sources[task.region] = open_source(spec, self.opts.kafka_conf.get(task.region))
+                        source = sources[task.region] = open_source(
+                            spec, self.opts.kafka_conf.get(task.region)
+                        )
                     except Exception as exc:
                         yield _summary_batch(tid, task, TaskOutcome(None, error=_error_text(exc)).to_json())
                         continue
@@ -358,8 +380,14 @@ def _assign_buckets(sizes: list[int], n: int) -> list[int]:
     return out
 
 
-def _read_source(spark, spec: SourceSpec, kafka_conf: dict[str, Any] | None, topics: list[str],
-                 only: tuple[str, int] | None, partitions_of: dict[str, list[int]]):
+def _read_source(
+    spark,
+    spec: SourceSpec,
+    kafka_conf: dict[str, Any] | None,
+    topics: list[str],
+    only: tuple[str, int] | None,
+    partitions_of: dict[str, list[int]],
+):
     from pyspark.sql import functions as F
 
     if spec.is_kafka:
@@ -376,8 +404,15 @@ def _read_source(spark, spec: SourceSpec, kafka_conf: dict[str, Any] | None, top
         if only is not None:
             df = df.where(F.col("partition") == only[1])
     return df.where(F.col("offset").isNotNull()).select(
-        F.lit(spec.region).cast("int").alias("region"), "topic", "partition", "key", "value", "offset", "timestamp",
-        "headers")
+        F.lit(spec.region).cast("int").alias("region"),
+        "topic",
+        "partition",
+        "key",
+        "value",
+        "offset",
+        "timestamp",
+        "headers",
+    )
 
 
 def _task_frame(spark, tasks: list[PartitionTask], tids: list[int], sizes: list[int]):
@@ -385,13 +420,21 @@ def _task_frame(spark, tasks: list[PartitionTask], tids: list[int], sizes: list[
     n = max(1, min(len(tids), _BUCKETS_PER_CORE * spark.sparkContext.defaultParallelism))
     bucket_keys = _bucket_keys(n)
     buckets = _assign_buckets([sizes[t] for t in tids], n)
-    task_rows = [(tasks[t].region, tasks[t].topic, tasks[t].partition, t, bucket_keys[b])
-                 for t, b in zip(tids, buckets, strict=True)]
+    task_rows = [
+        (tasks[t].region, tasks[t].topic, tasks[t].partition, t, bucket_keys[b])
+        for t, b in zip(tids, buckets, strict=True)
+    ]
     return n, spark.createDataFrame(task_rows, "region int, topic string, partition int, tid int, tkey int")
 
 
-def sorted_records(spark, opts: ValidateOptions, tasks: list[PartitionTask], tids: list[int], sizes: list[int],
-                   partitions_of: dict[tuple[int, str], list[int]]):
+def sorted_records(
+    spark,
+    opts: ValidateOptions,
+    tasks: list[PartitionTask],
+    tids: list[int],
+    sizes: list[int],
+    partitions_of: dict[tuple[int, str], list[int]],
+):
     """The records of the tasks `tids`, each task's in one Spark partition, sorted by (tid, offset).
 
     Columns: key, value, offset, timestamp, headers_json (the headers as JSON, binary values in base64), tid. `sizes[t]` estimates task t's records (for balancing);
@@ -412,17 +455,28 @@ def sorted_records(spark, opts: ValidateOptions, tasks: list[PartitionTask], tid
     data = reduce(lambda a, b: a.unionByName(b), frames)
     # Headers travel as JSON: Spark's Arrow writer is slow on array<struct> columns (measured: 3x the cost of
     # reading the archive, even when nearly every row's headers are null); to_json costs next to nothing.
-    data = (data.join(F.broadcast(task_df), ["region", "topic", "partition"])
-            .select("key", "value", "offset", "timestamp", F.to_json("headers").alias("headers_json"), "tid",
-                    "tkey")
-            .repartition(n, "tkey")
-            .drop("tkey")
-            .sortWithinPartitions("tid", "offset"))
+    data = (
+        data.join(F.broadcast(task_df), ["region", "topic", "partition"])
+        .select(
+            "key", "value", "offset", "timestamp", F.to_json("headers").alias("headers_json"), "tid", "tkey"
+        )
+        .repartition(n, "tkey")
+        .drop("tkey")
+        .sortWithinPartitions("tid", "offset")
+    )
     return data
 
 
-def _job(spark, opts: ValidateOptions, tasks: list[PartitionTask], tids: list[int], sizes: list[int],
-         partitions_of: dict[tuple[int, str], list[int]], read: str, records=None):
+def _job(
+    spark,
+    opts: ValidateOptions,
+    tasks: list[PartitionTask],
+    tids: list[int],
+    sizes: list[int],
+    partitions_of: dict[tuple[int, str], list[int]],
+    read: str,
+    records=None,
+):
     """The output DataFrame (OUT_DDL rows) of validating the tasks `tids`; tasks add what they read to the
     accumulator `records`."""
     if read == READ_DIRECT:
@@ -445,8 +499,15 @@ def _collect(df) -> dict[int, TaskOutcome]:
     return {int(r["task"]): TaskOutcome.from_json(r["summary"]) for r in rows}
 
 
-def _run_jobs(spark, opts, tasks, sizes, partitions_of, read, progress: Progress | None = None,
-              ) -> tuple[dict[int, TaskOutcome], list]:
+def _run_jobs(
+    spark,
+    opts,
+    tasks,
+    sizes,
+    partitions_of,
+    read,
+    progress: Progress | None = None,
+) -> tuple[dict[int, TaskOutcome], list]:
     """Run every task; returns outcomes by task id and the cached output DataFrames holding their error rows."""
     from pyspark import StorageLevel
 
@@ -455,20 +516,24 @@ def _run_jobs(spark, opts, tasks, sizes, partitions_of, read, progress: Progress
     if progress is not None:
         progress.stage(f"validating {len(tasks)} partition(s)")
     df = _job(spark, opts, tasks, all_tids, sizes, partitions_of, read, records).persist(
-        StorageLevel.MEMORY_AND_DISK)
+        StorageLevel.MEMORY_AND_DISK
+    )
     try:
         return _collect(df), [df]
     except Exception as exc:  # Py4JJavaError, SparkException, ...: the job as a whole failed
         df.unpersist()
-        log.warning("the Spark job failed (%s); retrying partition by partition to find the ones that fail",
-                    _spark_error(exc))
+        log.warning(
+            "the Spark job failed (%s); retrying partition by partition to find the ones that fail",
+            _spark_error(exc),
+        )
     outcomes: dict[int, TaskOutcome] = {}
     frames = []
     for tid in all_tids:
         if progress is not None:
             progress.stage(f"retrying partition by partition ({tid + 1}/{len(all_tids)})")
         one = _job(spark, opts, tasks, [tid], sizes, partitions_of, read, records).persist(
-            StorageLevel.MEMORY_AND_DISK)
+            StorageLevel.MEMORY_AND_DISK
+        )
         try:
             outcomes.update(_collect(one))
             frames.append(one)
@@ -494,15 +559,16 @@ def _write_errors(out: OutputDir, frames: list, keep: list[int]) -> None:
     path = out.file("errors")
     if frames and keep:
         errors = reduce(lambda a, b: a.unionByName(b), frames)
-        errors = (errors.where(F.col("summary").isNull() & F.col("task").isin(keep))
-                  .select(*[name for name, _ in ERROR_COLUMNS]))
+        errors = errors.where(F.col("summary").isNull() & F.col("task").isin(keep)).select(
+            *[name for name, _ in ERROR_COLUMNS]
+        )
         errors.write.mode("overwrite").parquet(str(path))
     if not any(Path(path).glob("*.parquet")):  # no rows: still a readable dataset with the schema
         write_errors(out, rows_to_table([]))
 
 
 def _archive_path(spec: SourceSpec) -> str:
-    return spec.uri[len("file://"):] if spec.uri.startswith("file://") else spec.uri
+    return spec.uri[len("file://") :] if spec.uri.startswith("file://") else spec.uri
 
 
 def archive_is_tidy(directory: str) -> bool:
@@ -526,8 +592,9 @@ def archive_is_tidy(directory: str) -> bool:
     return True
 
 
-def plan_tasks(opts: ValidateOptions, opened: list[Source]) -> tuple[list[PartitionTask], list[int],
-                                                                    dict[tuple[int, str], list[int]]]:
+def plan_tasks(
+    opts: ValidateOptions, opened: list[Source]
+) -> tuple[list[PartitionTask], list[int], dict[tuple[int, str], list[int]]]:
     """The local engine's plan, plus each task's estimated size and the partitions of every (region, topic)."""
     by_region = {s.region: s for s in opened}
     tasks = plan(opts, opened)
@@ -540,8 +607,12 @@ def plan_tasks(opts: ValidateOptions, opened: list[Source]) -> tuple[list[Partit
     return tasks, sizes, partitions_of
 
 
-def run_spark(opts: ValidateOptions, master: str | None = None, spark_conf: dict[str, str] | None = None,
-              read: str | None = None) -> int:
+def run_spark(
+    opts: ValidateOptions,
+    master: str | None = None,
+    spark_conf: dict[str, str] | None = None,
+    read: str | None = None,
+) -> int:
     """Validate every partition with Spark. Returns the exit code; writes errors/ and summary.json.
 
     `read` chooses the plan: "auto", "shuffle" or "direct" (see the module docstring); None reads the Spark
@@ -557,15 +628,18 @@ def run_spark(opts: ValidateOptions, master: str | None = None, spark_conf: dict
     spark = get_session(master, conf=spark_conf)
     read = read or spark.conf.get(READ_SETTING, READ_AUTO)
     if read not in (READ_AUTO, READ_SHUFFLE, READ_DIRECT):
-        raise UsageError(f"{READ_SETTING}={read!r}: expected {READ_AUTO!r}, {READ_SHUFFLE!r} or {READ_DIRECT!r}")
+        raise UsageError(
+            f"{READ_SETTING}={read!r}: expected {READ_AUTO!r}, {READ_SHUFFLE!r} or {READ_DIRECT!r}"
+        )
     if read == READ_AUTO:
         mixed = [s.uri for s in opts.sources if not s.is_kafka and not archive_is_tidy(_archive_path(s))]
         read = READ_SHUFFLE if mixed else READ_DIRECT
         log.info("reading with the %s plan%s", read, f" ({', '.join(mixed)} mix partitions)" if mixed else "")
     t0 = time.time()
     with OutputDir(opts.out, "div validate") as out, Progress("div validate", spark=spark) as progress:
-        outcomes, frames = (_run_jobs(spark, opts, tasks, sizes, partitions_of, read, progress) if tasks
-                            else ({}, []))
+        outcomes, frames = (
+            _run_jobs(spark, opts, tasks, sizes, partitions_of, read, progress) if tasks else ({}, [])
+        )
         progress.stage("writing the results")
         try:
             summaries: list[PartitionSummary] = []
@@ -574,10 +648,21 @@ def run_spark(opts: ValidateOptions, master: str | None = None, spark_conf: dict
             for tid, task in enumerate(tasks):
                 outcome = outcomes.get(tid) or _finish_on_driver(task, opts, by_region[task.region])
                 if outcome.error is not None or outcome.summary is None:
-                    failed.append({"region": task.region, "topic": task.topic, "partition": task.partition,
-                                   "error": outcome.error or "no result"})
-                    log.error("region %d %s[%d] could not be validated: %s", task.region, task.topic,
-                              task.partition, outcome.error)
+                    failed.append(
+                        {
+                            "region": task.region,
+                            "topic": task.topic,
+                            "partition": task.partition,
+                            "error": outcome.error or "no result",
+                        }
+                    )
+                    log.error(
+                        "region %d %s[%d] could not be validated: %s",
+                        task.region,
+                        task.topic,
+                        task.partition,
+                        outcome.error,
+                    )
                     continue
                 summaries.append(outcome.summary)
                 keep.append(tid)
@@ -592,8 +677,18 @@ def run_spark(opts: ValidateOptions, master: str | None = None, spark_conf: dict
                 f.unpersist()
         records = sum(s.records for s in summaries)
         elapsed = max(time.time() - t0, 1e-9)
-        log.info("%d partitions, %d records, %d findings in %s (%.0f records/s)", len(summaries), records,
-                 sum(sum(s.findings.values()) for s in summaries), duration(elapsed * 1000), records / elapsed)
-        out.write_json("summary.json", summarize(out, summaries, failed, code,
-                                                 {s.region: s.uri for s in opts.sources}, "spark", evidence))
+        log.info(
+            "%d partitions, %d records, %d findings in %s (%.0f records/s)",
+            len(summaries),
+            records,
+            sum(sum(s.findings.values()) for s in summaries),
+            duration(elapsed * 1000),
+            records / elapsed,
+        )
+        out.write_json(
+            "summary.json",
+            summarize(
+                out, summaries, failed, code, {s.region: s.uri for s in opts.sources}, "spark", evidence
+            ),
+        )
     return code

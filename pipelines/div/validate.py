@@ -56,13 +56,19 @@ def plan(opts: ValidateOptions, opened: list[Source]) -> list[PartitionTask]:
     for src in opened:
         available = src.topics()
         if not available:
-            what = "no topic" if src.spec.is_kafka else "no record (no Parquet file in the archive schema holds one)"
+            what = (
+                "no topic"
+                if src.spec.is_kafka
+                else "no record (no Parquet file in the archive schema holds one)"
+            )
             raise SourceError(f"source {src.region}={src.uri}: holds {what}; nothing to validate")
         topics = opts.topics or available
         for topic in topics:
             if topic not in available:
-                raise SourceError(f"source {src.region}={src.uri}: no topic {topic!r} (it has: "
-                                  f"{', '.join(available) or 'no topics'})")
+                raise SourceError(
+                    f"source {src.region}={src.uri}: no topic {topic!r} (it has: "
+                    f"{', '.join(available) or 'no topics'})"
+                )
             lag = opts.min_compaction_lag_ms
             if lag is None and not is_realtime_topic(topic):
                 lag = src.min_compaction_lag_ms(topic)
@@ -72,16 +78,23 @@ def plan(opts: ValidateOptions, opened: list[Source]) -> list[PartitionTask]:
     return tasks
 
 
-def validate_partition(src: Source, task: PartitionTask, opts: ValidateOptions,
-                       progress: Progress | None = None) -> PartitionRun:
+def validate_partition(
+    src: Source, task: PartitionTask, opts: ValidateOptions, progress: Progress | None = None
+) -> PartitionRun:
     """Run DIV (and record validators) over one partition; returns the finished run.
 
     With --fail-fast the run stops at its first fatal finding; `run.stopped` then says where.
     """
     from div.validators.registry import build_chain
 
-    run = PartitionRun(task.region, task.topic, task.partition, config=task.config, fail_fast=opts.fail_fast,
-                       record_validators=build_chain(opts.record_validators))
+    run = PartitionRun(
+        task.region,
+        task.topic,
+        task.partition,
+        config=task.config,
+        fail_fast=opts.fail_fast,
+        record_validators=build_chain(opts.record_validators),
+    )
     start = None
     if opts.restore_at is not None:
         from pipelines.div.restore import restore_validator
@@ -89,7 +102,7 @@ def validate_partition(src: Source, task: PartitionTask, opts: ValidateOptions,
         start = restore_validator(src, task.topic, task.partition, opts.restore_at, run)
     try:
         batches = src.iter_partition(task.topic, task.partition, start=start)
-        for batch in (progress.counted(batches) if progress is not None else batches):
+        for batch in progress.counted(batches) if progress is not None else batches:
             run.feed(batch)
     except StopRun as stop:
         run.stopped = str(stop)
@@ -97,8 +110,12 @@ def validate_partition(src: Source, task: PartitionTask, opts: ValidateOptions,
     return run
 
 
-def evidence_for(tasks: list[PartitionTask], summaries: list[PartitionSummary], failed: list[dict],
-                 sources: dict[int, Source]) -> list[PartitionEvidence]:
+def evidence_for(
+    tasks: list[PartitionTask],
+    summaries: list[PartitionSummary],
+    failed: list[dict],
+    sources: dict[int, Source],
+) -> list[PartitionEvidence]:
     """What each planned partition promised (the source's bounds, fixed at planning) against what its run read
     and decoded — counted where it ran, on an executor for the Spark engine."""
     done = {(s.region, s.topic, s.partition): s for s in summaries}
@@ -109,9 +126,15 @@ def evidence_for(tasks: list[PartitionTask], summaries: list[PartitionSummary], 
         first, end = src.bounds(t.topic, t.partition)
         s = done.get((t.region, t.topic, t.partition))
         start = s.start_offset if s is not None and s.start_offset is not None else first
-        e = PartitionEvidence(t.region, t.topic, t.partition, start, end,
-                              planned_records=src.planned_records(t.topic, t.partition) if start == first else None,
-                              error=errors.get((t.region, t.topic, t.partition)))
+        e = PartitionEvidence(
+            t.region,
+            t.topic,
+            t.partition,
+            start,
+            end,
+            planned_records=src.planned_records(t.topic, t.partition) if start == first else None,
+            error=errors.get((t.region, t.topic, t.partition)),
+        )
         if s is not None:
             e.read_records = s.records
             # a Kafka reader that stalls before the planned end raises (a failed partition); the end itself may
@@ -125,8 +148,15 @@ def evidence_for(tasks: list[PartitionTask], summaries: list[PartitionSummary], 
     return out
 
 
-def summarize(out: OutputDir, summaries: list[PartitionSummary], failed: list[dict], exit_code: int,
-              sources: dict[int, str], engine: str, evidence: list[PartitionEvidence]) -> dict[str, Any]:
+def summarize(
+    out: OutputDir,
+    summaries: list[PartitionSummary],
+    failed: list[dict],
+    exit_code: int,
+    sources: dict[int, str],
+    engine: str,
+    evidence: list[PartitionEvidence],
+) -> dict[str, Any]:
     by_type: Counter = Counter()
     for s in summaries:
         by_type.update(s.findings)
@@ -147,7 +177,9 @@ def summarize(out: OutputDir, summaries: list[PartitionSummary], failed: list[di
     }
 
 
-def exit_code_for(summaries: list[PartitionSummary], failed: list[dict], evidence: list[PartitionEvidence]) -> int:
+def exit_code_for(
+    summaries: list[PartitionSummary], failed: list[dict], evidence: list[PartitionEvidence]
+) -> int:
     """Fatal findings → 1; else anything planned not read or not decoded → 3; else 0 (pipelines.core.evidence)."""
     code = verdict(sum(s.fatal_findings for s in summaries), evidence, len(failed))[1]
     for line in describe_short(evidence):
@@ -173,26 +205,52 @@ def run_local(opts: ValidateOptions) -> int:
     t0 = time.time()
     with OutputDir(opts.out, "div validate") as out, Progress("div validate") as progress:
         for i, task in enumerate(tasks, 1):
-            progress.stage(f"partition {i}/{len(tasks)} (region {task.region} {task.topic}[{task.partition}])")
+            progress.stage(
+                f"partition {i}/{len(tasks)} (region {task.region} {task.topic}[{task.partition}])"
+            )
             try:
                 run = validate_partition(by_region[task.region], task, opts, progress)
             except (SourceError, OSError) as exc:
-                failed.append({"region": task.region, "topic": task.topic, "partition": task.partition,
-                               "error": str(exc)})
-                log.error("region %d %s[%d] could not be validated: %s", task.region, task.topic, task.partition, exc)
+                failed.append(
+                    {
+                        "region": task.region,
+                        "topic": task.topic,
+                        "partition": task.partition,
+                        "error": str(exc),
+                    }
+                )
+                log.error(
+                    "region %d %s[%d] could not be validated: %s",
+                    task.region,
+                    task.topic,
+                    task.partition,
+                    exc,
+                )
                 continue
             summaries.append(run.summary)
             rows.extend(run.rows)
             rate = sum(s.records for s in summaries) / max(time.time() - t0, 1e-9)
-            log.info("[%d/%d] region %d %s[%d]: %d records, %d findings (%.0f records/s so far)", i, len(tasks),
-                     task.region, task.topic, task.partition, run.summary.records,
-                     sum(run.summary.findings.values()), rate)
+            log.info(
+                "[%d/%d] region %d %s[%d]: %d records, %d findings (%.0f records/s so far)",
+                i,
+                len(tasks),
+                task.region,
+                task.topic,
+                task.partition,
+                run.summary.records,
+                sum(run.summary.findings.values()),
+                rate,
+            )
             if run.stopped:
                 log.warning("--fail-fast: stopped at %s", run.stopped)
                 break
         evidence = evidence_for(tasks, summaries, failed, by_region)
         code = exit_code_for(summaries, failed, evidence)
         write_errors(out, rows_to_table(rows))
-        out.write_json("summary.json", summarize(out, summaries, failed, code,
-                                                 {s.region: s.uri for s in opts.sources}, "local", evidence))
+        out.write_json(
+            "summary.json",
+            summarize(
+                out, summaries, failed, code, {s.region: s.uri for s in opts.sources}, "local", evidence
+            ),
+        )
     return code

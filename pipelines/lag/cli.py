@@ -32,27 +32,53 @@ EPILOG = textwrap.dedent("""\
 
 
 def register(sub) -> None:
-    p = sub.add_parser("lag", help="replication lag per region from VT heartbeats (time and offsets)",
-                       description=HELP, epilog=EPILOG, formatter_class=argparse.RawDescriptionHelpFormatter)
-    p.add_argument("--source", action="append", metavar="ID=URI", default=[],
-                   help="a region's version topics: archive directory or kafka://host:port[,...]. Repeatable, "
-                        "one per VT region. A Kafka source also gives that region's RT end offsets.")
-    p.add_argument("--rt-source", action="append", metavar="ID=URI", default=[],
-                   help="where region ID's real-time topic <store>_rt can be read for its end offsets "
-                        "(archive or kafka). Repeatable. Default: region ID's --source when it has that topic.")
-    p.add_argument("--store", metavar="S",
-                   help="store name: reads topic <S>_v<N> (default: the one store whose *_v<N> topics the "
-                        "sources hold)")
-    p.add_argument("--version", type=int, metavar="N",
-                   help="store version N (default: the one version present)")
-    p.add_argument("--now-ms", type=int, metavar="T",
-                   help="the time (epoch ms) time lag is measured against, so a run on archives is repeatable "
-                        "(default: now)")
-    p.add_argument("--out", metavar="DIR",
-                   help="output directory (replaced atomically): lag/, heartbeats/ and lag.json")
-    p.add_argument("--conf", metavar="FILE",
-                   help="YAML configuration (sources, rt_sources, kafka settings, store, version); flags "
-                        "override it (default: conf/tidegauge.yaml when present)")
+    p = sub.add_parser(
+        "lag",
+        help="replication lag per region from VT heartbeats (time and offsets)",
+        description=HELP,
+        epilog=EPILOG,
+        formatter_class=argparse.RawDescriptionHelpFormatter,
+    )
+    p.add_argument(
+        "--source",
+        action="append",
+        metavar="ID=URI",
+        default=[],
+        help="a region's version topics: archive directory or kafka://host:port[,...]. Repeatable, "
+        "one per VT region. A Kafka source also gives that region's RT end offsets.",
+    )
+    p.add_argument(
+        "--rt-source",
+        action="append",
+        metavar="ID=URI",
+        default=[],
+        help="where region ID's real-time topic <store>_rt can be read for its end offsets "
+        "(archive or kafka). Repeatable. Default: region ID's --source when it has that topic.",
+    )
+    p.add_argument(
+        "--store",
+        metavar="S",
+        help="store name: reads topic <S>_v<N> (default: the one store whose *_v<N> topics the sources hold)",
+    )
+    p.add_argument(
+        "--version", type=int, metavar="N", help="store version N (default: the one version present)"
+    )
+    p.add_argument(
+        "--now-ms",
+        type=int,
+        metavar="T",
+        help="the time (epoch ms) time lag is measured against, so a run on archives is repeatable "
+        "(default: now)",
+    )
+    p.add_argument(
+        "--out", metavar="DIR", help="output directory (replaced atomically): lag/, heartbeats/ and lag.json"
+    )
+    p.add_argument(
+        "--conf",
+        metavar="FILE",
+        help="YAML configuration (sources, rt_sources, kafka settings, store, version); flags "
+        "override it (default: conf/tidegauge.yaml when present)",
+    )
     p.set_defaults(func=run)
 
 
@@ -73,7 +99,6 @@ def _specs(flag: str, texts: list[str], from_conf: dict | None) -> list[SourceSp
     return [specs[r] for r in sorted(specs)]
 
 
-
 @exit_codes(SourceError)
 def run(args: argparse.Namespace) -> int:
     from pipelines.lag.job import LagOptions
@@ -83,8 +108,14 @@ def run(args: argparse.Namespace) -> int:
     specs = cfg.sources(args.source, conf)
     rt_specs = _specs("rt-source", args.rt_source, conf.get("rt_sources"))
     version = args.version if args.version is not None else conf.get("version")
-    return run_job(LagOptions(
-        sources=specs, rt_sources=rt_specs,
-        store=args.store if args.store is not None else conf.get("store"),
-        version=None if version is None else int(version), now_ms=args.now_ms, out=args.out,
-        kafka_conf={s.region: cfg.kafka_conf(conf, s.region) for s in [*specs, *rt_specs]}))
+    return run_job(
+        LagOptions(
+            sources=specs,
+            rt_sources=rt_specs,
+            store=args.store if args.store is not None else conf.get("store"),
+            version=None if version is None else int(version),
+            now_ms=args.now_ms,
+            out=args.out,
+            kafka_conf={s.region: cfg.kafka_conf(conf, s.region) for s in [*specs, *rt_specs]},
+        )
+    )

@@ -29,17 +29,32 @@ from pipelines.core.sources import Source, SourceError, SourceSpec, open_source
 
 log = logging.getLogger("tidegauge.lag")
 
-LAG_SCHEMA = pa.schema([
-    ("vt_region", pa.int32()), ("partition", pa.int32()), ("source_region", pa.int32()),
-    ("heartbeats", pa.int64()), ("last_heartbeat_vt_offset", pa.int64()), ("last_heartbeat_origin_ms", pa.int64()),
-    ("time_lag_ms", pa.int64()), ("watermark", pa.int64()), ("rt_end_offset", pa.int64()),
-    ("offset_lag", pa.int64()),
-])
-HEARTBEAT_SCHEMA = pa.schema([
-    ("vt_region", pa.int32()), ("partition", pa.int32()), ("vt_offset", pa.int64()), ("origin_region", pa.int32()),
-    ("origin_ms", pa.int64()), ("vt_timestamp_ms", pa.int64()), ("delay_ms", pa.int64()),
-    ("watermarks", pa.list_(pa.int64())),
-])
+LAG_SCHEMA = pa.schema(
+    [
+        ("vt_region", pa.int32()),
+        ("partition", pa.int32()),
+        ("source_region", pa.int32()),
+        ("heartbeats", pa.int64()),
+        ("last_heartbeat_vt_offset", pa.int64()),
+        ("last_heartbeat_origin_ms", pa.int64()),
+        ("time_lag_ms", pa.int64()),
+        ("watermark", pa.int64()),
+        ("rt_end_offset", pa.int64()),
+        ("offset_lag", pa.int64()),
+    ]
+)
+HEARTBEAT_SCHEMA = pa.schema(
+    [
+        ("vt_region", pa.int32()),
+        ("partition", pa.int32()),
+        ("vt_offset", pa.int64()),
+        ("origin_region", pa.int32()),
+        ("origin_ms", pa.int64()),
+        ("vt_timestamp_ms", pa.int64()),
+        ("delay_ms", pa.int64()),
+        ("watermarks", pa.list_(pa.int64())),
+    ]
+)
 
 # -- planning --------------------------------------------------------------------------------------------
 _VT_TOPIC = re.compile(r"^(?P<store>.+)_v(?P<version>\d+)$")
@@ -64,8 +79,10 @@ def select_topic(opened: list[Source], store: str | None, version: int | None) -
         wanted = f"{store or '*'}_v{version if version is not None else 'N'}"
         raise UsageError(f"no version topic {wanted} in the sources; give --store and --version")
     if len(candidates) > 1:
-        raise UsageError(f"several version topics match ({', '.join(sorted(candidates))}): choose one with "
-                         f"--store and --version (lag is measured for one store version at a time)")
+        raise UsageError(
+            f"several version topics match ({', '.join(sorted(candidates))}): choose one with "
+            f"--store and --version (lag is measured for one store version at a time)"
+        )
     return candidates.pop()
 
 
@@ -74,7 +91,9 @@ def rt_topic_of(vt_topic: str) -> str:
     return f"{m.group('store') if m else vt_topic}_rt"
 
 
-def rt_end_offsets(rt_by_region: dict[int, Source], rt_topic: str, partitions: set[int]) -> dict[int, dict[int, int]]:
+def rt_end_offsets(
+    rt_by_region: dict[int, Source], rt_topic: str, partitions: set[int]
+) -> dict[int, dict[int, int]]:
     """{source region: {partition: RT end offset}} for the regions whose RT can be read."""
     ends: dict[int, dict[int, int]] = {}
     for region, src in rt_by_region.items():
@@ -87,8 +106,14 @@ def rt_end_offsets(rt_by_region: dict[int, Source], rt_topic: str, partitions: s
 
 
 # -- reading ---------------------------------------------------------------------------------------------
-def monitor_partition(src: Source, topic: str, partition: int, n_regions: int,
-                      evidence: PartitionEvidence | None = None, progress: Progress | None = None) -> LagMonitor:
+def monitor_partition(
+    src: Source,
+    topic: str,
+    partition: int,
+    n_regions: int,
+    evidence: PartitionEvidence | None = None,
+    progress: Progress | None = None,
+) -> LagMonitor:
     """Read one VT partition into a LagMonitor; undecodable records are skipped and counted in `evidence`, with
     what was read and the newest record time (`evidence.newest_ms`, set as an attribute)."""
     codec = E.EnvelopeCodec()
@@ -96,7 +121,7 @@ def monitor_partition(src: Source, topic: str, partition: int, n_regions: int,
     ev = evidence if evidence is not None else PartitionEvidence(src.region, topic, partition, 0, 0)
     newest = None
     batches = src.iter_partition(topic, partition, columns=["key", "value", "headers", "offset", "timestamp"])
-    for batch in (progress.counted(batches) if progress is not None else batches):
+    for batch in progress.counted(batches) if progress is not None else batches:
         ev.read_records += batch.num_rows
         if batch.num_rows and batch.column("offset")[-1].as_py() >= ev.end - 1:
             ev.reached_end = True
@@ -112,7 +137,9 @@ def monitor_partition(src: Source, topic: str, partition: int, n_regions: int,
     if newest is not None:
         ev.newest_ms = newest
     if ev.undecodable:
-        log.warning("region %d %s[%d]: %d undecodable records skipped", src.region, topic, partition, ev.undecodable)
+        log.warning(
+            "region %d %s[%d]: %d undecodable records skipped", src.region, topic, partition, ev.undecodable
+        )
     return mon
 
 
@@ -128,12 +155,31 @@ def _fmt_lag(ms: int | None) -> str:
 
 
 def format_table(rows: list[LagRow]) -> str:
-    head = ("vt", "part", "src", "heartbeats", "last heartbeat (UTC)", "time lag", "watermark", "rt end",
-            "offset lag")
-    body = [(str(r.vt_region), str(r.partition), str(r.source_region), str(r.heartbeats),
-             _fmt_ms(r.last_heartbeat_origin_ms), _fmt_lag(r.time_lag_ms), str(r.watermark),
-             "-" if r.rt_end_offset is None else str(r.rt_end_offset),
-             "-" if r.offset_lag is None else str(r.offset_lag)) for r in rows]
+    head = (
+        "vt",
+        "part",
+        "src",
+        "heartbeats",
+        "last heartbeat (UTC)",
+        "time lag",
+        "watermark",
+        "rt end",
+        "offset lag",
+    )
+    body = [
+        (
+            str(r.vt_region),
+            str(r.partition),
+            str(r.source_region),
+            str(r.heartbeats),
+            _fmt_ms(r.last_heartbeat_origin_ms),
+            _fmt_lag(r.time_lag_ms),
+            str(r.watermark),
+            "-" if r.rt_end_offset is None else str(r.rt_end_offset),
+            "-" if r.offset_lag is None else str(r.offset_lag),
+        )
+        for r in rows
+    ]
     widths = [max(len(h), *(len(b[i]) for b in body)) if body else len(h) for i, h in enumerate(head)]
     lines = ["  ".join(h.rjust(w) for h, w in zip(head, widths, strict=True))]
     lines += ["  ".join(c.rjust(w) for c, w in zip(b, widths, strict=True)) for b in body]
@@ -147,12 +193,19 @@ def lag_table(rows: list[LagRow]) -> pa.Table:
 
 def heartbeat_table(monitors: list[LagMonitor]) -> pa.Table:
     rows = [(m.vt_region, m.partition, h) for m in monitors for h in m.series]
-    return pa.table({
-        "vt_region": [r for r, _, _ in rows], "partition": [p for _, p, _ in rows],
-        "vt_offset": [h.vt_offset for _, _, h in rows], "origin_region": [h.origin_region for _, _, h in rows],
-        "origin_ms": [h.origin_ms for _, _, h in rows], "vt_timestamp_ms": [h.vt_timestamp_ms for _, _, h in rows],
-        "delay_ms": [h.delay_ms for _, _, h in rows], "watermarks": [h.watermarks for _, _, h in rows],
-    }, schema=HEARTBEAT_SCHEMA)
+    return pa.table(
+        {
+            "vt_region": [r for r, _, _ in rows],
+            "partition": [p for _, p, _ in rows],
+            "vt_offset": [h.vt_offset for _, _, h in rows],
+            "origin_region": [h.origin_region for _, _, h in rows],
+            "origin_ms": [h.origin_ms for _, _, h in rows],
+            "vt_timestamp_ms": [h.vt_timestamp_ms for _, _, h in rows],
+            "delay_ms": [h.delay_ms for _, _, h in rows],
+            "watermarks": [h.watermarks for _, _, h in rows],
+        },
+        schema=HEARTBEAT_SCHEMA,
+    )
 
 
 def _write_dataset(out: OutputDir, name: str, table: pa.Table) -> None:
@@ -179,8 +232,11 @@ def run(options: LagOptions) -> int:
     specs, rt_specs = options.sources, options.rt_sources
     if not specs:
         raise UsageError("no source given: use --source ID=URI (or `sources:` in --conf)")
-    guard("lag", {"--out": options.out},
-          {**source_inputs(specs), **{f"--rt-source {s.region}": s.uri for s in rt_specs}})
+    guard(
+        "lag",
+        {"--out": options.out},
+        {**source_inputs(specs), **{f"--rt-source {s.region}": s.uri for s in rt_specs}},
+    )
     store, version, now_ms = options.store, options.version, options.now_ms
     opened: list[Source] = []
     to_close: list[Source] = []
@@ -207,15 +263,23 @@ def run(options: LagOptions) -> int:
                 close()
 
 
-def _read_partitions(opened: list[Source], topic: str, n_regions: int, monitors: list[LagMonitor],
-                     failed: list[dict[str, Any]], evidence: list[PartitionEvidence], progress: Progress) -> None:
+def _read_partitions(
+    opened: list[Source],
+    topic: str,
+    n_regions: int,
+    monitors: list[LagMonitor],
+    failed: list[dict[str, Any]],
+    evidence: list[PartitionEvidence],
+    progress: Progress,
+) -> None:
     """Read every VT partition of every source into a LagMonitor (appended to `monitors`), with its evidence."""
     for src in opened:
         for p in src.partitions(topic):
             progress.stage(f"reading region {src.region} {topic}[{p}]")
             first, end = src.bounds(topic, p)
-            ev = PartitionEvidence(src.region, topic, p, first, end,
-                                   planned_records=src.planned_records(topic, p))
+            ev = PartitionEvidence(
+                src.region, topic, p, first, end, planned_records=src.planned_records(topic, p)
+            )
             evidence.append(ev)
             try:
                 mon = monitor_partition(src, topic, p, n_regions, ev, progress)
@@ -227,8 +291,15 @@ def _read_partitions(opened: list[Source], topic: str, n_regions: int, monitors:
             monitors.append(mon)
 
 
-def _measure(out_dir: str | None, opened: list[Source], topic: str, ends: dict[int, dict[int, int]], n_regions: int,
-             now_ms: int, sources: dict[int, str]) -> int:
+def _measure(
+    out_dir: str | None,
+    opened: list[Source],
+    topic: str,
+    ends: dict[int, dict[int, int]],
+    n_regions: int,
+    now_ms: int,
+    sources: dict[int, str],
+) -> int:
     monitors: list[LagMonitor] = []
     rows: list[LagRow] = []
     failed: list[dict[str, Any]] = []
@@ -243,8 +314,10 @@ def _measure(out_dir: str | None, opened: list[Source], topic: str, ends: dict[i
             # an archive is a snapshot of the past: lag measured against the wall clock would be the archive's
             # age, not the replicas' lag
             now_ms, now_basis = max(newest), "the newest record in the sources"
-            log.info("lag measured at %s UTC, the newest record in the archives (give --now-ms to choose)",
-                     _fmt_ms(now_ms))
+            log.info(
+                "lag measured at %s UTC, the newest record in the archives (give --now-ms to choose)",
+                _fmt_ms(now_ms),
+            )
         else:
             now_ms, now_basis = int(time.time() * 1000), "the current time"
     for mon in monitors:
@@ -261,13 +334,16 @@ def _measure(out_dir: str | None, opened: list[Source], topic: str, ends: dict[i
         with OutputDir(out_dir, "lag") as out:
             _write_dataset(out, "lag", lag_table(rows))
             _write_dataset(out, "heartbeats", heartbeat_table(monitors))
-            out.write_json("lag.json", {
-                **out.common_fields("lag", exit_code, sources),
-                **summary_fields(0, evidence, len(failed)),
-                "now_ms": now_ms,
-                "now_basis": now_basis,
-                "topic": topic,
-                "lag": [r.__dict__ for r in rows],
-                "failed_partitions": failed,
-            })
+            out.write_json(
+                "lag.json",
+                {
+                    **out.common_fields("lag", exit_code, sources),
+                    **summary_fields(0, evidence, len(failed)),
+                    "now_ms": now_ms,
+                    "now_basis": now_basis,
+                    "topic": topic,
+                    "lag": [r.__dict__ for r in rows],
+                    "failed_partitions": failed,
+                },
+            )
     return exit_code

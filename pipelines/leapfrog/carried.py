@@ -25,10 +25,18 @@ BUCKETS_KEY = b"tidegauge.buckets"  # Parquet schema metadata: the reduce bucket
 # `sortkey` is kept so that the next run need not compute a crc32 per carried row in Python (null from the
 # two-phase path, whose untagged files the reduce tasks never read themselves); a state written before it was
 # kept lacks it, and `read_carried` computes it then.
-CARRIED_SCHEMA = pa.schema([("partition", pa.int32()), ("key", pa.binary()), ("region", pa.int32()),
-                            ("offset", pa.int64()), ("value_hash", pa.int64()), ("carry", pa.binary()),
-                            ("bucket", pa.int32()),  # the fused job's reduce bucket, -1 from the two-phase path
-                            ("sortkey", pa.int64())])
+CARRIED_SCHEMA = pa.schema(
+    [
+        ("partition", pa.int32()),
+        ("key", pa.binary()),
+        ("region", pa.int32()),
+        ("offset", pa.int64()),
+        ("value_hash", pa.int64()),
+        ("carry", pa.binary()),
+        ("bucket", pa.int32()),  # the fused job's reduce bucket, -1 from the two-phase path
+        ("sortkey", pa.int64()),
+    ]
+)
 # the fused reduce input's order (pipelines.leapfrog.rows.sortkey_column)
 _SORT = [("sortkey", "ascending"), ("key", "ascending"), ("region", "ascending"), ("offset", "ascending")]
 
@@ -50,7 +58,9 @@ def file_buckets(path: str) -> list[int] | None:
     return None if tag is None else [int(b) for b in tag.decode().split(",") if b]
 
 
-def read_carried(directory: str, files: Mapping[str, Sequence[int]], buckets: Iterable[int]) -> pa.Table | None:
+def read_carried(
+    directory: str, files: Mapping[str, Sequence[int]], buckets: Iterable[int]
+) -> pa.Table | None:
     """The carried records of `buckets`, sorted as the reduce input is: the files (name → buckets) that hold any
     of them, filtered when a file also holds buckets of another task. None when there are none."""
     want = set(buckets)
@@ -64,8 +74,9 @@ def read_carried(directory: str, files: Mapping[str, Sequence[int]], buckets: It
             t = t.filter(pc.is_in(t.column("bucket"), pa.array(sorted(want), pa.int32())))
         if "sortkey" not in t.schema.names:
             t = t.combine_chunks()
-            t = t.append_column("sortkey", sortkeys(t.column("partition").combine_chunks(),
-                                                    t.column("key").combine_chunks()))
+            t = t.append_column(
+                "sortkey", sortkeys(t.column("partition").combine_chunks(), t.column("key").combine_chunks())
+            )
         tables.append(t.select(CARRIED_SCHEMA.names))
     if not tables:
         return None
@@ -79,9 +90,13 @@ def _conform(carried: pa.Table, schema: pa.Schema) -> pa.RecordBatch:
     """Carried rows in the shape of the stream's rows (columns they lack are filled as `_carried_rows` fills
     them in the shuffle path)."""
     m = carried.num_rows
-    fill = {"order": pa.array(np.ones(m, np.int8)), "split": pa.array(np.full(m, -1, np.int32)),
-            "seg": pa.array(np.full(m, -1, np.int8)), "src": pa.array(np.full(m, -1, np.int32)),
-            "src_offset": pa.array(np.full(m, -1, np.int64))}
+    fill = {
+        "order": pa.array(np.ones(m, np.int8)),
+        "split": pa.array(np.full(m, -1, np.int32)),
+        "seg": pa.array(np.full(m, -1, np.int8)),
+        "src": pa.array(np.full(m, -1, np.int32)),
+        "src_offset": pa.array(np.full(m, -1, np.int64)),
+    }
     cols = []
     for f in schema:
         if f.name in carried.schema.names:
@@ -93,10 +108,13 @@ def _conform(carried: pa.Table, schema: pa.Schema) -> pa.RecordBatch:
     return pa.RecordBatch.from_arrays(cols, schema=schema)
 
 
-def merge_carried(pairs: Iterator[tuple[pa.RecordBatch, np.ndarray]], carried: pa.Table | None,
-                  schema: pa.Schema, n_regions: int,
-                  untouched: Callable[[pa.RecordBatch], None] | None = None
-                  ) -> Iterator[tuple[pa.RecordBatch, np.ndarray]]:
+def merge_carried(
+    pairs: Iterator[tuple[pa.RecordBatch, np.ndarray]],
+    carried: pa.Table | None,
+    schema: pa.Schema,
+    n_regions: int,
+    untouched: Callable[[pa.RecordBatch], None] | None = None,
+) -> Iterator[tuple[pa.RecordBatch, np.ndarray]]:
     """Merge the carried rows into the stream of (sorted batch, marks) pairs, keeping it sorted as the input is
     (`_SORT`): each batch takes the carried rows up to its last (sortkey, key); the rest follow the stream (rows
     of `schema`). A carried row's marks are zeros (it carries its own, in `carry`).
@@ -112,8 +130,11 @@ def merge_carried(pairs: Iterator[tuple[pa.RecordBatch, np.ndarray]], carried: p
 
     keys = carried.column("key").combine_chunks()
     n, pos = carried.num_rows, 0
-    settled = ((carry_flags(carried.column("carry").chunk(0)) & 4) != 0 if untouched is not None
-               else np.zeros(n, bool))
+    settled = (
+        (carry_flags(carried.column("carry").chunk(0)) & 4) != 0
+        if untouched is not None
+        else np.zeros(n, bool)
+    )
     sk_np = carried.column("sortkey").to_numpy()
 
     def upto(sortkey: int, key: bytes) -> int:

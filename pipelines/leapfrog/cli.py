@@ -41,23 +41,44 @@ EPILOG = textwrap.dedent("""\
 
 
 def register(sub) -> None:
-    p = sub.add_parser("leapfrog", help="find divergences between regions (Leap Frog, on Spark)",
-                       description=HELP, epilog=EPILOG, formatter_class=argparse.RawDescriptionHelpFormatter)
+    p = sub.add_parser(
+        "leapfrog",
+        help="find divergences between regions (Leap Frog, on Spark)",
+        description=HELP,
+        epilog=EPILOG,
+        formatter_class=argparse.RawDescriptionHelpFormatter,
+    )
     p.add_argument("--store", metavar="S", help="store name (the VT is S_vN)")
     p.add_argument("--version", type=int, metavar="N", help="store version (the VT is S_vN)")
-    p.add_argument("--source", action="append", metavar="ID=URI", default=[],
-                   help="region id and its VT: an archive directory or kafka://host:port[,...]; one per region, "
-                        "two or more")
+    p.add_argument(
+        "--source",
+        action="append",
+        metavar="ID=URI",
+        default=[],
+        help="region id and its VT: an archive directory or kafka://host:port[,...]; one per region, "
+        "two or more",
+    )
     p.add_argument("--out", required=True, metavar="DIR", help="output directory (replaced atomically)")
-    p.add_argument("--pairs", default="all", metavar="all|A-B,...",
-                   help="region pairs to compare (default all)")
-    p.add_argument("--mode", choices=["heartbeat", "footer", "rmd"], help="comparison mode (default heartbeat)")
-    p.add_argument("--state", metavar="DIR",
-                   help="incremental runs: read the state the previous run left here, process only newer records, "
-                        "commit the new state atomically (findings equal a full rescan)")
-    p.add_argument("--master", metavar="URL", help="Spark master (default local[*], or what spark-submit set)")
-    p.add_argument("--conf", metavar="FILE",
-                   help="YAML configuration (sources, store, version, kafka settings, spark); flags override it")
+    p.add_argument(
+        "--pairs", default="all", metavar="all|A-B,...", help="region pairs to compare (default all)"
+    )
+    p.add_argument(
+        "--mode", choices=["heartbeat", "footer", "rmd"], help="comparison mode (default heartbeat)"
+    )
+    p.add_argument(
+        "--state",
+        metavar="DIR",
+        help="incremental runs: read the state the previous run left here, process only newer records, "
+        "commit the new state atomically (findings equal a full rescan)",
+    )
+    p.add_argument(
+        "--master", metavar="URL", help="Spark master (default local[*], or what spark-submit set)"
+    )
+    p.add_argument(
+        "--conf",
+        metavar="FILE",
+        help="YAML configuration (sources, store, version, kafka settings, spark); flags override it",
+    )
     p.set_defaults(func=run)
 
 
@@ -77,7 +98,16 @@ def run(args: argparse.Namespace) -> int:
     mode = args.mode or conf.get("mode") or "heartbeat"
     pairs = parse_pairs(args.pairs, [s.region for s in specs])
     master, spark_conf = cfg.spark_settings(conf, args.master)
-    opts = LeapfrogOptions(store=store, version=int(version), sources=specs, out=args.out, pairs=pairs,
-                           mode=mode, state_dir=args.state, master=master, spark_conf=spark_conf,
-                           kafka_conf={s.region: cfg.kafka_conf(conf, s.region) for s in specs})
+    opts = LeapfrogOptions(
+        store=store,
+        version=int(version),
+        sources=specs,
+        out=args.out,
+        pairs=pairs,
+        mode=mode,
+        state_dir=args.state,
+        master=master,
+        spark_conf=spark_conf,
+        kafka_conf={s.region: cfg.kafka_conf(conf, s.region) for s in specs},
+    )
     return run_job(opts)

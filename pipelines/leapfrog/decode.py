@@ -27,25 +27,29 @@ PUT, DELETE, CHUNK, MANIFEST = int(Kind.PUT), int(Kind.DELETE), int(Kind.CHUNK),
 HEARTBEAT, START_OF_PUSH, END_OF_PUSH = int(Kind.HEARTBEAT), int(Kind.START_OF_PUSH), int(Kind.END_OF_PUSH)
 UNDECODABLE, OTHER = int(Kind.UNDECODABLE), int(Kind.OTHER)
 
-DECODED_SCHEMA = pa.schema([
-    ("region", pa.int32()),
-    ("partition", pa.int32()),
-    ("offset", pa.int64()),
-    ("kind", pa.int8()),
-    ("key", pa.binary()),
-    ("value_hash", pa.int64()),
-    ("deleted", pa.bool_()),
-    ("src", pa.int32()),
-    ("src_offset", pa.int64()),
-    ("hbw", pa.list_(pa.int64())),
-    ("rmd", pa.list_(pa.int64())),
-    ("chunked", pa.bool_()),
-    ("chunk_keys", pa.list_(pa.binary())),
-    ("payload", pa.binary()),
-])
-DECODED_DDL = ("region int, partition int, offset long, kind byte, key binary, value_hash long, deleted boolean, "
-               "src int, src_offset long, hbw array<long>, rmd array<long>, chunked boolean, "
-               "chunk_keys array<binary>, payload binary")
+DECODED_SCHEMA = pa.schema(
+    [
+        ("region", pa.int32()),
+        ("partition", pa.int32()),
+        ("offset", pa.int64()),
+        ("kind", pa.int8()),
+        ("key", pa.binary()),
+        ("value_hash", pa.int64()),
+        ("deleted", pa.bool_()),
+        ("src", pa.int32()),
+        ("src_offset", pa.int64()),
+        ("hbw", pa.list_(pa.int64())),
+        ("rmd", pa.list_(pa.int64())),
+        ("chunked", pa.bool_()),
+        ("chunk_keys", pa.list_(pa.binary())),
+        ("payload", pa.binary()),
+    ]
+)
+DECODED_DDL = (
+    "region int, partition int, offset long, kind byte, key binary, value_hash long, deleted boolean, "
+    "src int, src_offset long, hbw array<long>, rmd array<long>, chunked boolean, "
+    "chunk_keys array<binary>, payload binary"
+)
 
 
 def value_hash(value: bytes) -> int:
@@ -191,22 +195,25 @@ class VtDecoder:
                     chunked[i] = bool(E.control_body(env).get("chunked"))
             elif header not in K.KNOWN_HEADERS:
                 kind[i] = UNDECODABLE
-        return pa.RecordBatch.from_arrays([
-            pa.array(regions, pa.int32()),
-            batch.column(names.index("partition")).cast(pa.int32()),
-            batch.column(names.index("offset")).cast(pa.int64()),
-            pa.array(kind, pa.int8()),
-            pa.array(key_out, pa.binary()),
-            pa.array(vhash, pa.int64()),
-            pa.array(deleted, pa.bool_()),
-            pa.array(src, pa.int32()),
-            pa.array(src_off, pa.int64()),
-            pa.array(hbw, pa.list_(pa.int64())),
-            pa.array(rmd, pa.list_(pa.int64())),
-            pa.array(chunked, pa.bool_()),
-            pa.array(chunk_keys, pa.list_(pa.binary())),
-            pa.array(payload, pa.binary()),
-        ], schema=DECODED_SCHEMA)
+        return pa.RecordBatch.from_arrays(
+            [
+                pa.array(regions, pa.int32()),
+                batch.column(names.index("partition")).cast(pa.int32()),
+                batch.column(names.index("offset")).cast(pa.int64()),
+                pa.array(kind, pa.int8()),
+                pa.array(key_out, pa.binary()),
+                pa.array(vhash, pa.int64()),
+                pa.array(deleted, pa.bool_()),
+                pa.array(src, pa.int32()),
+                pa.array(src_off, pa.int64()),
+                pa.array(hbw, pa.list_(pa.int64())),
+                pa.array(rmd, pa.list_(pa.int64())),
+                pa.array(chunked, pa.bool_()),
+                pa.array(chunk_keys, pa.list_(pa.binary())),
+                pa.array(payload, pa.binary()),
+            ],
+            schema=DECODED_SCHEMA,
+        )
 
 
 def _decode_hbw(raw: bytes) -> list[int] | None:

@@ -49,9 +49,24 @@ from pipelines.leapfrog.keys import OUT_DDL, ROW_COLUMNS, SORT_COLUMNS, CompareC
 log = logging.getLogger("tidegauge.leapfrog")
 
 FINDING_COLUMNS = [
-    "store", "version", "partition", "region_a", "region_b", "type", "key", "key_hash", "a_value_hash",
-    "b_value_hash", "a_deleted", "b_deleted", "a_vt_offset", "b_vt_offset", "a_vector", "b_vector",
-    "a_high_watermark", "b_high_watermark",
+    "store",
+    "version",
+    "partition",
+    "region_a",
+    "region_b",
+    "type",
+    "key",
+    "key_hash",
+    "a_value_hash",
+    "b_value_hash",
+    "a_deleted",
+    "b_deleted",
+    "a_vt_offset",
+    "b_vt_offset",
+    "a_vector",
+    "b_vector",
+    "a_high_watermark",
+    "b_high_watermark",
 ]
 
 
@@ -73,7 +88,9 @@ class LeapfrogOptions:
         if self.state_dir is not None:
             local = local_path(self.state_dir)
             if local is None:
-                raise SourceError(f"--state {self.state_dir}: only local paths and file:// URIs are supported so far")
+                raise SourceError(
+                    f"--state {self.state_dir}: only local paths and file:// URIs are supported so far"
+                )
             self.state_dir = str(local)
 
     @property
@@ -85,8 +102,9 @@ def _sources(opts: LeapfrogOptions) -> dict[int, str]:
     return {s.region: s.uri for s in opts.sources}
 
 
-def _scan(spark: SparkSession, opts: LeapfrogOptions, n: int, splits, buckets: int | None = None,
-          records=None) -> DataFrame:
+def _scan(
+    spark: SparkSession, opts: LeapfrogOptions, n: int, splits, buckets: int | None = None, records=None
+) -> DataFrame:
     """Stage A's rows: the two-phase job's (`scan.SCAN_SCHEMA`), or with `buckets` the fused job's shuffle
     rows (`rows`, chunk rows left out: a fused run falls back to two-phase when it meets any)."""
     from pipelines.leapfrog import rows as R
@@ -96,8 +114,12 @@ def _scan(spark: SparkSession, opts: LeapfrogOptions, n: int, splits, buckets: i
     vt = read_vt(spark, splits, opts.topic, opts.kafka_conf)
     if buckets is None:
         return vt.mapInArrow(SplitScan(n, opts.mode, records=records), SCAN_DDL)
-    return R.keyed(vt.mapInArrow(SplitScan(n, opts.mode, keep_chunks=False, buckets=buckets, records=records),
-                                 R.SCAN_DDL), buckets)
+    return R.keyed(
+        vt.mapInArrow(
+            SplitScan(n, opts.mode, keep_chunks=False, buckets=buckets, records=records), R.SCAN_DDL
+        ),
+        buckets,
+    )
 
 
 def decode_only(spark: SparkSession, opts: LeapfrogOptions) -> int:
@@ -117,12 +139,16 @@ def decode_only(spark: SparkSession, opts: LeapfrogOptions) -> int:
 
 def _hash_manifests(main: DataFrame) -> DataFrame:
     """Chunked values: each manifest's value hash from its chunks' payloads, in manifest order."""
-    manifests = (main.where(F.col("kind") == V.MANIFEST)
-                 .select("region", "partition", "offset", F.posexplode("chunk_keys").alias("idx", "ckey")))
-    chunks = main.where(F.col("kind") == V.CHUNK).select("region", "partition", F.col("key").alias("ckey"), "payload")
+    manifests = main.where(F.col("kind") == V.MANIFEST).select(
+        "region", "partition", "offset", F.posexplode("chunk_keys").alias("idx", "ckey")
+    )
+    chunks = main.where(F.col("kind") == V.CHUNK).select(
+        "region", "partition", F.col("key").alias("ckey"), "payload"
+    )
     joined = manifests.join(chunks, ["region", "partition", "ckey"], "left")
     grouped = joined.groupBy("region", "partition", "offset").agg(
-        F.sort_array(F.collect_list(F.struct("idx", "payload"))).alias("parts"))
+        F.sort_array(F.collect_list(F.struct("idx", "payload"))).alias("parts")
+    )
 
     def fn(batches):
         import pyarrow as pa
@@ -133,9 +159,10 @@ def _hash_manifests(main: DataFrame) -> DataFrame:
             for ps in parts:
                 payloads = [p["payload"] for p in ps]
                 hashes.append(None if any(p is None for p in payloads) else V.chunked_value_hash(payloads))
-            yield pa.RecordBatch.from_arrays([b.column("region"), b.column("partition"), b.column("offset"),
-                                              pa.array(hashes, pa.int64())],
-                                             names=["region", "partition", "offset", "manifest_hash"])
+            yield pa.RecordBatch.from_arrays(
+                [b.column("region"), b.column("partition"), b.column("offset"), pa.array(hashes, pa.int64())],
+                names=["region", "partition", "offset", "manifest_hash"],
+            )
 
     return grouped.mapInArrow(fn, "region int, partition int, offset long, manifest_hash long")
 
@@ -151,16 +178,27 @@ def _prepare(scanned: DataFrame, facts: dict) -> DataFrame:
         hashed = _hash_manifests(main)
         main = main.join(hashed, ["region", "partition", "offset"], "left")
         is_manifest = F.col("kind") == V.MANIFEST
-        main = main.withColumn("value_hash", F.when(is_manifest, F.col("manifest_hash")).otherwise(F.col("value_hash")))
-        main = main.withColumn("kind", F.when(is_manifest & F.col("manifest_hash").isNull(), F.lit(V.UNDECODABLE))
-                               .when(is_manifest, F.lit(V.PUT)).otherwise(F.col("kind")).cast("byte"))
+        main = main.withColumn(
+            "value_hash", F.when(is_manifest, F.col("manifest_hash")).otherwise(F.col("value_hash"))
+        )
+        main = main.withColumn(
+            "kind",
+            F.when(is_manifest & F.col("manifest_hash").isNull(), F.lit(V.UNDECODABLE))
+            .when(is_manifest, F.lit(V.PUT))
+            .otherwise(F.col("kind"))
+            .cast("byte"),
+        )
         # In a chunked version every data key ends with a ChunkedKeySuffix: `02 00` for values and manifests.
         # Other suffixes are chunk keys (chunks, and the DELETEs that clean them up): not values.
         suffix = F.substring(F.col("key"), -2, 2)
         chunk_key = is_data & (suffix != F.lit(bytes([2, 0])))
-        main = main.withColumn("kind", F.when(chunk_key, F.lit(V.CHUNK)).otherwise(F.col("kind")).cast("byte"))
+        main = main.withColumn(
+            "kind", F.when(chunk_key, F.lit(V.CHUNK)).otherwise(F.col("kind")).cast("byte")
+        )
         strip = is_data
-        main = main.withColumn("key", F.when(strip, F.expr("substring(key, 1, length(key) - 2)")).otherwise(F.col("key")))
+        main = main.withColumn(
+            "key", F.when(strip, F.expr("substring(key, 1, length(key) - 2)")).otherwise(F.col("key"))
+        )
     return main.where(is_data)
 
 
@@ -202,10 +240,18 @@ def run(opts: LeapfrogOptions, spark: SparkSession | None = None) -> int:
     state = None
     if opts.state_dir is not None:
         if opts.mode != "heartbeat":
-            raise SourceError(f"--state: incremental runs exist for heartbeat mode only, not --mode {opts.mode}")
+            raise SourceError(
+                f"--state: incremental runs exist for heartbeat mode only, not --mode {opts.mode}"
+            )
         try:
-            state = S.load(opts.state_dir, store=opts.store, version=opts.version, mode=opts.mode, pairs=pairs,
-                           regions=regions)
+            state = S.load(
+                opts.state_dir,
+                store=opts.store,
+                version=opts.version,
+                mode=opts.mode,
+                pairs=pairs,
+                regions=regions,
+            )
         except S.StateError as exc:
             raise SourceError(str(exc)) from None
     carried = state.regions if state is not None else {}
@@ -213,7 +259,9 @@ def run(opts: LeapfrogOptions, spark: SparkSession | None = None) -> int:
         check_sources(_sources(opts), opts.topic, opts.kafka_conf, may_lack_topic={r for r, _ in carried})
         starting = {k: v["last_offset"] + 1 for k, v in carried.items()}
         planned_ms = int(time.time() * 1000)
-        splits = [sp for sp in plan(_sources(opts), opts.topic, opts.kafka_conf, starting) if sp.end > sp.start]
+        splits = [
+            sp for sp in plan(_sources(opts), opts.topic, opts.kafka_conf, starting) if sp.end > sp.start
+        ]
         deadlines = compaction_deadlines(_sources(opts), opts.topic, opts.kafka_conf, planned_ms)
     except ValueError as exc:
         raise SourceError(str(exc)) from None
@@ -227,11 +275,24 @@ def run(opts: LeapfrogOptions, spark: SparkSession | None = None) -> int:
         stage = S.staging_dir(opts.state_dir)
         (stage / "carried").mkdir()
     progress = Progress("leapfrog", spark=spark)
-    job = _Job(spark, opts, n, tuple(pairs), splits, ends, buckets, carried, state,
-               str(stage / "carried") if stage is not None else None, deadlines, progress)
+    job = _Job(
+        spark,
+        opts,
+        n,
+        tuple(pairs),
+        splits,
+        ends,
+        buckets,
+        carried,
+        state,
+        str(stage / "carried") if stage is not None else None,
+        deadlines,
+        progress,
+    )
     with OutputDir(opts.out, "leapfrog") as out, progress:
-        fused = (len(splits) * buckets <= FUSED_MAX_SUMMARY_ROWS
-                 and not chunked_version(splits, opts.topic, opts.kafka_conf))
+        fused = len(splits) * buckets <= FUSED_MAX_SUMMARY_ROWS and not chunked_version(
+            splits, opts.topic, opts.kafka_conf
+        )
         if fused:
             result, _ = job.fused()
             counter_rows, facts, read_errors = _counters(result)
@@ -250,9 +311,13 @@ def run(opts: LeapfrogOptions, spark: SparkSession | None = None) -> int:
         timings["scan_and_compare_s"] = round(time.time() - t0, 3)
         for (r, p), rp in sorted(facts.items()):
             if rp.gaps and not rp.latest_kept:
-                log.warning("region %d partition %d: offset gaps, and the topic may have been compacted while it was "
-                            "read (past min.compaction.lag.ms, or the cluster did not say): standing marks are frozen "
-                            "at the first gap there, so divergences behind it may go unreported", r, p)
+                log.warning(
+                    "region %d partition %d: offset gaps, and the topic may have been compacted while it was "
+                    "read (past min.compaction.lag.ms, or the cluster did not say): standing marks are frozen "
+                    "at the first gap there, so divergences behind it may go unreported",
+                    r,
+                    p,
+                )
         all_partitions = sorted({p for _, p in facts} | {p for _, p in ends})
         failed = []
         for p in all_partitions:
@@ -265,9 +330,18 @@ def run(opts: LeapfrogOptions, spark: SparkSession | None = None) -> int:
         for k, n_settled in old_settled.items():  # settled keys this run did not visit still count as keys
             r = by_pair.get(k)
             if r is None:
-                r = by_pair[k] = {"partition": k[0], "region_a": k[1], "region_b": k[2], "keys": 0,
-                                  "comparable_pairs": 0, "skipped_pairs": 0, "pending_keys": 0, "new_findings": 0,
-                                  "settled_touched": 0, "settled_new": 0}
+                r = by_pair[k] = {
+                    "partition": k[0],
+                    "region_a": k[1],
+                    "region_b": k[2],
+                    "keys": 0,
+                    "comparable_pairs": 0,
+                    "skipped_pairs": 0,
+                    "pending_keys": 0,
+                    "new_findings": 0,
+                    "settled_touched": 0,
+                    "settled_new": 0,
+                }
                 counter_rows.append(r)
             r["keys"] += n_settled - r["settled_touched"]
         unverified, overflow = _unverified(facts)
@@ -275,15 +349,31 @@ def run(opts: LeapfrogOptions, spark: SparkSession | None = None) -> int:
         findings, table, withheld = _findings(result, opts, state, counter_rows, out, unverified, overflow)
         if table is not None:
             finding_counts = defaultdict(int)
-            for p_, a_, b_, t_ in zip(*(table.column(c).to_pylist() for c in ("partition", "region_a", "region_b",
-                                                                                "type")), strict=True):
+            for p_, a_, b_, t_ in zip(
+                *(table.column(c).to_pylist() for c in ("partition", "region_a", "region_b", "type")),
+                strict=True,
+            ):
                 finding_counts[(p_, a_, b_, t_)] += 1
         else:
-            finding_counts = {(r["partition"], r["region_a"], r["region_b"], r["type"]): r["count"]
-                              for r in findings.groupBy("partition", "region_a", "region_b", "type").count().collect()}
+            finding_counts = {
+                (r["partition"], r["region_a"], r["region_b"], r["type"]): r["count"]
+                for r in findings.groupBy("partition", "region_a", "region_b", "type").count().collect()
+            }
         if opts.state_dir is not None:  # last: everything this run reads from the old state has been read
-            _commit_state(stage, opts, facts, ends, carried, findings, table, pairs, regions, counter_rows,
-                          old_settled, buckets if fused else None)
+            _commit_state(
+                stage,
+                opts,
+                facts,
+                ends,
+                carried,
+                findings,
+                table,
+                pairs,
+                regions,
+                counter_rows,
+                old_settled,
+                buckets if fused else None,
+            )
         timings["output_s"] = round(time.time() - t0 - sum(timings.values()), 3)
         timings["fused"] = fused
         if findings is not None:
@@ -292,18 +382,30 @@ def run(opts: LeapfrogOptions, spark: SparkSession | None = None) -> int:
         summary = _summary(opts, facts, counter_rows, finding_counts, pairs, failed, unverified, overflow)
         summary["totals"]["withheld_findings"] = withheld
         total_findings = sum(summary["totals"]["findings"].values())
-        evidence = _evidence(opts.topic, splits, ends, facts, failed, {s.region for s in opts.sources if s.is_kafka})
+        evidence = _evidence(
+            opts.topic, splits, ends, facts, failed, {s.region for s in opts.sources if s.is_kafka}
+        )
         for line in describe_short(evidence):
             log.warning("%s", line)
         summary = {**summary_fields(total_findings, evidence, len(failed)), **summary}
         code = summary["exit_code"]
         timings["total_s"] = round(time.time() - t0, 3)
-        summary = {**out.common_fields("leapfrog", code, _sources(opts)), **summary,
-                   "timings": timings, "versions": versions()}
+        summary = {
+            **out.common_fields("leapfrog", code, _sources(opts)),
+            **summary,
+            "timings": timings,
+            "versions": versions(),
+        }
         summary["exit_code"] = code
         out.write_json("summary.json", summary)
-    log.info("leapfrog %s: %d findings over %d pair(s), %d partition(s); summary in %s", opts.topic,
-             total_findings, len(pairs), len(all_partitions), os.path.join(opts.out, "summary.json"))
+    log.info(
+        "leapfrog %s: %d findings over %d pair(s), %d partition(s); summary in %s",
+        opts.topic,
+        total_findings,
+        len(pairs),
+        len(all_partitions),
+        os.path.join(opts.out, "summary.json"),
+    )
     return code
 
 
@@ -347,11 +449,19 @@ class _Job:
             return None
         df = self.spark.read.parquet(str(self.state.carried_dir))
         cols = {
-            "partition": F.col("partition"), "key": F.col("key"), "region": F.col("region"), "offset": F.col("offset"),
-            "value_hash": F.col("value_hash"), "deleted": F.lit(None).cast("boolean"),
-            "src": F.lit(-1).cast("int"), "src_offset": F.lit(-1).cast("long"),
-            "rmd": F.lit(None).cast("array<long>"), "split": F.lit(-1).cast("int"), "seg": F.lit(-1).cast("byte"),
-            "hw": F.lit(None).cast("binary"), "carry": F.col("carry"),
+            "partition": F.col("partition"),
+            "key": F.col("key"),
+            "region": F.col("region"),
+            "offset": F.col("offset"),
+            "value_hash": F.col("value_hash"),
+            "deleted": F.lit(None).cast("boolean"),
+            "src": F.lit(-1).cast("int"),
+            "src_offset": F.lit(-1).cast("long"),
+            "rmd": F.lit(None).cast("array<long>"),
+            "split": F.lit(-1).cast("int"),
+            "seg": F.lit(-1).cast("byte"),
+            "hw": F.lit(None).cast("binary"),
+            "carry": F.col("carry"),
         }
         return df.select(*[cols[c].alias(c) for c in ROW_COLUMNS])
 
@@ -377,16 +487,22 @@ class _Job:
         self._stage("reading, shuffling and comparing every region's records (one pass)")
         rows = _scan(self.spark, opts, self.n, self.splits, buckets=self.buckets, records=self._records())
         own = self._own_carried_files()
-        reduce = ScanReduce(opts.mode, self.pairs, self.n, self.ends, self.carried, self.state_out, self.deadlines,
-                            own)
+        reduce = ScanReduce(
+            opts.mode, self.pairs, self.n, self.ends, self.carried, self.state_out, self.deadlines, own
+        )
         if own is None and self._state_carries():
             # the previous run's carried records join the shuffle (keys.pass_untouched passes the
             # settled keys no new record touches straight on)
-            old = (self.spark.read.parquet(str(self.state.carried_dir))
-                   .mapInArrow(R.carried_batches(self.n), R.SCAN_DDL))
+            old = self.spark.read.parquet(str(self.state.carried_dir)).mapInArrow(
+                R.carried_batches(self.n), R.SCAN_DDL
+            )
             rows = rows.unionByName(R.keyed(old, self.buckets))
-        result = (rows.repartition(self.buckets, "bucket").sortWithinPartitions("sortkey", *SORT_COLUMNS[1:])
-                  .mapInArrow(reduce, OUT_DDL).persist(StorageLevel.MEMORY_AND_DISK))
+        result = (
+            rows.repartition(self.buckets, "bucket")
+            .sortWithinPartitions("sortkey", *SORT_COLUMNS[1:])
+            .mapInArrow(reduce, OUT_DDL)
+            .persist(StorageLevel.MEMORY_AND_DISK)
+        )
         return result, None  # facts come with the counters (one collect)
 
     def two_phase(self):
@@ -394,8 +510,11 @@ class _Job:
         opts, n = self.opts, self.n
         self._stage("reading every region's records")
         scanned = _scan(self.spark, opts, n, self.splits, records=self._records()).persist(
-            StorageLevel.MEMORY_AND_DISK)
-        summaries = [json.loads(r["summary"]) for r in scanned.where(F.col("order") == 0).select("summary").collect()]
+            StorageLevel.MEMORY_AND_DISK
+        )
+        summaries = [
+            json.loads(r["summary"]) for r in scanned.where(F.col("order") == 0).select("summary").collect()
+        ]
         self.read_errors = failed_reads(summaries)
         facts, prefixes = plan_marks(summaries, self.ends, n, self.carried)
         mark_latest_kept(facts, self.deadlines, int(time.time() * 1000))  # the scan has been read (persisted)
@@ -404,7 +523,9 @@ class _Job:
         old = self._carried_rows()
         if old is not None:
             data = data.unionByName(old)
-        keyed = data.repartition(self.buckets, "partition", F.xxhash64("key")).sortWithinPartitions(*SORT_COLUMNS)
+        keyed = data.repartition(self.buckets, "partition", F.xxhash64("key")).sortWithinPartitions(
+            *SORT_COLUMNS
+        )
         result = keyed.mapInArrow(stage_for(ctx), OUT_DDL).persist(StorageLevel.MEMORY_AND_DISK)
         self._stage("shuffling and comparing by key")
         result.count()
@@ -412,15 +533,37 @@ class _Job:
         return result, facts
 
 
-_ORDER = [("partition", "ascending"), ("region_a", "ascending"), ("region_b", "ascending"), ("key", "ascending")]
+_ORDER = [
+    ("partition", "ascending"),
+    ("region_a", "ascending"),
+    ("region_b", "ascending"),
+    ("key", "ascending"),
+]
 
 
 def _counters(result: DataFrame) -> tuple[list[dict], dict | None, dict[tuple[int, int], str]]:
     """Counter rows summed per (partition, pair), and the plan's facts and read errors when the reduce tasks sent
     them (fused runs): small, collected in one Spark job."""
-    t = result.where(F.col("row").isin("C", "S")).select(
-        "row", "partition", "region_a", "region_b", "keys", "comparable_pairs", "skipped_pairs", "pending_keys",
-        "value_mismatch", "missing_in_a", "missing_in_b", "settled_touched", "settled_new", "info").toArrow()
+    t = (
+        result.where(F.col("row").isin("C", "S"))
+        .select(
+            "row",
+            "partition",
+            "region_a",
+            "region_b",
+            "keys",
+            "comparable_pairs",
+            "skipped_pairs",
+            "pending_keys",
+            "value_mismatch",
+            "missing_in_a",
+            "missing_in_b",
+            "settled_touched",
+            "settled_new",
+            "info",
+        )
+        .toArrow()
+    )
     sums: dict[tuple[int, int, int], dict] = {}
     facts = None
     read_errors: dict[tuple[int, int], str] = {}
@@ -429,16 +572,37 @@ def _counters(result: DataFrame) -> tuple[list[dict], dict | None, dict[tuple[in
             if facts is None:
                 facts = {}
                 info = json.loads(r["info"])
-                read_errors.update({(f["region"], f["partition"]): f["error"] for f in info.get("failed", [])})
+                read_errors.update(
+                    {(f["region"], f["partition"]): f["error"] for f in info.get("failed", [])}
+                )
                 for d in info["facts"]:
                     rp = RegionPartition.from_json(d)
                     facts[(rp.region, rp.partition)] = rp
             continue
         k = (r["partition"], r["region_a"], r["region_b"])
-        acc = sums.setdefault(k, {"partition": k[0], "region_a": k[1], "region_b": k[2], "keys": 0,
-                                  "comparable_pairs": 0, "skipped_pairs": 0, "pending_keys": 0, "new_findings": 0,
-                                  "settled_touched": 0, "settled_new": 0})
-        for c in ("keys", "comparable_pairs", "skipped_pairs", "pending_keys", "settled_touched", "settled_new"):
+        acc = sums.setdefault(
+            k,
+            {
+                "partition": k[0],
+                "region_a": k[1],
+                "region_b": k[2],
+                "keys": 0,
+                "comparable_pairs": 0,
+                "skipped_pairs": 0,
+                "pending_keys": 0,
+                "new_findings": 0,
+                "settled_touched": 0,
+                "settled_new": 0,
+            },
+        )
+        for c in (
+            "keys",
+            "comparable_pairs",
+            "skipped_pairs",
+            "pending_keys",
+            "settled_touched",
+            "settled_new",
+        ):
             acc[c] += r[c] or 0
         acc["new_findings"] += r["value_mismatch"] + r["missing_in_a"] + r["missing_in_b"]
     return list(sums.values()), facts, read_errors
@@ -470,26 +634,41 @@ def _withhold(table: pa.Table, unverified: dict, overflow: set) -> pa.Table:
 
     if table.num_rows == 0 or (not unverified and not overflow):
         return table
-    cols = [table.column(c).to_pylist() for c in ("partition", "key", "region_a", "region_b", "a_vt_offset",
-                                                   "b_vt_offset")]
+    cols = [
+        table.column(c).to_pylist()
+        for c in ("partition", "key", "region_a", "region_b", "a_vt_offset", "b_vt_offset")
+    ]
     keep = []
     for p, k, a, b, ao, bo in zip(*cols, strict=True):
-        held = (a, p) in overflow or (b, p) in overflow or withheld_side(unverified, p, k, a, b, ao, bo) is not None
+        held = (
+            (a, p) in overflow
+            or (b, p) in overflow
+            or withheld_side(unverified, p, k, a, b, ao, bo) is not None
+        )
         keep.append(not held)
     return table.filter(pa.array(keep, pa.bool_()))
 
 
-def _findings(result: DataFrame, opts: LeapfrogOptions, state, counter_rows, out: OutputDir, unverified: dict,
-              overflow: set):
+def _findings(
+    result: DataFrame,
+    opts: LeapfrogOptions,
+    state,
+    counter_rows,
+    out: OutputDir,
+    unverified: dict,
+    overflow: set,
+):
     """This run's findings, and with --state every finding so far: per (pair, key) the one first in
     (B offset, A offset) order, as a full rescan would report, less those that rest on an unreadable record
     (withheld: the key is unverified there). Written to OUT/inconsistencies.
 
     Returns (DataFrame, None, withheld) when Spark wrote them (very many), else (None, table, withheld): the usual
     case, where the findings are merged and written on the driver without another Spark job."""
-    new = (result.where(F.col("row") == "F")
-           .select(F.lit(opts.store).alias("store"), F.lit(opts.version).cast("int").alias("version"),
-                   *FINDING_COLUMNS[2:]))
+    new = result.where(F.col("row") == "F").select(
+        F.lit(opts.store).alias("store"),
+        F.lit(opts.version).cast("int").alias("version"),
+        *FINDING_COLUMNS[2:],
+    )
     old_dir = state.findings_dir if state is not None and state.findings_dir.exists() else None
     n_new = sum(r["new_findings"] for r in counter_rows)
     if n_new + _parquet_rows(old_dir) <= FINDINGS_ON_DRIVER:
@@ -507,9 +686,14 @@ def _findings(result: DataFrame, opts: LeapfrogOptions, state, counter_rows, out
 
         old = result.sparkSession.read.parquet(str(old_dir)).select(*FINDING_COLUMNS)
         w = Window.partitionBy("partition", "region_a", "region_b", "key").orderBy(
-            F.coalesce("b_vt_offset", F.lit(-1)), F.coalesce("a_vt_offset", F.lit(-1)))
-        new = (new.unionByName(old).withColumn("_rank", F.row_number().over(w)).where(F.col("_rank") == 1)
-               .drop("_rank"))
+            F.coalesce("b_vt_offset", F.lit(-1)), F.coalesce("a_vt_offset", F.lit(-1))
+        )
+        new = (
+            new.unionByName(old)
+            .withColumn("_rank", F.row_number().over(w))
+            .where(F.col("_rank") == 1)
+            .drop("_rank")
+        )
     before = None
     if unverified or overflow:
         schema = new.schema
@@ -546,8 +730,16 @@ def _first_per_key(new: pa.Table, old: pa.Table) -> pa.Table:
     order_b = pc.fill_null(both.column("b_vt_offset"), -1)
     order_a = pc.fill_null(both.column("a_vt_offset"), -1)
     keyed = both.append_column("_b", order_b).append_column("_a", order_a)
-    keyed = keyed.sort_by([("partition", "ascending"), ("region_a", "ascending"), ("region_b", "ascending"),
-                           ("key", "ascending"), ("_b", "ascending"), ("_a", "ascending")])
+    keyed = keyed.sort_by(
+        [
+            ("partition", "ascending"),
+            ("region_a", "ascending"),
+            ("region_b", "ascending"),
+            ("key", "ascending"),
+            ("_b", "ascending"),
+            ("_a", "ascending"),
+        ]
+    )
     m = keyed.num_rows
     first = np.ones(m, bool)
     if m > 1:
@@ -559,9 +751,20 @@ def _first_per_key(new: pa.Table, old: pa.Table) -> pa.Table:
     return keyed.filter(pa.array(first)).drop_columns(["_b", "_a"])
 
 
-def _commit_state(stage, opts: LeapfrogOptions, facts: dict, ends: dict, carried: dict,
-                  findings: DataFrame | None, findings_table, pairs, regions, counter_rows: list[dict],
-                  old_settled: dict, buckets: int | None) -> None:
+def _commit_state(
+    stage,
+    opts: LeapfrogOptions,
+    facts: dict,
+    ends: dict,
+    carried: dict,
+    findings: DataFrame | None,
+    findings_table,
+    pairs,
+    regions,
+    counter_rows: list[dict],
+    old_settled: dict,
+    buckets: int | None,
+) -> None:
     """Complete the next state in its staging directory (the reduce tasks wrote its carried records there)
     and swap it in (before the output is committed). `buckets`: the fused job's bucket count, under which the
     carried files are tagged (None: the two-phase path, whose files the next run shuffles in)."""
@@ -575,30 +778,57 @@ def _commit_state(stage, opts: LeapfrogOptions, facts: dict, ends: dict, carried
     region_rows = []
     for (region, partition), rp in sorted(facts.items()):
         end = ends.get((region, partition))
-        last = end - 1 if end is not None else carried.get((region, partition), {}).get("last_offset", rp.start_after)
-        region_rows.append({
-            "region": region, "partition": partition, "last_offset": last, "final_hw": list(rp.final_hw),
-            "baseline": list(rp.baseline) if rp.baseline is not None and not rp.prefix_known else None,
-            "prefix_known": rp.prefix_known, "gap_hw": list(rp.next_freeze()) if rp.next_freeze() else None,
-            "eop_offset": rp.eop_offset, "chunked": rp.chunked, "latest_kept": rp.latest_kept,
-            # kept across runs: a later run must not compare a value that an unreadable record replaced
-            "unverified": rp.unverified, "unverified_overflow": rp.unverified_overflow,
-        })
+        last = (
+            end - 1
+            if end is not None
+            else carried.get((region, partition), {}).get("last_offset", rp.start_after)
+        )
+        region_rows.append(
+            {
+                "region": region,
+                "partition": partition,
+                "last_offset": last,
+                "final_hw": list(rp.final_hw),
+                "baseline": list(rp.baseline) if rp.baseline is not None and not rp.prefix_known else None,
+                "prefix_known": rp.prefix_known,
+                "gap_hw": list(rp.next_freeze()) if rp.next_freeze() else None,
+                "eop_offset": rp.eop_offset,
+                "chunked": rp.chunked,
+                "latest_kept": rp.latest_kept,
+                # kept across runs: a later run must not compare a value that an unreadable record replaced
+                "unverified": rp.unverified,
+                "unverified_overflow": rp.unverified_overflow,
+            }
+        )
     settled_counts = []
     for r in counter_rows:
         k = (r["partition"], r["region_a"], r["region_b"])
-        settled_counts.append({"partition": k[0], "region_a": k[1], "region_b": k[2],
-                               "keys": r["settled_new"] + old_settled.get(k, 0) - r["settled_touched"]})
-    meta = {"store": opts.store, "version": opts.version, "mode": opts.mode, "pairs": [list(p) for p in pairs],
-            "regions": sorted(regions), "settled_keys": settled_counts,
-            # the bucket count the carried files' tags belong to (rows.bucket_labels; older states
-            # wrote "buckets", tagged otherwise: their records are shuffled in)
-            "reduce_buckets": buckets}
+        settled_counts.append(
+            {
+                "partition": k[0],
+                "region_a": k[1],
+                "region_b": k[2],
+                "keys": r["settled_new"] + old_settled.get(k, 0) - r["settled_touched"],
+            }
+        )
+    meta = {
+        "store": opts.store,
+        "version": opts.version,
+        "mode": opts.mode,
+        "pairs": [list(p) for p in pairs],
+        "regions": sorted(regions),
+        "settled_keys": settled_counts,
+        # the bucket count the carried files' tags belong to (rows.bucket_labels; older states
+        # wrote "buckets", tagged otherwise: their records are shuffled in)
+        "reduce_buckets": buckets,
+    }
     S.write_meta(stage, meta, region_rows)
     S.commit(opts.state_dir, stage)
 
-def _evidence(topic: str, splits, ends: dict, facts: dict, failed: list[dict],
-              kafka_regions: set[int]) -> list[PartitionEvidence]:
+
+def _evidence(
+    topic: str, splits, ends: dict, facts: dict, failed: list[dict], kafka_regions: set[int]
+) -> list[PartitionEvidence]:
     """Per region partition: the offsets planned (the splits, fixed on the driver) against what the executors
     read and decoded (their scan summaries, reconciled into `facts`). An archive's last planned offset is a
     record, so a whole read ends there; a Kafka partition may end in compacted offsets, and its reader reports a
@@ -615,20 +845,36 @@ def _evidence(topic: str, splits, ends: dict, facts: dict, failed: list[dict],
         rp = facts.get(key)
         if rp is not None and e.error is None:
             e.read_records = rp.records_read
-            e.reached_end = key[0] in kafka_regions or (rp.last_offset is not None and rp.last_offset >= end - 1)
+            e.reached_end = key[0] in kafka_regions or (
+                rp.last_offset is not None and rp.last_offset >= end - 1
+            )
             e.undecodable = rp.undecodable
             e.undecodable_offsets = list(rp.undecodable_offsets)
         out.append(e)
     return out
 
 
-def _summary(opts: LeapfrogOptions, facts: dict, counter_rows, finding_counts: dict, pairs, failed,
-             unverified: dict, overflow: set) -> dict[str, Any]:
+def _summary(
+    opts: LeapfrogOptions,
+    facts: dict,
+    counter_rows,
+    finding_counts: dict,
+    pairs,
+    failed,
+    unverified: dict,
+    overflow: set,
+) -> dict[str, Any]:
     by_pair = []
     totals = defaultdict(int)
-    types = {"VALUE_MISMATCH": "value_mismatch", "MISSING_IN_A": "missing_in_a", "MISSING_IN_B": "missing_in_b"}
+    types = {
+        "VALUE_MISMATCH": "value_mismatch",
+        "MISSING_IN_A": "missing_in_a",
+        "MISSING_IN_B": "missing_in_b",
+    }
     found = {(r["partition"], r["region_a"], r["region_b"]): r for r in counter_rows}
-    by_type = defaultdict(int, finding_counts)  # from the findings written (with --state: every finding so far)
+    by_type = defaultdict(
+        int, finding_counts
+    )  # from the findings written (with --state: every finding so far)
     partitions = sorted({p for _, p in facts})
     keys_of: dict[tuple[int, int], set[bytes]] = defaultdict(set)  # (region, partition) → unverified keys
     for region, partition, key in unverified:
@@ -646,30 +892,48 @@ def _summary(opts: LeapfrogOptions, facts: dict, counter_rows, finding_counts: d
             by_pair.append(entry)
     by_region = []
     for (region, p), rp in sorted(facts.items()):
-        by_region.append({
-            "region": region, "partition": p, "records": rp.data_records, "heartbeats": rp.heartbeats,
-            "heartbeats_by_origin": dict(sorted(rp.heartbeats_by_origin.items())),
-            "eop_offset": rp.eop_offset, "scan_start": rp.start_kind, "first_offset": rp.start_after + 1,
-            "last_offset": rp.last_offset, "final_high_watermark": list(rp.final_hw),
-            "compacted_ranges": [[g[0], g[1]] for g in rp.gaps], "latest_records_kept": rp.latest_kept,
-            "undecodable": rp.undecodable,
-            "undecodable_offsets": rp.undecodable_offsets,
-            "unverified_keys": len(keys_of[(region, p)]), "all_keys_unverified": rp.unverified_overflow,
-            "unverified": [{"key": k.hex(), "offsets": offs[:10]} for (r_, p_, k), offs in sorted(unverified.items())
-                           if (r_, p_) == (region, p)][:100],
-            "out_of_range": rp.out_of_range,
-            "out_of_range_offsets": rp.out_of_range_offsets,
-        })
+        by_region.append(
+            {
+                "region": region,
+                "partition": p,
+                "records": rp.data_records,
+                "heartbeats": rp.heartbeats,
+                "heartbeats_by_origin": dict(sorted(rp.heartbeats_by_origin.items())),
+                "eop_offset": rp.eop_offset,
+                "scan_start": rp.start_kind,
+                "first_offset": rp.start_after + 1,
+                "last_offset": rp.last_offset,
+                "final_high_watermark": list(rp.final_hw),
+                "compacted_ranges": [[g[0], g[1]] for g in rp.gaps],
+                "latest_records_kept": rp.latest_kept,
+                "undecodable": rp.undecodable,
+                "undecodable_offsets": rp.undecodable_offsets,
+                "unverified_keys": len(keys_of[(region, p)]),
+                "all_keys_unverified": rp.unverified_overflow,
+                "unverified": [
+                    {"key": k.hex(), "offsets": offs[:10]}
+                    for (r_, p_, k), offs in sorted(unverified.items())
+                    if (r_, p_) == (region, p)
+                ][:100],
+                "out_of_range": rp.out_of_range,
+                "out_of_range_offsets": rp.out_of_range_offsets,
+            }
+        )
     finding_totals = {t: sum(e["findings"][t] for e in by_pair) for t in types}
     return {
-        "store": opts.store, "version": opts.version, "mode": opts.mode,
-        "regions": sorted({r for r, _ in facts}), "pairs": [list(p) for p in pairs],
+        "store": opts.store,
+        "version": opts.version,
+        "mode": opts.mode,
+        "regions": sorted({r for r, _ in facts}),
+        "pairs": [list(p) for p in pairs],
         "incremental": opts.state_dir is not None,
         "totals": {
             "records": sum(rp.data_records for rp in facts.values()),
             "heartbeats": sum(rp.heartbeats for rp in facts.values()),
-            "keys": totals["keys"], "comparable_pairs": totals["comparable_pairs"],
-            "skipped_pairs": totals["skipped_pairs"], "pending_keys": totals["pending_keys"],
+            "keys": totals["keys"],
+            "comparable_pairs": totals["comparable_pairs"],
+            "skipped_pairs": totals["skipped_pairs"],
+            "pending_keys": totals["pending_keys"],
             "findings": finding_totals,
             "undecodable": sum(rp.undecodable for rp in facts.values()),
             "unverified_keys": len({(p_, k) for (_, p_, k) in unverified}),

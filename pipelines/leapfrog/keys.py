@@ -45,43 +45,60 @@ from leapfrog.settle import (
 from pipelines.leapfrog.carried import CARRIED_SCHEMA, buckets_tag, merge_carried, read_carried
 from pipelines.leapfrog.rows import unpack_marks
 
-OUT_SCHEMA = pa.schema([
-    ("row", pa.string()),  # "F" finding, "C" counters, "S" the plan's facts (fused runs)
-    ("partition", pa.int32()),
-    ("region_a", pa.int32()),
-    ("region_b", pa.int32()),
-    ("type", pa.string()),
-    ("key", pa.binary()),
-    ("key_hash", pa.int64()),
-    ("a_value_hash", pa.int64()),
-    ("b_value_hash", pa.int64()),
-    ("a_deleted", pa.bool_()),
-    ("b_deleted", pa.bool_()),
-    ("a_vt_offset", pa.int64()),
-    ("b_vt_offset", pa.int64()),
-    ("a_vector", pa.list_(pa.int64())),
-    ("b_vector", pa.list_(pa.int64())),
-    ("a_high_watermark", pa.list_(pa.int64())),
-    ("b_high_watermark", pa.list_(pa.int64())),
-    ("keys", pa.int64()),
-    ("comparable_pairs", pa.int64()),
-    ("skipped_pairs", pa.int64()),
-    ("pending_keys", pa.int64()),
-    ("value_mismatch", pa.int64()),
-    ("missing_in_a", pa.int64()),
-    ("missing_in_b", pa.int64()),
-    ("settled_touched", pa.int64()),  # "C" rows with --state: settled keys this run's records touched
-    ("settled_new", pa.int64()),  # ... and keys settled at the end of this run
-    ("info", pa.string()),
-])
-OUT_DDL = ("row string, partition int, region_a int, region_b int, type string, key binary, key_hash long, "
-           "a_value_hash long, b_value_hash long, a_deleted boolean, b_deleted boolean, a_vt_offset long, "
-           "b_vt_offset long, a_vector array<long>, b_vector array<long>, a_high_watermark array<long>, "
-           "b_high_watermark array<long>, keys long, comparable_pairs long, skipped_pairs long, pending_keys long, "
-           "value_mismatch long, missing_in_a long, missing_in_b long, settled_touched long, settled_new long, "
-           "info string")
-ROW_COLUMNS = ["partition", "key", "region", "offset", "value_hash", "deleted", "src", "src_offset", "rmd", "split",
-               "seg", "hw", "carry"]
+OUT_SCHEMA = pa.schema(
+    [
+        ("row", pa.string()),  # "F" finding, "C" counters, "S" the plan's facts (fused runs)
+        ("partition", pa.int32()),
+        ("region_a", pa.int32()),
+        ("region_b", pa.int32()),
+        ("type", pa.string()),
+        ("key", pa.binary()),
+        ("key_hash", pa.int64()),
+        ("a_value_hash", pa.int64()),
+        ("b_value_hash", pa.int64()),
+        ("a_deleted", pa.bool_()),
+        ("b_deleted", pa.bool_()),
+        ("a_vt_offset", pa.int64()),
+        ("b_vt_offset", pa.int64()),
+        ("a_vector", pa.list_(pa.int64())),
+        ("b_vector", pa.list_(pa.int64())),
+        ("a_high_watermark", pa.list_(pa.int64())),
+        ("b_high_watermark", pa.list_(pa.int64())),
+        ("keys", pa.int64()),
+        ("comparable_pairs", pa.int64()),
+        ("skipped_pairs", pa.int64()),
+        ("pending_keys", pa.int64()),
+        ("value_mismatch", pa.int64()),
+        ("missing_in_a", pa.int64()),
+        ("missing_in_b", pa.int64()),
+        ("settled_touched", pa.int64()),  # "C" rows with --state: settled keys this run's records touched
+        ("settled_new", pa.int64()),  # ... and keys settled at the end of this run
+        ("info", pa.string()),
+    ]
+)
+OUT_DDL = (
+    "row string, partition int, region_a int, region_b int, type string, key binary, key_hash long, "
+    "a_value_hash long, b_value_hash long, a_deleted boolean, b_deleted boolean, a_vt_offset long, "
+    "b_vt_offset long, a_vector array<long>, b_vector array<long>, a_high_watermark array<long>, "
+    "b_high_watermark array<long>, keys long, comparable_pairs long, skipped_pairs long, pending_keys long, "
+    "value_mismatch long, missing_in_a long, missing_in_b long, settled_touched long, settled_new long, "
+    "info string"
+)
+ROW_COLUMNS = [
+    "partition",
+    "key",
+    "region",
+    "offset",
+    "value_hash",
+    "deleted",
+    "src",
+    "src_offset",
+    "rmd",
+    "split",
+    "seg",
+    "hw",
+    "carry",
+]
 SORT_COLUMNS = ["partition", "key", "region", "offset"]
 _NONE7 = (None,) * 7
 
@@ -93,10 +110,14 @@ class CompareContext:
     mode: str
     pairs: tuple[tuple[int, int], ...]
     views: dict[tuple[int, int], RegionView]  # (region, partition) → view
-    prefixes: dict[tuple[int, int], list[int]]  # (split, segment) → prefix mark; absent = before the scan start
+    prefixes: dict[
+        tuple[int, int], list[int]
+    ]  # (split, segment) → prefix mark; absent = before the scan start
     n_regions: int
     state_out: str | None = None  # incremental runs: where each task writes the records the next run needs
-    buckets: tuple[int, ...] | None = None  # the fused job's reduce buckets this task holds (tags its state file)
+    buckets: tuple[int, ...] | None = (
+        None  # the fused job's reduce buckets this task holds (tags its state file)
+    )
 
     @property
     def emit_state(self) -> bool:
@@ -117,22 +138,57 @@ class _Counters:
 
 def _batch(rows: list[tuple]) -> pa.RecordBatch:
     cols = list(zip(*rows, strict=True))
-    return pa.RecordBatch.from_arrays([pa.array(c, f.type) for c, f in zip(cols, OUT_SCHEMA, strict=True)],
-                                      schema=OUT_SCHEMA)
+    return pa.RecordBatch.from_arrays(
+        [pa.array(c, f.type) for c, f in zip(cols, OUT_SCHEMA, strict=True)], schema=OUT_SCHEMA
+    )
 
 
 def _counter_rows(counters: dict[tuple[int, int, int], _Counters]) -> list[tuple]:
-    return [("C", p, x, y) + (None,) * 13 + (c.keys, c.comparable, c.skipped, c.pending,
-                                             c.by_type["VALUE_MISMATCH"], c.by_type["MISSING_IN_A"],
-                                             c.by_type["MISSING_IN_B"], c.settled_touched, c.settled_new, None)
-            for (p, x, y), c in sorted(counters.items())]
+    return [
+        ("C", p, x, y)
+        + (None,) * 13
+        + (
+            c.keys,
+            c.comparable,
+            c.skipped,
+            c.pending,
+            c.by_type["VALUE_MISMATCH"],
+            c.by_type["MISSING_IN_A"],
+            c.by_type["MISSING_IN_B"],
+            c.settled_touched,
+            c.settled_new,
+            None,
+        )
+        for (p, x, y), c in sorted(counters.items())
+    ]
 
 
 def _finding_row(p, x, y, ftype, key, a, b) -> tuple:
     a = a or (None,) * 5
     b = b or (None,) * 5
-    return ("F", p, x, y, ftype, key, fnv1a_64(key), a[0], b[0], a[1], b[1], a[2], b[2], a[3], b[3], a[4], b[4],
-            *_NONE7, None, None, None)
+    return (
+        "F",
+        p,
+        x,
+        y,
+        ftype,
+        key,
+        fnv1a_64(key),
+        a[0],
+        b[0],
+        a[1],
+        b[1],
+        a[2],
+        b[2],
+        a[3],
+        b[3],
+        a[4],
+        b[4],
+        *_NONE7,
+        None,
+        None,
+        None,
+    )
 
 
 class _Marks:
@@ -230,15 +286,22 @@ def pass_untouched(t: pa.Table, hwb: np.ndarray) -> tuple[pa.Table, np.ndarray, 
         return t, hwb, None
     part = t.column("partition").to_numpy()
     keys = t.column("key").combine_chunks()
-    same = pc.equal(keys.slice(1), keys.slice(0, m - 1)).to_numpy(zero_copy_only=False) if m > 1 else np.zeros(0, bool)
+    same = (
+        pc.equal(keys.slice(1), keys.slice(0, m - 1)).to_numpy(zero_copy_only=False)
+        if m > 1
+        else np.zeros(0, bool)
+    )
     new_group = np.concatenate([[True], ~same | (part[1:] != part[:-1])])
     passed = untouched_rows(new_group, settled_row)
     if not passed.any():
         return t, hwb, None
     rows = np.flatnonzero(passed)
     sub = t.take(pa.array(rows))
-    batch = pa.RecordBatch.from_arrays([sub.column(f.name).combine_chunks().cast(f.type) for f in list(CARRIED_SCHEMA)[:-2]]
-                                       + _tags_of(t, rows), schema=CARRIED_SCHEMA)
+    batch = pa.RecordBatch.from_arrays(
+        [sub.column(f.name).combine_chunks().cast(f.type) for f in list(CARRIED_SCHEMA)[:-2]]
+        + _tags_of(t, rows),
+        schema=CARRIED_SCHEMA,
+    )
     keep = np.flatnonzero(~passed)
     return t.take(pa.array(keep)), hwb[keep], batch
 
@@ -298,8 +361,9 @@ class StateSink:
 class VectorKeyStage:
     """Heartbeat mode: the band rule over whole chunks of keys in numpy (same verdicts as `KeyStage`, tested)."""
 
-    def __init__(self, ctx: CompareContext, carried: pa.Table | None = None, schema: pa.Schema | None = None
-                 ) -> None:
+    def __init__(
+        self, ctx: CompareContext, carried: pa.Table | None = None, schema: pa.Schema | None = None
+    ) -> None:
         """`carried`: this task's records from the previous run's state, read here rather than shuffled in
         (`pipelines.leapfrog.carried`), to merge into the input rows (of `schema`)."""
         self.ctx = ctx
@@ -312,8 +376,9 @@ class VectorKeyStage:
         sink = StateSink(self.ctx.state_out, self.ctx.buckets) if self.ctx.emit_state else None
         stream = (marks.apply(b) for b in batches)
         if self.carried is not None:
-            stream = merge_carried(stream, self.carried, self.schema, self.ctx.n_regions,
-                                   sink.add if sink is not None else None)
+            stream = merge_carried(
+                stream, self.carried, self.schema, self.ctx.n_regions, sink.add if sink is not None else None
+            )
         for table, hwb in _regroup(stream):
             if sink is not None:
                 table, hwb, passed = pass_untouched(table, hwb)
@@ -336,21 +401,31 @@ class VectorKeyStage:
         if m == 0:
             return []
         part = t.column("partition").to_numpy()
-        keys = t.column("key").chunk(0) if t.column("key").num_chunks == 1 else t.column("key").combine_chunks()
-        same = pc.equal(keys.slice(1), keys.slice(0, m - 1)).to_numpy(zero_copy_only=False) if m > 1 else np.zeros(0, bool)
+        keys = (
+            t.column("key").chunk(0) if t.column("key").num_chunks == 1 else t.column("key").combine_chunks()
+        )
+        same = (
+            pc.equal(keys.slice(1), keys.slice(0, m - 1)).to_numpy(zero_copy_only=False)
+            if m > 1
+            else np.zeros(0, bool)
+        )
         new_group = np.concatenate([[True], ~same | (part[1:] != part[:-1])])
         gid = np.cumsum(new_group) - 1
         group_first = np.flatnonzero(new_group)
         region = t.column("region").to_numpy()
         offset = t.column("offset").to_numpy()
         vh = t.column("value_hash")
-        cls = np.where(vh.is_null().to_numpy(zero_copy_only=False), vz.NULL_CLASS,
-                       vh.fill_null(0).to_numpy()).astype(np.int64)
+        cls = np.where(
+            vh.is_null().to_numpy(zero_copy_only=False), vz.NULL_CLASS, vh.fill_null(0).to_numpy()
+        ).astype(np.int64)
         src = t.column("src").fill_null(-1).to_numpy().astype(np.int64)
         src_off = t.column("src_offset").fill_null(-1).to_numpy()
         carry_col = t.column("carry") if "carry" in t.schema.names else None
-        is_carried = (~carry_col.is_null().to_numpy(zero_copy_only=False) if carry_col is not None
-                      else np.zeros(m, bool))
+        is_carried = (
+            ~carry_col.is_null().to_numpy(zero_copy_only=False)
+            if carry_col is not None
+            else np.zeros(m, bool)
+        )
         out: list[tuple] = []
         ctx = self.ctx
         bounds = np.flatnonzero(np.concatenate([[True], part[1:] != part[:-1], [True]]))
@@ -366,13 +441,23 @@ class VectorKeyStage:
                 in_region = region[lo:hi] == x
                 sel = lo + np.flatnonzero(in_region & ~is_carried[lo:hi])
                 csel = lo + np.flatnonzero(in_region & is_carried[lo:hi])
-                carried[x], was_settled = (_carried(carry_col, csel, gid, offset, cls, ctx.n_regions) if len(csel)
-                                           else (None, None))
+                carried[x], was_settled = (
+                    _carried(carry_col, csel, gid, offset, cls, ctx.n_regions) if len(csel) else (None, None)
+                )
                 if was_settled is not None:
                     touched.append(carried[x].gid[was_settled])
                 had_open[x] = carried_last(carried[x])
-                hist[x] = vz.build(view, gid[sel], offset[sel], cls[sel], src[sel], src_off[sel], hwb[sel], groups,
-                                   carried[x])
+                hist[x] = vz.build(
+                    view,
+                    gid[sel],
+                    offset[sel],
+                    cls[sel],
+                    src[sel],
+                    src_off[sel],
+                    hwb[sel],
+                    groups,
+                    carried[x],
+                )
                 present[x] = np.unique(gid[lo + np.flatnonzero(in_region)])
             touched_settled = np.unique(np.concatenate(touched)) if touched else np.zeros(0, np.int64)
             unsettled = []
@@ -392,7 +477,8 @@ class VectorKeyStage:
                 c.keys += len(in_pair)
                 # pairs the previous run already found comparable are not counted again (counts add up over runs)
                 c.comparable += int(res.comparable_pairs.sum()) - comparable_before(
-                    ctx.views[(x, p)], carried.get(x), ctx.views[(y, p)], carried.get(y), in_pair)
+                    ctx.views[(x, p)], carried.get(x), ctx.views[(y, p)], carried.get(y), in_pair
+                )
                 c.skipped += int(res.skipped.sum())
                 c.pending += int(res.pending.sum())
                 for gi in np.flatnonzero(res.find_b >= 0):
@@ -405,15 +491,17 @@ class VectorKeyStage:
                     c.by_type[ftype] += 1
                     out.append(_finding_row(p, x, y, ftype, key, a, b))
             if ctx.emit_state:
-                batches, settled = self._state_rows(p, hist, present, had_open, groups, keys, group_first,
-                                                    unsettled, t)
+                batches, settled = self._state_rows(
+                    p, hist, present, had_open, groups, keys, group_first, unsettled, t
+                )
                 self.state_batches.extend(batches)
                 for (x, y), in_pair in pair_groups.items():
                     counters[(p, x, y)].settled_new += int(np.isin(in_pair, settled).sum())
         return out
 
-    def _state_rows(self, p, hist, present, had_open, groups, keys, group_first, pending: list[np.ndarray],
-                    t: pa.Table) -> tuple[list[pa.RecordBatch], np.ndarray]:
+    def _state_rows(
+        self, p, hist, present, had_open, groups, keys, group_first, pending: list[np.ndarray], t: pa.Table
+    ) -> tuple[list[pa.RecordBatch], np.ndarray]:
         """The records the next run needs, as batches of carried records built column-wise (settled ones flagged
         in `carry`), and the settled groups; which records and which keys is `leapfrog.settle`'s rule."""
         from pipelines.leapfrog.state import pack_carry_array
@@ -429,15 +517,20 @@ class VectorKeyStage:
             cls = h.cls[keep]
             m = len(keep)
             is_settled = np.isin(h.gid[keep], settled)
-            out.append(pa.RecordBatch.from_arrays([
-                pa.array(np.full(m, p, np.int32)),
-                keys.take(pa.array(group_first[h.gid[keep]])).cast(pa.binary()),
-                pa.array(np.full(m, x, np.int32)),
-                pa.array(h.offset[keep], pa.int64()),
-                pa.array(cls, pa.int64(), mask=cls == vz.NULL_CLASS),
-                pack_carry_array(h.absent[keep], last_open, h.vector[keep], marks, is_settled),
-                *_tags_of(t, group_first[h.gid[keep]]),
-            ], schema=CARRIED_SCHEMA))
+            out.append(
+                pa.RecordBatch.from_arrays(
+                    [
+                        pa.array(np.full(m, p, np.int32)),
+                        keys.take(pa.array(group_first[h.gid[keep]])).cast(pa.binary()),
+                        pa.array(np.full(m, x, np.int32)),
+                        pa.array(h.offset[keep], pa.int64()),
+                        pa.array(cls, pa.int64(), mask=cls == vz.NULL_CLASS),
+                        pack_carry_array(h.absent[keep], last_open, h.vector[keep], marks, is_settled),
+                        *_tags_of(t, group_first[h.gid[keep]]),
+                    ],
+                    schema=CARRIED_SCHEMA,
+                )
+            )
         return out, settled
 
 
@@ -447,8 +540,11 @@ def _carried(carry_col, sel: np.ndarray, gid, offset, cls, n: int) -> tuple[vz.C
 
     col = carry_col.take(pa.array(sel))
     absent, last_open, settled, vectors, marks = unpack_carry_array(
-        col.combine_chunks() if hasattr(col, "combine_chunks") else col, n)
-    return vz.Carried(gid[sel].astype(np.int64), cls[sel], absent, offset[sel], vectors, marks, last_open), settled
+        col.combine_chunks() if hasattr(col, "combine_chunks") else col, n
+    )
+    return vz.Carried(
+        gid[sel].astype(np.int64), cls[sel], absent, offset[sel], vectors, marks, last_open
+    ), settled
 
 
 def _vector_side(h: vz.Histories, i: int) -> tuple:
@@ -468,14 +564,20 @@ class KeyStage:
         counters: dict[tuple[int, int, int], _Counters] = defaultdict(_Counters)
         for table, hwb in _regroup(marks.apply(b) for b in batches):
             names = table.schema.names
-            cols = {c: table.column(c).to_pylist() for c in ("partition", "key", "region", "offset", "value_hash",
-                                                              "src", "src_offset")}
+            cols = {
+                c: table.column(c).to_pylist()
+                for c in ("partition", "key", "region", "offset", "value_hash", "src", "src_offset")
+            }
             cols["rmd"] = table.column("rmd").to_pylist() if "rmd" in names else [None] * table.num_rows
             findings: list[tuple] = []
             start = 0
             m = table.num_rows
             for i in range(1, m + 1):
-                if i == m or cols["key"][i] != cols["key"][start] or cols["partition"][i] != cols["partition"][start]:
+                if (
+                    i == m
+                    or cols["key"][i] != cols["key"][start]
+                    or cols["partition"][i] != cols["partition"][start]
+                ):
                     self._key(cols, hwb, start, i, counters, findings)
                     start = i
             if findings:
@@ -490,9 +592,10 @@ class KeyStage:
         for i in range(lo, hi):
             src, src_off = cols["src"][i], cols["src_offset"][i]
             before = tuple(hwb[i].tolist())
-            at = before[:src] + (max(before[src], src_off),) + before[src + 1:]
-            by_region[cols["region"][i]].append(KeyRow(cols["offset"][i], cols["value_hash"][i], src, src_off, before,
-                                                       at, cols["rmd"][i]))
+            at = before[:src] + (max(before[src], src_off),) + before[src + 1 :]
+            by_region[cols["region"][i]].append(
+                KeyRow(cols["offset"][i], cols["value_hash"][i], src, src_off, before, at, cols["rmd"][i])
+            )
         histories = {}
         for x in ctx.regions():
             view = ctx.views.get((x, partition))
@@ -502,8 +605,14 @@ class KeyStage:
             if (x not in by_region and y not in by_region) or x not in histories or y not in histories:
                 continue
             vx, vy = ctx.views[(x, partition)], ctx.views[(y, partition)]
-            verdict = lily_pad_walk(histories[x], histories[y], vx.final_hw, vy.final_hw,
-                                    a_known_absent=vx.prefix_known, b_known_absent=vy.prefix_known)
+            verdict = lily_pad_walk(
+                histories[x],
+                histories[y],
+                vx.final_hw,
+                vy.final_hw,
+                a_known_absent=vx.prefix_known,
+                b_known_absent=vy.prefix_known,
+            )
             c = counters[(partition, x, y)]
             c.keys += 1
             c.comparable += verdict.comparable_pairs
@@ -529,10 +638,17 @@ class ScanReduce:
     """The fused job's reduce side, over its shuffle rows (`pipelines.leapfrog.rows`): summaries first (sortkey -1),
     then the data rows of this task's buckets."""
 
-    def __init__(self, mode: str, pairs: tuple[tuple[int, int], ...], n_regions: int,
-                 ends: dict[tuple[int, int], int], carried: dict[tuple[int, int], dict] | None = None,
-                 state_out: str | None = None, deadlines: dict[int, int] | None = None,
-                 carried_files: tuple[str, dict[str, list[int]]] | None = None) -> None:
+    def __init__(
+        self,
+        mode: str,
+        pairs: tuple[tuple[int, int], ...],
+        n_regions: int,
+        ends: dict[tuple[int, int], int],
+        carried: dict[tuple[int, int], dict] | None = None,
+        state_out: str | None = None,
+        deadlines: dict[int, int] | None = None,
+        carried_files: tuple[str, dict[str, list[int]]] | None = None,
+    ) -> None:
         """`carried_files`: (directory, file name → buckets) of the previous state's carried records when each
         task reads its own (`pipelines.leapfrog.carried`) instead of receiving them through the shuffle."""
         self.mode, self.pairs, self.n, self.ends = mode, pairs, n_regions, ends
@@ -558,12 +674,21 @@ class ScanReduce:
         facts, prefixes = plan_marks(list(summaries.values()), self.ends, self.n, self.carried)
         # the shuffle is a barrier: every split has been read by now
         mark_latest_kept(facts, self.deadlines, int(time.time() * 1000))
-        failed = [{"region": r, "partition": p, "error": e}
-                  for (r, p), e in failed_reads(list(summaries.values())).items()]
+        failed = [
+            {"region": r, "partition": p, "error": e}
+            for (r, p), e in failed_reads(list(summaries.values())).items()
+        ]
         info = json.dumps({"facts": [rp.to_json() for rp in facts.values()], "failed": failed})
         yield _batch([("S",) + (None,) * 25 + (info,)])
-        ctx = CompareContext(self.mode, self.pairs, views(facts, self.n, self.mode), prefixes, self.n,
-                             self.state_out, tuple(sorted(buckets)) or None)
+        ctx = CompareContext(
+            self.mode,
+            self.pairs,
+            views(facts, self.n, self.mode),
+            prefixes,
+            self.n,
+            self.state_out,
+            tuple(sorted(buckets)) or None,
+        )
         carried = None
         if self.carried_files is not None and buckets:
             carried = read_carried(*self.carried_files, buckets)

@@ -34,35 +34,57 @@ CARRIED = 4  # a carried record: its carry bytes follow the fixed record
 # before keying (the scan's output), and the shuffle itself
 SCAN_DDL = "bucket int, partition int, key binary, region int, offset long, rec binary"
 SHUFFLE_COLUMNS = ["bucket", "sortkey", "key", "region", "offset", "rec"]
-SCAN_SCHEMA = pa.schema([("bucket", pa.int32()), ("partition", pa.int32()), ("key", pa.binary()),
-                         ("region", pa.int32()), ("offset", pa.int64()), ("rec", pa.binary())])
+SCAN_SCHEMA = pa.schema(
+    [
+        ("bucket", pa.int32()),
+        ("partition", pa.int32()),
+        ("key", pa.binary()),
+        ("region", pa.int32()),
+        ("offset", pa.int64()),
+        ("rec", pa.binary()),
+    ]
+)
 
 
 def pack_marks(marks: np.ndarray) -> pa.Array:
     """(rows, N) int64 marks as fixed-width binary (N little-endian longs): cheaper to move than arrays."""
     rows, n = marks.shape
     data = np.ascontiguousarray(marks, dtype="<i8").view(np.uint8).ravel()
-    return pa.FixedSizeBinaryArray.from_buffers(pa.binary(8 * n), rows, [None, pa.py_buffer(data)]).cast(pa.binary())
+    return pa.FixedSizeBinaryArray.from_buffers(pa.binary(8 * n), rows, [None, pa.py_buffer(data)]).cast(
+        pa.binary()
+    )
 
 
 def unpack_marks(col: pa.Array, n: int) -> np.ndarray:
     """Inverse of `pack_marks`."""
     fixed = col.cast(pa.binary(8 * n))
-    return np.frombuffer(fixed.buffers()[1], dtype="<i8", count=len(col) * n,
-                         offset=fixed.offset * 8 * n).reshape(len(col), n)
+    return np.frombuffer(
+        fixed.buffers()[1], dtype="<i8", count=len(col) * n, offset=fixed.offset * 8 * n
+    ).reshape(len(col), n)
 
 
 def rec_dtype(n_regions: int) -> np.dtype:
     """The fixed part of `rec` (packed, little-endian)."""
-    return np.dtype([("flags", "u1"), ("seg", "i1"), ("split", "<i4"), ("src", "<i4"), ("value_hash", "<i8"),
-                     ("src_offset", "<i8"), ("hw", "<i8", (n_regions,))])
+    return np.dtype(
+        [
+            ("flags", "u1"),
+            ("seg", "i1"),
+            ("split", "<i4"),
+            ("src", "<i4"),
+            ("value_hash", "<i8"),
+            ("src_offset", "<i8"),
+            ("hw", "<i8", (n_regions,)),
+        ]
+    )
 
 
 def _offsets_and_bytes(arr: pa.Array) -> tuple[np.ndarray, np.ndarray]:
     """A binary array's value offsets (rows + 1) and its bytes, without copying (Spark hands over large_binary
     when spark.sql.execution.arrow.useLargeVarTypes is set)."""
     width = np.int64 if pa.types.is_large_binary(arr.type) else np.int32
-    offsets = np.frombuffer(arr.buffers()[1], width, count=len(arr) + 1, offset=arr.offset * np.dtype(width).itemsize)
+    offsets = np.frombuffer(
+        arr.buffers()[1], width, count=len(arr) + 1, offset=arr.offset * np.dtype(width).itemsize
+    )
     return offsets, np.frombuffer(arr.buffers()[2] or b"", np.uint8)
 
 
@@ -71,25 +93,39 @@ def _binary(fixed: np.ndarray, tail: pa.Array | None = None) -> pa.Array:
     m, width = len(fixed), fixed.dtype.itemsize
     raw = np.ascontiguousarray(fixed).view(np.uint8)
     if tail is None or tail.null_count == len(tail):
-        return pa.FixedSizeBinaryArray.from_buffers(pa.binary(width), m, [None, pa.py_buffer(raw)]).cast(pa.binary())
+        return pa.FixedSizeBinaryArray.from_buffers(pa.binary(width), m, [None, pa.py_buffer(raw)]).cast(
+            pa.binary()
+        )
     if pa.types.is_list(tail.type):
         values = tail.flatten().fill_null(0).to_numpy().astype("<i8").view(np.uint8)
         tail_len = pc.list_value_length(tail).fill_null(0).to_numpy().astype(np.int64) * 8
     else:
         offsets, data = _offsets_and_bytes(tail.cast(pa.binary()).fill_null(b""))
-        values = data[offsets[0]:offsets[-1]]
+        values = data[offsets[0] : offsets[-1]]
         tail_len = np.diff(offsets).astype(np.int64)
     offsets = np.concatenate([[0], np.cumsum(width + tail_len)])
     out = np.empty(int(offsets[-1]), np.uint8)
     out[(offsets[:-1, None] + np.arange(width)).ravel()] = raw
     out[ranges(offsets[:-1] + width, offsets[1:])[0]] = values
-    return pa.BinaryArray.from_buffers(pa.binary(), m, [None, pa.py_buffer(offsets.astype(np.int32)),
-                                                        pa.py_buffer(out)])
+    return pa.BinaryArray.from_buffers(
+        pa.binary(), m, [None, pa.py_buffer(offsets.astype(np.int32)), pa.py_buffer(out)]
+    )
 
 
-def data_batch(n_regions: int, partition: int, region: int, split: int, seg: np.ndarray, key: pa.Array,
-               offset: np.ndarray, value_hash: pa.Array, src: pa.Array, src_offset: pa.Array, hw: np.ndarray,
-               rmd: pa.Array | None = None) -> pa.RecordBatch:
+def data_batch(
+    n_regions: int,
+    partition: int,
+    region: int,
+    split: int,
+    seg: np.ndarray,
+    key: pa.Array,
+    offset: np.ndarray,
+    value_hash: pa.Array,
+    src: pa.Array,
+    src_offset: pa.Array,
+    hw: np.ndarray,
+    rmd: pa.Array | None = None,
+) -> pa.RecordBatch:
     """A scan's data rows as shuffle-ready rows (bucket null: `keyed` assigns it)."""
     m = len(offset)
     fixed = np.zeros(m, rec_dtype(n_regions))
@@ -103,19 +139,33 @@ def data_batch(n_regions: int, partition: int, region: int, split: int, seg: np.
     fixed["value_hash"] = value_hash.fill_null(0).to_numpy()
     fixed["src_offset"] = src_offset.fill_null(-1).to_numpy()
     fixed["hw"] = hw
-    return pa.RecordBatch.from_arrays([
-        pa.nulls(m, pa.int32()), pa.array(np.full(m, partition, np.int32)), key.cast(pa.binary()),
-        pa.array(np.full(m, region, np.int32)), pa.array(offset, pa.int64()), _binary(fixed, rmd)],
-        schema=SCAN_SCHEMA)
+    return pa.RecordBatch.from_arrays(
+        [
+            pa.nulls(m, pa.int32()),
+            pa.array(np.full(m, partition, np.int32)),
+            key.cast(pa.binary()),
+            pa.array(np.full(m, region, np.int32)),
+            pa.array(offset, pa.int64()),
+            _binary(fixed, rmd),
+        ],
+        schema=SCAN_SCHEMA,
+    )
 
 
 def summary_batch(summary: dict, buckets: int) -> pa.RecordBatch:
     """A split's summary, once for every reduce bucket: each reduce task plans from all of them."""
     text = json.dumps(summary).encode()
-    return pa.RecordBatch.from_arrays([
-        pa.array(bucket_labels(buckets), pa.int32()), pa.array(np.full(buckets, summary["partition"], np.int32)),
-        pa.nulls(buckets, pa.binary()), pa.array(np.full(buckets, summary["region"], np.int32)),
-        pa.array(np.full(buckets, -1, np.int64)), pa.array([text] * buckets, pa.binary())], schema=SCAN_SCHEMA)
+    return pa.RecordBatch.from_arrays(
+        [
+            pa.array(bucket_labels(buckets), pa.int32()),
+            pa.array(np.full(buckets, summary["partition"], np.int32)),
+            pa.nulls(buckets, pa.binary()),
+            pa.array(np.full(buckets, summary["region"], np.int32)),
+            pa.array(np.full(buckets, -1, np.int64)),
+            pa.array([text] * buckets, pa.binary()),
+        ],
+        schema=SCAN_SCHEMA,
+    )
 
 
 def carried_batches(n_regions: int):
@@ -130,16 +180,24 @@ def carried_batches(n_regions: int):
             fixed["flags"] = np.where(vh.is_null().to_numpy(zero_copy_only=False), 0, HAS_VALUE) | CARRIED
             fixed["seg"], fixed["split"], fixed["src"], fixed["src_offset"] = -1, -1, -1, -1
             fixed["value_hash"] = vh.fill_null(0).to_numpy()
-            yield pa.RecordBatch.from_arrays([
-                pa.nulls(m, pa.int32()), b.column("partition").cast(pa.int32()), b.column("key").cast(pa.binary()),
-                b.column("region").cast(pa.int32()), b.column("offset").cast(pa.int64()),
-                _binary(fixed, b.column("carry"))], schema=SCAN_SCHEMA)
+            yield pa.RecordBatch.from_arrays(
+                [
+                    pa.nulls(m, pa.int32()),
+                    b.column("partition").cast(pa.int32()),
+                    b.column("key").cast(pa.binary()),
+                    b.column("region").cast(pa.int32()),
+                    b.column("offset").cast(pa.int64()),
+                    _binary(fixed, b.column("carry")),
+                ],
+                schema=SCAN_SCHEMA,
+            )
 
     return fn
 
 
 def _murmur3_int(value: int, seed: int = 42) -> int:
     """Spark's hash of an int (Murmur3_x86_32.hashInt, seed 42), which picks a row's shuffle partition."""
+
     def rotl(x: int, r: int) -> int:
         return ((x << r) | (x >> (32 - r))) & 0xFFFFFFFF
 
@@ -175,9 +233,14 @@ def keyed(rows, buckets: int):
     is_data = F.col("bucket").isNull()
     index = F.pmod(F.crc32("key") + F.col("partition"), F.lit(buckets)).cast("int")
     bucket = F.element_at(F.array(*[F.lit(v) for v in bucket_labels(buckets)]), index + 1)
-    return rows.select(F.when(is_data, bucket).otherwise(F.col("bucket")).alias("bucket"),
-                       F.when(is_data, sortkey_column()).otherwise(F.lit(-1).cast("long")).alias("sortkey"),
-                       "key", "region", "offset", "rec")
+    return rows.select(
+        F.when(is_data, bucket).otherwise(F.col("bucket")).alias("bucket"),
+        F.when(is_data, sortkey_column()).otherwise(F.lit(-1).cast("long")).alias("sortkey"),
+        "key",
+        "region",
+        "offset",
+        "rec",
+    )
 
 
 def sortkey_column():
@@ -194,16 +257,28 @@ def _tails(offsets: np.ndarray, data: np.ndarray, width: int) -> pa.Array:
     """What follows each row's fixed record, as a binary array (gathered: the tails are not contiguous)."""
     tail_start = np.concatenate([[0], np.cumsum(np.diff(offsets).astype(np.int64) - width)])
     values = data[ranges(offsets[:-1] + width, offsets[1:])[0]]
-    return pa.BinaryArray.from_buffers(pa.binary(), len(offsets) - 1, [None, pa.py_buffer(tail_start.astype(np.int32)),
-                                                                       pa.py_buffer(values)])
+    return pa.BinaryArray.from_buffers(
+        pa.binary(), len(offsets) - 1, [None, pa.py_buffer(tail_start.astype(np.int32)), pa.py_buffer(values)]
+    )
 
 
 def unpacked_schema(n_regions: int, with_rmd: bool) -> pa.Schema:
     """The columns `unpack` gives."""
-    fields = [("bucket", pa.int32()), ("sortkey", pa.int64()), ("partition", pa.int32()), ("key", pa.binary()),
-              ("region", pa.int32()), ("offset", pa.int64()), ("value_hash", pa.int64()), ("src", pa.int32()),
-              ("src_offset", pa.int64()), ("split", pa.int32()), ("seg", pa.int8()), ("hw", pa.binary()),
-              ("carry", pa.binary())]
+    fields = [
+        ("bucket", pa.int32()),
+        ("sortkey", pa.int64()),
+        ("partition", pa.int32()),
+        ("key", pa.binary()),
+        ("region", pa.int32()),
+        ("offset", pa.int64()),
+        ("value_hash", pa.int64()),
+        ("src", pa.int32()),
+        ("src_offset", pa.int64()),
+        ("split", pa.int32()),
+        ("seg", pa.int8()),
+        ("hw", pa.binary()),
+        ("carry", pa.binary()),
+    ]
     return pa.schema(fields + ([("rmd", pa.list_(pa.int64()))] if with_rmd else []))
 
 
@@ -221,25 +296,34 @@ def unpack(batch: pa.RecordBatch, n_regions: int, with_rmd: bool) -> pa.RecordBa
         fixed = data[(offsets[:-1, None] + np.arange(width)).ravel()].view(dtype)
     flags = fixed["flags"]
     tails = _tails(offsets, data, width) if (lengths > width).any() else None
-    carry = (pa.nulls(m, pa.binary()) if tails is None or not (flags & CARRIED).any() else
-             pc.if_else(pa.array((flags & CARRIED) != 0), tails, pa.scalar(None, pa.binary())))
+    carry = (
+        pa.nulls(m, pa.binary())
+        if tails is None or not (flags & CARRIED).any()
+        else pc.if_else(pa.array((flags & CARRIED) != 0), tails, pa.scalar(None, pa.binary()))
+    )
     sortkey = batch.column("sortkey").to_numpy()
     cols = {
-        "bucket": batch.column("bucket"), "sortkey": batch.column("sortkey"),
-        "partition": pa.array((sortkey >> 32).astype(np.int32)), "key": batch.column("key"),
-        "region": batch.column("region"), "offset": batch.column("offset"),
+        "bucket": batch.column("bucket"),
+        "sortkey": batch.column("sortkey"),
+        "partition": pa.array((sortkey >> 32).astype(np.int32)),
+        "key": batch.column("key"),
+        "region": batch.column("region"),
+        "offset": batch.column("offset"),
         "value_hash": pa.array(_column(fixed, "value_hash"), pa.int64(), mask=(flags & HAS_VALUE) == 0),
         "src": pa.array(_column(fixed, "src"), pa.int32()),
         "src_offset": pa.array(_column(fixed, "src_offset"), pa.int64()),
-        "split": pa.array(_column(fixed, "split"), pa.int32()), "seg": pa.array(_column(fixed, "seg"), pa.int8()),
-        "hw": pack_marks(fixed["hw"]), "carry": carry,
+        "split": pa.array(_column(fixed, "split"), pa.int32()),
+        "seg": pa.array(_column(fixed, "seg"), pa.int8()),
+        "hw": pack_marks(fixed["hw"]),
+        "carry": carry,
     }
     if with_rmd:
         has = (flags & HAS_RMD) != 0
         blobs = tails.to_pylist() if tails is not None else [None] * m
-        cols["rmd"] = pa.array([np.frombuffer(b, "<i8").tolist() if h else None for b, h in zip(blobs, has,
-                                                                                                 strict=True)],
-                               pa.list_(pa.int64()))
+        cols["rmd"] = pa.array(
+            [np.frombuffer(b, "<i8").tolist() if h else None for b, h in zip(blobs, has, strict=True)],
+            pa.list_(pa.int64()),
+        )
     schema = unpacked_schema(n_regions, with_rmd)
     return pa.RecordBatch.from_arrays([cols[f.name] for f in schema], schema=schema)
 

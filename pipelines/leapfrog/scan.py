@@ -25,18 +25,36 @@ from pipelines.leapfrog import decode as V
 from pipelines.leapfrog import rows as R
 
 SUMMARY = 10
-READ_ERROR_OFFSET = -1  # a source's row saying the split could not be read to its end (pipelines.leapfrog.source)
-SCAN_SCHEMA = pa.schema([
-    ("order", pa.int8()),
-    ("split", pa.int32()), ("seg", pa.int8()), ("region", pa.int32()), ("partition", pa.int32()),
-    ("offset", pa.int64()), ("kind", pa.int8()), ("key", pa.binary()), ("value_hash", pa.int64()),
-    ("deleted", pa.bool_()), ("src", pa.int32()), ("src_offset", pa.int64()), ("rmd", pa.list_(pa.int64())),
-    ("hw", pa.binary()), ("chunk_keys", pa.list_(pa.binary())), ("payload", pa.binary()),
-    ("summary", pa.string()), ("carry", pa.binary()),
-])
-SCAN_DDL = ("order byte, split int, seg byte, region int, partition int, offset long, kind byte, "
-            "key binary, value_hash long, deleted boolean, src int, src_offset long, rmd array<long>, hw binary, "
-            "chunk_keys array<binary>, payload binary, summary string, carry binary")
+READ_ERROR_OFFSET = (
+    -1
+)  # a source's row saying the split could not be read to its end (pipelines.leapfrog.source)
+SCAN_SCHEMA = pa.schema(
+    [
+        ("order", pa.int8()),
+        ("split", pa.int32()),
+        ("seg", pa.int8()),
+        ("region", pa.int32()),
+        ("partition", pa.int32()),
+        ("offset", pa.int64()),
+        ("kind", pa.int8()),
+        ("key", pa.binary()),
+        ("value_hash", pa.int64()),
+        ("deleted", pa.bool_()),
+        ("src", pa.int32()),
+        ("src_offset", pa.int64()),
+        ("rmd", pa.list_(pa.int64())),
+        ("hw", pa.binary()),
+        ("chunk_keys", pa.list_(pa.binary())),
+        ("payload", pa.binary()),
+        ("summary", pa.string()),
+        ("carry", pa.binary()),
+    ]
+)
+SCAN_DDL = (
+    "order byte, split int, seg byte, region int, partition int, offset long, kind byte, "
+    "key binary, value_hash long, deleted boolean, src int, src_offset long, rmd array<long>, hw binary, "
+    "chunk_keys array<binary>, payload binary, summary string, carry binary"
+)
 MAX_LISTED = 100
 # unreadable records with a readable key listed per split (each makes its key unverified); past this, the whole
 # region partition is treated as unverified rather than sending an unbounded list around
@@ -49,7 +67,9 @@ class _Segment:
     """Counts and maxima of one segment of a split (the part between two boundaries)."""
 
     def __init__(self, n: int, first_offset: int | None, boundary_kind: str | None) -> None:
-        self.first_offset = first_offset  # offset of the row the boundary follows (None for the split's start)
+        self.first_offset = (
+            first_offset  # offset of the row the boundary follows (None for the split's start)
+        )
         self.boundary_kind = boundary_kind  # None, "eop" or "hbw"
         self.max = np.full(n, -1, np.int64)
         self.data = 0
@@ -61,10 +81,18 @@ class _Segment:
         self.rows = 0
 
     def to_json(self) -> dict:
-        return {"after": self.first_offset, "kind": self.boundary_kind, "max": self.max.tolist(),
-                "data": self.data, "heartbeats": {str(k): v for k, v in self.heartbeats.items()},
-                "out_of_range": self.out_of_range, "out_of_range_offsets": self.out_of_range_offsets,
-                "gaps": self.gaps, "last_offset": self.last_offset, "rows": self.rows}
+        return {
+            "after": self.first_offset,
+            "kind": self.boundary_kind,
+            "max": self.max.tolist(),
+            "data": self.data,
+            "heartbeats": {str(k): v for k, v in self.heartbeats.items()},
+            "out_of_range": self.out_of_range,
+            "out_of_range_offsets": self.out_of_range_offsets,
+            "gaps": self.gaps,
+            "last_offset": self.last_offset,
+            "rows": self.rows,
+        }
 
 
 class SplitScan:
@@ -76,8 +104,9 @@ class SplitScan:
     before its data rows. Otherwise they are the two-phase job's rows (`SCAN_SCHEMA`).
     """
 
-    def __init__(self, n_regions: int, mode: str, keep_chunks: bool = True, buckets: int | None = None,
-                 records=None) -> None:
+    def __init__(
+        self, n_regions: int, mode: str, keep_chunks: bool = True, buckets: int | None = None, records=None
+    ) -> None:
         self.n = n_regions
         self.mode = mode
         self.keep_chunks = keep_chunks
@@ -136,19 +165,26 @@ class SplitScan:
                     eop_offset = int(offsets[i])
                     cuts.append(i)
                     segs.append(_Segment(n, eop_offset, "eop"))
-                elif (k == V.HEARTBEAT and hbw_boundary is None and hbw[i] is not None and len(hbw[i]) == n
-                      and 0 <= src[i] < n):
+                elif (
+                    k == V.HEARTBEAT
+                    and hbw_boundary is None
+                    and hbw[i] is not None
+                    and len(hbw[i]) == n
+                    and 0 <= src[i] < n
+                ):
                     hbw_boundary = int(offsets[i])
                     baseline = list(hbw[i])
                     cuts.append(i)
                     segs.append(_Segment(n, hbw_boundary, "hbw"))
             for c in cuts:
-                seg_of[c + 1:] += 1
+                seg_of[c + 1 :] += 1
             for i in np.flatnonzero(kind == V.START_OF_PUSH):
                 chunked = chunked or bool(d.column("chunked")[int(i)].as_py())
             bad = np.flatnonzero(kind == V.UNDECODABLE)
             undecodable += len(bad)
-            undecodable_offsets.extend(int(o) for o in offsets[bad][: max(0, MAX_LISTED - len(undecodable_offsets))])
+            undecodable_offsets.extend(
+                int(o) for o in offsets[bad][: max(0, MAX_LISTED - len(undecodable_offsets))]
+            )
             if len(bad):
                 bad_keys = d.column("key").take(pa.array(bad)).to_pylist()
                 for o, k in zip(offsets[bad].tolist(), bad_keys, strict=True):
@@ -185,7 +221,9 @@ class SplitScan:
                     carry = np.full(n, -1, np.int64)  # the next segment starts from nothing
                 start = stop
             # gaps: offsets missing between consecutive records (compaction), marked with the local mark
-            prev = np.concatenate([[prev_offset if prev_offset is not None else offsets[0] - 1], offsets[:-1]])
+            prev = np.concatenate(
+                [[prev_offset if prev_offset is not None else offsets[0] - 1], offsets[:-1]]
+            )
             for i in np.flatnonzero(offsets > prev + 1):
                 segs[seg_of[i]].gaps.append([int(prev[i]) + 1, int(offsets[i]) - 1, hw_before[i].tolist()])
             prev_offset = int(offsets[-1])
@@ -198,7 +236,9 @@ class SplitScan:
                 s.rows += int(np.count_nonzero(in_seg))
                 s.last_offset = int(offsets[in_seg][-1])
                 s.data += int(np.count_nonzero(in_seg & is_data & in_range))
-                for origin, count in zip(*np.unique(src[in_seg & is_hb & in_range], return_counts=True), strict=True):
+                for origin, count in zip(
+                    *np.unique(src[in_seg & is_hb & in_range], return_counts=True), strict=True
+                ):
                     s.heartbeats[int(origin)] += int(count)
                 oor = np.flatnonzero(in_seg & counted & ~in_range)
                 s.out_of_range += len(oor)
@@ -212,38 +252,93 @@ class SplitScan:
                 yield self._rows(d, keep, split, region, partition, seg_of, offsets, kind, hw_before)
         if split is None:
             return
-        summary = {"split": split, "region": region, "partition": partition, "first_offset": first_offset,
-                   "last_offset": prev_offset, "eop_offset": eop_offset, "hbw_boundary": hbw_boundary,
-                   "baseline": baseline, "chunked": chunked, "chunk_rows": chunk_rows, "undecodable": undecodable,
-                   "undecodable_offsets": undecodable_offsets, "unverified": unverified,
-                   "unverified_overflow": unverified_overflow, "segments": [s.to_json() for s in segs],
-                   "error": error}
+        summary = {
+            "split": split,
+            "region": region,
+            "partition": partition,
+            "first_offset": first_offset,
+            "last_offset": prev_offset,
+            "eop_offset": eop_offset,
+            "hbw_boundary": hbw_boundary,
+            "baseline": baseline,
+            "chunked": chunked,
+            "chunk_rows": chunk_rows,
+            "undecodable": undecodable,
+            "undecodable_offsets": undecodable_offsets,
+            "unverified": unverified,
+            "unverified_overflow": unverified_overflow,
+            "segments": [s.to_json() for s in segs],
+            "error": error,
+        }
         if self.buckets is not None:
             yield R.summary_batch(summary, self.buckets)
             return
         yield pa.RecordBatch.from_arrays(
-            [pa.array([0], pa.int8()), pa.array([split], pa.int32()), pa.array([-1], pa.int8()),
-             pa.array([region], pa.int32()), pa.array([partition], pa.int32()), pa.array([prev_offset], pa.int64()),
-             pa.array([SUMMARY], pa.int8()), *[pa.nulls(1, SCAN_SCHEMA.field(i).type) for i in range(7, 16)],
-             pa.array([json.dumps(summary)], pa.string()), pa.nulls(1, pa.binary())],
-            schema=SCAN_SCHEMA)
+            [
+                pa.array([0], pa.int8()),
+                pa.array([split], pa.int32()),
+                pa.array([-1], pa.int8()),
+                pa.array([region], pa.int32()),
+                pa.array([partition], pa.int32()),
+                pa.array([prev_offset], pa.int64()),
+                pa.array([SUMMARY], pa.int8()),
+                *[pa.nulls(1, SCAN_SCHEMA.field(i).type) for i in range(7, 16)],
+                pa.array([json.dumps(summary)], pa.string()),
+                pa.nulls(1, pa.binary()),
+            ],
+            schema=SCAN_SCHEMA,
+        )
 
-    def _rows(self, d: pa.RecordBatch, keep: np.ndarray, split: int, region: int, partition: int,
-              seg_of: np.ndarray, offsets: np.ndarray, kind: np.ndarray, hw_before: np.ndarray) -> pa.RecordBatch:
+    def _rows(
+        self,
+        d: pa.RecordBatch,
+        keep: np.ndarray,
+        split: int,
+        region: int,
+        partition: int,
+        seg_of: np.ndarray,
+        offsets: np.ndarray,
+        kind: np.ndarray,
+        hw_before: np.ndarray,
+    ) -> pa.RecordBatch:
         """The kept rows of a decoded batch, as the job's path wants them."""
         idx = pa.array(keep)
         if self.buckets is not None:
-            return R.data_batch(self.n, partition, region, split, seg_of[keep], d.column("key").take(idx),
-                                offsets[keep], d.column("value_hash").take(idx), d.column("src").take(idx),
-                                d.column("src_offset").take(idx), hw_before[keep],
-                                d.column("rmd").take(idx) if self.mode == "rmd" else None)
+            return R.data_batch(
+                self.n,
+                partition,
+                region,
+                split,
+                seg_of[keep],
+                d.column("key").take(idx),
+                offsets[keep],
+                d.column("value_hash").take(idx),
+                d.column("src").take(idx),
+                d.column("src_offset").take(idx),
+                hw_before[keep],
+                d.column("rmd").take(idx) if self.mode == "rmd" else None,
+            )
         m = len(keep)
-        return pa.RecordBatch.from_arrays([
-            pa.array(np.ones(m, np.int8)), pa.array(np.full(m, split, np.int32)), pa.array(seg_of[keep], pa.int8()),
-            pa.array(np.full(m, region, np.int32)), pa.array(np.full(m, partition, np.int32)),
-            pa.array(offsets[keep], pa.int64()), pa.array(kind[keep], pa.int8()),
-            d.column("key").take(idx), d.column("value_hash").take(idx), d.column("deleted").take(idx),
-            d.column("src").take(idx), d.column("src_offset").take(idx), d.column("rmd").take(idx),
-            R.pack_marks(hw_before[keep]), d.column("chunk_keys").take(idx), d.column("payload").take(idx),
-            pa.nulls(m, pa.string()), pa.nulls(m, pa.binary()),
-        ], schema=SCAN_SCHEMA)
+        return pa.RecordBatch.from_arrays(
+            [
+                pa.array(np.ones(m, np.int8)),
+                pa.array(np.full(m, split, np.int32)),
+                pa.array(seg_of[keep], pa.int8()),
+                pa.array(np.full(m, region, np.int32)),
+                pa.array(np.full(m, partition, np.int32)),
+                pa.array(offsets[keep], pa.int64()),
+                pa.array(kind[keep], pa.int8()),
+                d.column("key").take(idx),
+                d.column("value_hash").take(idx),
+                d.column("deleted").take(idx),
+                d.column("src").take(idx),
+                d.column("src_offset").take(idx),
+                d.column("rmd").take(idx),
+                R.pack_marks(hw_before[keep]),
+                d.column("chunk_keys").take(idx),
+                d.column("payload").take(idx),
+                pa.nulls(m, pa.string()),
+                pa.nulls(m, pa.binary()),
+            ],
+            schema=SCAN_SCHEMA,
+        )

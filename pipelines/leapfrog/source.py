@@ -40,16 +40,20 @@ from pipelines.leapfrog.scan import READ_ERROR_OFFSET
 
 SHORT_NAME = "tidegauge_vt"
 _READ_ERRORS = (archive.ArchiveError, kafka_log.KafkaLogError, OSError, pa.ArrowException)
-SCHEMA = StructType([
-    StructField("split", IntegerType()),
-    StructField("region", IntegerType()),
-    StructField("partition", IntegerType()),
-    StructField("offset", LongType()),
-    StructField("key", BinaryType()),
-    StructField("value", BinaryType()),
-    StructField("headers", ArrayType(StructType([StructField("key", StringType()),
-                                                 StructField("value", BinaryType())]))),
-])
+SCHEMA = StructType(
+    [
+        StructField("split", IntegerType()),
+        StructField("region", IntegerType()),
+        StructField("partition", IntegerType()),
+        StructField("offset", LongType()),
+        StructField("key", BinaryType()),
+        StructField("value", BinaryType()),
+        StructField(
+            "headers",
+            ArrayType(StructType([StructField("key", StringType()), StructField("value", BinaryType())])),
+        ),
+    ]
+)
 _COLUMNS = ["partition", "offset", "key", "value", "headers"]
 
 
@@ -69,12 +73,16 @@ class VtSplit(InputPartition):
 
 
 def _path(uri: str) -> str:
-    return uri[len("file://"):] if uri.startswith("file://") else uri
+    return uri[len("file://") :] if uri.startswith("file://") else uri
 
 
-def plan(sources: Mapping[int, str], topic: str, kafka_conf: Mapping[int, Mapping] | None = None,
-         starting: Mapping[tuple[int, int], int] | None = None, max_records_per_split: int | None = None,
-         ) -> list[VtSplit]:
+def plan(
+    sources: Mapping[int, str],
+    topic: str,
+    kafka_conf: Mapping[int, Mapping] | None = None,
+    starting: Mapping[tuple[int, int], int] | None = None,
+    max_records_per_split: int | None = None,
+) -> list[VtSplit]:
     """Splits of every region's partitions of `topic`, from `starting[(region, partition)]` (inclusive; default
     the first offset held) to the current end."""
     splits: list[VtSplit] = []
@@ -119,19 +127,32 @@ class _Reader(DataSourceReader):
             return
         try:
             if s.uri.startswith("kafka://"):
-                batches = kafka_log.iter_partition(kafka_log.parse_kafka_uri(s.uri),
-                                                   self.kafka_conf.get(s.region) or {}, self.topic, s.partition,
-                                                   s.start, s.end)
+                batches = kafka_log.iter_partition(
+                    kafka_log.parse_kafka_uri(s.uri),
+                    self.kafka_conf.get(s.region) or {},
+                    self.topic,
+                    s.partition,
+                    s.start,
+                    s.end,
+                )
             else:
-                batches = archive.iter_partition(_path(s.uri), self.topic, s.partition, s.start, s.end,
-                                                 columns=_COLUMNS)
+                batches = archive.iter_partition(
+                    _path(s.uri), self.topic, s.partition, s.start, s.end, columns=_COLUMNS
+                )
             for b in batches:
                 n = b.num_rows
                 yield pa.RecordBatch.from_arrays(
-                    [pa.array([s.split] * n, pa.int32()), pa.array([s.region] * n, pa.int32()),
-                     b.column("partition").cast(pa.int32()), b.column("offset"), b.column("key"), b.column("value"),
-                     b.column("headers")],
-                    names=[f.name for f in SCHEMA.fields])
+                    [
+                        pa.array([s.split] * n, pa.int32()),
+                        pa.array([s.region] * n, pa.int32()),
+                        b.column("partition").cast(pa.int32()),
+                        b.column("offset"),
+                        b.column("key"),
+                        b.column("value"),
+                        b.column("headers"),
+                    ],
+                    names=[f.name for f in SCHEMA.fields],
+                )
         except _READ_ERRORS as exc:
             yield read_error_batch(s, f"region {s.region} partition {s.partition}: {exc}")
 
@@ -139,10 +160,17 @@ class _Reader(DataSourceReader):
 def read_error_batch(s: VtSplit, message: str) -> pa.RecordBatch:
     """The one row that tells the scan split `s` could not be read to its end."""
     return pa.RecordBatch.from_arrays(
-        [pa.array([s.split], pa.int32()), pa.array([s.region], pa.int32()), pa.array([s.partition], pa.int32()),
-         pa.array([READ_ERROR_OFFSET], pa.int64()), pa.nulls(1, pa.binary()), pa.array([message.encode()]),
-         pa.nulls(1, archive.KAFKA_ARROW_SCHEMA.field("headers").type)],
-        names=[f.name for f in SCHEMA.fields])
+        [
+            pa.array([s.split], pa.int32()),
+            pa.array([s.region], pa.int32()),
+            pa.array([s.partition], pa.int32()),
+            pa.array([READ_ERROR_OFFSET], pa.int64()),
+            pa.nulls(1, pa.binary()),
+            pa.array([message.encode()]),
+            pa.nulls(1, archive.KAFKA_ARROW_SCHEMA.field("headers").type),
+        ],
+        names=[f.name for f in SCHEMA.fields],
+    )
 
 
 class VtDataSource(DataSource):
@@ -157,19 +185,34 @@ class VtDataSource(DataSource):
         return _Reader(self.options)
 
 
-def read_vt(spark: SparkSession, splits: list[VtSplit], topic: str,
-            kafka_conf: Mapping[int, Mapping] | None = None) -> DataFrame:
+def read_vt(
+    spark: SparkSession, splits: list[VtSplit], topic: str, kafka_conf: Mapping[int, Mapping] | None = None
+) -> DataFrame:
     """The records of the planned splits (one Spark partition each) with split and region columns."""
     spark.dataSource.register(VtDataSource)
-    payload = [{"split": s.split, "region": s.region, "uri": s.uri, "partition": s.partition, "start": s.start,
-                "end": s.end} for s in splits]
-    return (spark.read.format(SHORT_NAME).option("topic", topic).option("splits", json.dumps(payload))
-            .option("kafka_secret_conf", json.dumps({str(k): dict(v) for k, v in (kafka_conf or {}).items()}))
-            .load())
+    payload = [
+        {
+            "split": s.split,
+            "region": s.region,
+            "uri": s.uri,
+            "partition": s.partition,
+            "start": s.start,
+            "end": s.end,
+        }
+        for s in splits
+    ]
+    return (
+        spark.read.format(SHORT_NAME)
+        .option("topic", topic)
+        .option("splits", json.dumps(payload))
+        .option("kafka_secret_conf", json.dumps({str(k): dict(v) for k, v in (kafka_conf or {}).items()}))
+        .load()
+    )
 
 
-def chunked_version(splits: list[VtSplit], topic: str, kafka_conf: Mapping[int, Mapping] | None = None,
-                    probe: int = 64) -> bool:
+def chunked_version(
+    splits: list[VtSplit], topic: str, kafka_conf: Mapping[int, Mapping] | None = None, probe: int = 64
+) -> bool:
     """Whether any region's StartOfPush (read from the first records of each partition) says chunked."""
     from div import envelope as E
     from div.records import Kind, iter_records
@@ -184,12 +227,18 @@ def chunked_version(splits: list[VtSplit], topic: str, kafka_conf: Mapping[int, 
         end = min(s.end, s.start + probe)
         try:
             if s.uri.startswith("kafka://"):
-                batches = kafka_log.iter_partition(kafka_log.parse_kafka_uri(s.uri),
-                                                   (kafka_conf or {}).get(s.region) or {}, topic, s.partition,
-                                                   s.start, end)
+                batches = kafka_log.iter_partition(
+                    kafka_log.parse_kafka_uri(s.uri),
+                    (kafka_conf or {}).get(s.region) or {},
+                    topic,
+                    s.partition,
+                    s.start,
+                    end,
+                )
             else:
-                batches = archive.iter_partition(_path(s.uri), topic, s.partition, s.start, end,
-                                                 columns=["key", "value", "headers"])
+                batches = archive.iter_partition(
+                    _path(s.uri), topic, s.partition, s.start, end, columns=["key", "value", "headers"]
+                )
             for b in batches:
                 for rec in iter_records(b, codec):
                     if rec.kind == Kind.START_OF_PUSH and E.control_body(rec.env).get("chunked"):
@@ -199,8 +248,9 @@ def chunked_version(splits: list[VtSplit], topic: str, kafka_conf: Mapping[int, 
     return False
 
 
-def compaction_deadlines(sources: Mapping[int, str], topic: str, kafka_conf: Mapping[int, Mapping] | None,
-                         planned_ms: int) -> dict[int, int]:
+def compaction_deadlines(
+    sources: Mapping[int, str], topic: str, kafka_conf: Mapping[int, Mapping] | None, planned_ms: int
+) -> dict[int, int]:
     """Per live region whose topic may be compacted: until when (epoch ms) a read whose end offsets were fixed at
     `planned_ms` still holds every key's latest record up to those ends
     (`leapfrog.reference.entries.RegionLog.latest_kept`).
@@ -221,14 +271,20 @@ def compaction_deadlines(sources: Mapping[int, str], topic: str, kafka_conf: Map
     return out
 
 
-def check_sources(sources: Mapping[int, str], topic: str, kafka_conf: Mapping[int, Mapping] | None = None,
-                  may_lack_topic: set[int] | frozenset = frozenset()) -> None:
+def check_sources(
+    sources: Mapping[int, str],
+    topic: str,
+    kafka_conf: Mapping[int, Mapping] | None = None,
+    may_lack_topic: set[int] | frozenset = frozenset(),
+) -> None:
     """Raise ValueError naming the first source that cannot be read or lacks the topic (regions in
     `may_lack_topic` may: an incremental run over a region with nothing new)."""
     for region, uri in sorted(sources.items()):
         if uri.startswith("kafka://"):
             try:
-                topics = kafka_log.list_topics(kafka_log.parse_kafka_uri(uri), (kafka_conf or {}).get(region) or {})
+                topics = kafka_log.list_topics(
+                    kafka_log.parse_kafka_uri(uri), (kafka_conf or {}).get(region) or {}
+                )
             except kafka_log.KafkaLogError as exc:
                 raise ValueError(f"source {region}={uri}: {exc}") from exc
         else:
@@ -239,4 +295,6 @@ def check_sources(sources: Mapping[int, str], topic: str, kafka_conf: Mapping[in
             except archive.ArchiveError as exc:
                 raise ValueError(f"source {region}={uri}: {exc}") from exc
         if topic not in topics and region not in may_lack_topic:
-            raise ValueError(f"source {region}={uri}: no topic {topic!r} (it has {', '.join(topics) or 'none'})")
+            raise ValueError(
+                f"source {region}={uri}: no topic {topic!r} (it has {', '.join(topics) or 'none'})"
+            )

@@ -38,8 +38,13 @@ class StateError(Exception):
     """A state directory that does not fit this run (other store, mode or pairs) or cannot be read."""
 
 
-def pack_carry_array(absent: np.ndarray, last_open: np.ndarray, vectors: np.ndarray, marks: np.ndarray,
-                     settled: np.ndarray | None = None):
+def pack_carry_array(
+    absent: np.ndarray,
+    last_open: np.ndarray,
+    vectors: np.ndarray,
+    marks: np.ndarray,
+    settled: np.ndarray | None = None,
+):
     """Carried records as an Arrow binary array: a flags byte (absent, last_open, settled) then the per-key
     vector and the mark as little-endian longs."""
     import pyarrow as pa
@@ -52,7 +57,9 @@ def pack_carry_array(absent: np.ndarray, last_open: np.ndarray, vectors: np.ndar
     raw[:, 0] = flags
     raw[:, 1:] = np.concatenate([vectors, marks], axis=1).astype("<i8").view(np.uint8).reshape(m, 16 * n)
     width = 1 + 16 * n
-    return pa.FixedSizeBinaryArray.from_buffers(pa.binary(width), m, [None, pa.py_buffer(raw.tobytes())]).cast(pa.binary())
+    return pa.FixedSizeBinaryArray.from_buffers(
+        pa.binary(width), m, [None, pa.py_buffer(raw.tobytes())]
+    ).cast(pa.binary())
 
 
 def unpack_carry_array(col, n: int) -> tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray, np.ndarray]:
@@ -65,11 +72,18 @@ def unpack_carry_array(col, n: int) -> tuple[np.ndarray, np.ndarray, np.ndarray,
         z = np.zeros(0, bool)
         return z, z, z, np.zeros((0, n), np.int64), np.zeros((0, n), np.int64)
     fixed = col.cast(pa.binary(width))
-    raw = np.frombuffer(fixed.buffers()[1], np.uint8, count=m * width, offset=fixed.offset * width).reshape(m, width)
+    raw = np.frombuffer(fixed.buffers()[1], np.uint8, count=m * width, offset=fixed.offset * width).reshape(
+        m, width
+    )
     body = np.ascontiguousarray(raw[:, 1:]).view("<i8").reshape(m, 2 * n)
     flags = raw[:, 0]
-    return ((flags & 1).astype(bool), (flags & 2).astype(bool), (flags & 4).astype(bool),
-            body[:, :n].astype(np.int64), body[:, n:].astype(np.int64))
+    return (
+        (flags & 1).astype(bool),
+        (flags & 2).astype(bool),
+        (flags & 4).astype(bool),
+        body[:, :n].astype(np.int64),
+        body[:, n:].astype(np.int64),
+    )
 
 
 def carry_flags(col) -> np.ndarray:
@@ -81,7 +95,9 @@ def carry_flags(col) -> np.ndarray:
     if m == 0 or col.null_count == m:
         return out
     width = np.int64 if pa.types.is_large_binary(col.type) else np.int32
-    starts = np.frombuffer(col.buffers()[1], width, count=m + 1, offset=col.offset * np.dtype(width).itemsize)[:-1]
+    starts = np.frombuffer(
+        col.buffers()[1], width, count=m + 1, offset=col.offset * np.dtype(width).itemsize
+    )[:-1]
     valid = ~col.is_null().to_numpy(zero_copy_only=False)
     out[valid] = np.frombuffer(col.buffers()[2], np.uint8)[starts[valid]]
     return out
@@ -91,7 +107,9 @@ def carry_flags(col) -> np.ndarray:
 class State:
     path: Path
     meta: dict[str, Any]
-    regions: dict[tuple[int, int], dict[str, Any]]  # (region, partition) → last_offset, final_hw, baseline, ...
+    regions: dict[
+        tuple[int, int], dict[str, Any]
+    ]  # (region, partition) → last_offset, final_hw, baseline, ...
 
     @property
     def carried_dir(self) -> Path:
@@ -103,11 +121,21 @@ class State:
 
     def settled_keys(self) -> dict[tuple[int, int, int], int]:
         """Settled keys per (partition, region_a, region_b), for the `keys` counter of runs that skip them."""
-        return {(r["partition"], r["region_a"], r["region_b"]): r["keys"] for r in self.meta.get("settled_keys", [])}
+        return {
+            (r["partition"], r["region_a"], r["region_b"]): r["keys"]
+            for r in self.meta.get("settled_keys", [])
+        }
 
 
-def load(path: str | os.PathLike, *, store: str, version: int, mode: str, pairs: list[tuple[int, int]],
-         regions: list[int]) -> State | None:
+def load(
+    path: str | os.PathLike,
+    *,
+    store: str,
+    version: int,
+    mode: str,
+    pairs: list[tuple[int, int]],
+    regions: list[int],
+) -> State | None:
     """The state in `path`, or None when there is none yet. Raises StateError when it belongs to another run."""
     path = Path(path)
     meta_file = path / "state.json"
@@ -115,19 +143,28 @@ def load(path: str | os.PathLike, *, store: str, version: int, mode: str, pairs:
         _recover_interrupted_commit(path)
     if not meta_file.exists():
         if path.exists() and any(path.iterdir()):
-            raise StateError(f"--state {path}: not empty but has no state.json (not a tidegauge state directory)")
+            raise StateError(
+                f"--state {path}: not empty but has no state.json (not a tidegauge state directory)"
+            )
         return None
     try:
         doc = json.loads(meta_file.read_text())
     except (OSError, json.JSONDecodeError) as exc:
         raise StateError(f"--state {path}: state.json is unreadable: {exc}") from None
     meta = doc.get("meta", {})
-    expected = {"store": store, "version": version, "mode": mode, "pairs": [list(p) for p in pairs],
-                "regions": sorted(regions)}
+    expected = {
+        "store": store,
+        "version": version,
+        "mode": mode,
+        "pairs": [list(p) for p in pairs],
+        "regions": sorted(regions),
+    }
     for k, v in expected.items():
         if meta.get(k) != v:  # (settled_keys is extra meta, not part of the identity)
-            raise StateError(f"--state {path}: it was built with {k} = {meta.get(k)!r}, this run has {v!r} "
-                             "(use another --state directory, or remove this one for a full rescan)")
+            raise StateError(
+                f"--state {path}: it was built with {k} = {meta.get(k)!r}, this run has {v!r} "
+                "(use another --state directory, or remove this one for a full rescan)"
+            )
     if doc.get("format") != VERSION:
         raise StateError(f"--state {path}: state format {doc.get('format')!r} is not {VERSION}")
     regions_state = {(r["region"], r["partition"]): r for r in doc.get("regions", [])}
@@ -140,8 +177,11 @@ def _recover_interrupted_commit(path: Path) -> None:
     for old in sorted(path.parent.glob(f".{path.name}.old-*")):
         if (old / "state.json").exists():
             os.replace(old, path)
-            log.warning("--state %s: restored the previous state from %s (a run was killed while committing)",
-                        path, old.name)
+            log.warning(
+                "--state %s: restored the previous state from %s (a run was killed while committing)",
+                path,
+                old.name,
+            )
             return
 
 
@@ -158,8 +198,10 @@ def staging_dir(path: str | os.PathLike) -> Path:
 def write_meta(stage: Path, meta: dict[str, Any], regions: list[dict[str, Any]]) -> None:
     from div.checkpoint import atomic_write
 
-    atomic_write(stage / "state.json", (json.dumps({"format": VERSION, "meta": meta, "regions": regions},
-                                                   indent=1) + "\n").encode())
+    atomic_write(
+        stage / "state.json",
+        (json.dumps({"format": VERSION, "meta": meta, "regions": regions}, indent=1) + "\n").encode(),
+    )
 
 
 def commit(path: str | os.PathLike, stage: Path) -> None:

@@ -56,13 +56,22 @@ def register(subparsers: argparse._SubParsersAction) -> None:
         epilog=EPILOG,
         formatter_class=argparse.RawDescriptionHelpFormatter,
     )
-    parser.add_argument("--leapfrog", required=True, metavar="DIR", help="output directory of `tidegauge leapfrog`")
-    parser.add_argument("--div", required=True, metavar="DIR", help="output directory of `tidegauge div validate`")
+    parser.add_argument(
+        "--leapfrog", required=True, metavar="DIR", help="output directory of `tidegauge leapfrog`"
+    )
+    parser.add_argument(
+        "--div", required=True, metavar="DIR", help="output directory of `tidegauge div validate`"
+    )
     parser.add_argument("--lag", metavar="DIR", help="output directory of `tidegauge lag` (optional)")
-    parser.add_argument("--history", metavar="DIR", help="history of earlier runs; this run is appended (optional)")
+    parser.add_argument(
+        "--history", metavar="DIR", help="history of earlier runs; this run is appended (optional)"
+    )
     parser.add_argument("--out", required=True, metavar="DIR", help="where report.html and report.json go")
-    parser.add_argument("--expectations", metavar="FILE",
-                        help="YAML overriding thresholds or suites of conf/expectations.yaml (optional)")
+    parser.add_argument(
+        "--expectations",
+        metavar="FILE",
+        help="YAML overriding thresholds or suites of conf/expectations.yaml (optional)",
+    )
     parser.set_defaults(func=run)
 
 
@@ -79,22 +88,36 @@ def run(args: argparse.Namespace) -> int:
         raise UsageError(f"--expectations {args.expectations}: no such file")
     from pipelines.core.output import check_history, guard
 
-    guard("report", {"--out": args.out, "--history": args.history},
-          {"--leapfrog": args.leapfrog, "--div": args.div, "--lag": args.lag})
+    guard(
+        "report",
+        {"--out": args.out, "--history": args.history},
+        {"--leapfrog": args.leapfrog, "--div": args.div, "--lag": args.lag},
+    )
     check_history(args.history)
 
     from pipelines.report.job import run_report
 
-    result = run_report(args.leapfrog, args.div, args.out, lag_dir=args.lag, history_dir=args.history,
-                        expectations_file=args.expectations)
+    result = run_report(
+        args.leapfrog,
+        args.div,
+        args.out,
+        lag_dir=args.lag,
+        history_dir=args.history,
+        expectations_file=args.expectations,
+    )
     v = result.verdict
-    lines = [f"{v['overall']}: {v['checks_failed']} of {v['checks_evaluated']} checks failed",
-             f"regions: {v['regions']['status']} ({v['regions']['divergences']} divergent keys)",
-             f"logs: {v['logs']['status']} ({v['logs']['fatal_findings']} fatal DIV findings)"]
+    lines = [
+        f"{v['overall']}: {v['checks_failed']} of {v['checks_evaluated']} checks failed",
+        f"regions: {v['regions']['status']} ({v['regions']['divergences']} divergent keys)",
+        f"logs: {v['logs']['status']} ({v['logs']['fatal_findings']} fatal DIV findings)",
+    ]
     if v["lag"]["measured"]:
-        lines.append("lag: " + ", ".join(
-            f"region {r['region']} {duration(r['max_time_lag_ms'])}"
-            for r in v["lag"]["by_region"]))
+        lines.append(
+            "lag: "
+            + ", ".join(
+                f"region {r['region']} {duration(r['max_time_lag_ms'])}" for r in v["lag"]["by_region"]
+            )
+        )
     lines += [f"failed: {name}" for name in result.failed_checks]
     lines.append(f"report: {result.html_path}")
     print("\n".join(lines))

@@ -114,7 +114,9 @@ class ValidationRun:
 
 def _read_yaml(path: pathlib.Path) -> dict[str, Any]:
     if not path.is_file():
-        hint = " (it ships inside the tidegauge package: reinstall it)" if path == DEFAULT_EXPECTATIONS else ""
+        hint = (
+            " (it ships inside the tidegauge package: reinstall it)" if path == DEFAULT_EXPECTATIONS else ""
+        )
         raise ExpectationsConfigError(f"expectations file {path} not found{hint}")
     try:
         data = yaml.safe_load(path.read_text(encoding="utf-8"))
@@ -128,9 +130,11 @@ def _read_yaml(path: pathlib.Path) -> dict[str, Any]:
         )
     for key in data:
         if key not in ("thresholds", "suites"):
-            raise ExpectationsConfigError(f"expectations file {path}: unknown key {key!r}"
-                                          f"{_closest(key, ['thresholds', 'suites'])}; expected `thresholds:` "
-                                          "and/or `suites:`")
+            raise ExpectationsConfigError(
+                f"expectations file {path}: unknown key {key!r}"
+                f"{_closest(key, ['thresholds', 'suites'])}; expected `thresholds:` "
+                "and/or `suites:`"
+            )
     return data
 
 
@@ -143,7 +147,9 @@ def _parse_thresholds(raw: Any, path: pathlib.Path) -> dict[str, float]:
     if raw is None:
         return {}
     if not isinstance(raw, dict):
-        raise ExpectationsConfigError(f"expectations file {path}: `thresholds:` must be a mapping of name: number")
+        raise ExpectationsConfigError(
+            f"expectations file {path}: `thresholds:` must be a mapping of name: number"
+        )
     out = {}
     for name, value in raw.items():
         if isinstance(value, bool) or not isinstance(value, int | float):
@@ -170,13 +176,17 @@ def _parse_suite(name: str, raw: Any, path: pathlib.Path) -> SuiteSpec:
             raise ExpectationsConfigError(f"{where}, expectation #{i + 1}: needs `type: expect_...`")
         kwargs = {k: v for k, v in entry.items() if k not in _OWN_KEYS}
         refs = {k: v[1:] for k, v in kwargs.items() if isinstance(v, str) and v.startswith("$")}
-        specs.append(ExpectationSpec(type=entry["type"], kwargs=kwargs, meaning=str(entry.get("meaning", "")),
-                                     thresholds=refs))
+        specs.append(
+            ExpectationSpec(
+                type=entry["type"], kwargs=kwargs, meaning=str(entry.get("meaning", "")), thresholds=refs
+            )
+        )
     return SuiteSpec(name=name, table=table, meaning=str(raw.get("meaning", "")), expectations=specs)
 
 
-def load_expectations(override: str | pathlib.Path | None = None,
-                      default: str | pathlib.Path = DEFAULT_EXPECTATIONS) -> ExpectationsConfig:
+def load_expectations(
+    override: str | pathlib.Path | None = None, default: str | pathlib.Path = DEFAULT_EXPECTATIONS
+) -> ExpectationsConfig:
     """Read conf/expectations.yaml, then `override` on top (its thresholds and whole suites replace ours).
 
     Every `$name` argument is checked against the thresholds and every expectation type against GX, so a
@@ -196,16 +206,21 @@ def load_expectations(override: str | pathlib.Path | None = None,
         thresholds.update(given)
         raw_suites = data.get("suites") or {}
         if not isinstance(raw_suites, dict):
-            raise ExpectationsConfigError(f"expectations file {path}: `suites:` must be a mapping of name: suite")
+            raise ExpectationsConfigError(
+                f"expectations file {path}: `suites:` must be a mapping of name: suite"
+            )
         for name, raw in raw_suites.items():
             suites[str(name)] = _parse_suite(str(name), raw, path)
             suite_file[str(name)] = path
-    used = {ref for suite in suites.values() for spec in suite.expectations for ref in spec.thresholds.values()}
+    used = {
+        ref for suite in suites.values() for spec in suite.expectations for ref in spec.thresholds.values()
+    }
     for name, path in overridden.items():
         if name not in used:  # a misspelled threshold would otherwise change nothing, silently
             raise ExpectationsConfigError(
                 f"expectations file {path}: threshold {name!r} is used by no expectation"
-                f"{_closest(name, sorted(used))}")
+                f"{_closest(name, sorted(used))}"
+            )
     for suite in suites.values():
         for i, spec in enumerate(suite.expectations):
             where = f"expectations file {suite_file[suite.name]}: suite {suite.name!r}, expectation #{i + 1}"
@@ -235,8 +250,12 @@ def _import_gx():
     os.environ["GX_ANALYTICS_ENABLED"] = "false"
     logging.getLogger("great_expectations").setLevel(logging.WARNING)
     main = sys.modules.get("__main__")
-    fake_ps1 = main is not None and getattr(main, "__spec__", None) is None and not hasattr(main, "__file__") \
+    fake_ps1 = (
+        main is not None
+        and getattr(main, "__spec__", None) is None
+        and not hasattr(main, "__file__")
         and not hasattr(sys, "ps1")
+    )
     if fake_ps1:
         sys.ps1 = ">>> "
     already = "great_expectations" in sys.modules
@@ -265,7 +284,9 @@ def _expectation_class(type_name: str):
 
 
 def _resolve(spec: ExpectationSpec, thresholds: dict[str, float]) -> dict[str, Any]:
-    return {k: (thresholds[spec.thresholds[k]] if k in spec.thresholds else v) for k, v in spec.kwargs.items()}
+    return {
+        k: (thresholds[spec.thresholds[k]] if k in spec.thresholds else v) for k, v in spec.kwargs.items()
+    }
 
 
 def _build_expectation(spec: ExpectationSpec, thresholds: dict[str, float], suite: str):
@@ -338,26 +359,42 @@ def run_suites(config: ExpectationsConfig, tables: dict[str, pd.DataFrame]) -> V
         source = context.data_sources.add_pandas("tidegauge")
         batches = {}
         for name in sorted({s.table for s in config.suites.values()} & set(tables)):
-            batches[name] = source.add_dataframe_asset(name).add_batch_definition_whole_dataframe("whole table")
+            batches[name] = source.add_dataframe_asset(name).add_batch_definition_whole_dataframe(
+                "whole table"
+            )
         timings["gx_context_s"] = time.perf_counter() - t1
         t2 = time.perf_counter()
         outcomes = []
         for suite_spec in config.suites.values():
             if suite_spec.table not in tables:
-                outcomes.append(SuiteOutcome(
-                    name=suite_spec.name, table=suite_spec.table, meaning=suite_spec.meaning, success=None,
-                    skipped_reason=f"not run: table {suite_spec.table!r} needs an input that was not given"
-                    + (" (--lag DIR)" if suite_spec.table == "lag" else ""),
-                ))
+                outcomes.append(
+                    SuiteOutcome(
+                        name=suite_spec.name,
+                        table=suite_spec.table,
+                        meaning=suite_spec.meaning,
+                        success=None,
+                        skipped_reason=f"not run: table {suite_spec.table!r} needs an input that was not given"
+                        + (" (--lag DIR)" if suite_spec.table == "lag" else ""),
+                    )
+                )
                 continue
-            outcomes.append(_run_suite(gx, context, suite_spec, batches[suite_spec.table],
-                                       tables[suite_spec.table], config.thresholds))
+            outcomes.append(
+                _run_suite(
+                    gx,
+                    context,
+                    suite_spec,
+                    batches[suite_spec.table],
+                    tables[suite_spec.table],
+                    config.thresholds,
+                )
+            )
         timings["gx_validate_s"] = time.perf_counter() - t2
     return ValidationRun(suites=outcomes, gx_version=gx.__version__, timings=timings)
 
 
-def _run_suite(gx, context, spec: SuiteSpec, batch_definition, frame: pd.DataFrame,
-               thresholds: dict[str, float]) -> SuiteOutcome:
+def _run_suite(
+    gx, context, spec: SuiteSpec, batch_definition, frame: pd.DataFrame, thresholds: dict[str, float]
+) -> SuiteOutcome:
     for i, exp in enumerate(spec.expectations):
         for arg in ("column", "column_A", "column_B"):
             column = exp.kwargs.get(arg)
@@ -366,11 +403,13 @@ def _run_suite(gx, context, spec: SuiteSpec, batch_definition, frame: pd.DataFra
                     f"suite {spec.name!r}, expectation #{i + 1}: table {spec.table!r} has no column {column!r} "
                     f"(it has {', '.join(frame.columns)})"
                 )
-    suite = context.suites.add(gx.ExpectationSuite(
-        name=spec.name,
-        expectations=[_build_expectation(e, thresholds, spec.name) for e in spec.expectations],
-        meta={"meaning": spec.meaning, "table": spec.table},
-    ))
+    suite = context.suites.add(
+        gx.ExpectationSuite(
+            name=spec.name,
+            expectations=[_build_expectation(e, thresholds, spec.name) for e in spec.expectations],
+            meta={"meaning": spec.meaning, "table": spec.table},
+        )
+    )
     definition = context.validation_definitions.add(
         gx.ValidationDefinition(name=spec.name, data=batch_definition, suite=suite)
     )
@@ -391,6 +430,10 @@ def _run_suite(gx, context, spec: SuiteSpec, batch_definition, frame: pd.DataFra
         kwargs = _resolve(exp_spec, thresholds)
         outcomes.append(_outcome(exp_spec, kwargs, by_id.get(expectation.id, {})))
     return SuiteOutcome(
-        name=spec.name, table=spec.table, meaning=spec.meaning,
-        success=all(o.success for o in outcomes), expectations=outcomes, gx_result=_plain(as_json),
+        name=spec.name,
+        table=spec.table,
+        meaning=spec.meaning,
+        success=all(o.success for o in outcomes),
+        expectations=outcomes,
+        gx_result=_plain(as_json),
     )

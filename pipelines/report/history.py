@@ -23,29 +23,46 @@ import pyarrow.parquet as pq
 DIVERGENCE_ID = ("store", "version", "partition", "region_a", "region_b", "type", "key_hex")
 DIV_FINDING_ID = ("region", "topic", "partition", "offset", "type")
 
-_DIVERGENCE_STRUCT = pa.struct([("store", pa.string()), ("version", pa.int32()), ("partition", pa.int32()),
-                                ("region_a", pa.int32()), ("region_b", pa.int32()), ("type", pa.string()),
-                                ("key_hex", pa.string())])
-_DIV_STRUCT = pa.struct([("region", pa.int32()), ("topic", pa.string()), ("partition", pa.int32()),
-                         ("offset", pa.int64()), ("type", pa.string())])
-SCHEMA = pa.schema([
-    ("run_at", pa.timestamp("ms", tz="UTC")),
-    ("store", pa.string()),
-    ("version", pa.int32()),
-    ("success", pa.bool_()),
-    ("consistent", pa.bool_()),
-    ("logs_whole", pa.bool_()),
-    ("expectations_evaluated", pa.int32()),
-    ("expectations_failed", pa.int32()),
-    ("divergences", pa.int64()),
-    ("fatal_div_findings", pa.int64()),
-    ("div_warnings", pa.int64()),
-    ("pending_keys", pa.int64()),
-    ("undecodable", pa.int64()),
-    ("max_lag_ms", pa.int64()),
-    ("divergence_ids", pa.list_(_DIVERGENCE_STRUCT)),
-    ("div_finding_ids", pa.list_(_DIV_STRUCT)),
-])
+_DIVERGENCE_STRUCT = pa.struct(
+    [
+        ("store", pa.string()),
+        ("version", pa.int32()),
+        ("partition", pa.int32()),
+        ("region_a", pa.int32()),
+        ("region_b", pa.int32()),
+        ("type", pa.string()),
+        ("key_hex", pa.string()),
+    ]
+)
+_DIV_STRUCT = pa.struct(
+    [
+        ("region", pa.int32()),
+        ("topic", pa.string()),
+        ("partition", pa.int32()),
+        ("offset", pa.int64()),
+        ("type", pa.string()),
+    ]
+)
+SCHEMA = pa.schema(
+    [
+        ("run_at", pa.timestamp("ms", tz="UTC")),
+        ("store", pa.string()),
+        ("version", pa.int32()),
+        ("success", pa.bool_()),
+        ("consistent", pa.bool_()),
+        ("logs_whole", pa.bool_()),
+        ("expectations_evaluated", pa.int32()),
+        ("expectations_failed", pa.int32()),
+        ("divergences", pa.int64()),
+        ("fatal_div_findings", pa.int64()),
+        ("div_warnings", pa.int64()),
+        ("pending_keys", pa.int64()),
+        ("undecodable", pa.int64()),
+        ("max_lag_ms", pa.int64()),
+        ("divergence_ids", pa.list_(_DIVERGENCE_STRUCT)),
+        ("div_finding_ids", pa.list_(_DIV_STRUCT)),
+    ]
+)
 
 
 @dataclass
@@ -69,11 +86,19 @@ class RunRecord:
     path: str | None = None
 
     def counts(self) -> dict[str, Any]:
-        return {"run_at": self.run_at.isoformat(), "success": self.success, "consistent": self.consistent,
-                "logs_whole": self.logs_whole, "expectations_failed": self.expectations_failed,
-                "divergences": self.divergences, "fatal_div_findings": self.fatal_div_findings,
-                "div_warnings": self.div_warnings, "pending_keys": self.pending_keys,
-                "undecodable": self.undecodable, "max_lag_ms": self.max_lag_ms}
+        return {
+            "run_at": self.run_at.isoformat(),
+            "success": self.success,
+            "consistent": self.consistent,
+            "logs_whole": self.logs_whole,
+            "expectations_failed": self.expectations_failed,
+            "divergences": self.divergences,
+            "fatal_div_findings": self.fatal_div_findings,
+            "div_warnings": self.div_warnings,
+            "pending_keys": self.pending_keys,
+            "undecodable": self.undecodable,
+            "max_lag_ms": self.max_lag_ms,
+        }
 
 
 @dataclass
@@ -96,14 +121,26 @@ class Trend:
 
 def divergence_ids(rows: pd.DataFrame) -> list[tuple]:
     """Identities of leapfrog inconsistency rows, in row order."""
-    return [(str(r.store), int(r.version), int(r.partition), int(r.region_a), int(r.region_b), str(r.type),
-             bytes(r.key).hex()) for r in rows.itertuples(index=False)]
+    return [
+        (
+            str(r.store),
+            int(r.version),
+            int(r.partition),
+            int(r.region_a),
+            int(r.region_b),
+            str(r.type),
+            bytes(r.key).hex(),
+        )
+        for r in rows.itertuples(index=False)
+    ]
 
 
 def div_finding_ids(rows: pd.DataFrame) -> list[tuple]:
     """Identities of DIV error rows, in row order."""
-    return [(int(r.region), str(r.topic), int(r.partition), int(r.offset), str(r.type))
-            for r in rows.itertuples(index=False)]
+    return [
+        (int(r.region), str(r.topic), int(r.partition), int(r.offset), str(r.type))
+        for r in rows.itertuples(index=False)
+    ]
 
 
 def _to_record(row: dict[str, Any], path: pathlib.Path) -> RunRecord:
@@ -111,12 +148,19 @@ def _to_record(row: dict[str, Any], path: pathlib.Path) -> RunRecord:
     if run_at.tzinfo is None:
         run_at = run_at.replace(tzinfo=dt.UTC)
     return RunRecord(
-        run_at=run_at, store=row["store"], version=int(row["version"]), success=bool(row["success"]),
-        consistent=bool(row["consistent"]), logs_whole=bool(row["logs_whole"]),
+        run_at=run_at,
+        store=row["store"],
+        version=int(row["version"]),
+        success=bool(row["success"]),
+        consistent=bool(row["consistent"]),
+        logs_whole=bool(row["logs_whole"]),
         expectations_evaluated=int(row["expectations_evaluated"]),
-        expectations_failed=int(row["expectations_failed"]), divergences=int(row["divergences"]),
-        fatal_div_findings=int(row["fatal_div_findings"]), div_warnings=int(row["div_warnings"]),
-        pending_keys=int(row["pending_keys"]), undecodable=int(row["undecodable"]),
+        expectations_failed=int(row["expectations_failed"]),
+        divergences=int(row["divergences"]),
+        fatal_div_findings=int(row["fatal_div_findings"]),
+        div_warnings=int(row["div_warnings"]),
+        pending_keys=int(row["pending_keys"]),
+        undecodable=int(row["undecodable"]),
         max_lag_ms=None if row["max_lag_ms"] is None else int(row["max_lag_ms"]),
         divergence_ids=[tuple(d[k] for k in DIVERGENCE_ID) for d in row["divergence_ids"] or []],
         div_finding_ids=[tuple(d[k] for k in DIV_FINDING_ID) for d in row["div_finding_ids"] or []],
@@ -153,7 +197,11 @@ def append_run(directory: str | pathlib.Path, record: RunRecord) -> pathlib.Path
     if not (directory / MARKER).exists():
         write_marker(directory, "report history")
     row = {
-        **{name: getattr(record, name) for name in SCHEMA.names if name not in ("divergence_ids", "div_finding_ids")},
+        **{
+            name: getattr(record, name)
+            for name in SCHEMA.names
+            if name not in ("divergence_ids", "div_finding_ids")
+        },
         "divergence_ids": [dict(zip(DIVERGENCE_ID, i, strict=True)) for i in record.divergence_ids],
         "div_finding_ids": [dict(zip(DIV_FINDING_ID, i, strict=True)) for i in record.div_finding_ids],
     }

@@ -142,8 +142,9 @@ def _table(headers: Sequence[str], rows: Iterable[str], cls: str = "", caption: 
     return f'<div class="scroll"><table class="{cls}">{cap}<thead><tr>{head}</tr></thead><tbody>\n{body}\n</tbody></table></div>'
 
 
-def _split_table(headers: Sequence[str], items: Sequence[tuple[str, str, str, bool]], cls: str, ok_text: str,
-                 what: str) -> str:
+def _split_table(
+    headers: Sequence[str], items: Sequence[tuple[str, str, str, bool]], cls: str, ok_text: str, what: str
+) -> str:
     """Rows that need attention in plain sight (with their anchors), every row in a collapsed <details>.
 
     `items` are (anchor, row class, cells html, needs attention). Long tables (partitions x regions) would
@@ -152,7 +153,10 @@ def _split_table(headers: Sequence[str], items: Sequence[tuple[str, str, str, bo
     shown = [f'<tr id="{a}" class="{c}">{cells}</tr>' for a, c, cells, attention in items if attention]
     body = _table(headers, shown, cls) if shown else f'<p class="empty">{_e(ok_text)}</p>'
     every = [f'<tr class="{c}">{cells}</tr>' for _, c, cells, _ in items]
-    return body + f'<details><summary>All {_n(len(items))} {_e(what)}</summary>{_table(headers, every, cls)}</details>'
+    return (
+        body
+        + f"<details><summary>All {_n(len(items))} {_e(what)}</summary>{_table(headers, every, cls)}</details>"
+    )
 
 
 def _flagged(page: Page, table: str) -> set[str]:
@@ -170,7 +174,7 @@ def _flagged(page: Page, table: str) -> set[str]:
 def _figure(svg: str | None, caption: str, empty: str) -> str:
     if svg is None:
         return f'<p class="empty">{_e(empty)}</p>'
-    return f'<figure>{svg}<figcaption>{_e(caption)}</figcaption></figure>'
+    return f"<figure>{svg}<figcaption>{_e(caption)}</figcaption></figure>"
 
 
 def _badge(ok: bool | None, yes: str = "PASS", no: str = "FAIL", none: str = "NOT RUN") -> str:
@@ -195,82 +199,145 @@ def _verdict(page: Page) -> str:
 
     consistent = regions["status"] == "CONSISTENT"
     if regions["status"] == "UNVERIFIED":
-        sub = (f"No divergent key found, but not every record was read and decoded: "
-               f"{_plural(regions['unverified_keys'], 'key')} unverified, "
-               f"{_plural(n['decoding']['undecodable_leapfrog'], 'undecodable record')}, "
-               f"{_plural(n['leapfrog_failed_partitions'], 'partition')} not read (see Decoding).")
+        sub = (
+            f"No divergent key found, but not every record was read and decoded: "
+            f"{_plural(regions['unverified_keys'], 'key')} unverified, "
+            f"{_plural(n['decoding']['undecodable_leapfrog'], 'undecodable record')}, "
+            f"{_plural(n['leapfrog_failed_partitions'], 'partition')} not read (see Decoding)."
+        )
     elif consistent:
         sub = "No divergent keys in any region pair."
     else:
-        sub = (f"{_plural(regions['divergences'], 'divergent key')} in {regions['pairs_with_divergences']} of "
-               f"{_plural(regions['pairs'], 'region pair')}.")
-    sub += f" {_n(n['coverage']['keys'])} keys compared; {n['coverage']['pending_percent']:.1f} % still pending."
-    tiles.append(_tile("Are the regions consistent?", regions["status"],
-                       None if regions["status"] == "UNVERIFIED" else consistent, sub, "#divergences"))
+        sub = (
+            f"{_plural(regions['divergences'], 'divergent key')} in {regions['pairs_with_divergences']} of "
+            f"{_plural(regions['pairs'], 'region pair')}."
+        )
+    sub += (
+        f" {_n(n['coverage']['keys'])} keys compared; {n['coverage']['pending_percent']:.1f} % still pending."
+    )
+    tiles.append(
+        _tile(
+            "Are the regions consistent?",
+            regions["status"],
+            None if regions["status"] == "UNVERIFIED" else consistent,
+            sub,
+            "#divergences",
+        )
+    )
 
     whole = logs["status"] == "LOGS WHOLE"
-    parts = [_plural(logs["fatal_findings"], "fatal DIV finding"), _plural(logs["warnings"], "warning") + " (not fatal)"]
+    parts = [
+        _plural(logs["fatal_findings"], "fatal DIV finding"),
+        _plural(logs["warnings"], "warning") + " (not fatal)",
+    ]
     if logs["undecodable"]:
         parts.append(_plural(logs["undecodable"], "undecodable record"))
     if logs["unread_partitions"]:
         parts.append(_plural(logs["unread_partitions"], "partition") + " not read")
     parts.append(f"{_n(page.numbers['div']['records_read'])} records checked")
-    tiles.append(_tile("Are the logs whole?", logs["status"],
-                       None if logs["status"] == "UNVERIFIED" else whole, "; ".join(parts) + ".", "#div"))
+    tiles.append(
+        _tile(
+            "Are the logs whole?",
+            logs["status"],
+            None if logs["status"] == "UNVERIFIED" else whole,
+            "; ".join(parts) + ".",
+            "#div",
+        )
+    )
 
     if lag["measured"]:
         items = []
         for r in lag["by_region"]:
             cls = "bad" if r["over_limit"] else "ok"
-            items.append(f'<li class="{cls}">region {_e(r["region"])}: <b>{_e(fmt_ms(r["max_time_lag_ms"]))}</b> behind</li>')
-        body = f'<ul class="lagl">{"".join(items)}</ul><div class="sub">worst partition and source region; limit {_e(fmt_ms(lag["limit_ms"]))}' \
-               f'{", measured " + _e(fmt_time(lag["now_ms"])) if lag.get("now_ms") else ""}.</div>'
+            items.append(
+                f'<li class="{cls}">region {_e(r["region"])}: <b>{_e(fmt_ms(r["max_time_lag_ms"]))}</b> behind</li>'
+            )
+        body = (
+            f'<ul class="lagl">{"".join(items)}</ul><div class="sub">worst partition and source region; limit {_e(fmt_ms(lag["limit_ms"]))}'
+            f"{', measured ' + _e(fmt_time(lag['now_ms'])) if lag.get('now_ms') else ''}.</div>"
+        )
         tiles.append(_tile_html("How far behind is each region?", body, not lag["any_over_limit"], "#lag"))
     else:
-        tiles.append(_tile_html("How far behind is each region?",
-                                '<div class="big muted">NOT MEASURED</div><div class="sub">Run with --lag DIR '
-                                "(the output of `tidegauge lag`) to see lag.</div>", None, "#lag"))
+        tiles.append(
+            _tile_html(
+                "How far behind is each region?",
+                '<div class="big muted">NOT MEASURED</div><div class="sub">Run with --lag DIR '
+                "(the output of `tidegauge lag`) to see lag.</div>",
+                None,
+                "#lag",
+            )
+        )
 
     if changes["history"] and changes["compared_with"]:
         d, f = changes["divergences"], changes["div_findings"]
-        body = (f'<div class="big">{_n(d["new"] + f["new"])} new · {_n(d["still"] + f["still"])} still · '
-                f'{_n(d["healed"] + f["healed"])} healed</div><div class="sub">findings compared with the run of '
-                f'{_e(fmt_time(dt.datetime.fromisoformat(changes["compared_with"])))}: divergences '
-                f'{_n(d["new"])} / {_n(d["still"])} / {_n(d["healed"])}, DIV findings {_n(f["new"])} / '
-                f'{_n(f["still"])} / {_n(f["healed"])}.</div>')
-        tiles.append(_tile_html("What changed since the last run?", body,
-                                None if not (d["new"] or f["new"]) else False, "#changes"))
+        body = (
+            f'<div class="big">{_n(d["new"] + f["new"])} new · {_n(d["still"] + f["still"])} still · '
+            f'{_n(d["healed"] + f["healed"])} healed</div><div class="sub">findings compared with the run of '
+            f"{_e(fmt_time(dt.datetime.fromisoformat(changes['compared_with'])))}: divergences "
+            f"{_n(d['new'])} / {_n(d['still'])} / {_n(d['healed'])}, DIV findings {_n(f['new'])} / "
+            f"{_n(f['still'])} / {_n(f['healed'])}.</div>"
+        )
+        tiles.append(
+            _tile_html(
+                "What changed since the last run?",
+                body,
+                None if not (d["new"] or f["new"]) else False,
+                "#changes",
+            )
+        )
     elif changes["history"]:
-        tiles.append(_tile_html("What changed since the last run?",
-                                '<div class="big muted">FIRST RUN</div><div class="sub">No earlier run in the '
-                                "history directory to compare with; tomorrow's report will.</div>", None, "#changes"))
+        tiles.append(
+            _tile_html(
+                "What changed since the last run?",
+                '<div class="big muted">FIRST RUN</div><div class="sub">No earlier run in the '
+                "history directory to compare with; tomorrow's report will.</div>",
+                None,
+                "#changes",
+            )
+        )
     else:
-        tiles.append(_tile_html("What changed since the last run?",
-                                '<div class="big muted">NO HISTORY</div><div class="sub">Run with --history DIR to '
-                                "compare each run with the previous one.</div>", None, "#changes"))
+        tiles.append(
+            _tile_html(
+                "What changed since the last run?",
+                '<div class="big muted">NO HISTORY</div><div class="sub">Run with --history DIR to '
+                "compare each run with the previous one.</div>",
+                None,
+                "#changes",
+            )
+        )
 
     others = []
     hb, cov = v["heartbeats"], v["coverage"]
-    others.append(f'<li>{_badge(hb["ok"], "OK", "MISSING")} Heartbeats: '
-                  + ("every partition of every region holds heartbeats from every region."
-                     if hb["missing"] == 0 else f'{_plural(hb["missing"], "region partition")} lack'
-                     f'{"s" if hb["missing"] == 1 else ""} heartbeats from some region (<a href="#heartbeats">which</a>).')
-                  + "</li>")
-    others.append(f'<li>{_badge(cov["ok"], "OK", "LOW")} Coverage: {_n(cov["pending_keys"])} keys pending '
-                  f'({cov["pending_percent"]:.1f} % of {_n(cov["keys"])}); worst region pair and partition '
-                  f'{cov["worst_pending_percent"]:.1f} % (limit {_e(_fmt_threshold(page.thresholds, "max_pending_percent", "%"))}).'
-                  ' <a href="#coverage">details</a></li>')
+    others.append(
+        f"<li>{_badge(hb['ok'], 'OK', 'MISSING')} Heartbeats: "
+        + (
+            "every partition of every region holds heartbeats from every region."
+            if hb["missing"] == 0
+            else f"{_plural(hb['missing'], 'region partition')} lack"
+            f'{"s" if hb["missing"] == 1 else ""} heartbeats from some region (<a href="#heartbeats">which</a>).'
+        )
+        + "</li>"
+    )
+    others.append(
+        f"<li>{_badge(cov['ok'], 'OK', 'LOW')} Coverage: {_n(cov['pending_keys'])} keys pending "
+        f"({cov['pending_percent']:.1f} % of {_n(cov['keys'])}); worst region pair and partition "
+        f"{cov['worst_pending_percent']:.1f} % (limit {_e(_fmt_threshold(page.thresholds, 'max_pending_percent', '%'))})."
+        ' <a href="#coverage">details</a></li>'
+    )
     failed_suites = [s for s in page.validation.suites if s.success is False]
     if failed_suites:
-        others.append("<li>Failed checks: " + ", ".join(
-            f'<a href="#check-{_e(s.name)}">{_e(s.name)}</a>' for s in failed_suites) + "</li>")
+        others.append(
+            "<li>Failed checks: "
+            + ", ".join(f'<a href="#check-{_e(s.name)}">{_e(s.name)}</a>' for s in failed_suites)
+            + "</li>"
+        )
     cls = {"PASS": "pass", "PARTIAL": "partial"}.get(v["overall"], "fail")
     warn = "".join(f'<p class="warn">Warning: {_e(w)}</p>' for w in page.warnings)
     return f"""
-<section id="verdict" class="verdict {cls}" data-verdict="{_e(v['overall'])}">
-  <h1><span class="overall">{_e(v['overall'])}</span> {_e(headline)}</h1>
-  <div class="tiles">{''.join(tiles)}</div>
-  <ul class="also">{''.join(others)}</ul>
+<section id="verdict" class="verdict {cls}" data-verdict="{_e(v["overall"])}">
+  <h1><span class="overall">{_e(v["overall"])}</span> {_e(headline)}</h1>
+  <div class="tiles">{"".join(tiles)}</div>
+  <ul class="also">{"".join(others)}</ul>
   {warn}
 </section>"""
 
@@ -290,8 +357,10 @@ def _tile(question: str, status: str, ok: bool | None, sub: str, href: str) -> s
 
 def _tile_html(question: str, body: str, ok: bool | None, href: str) -> str:
     cls = "neutral" if ok is None else ("good" if ok else "bad")
-    return (f'<div class="tile {cls}"><div class="q">{_e(question)}</div>{body}'
-            f'<a class="more" href="{_e(href)}">details ↓</a></div>')
+    return (
+        f'<div class="tile {cls}"><div class="q">{_e(question)}</div>{body}'
+        f'<a class="more" href="{_e(href)}">details ↓</a></div>'
+    )
 
 
 def _row_link(table: str, column: str | None, row: dict[str, Any], page: Page) -> str:
@@ -299,13 +368,18 @@ def _row_link(table: str, column: str | None, row: dict[str, Any], page: Page) -
     try:
         if table == "pairs":
             key = (int(row["region_a"]), int(row["region_b"]), int(row["partition"]))
-            if column in ("divergences", "value_mismatch", "missing_in_a", "missing_in_b") \
-                    and a_pair_findings(*key) in page.layout["anchors"]:
+            if (
+                column in ("divergences", "value_mismatch", "missing_in_a", "missing_in_b")
+                and a_pair_findings(*key) in page.layout["anchors"]
+            ):
                 return a_pair_findings(*key)
             return a_pair(*key)
         if table == "div_partitions":
             key = (int(row["region"]), str(row["topic"]), int(row["partition"]))
-            if column in ("fatal_findings", "findings", "warnings") and a_divp_findings(*key) in page.layout["anchors"]:
+            if (
+                column in ("fatal_findings", "findings", "warnings")
+                and a_divp_findings(*key) in page.layout["anchors"]
+            ):
                 return a_divp_findings(*key)
             return a_divp(*key)
         if table == "heartbeat_grid":
@@ -339,12 +413,19 @@ def _limit(exp: ExpectationOutcome) -> str:
     for arg, word in (("min_value", "at least"), ("max_value", "at most")):
         if k.get(arg) is not None:
             value = k[arg]
-            shown = fmt_ms(value) if (exp.column or "").endswith("_ms") else f"{value:g}" \
-                if isinstance(value, int | float) else str(value)
+            shown = (
+                fmt_ms(value)
+                if (exp.column or "").endswith("_ms")
+                else f"{value:g}"
+                if isinstance(value, int | float)
+                else str(value)
+            )
             ref = exp.thresholds.get(arg)
             parts.append(f"{word} {shown}" + (f" ({ref})" if ref else ""))
     if "value_set" in k:
-        parts.append("one of " + ", ".join(str(v).lower() if isinstance(v, bool) else str(v) for v in k["value_set"]))
+        parts.append(
+            "one of " + ", ".join(str(v).lower() if isinstance(v, bool) else str(v) for v in k["value_set"])
+        )
     if not parts and exp.type.endswith("not_be_null"):
         parts.append("not empty")
     return "; ".join(parts) or "–"
@@ -359,15 +440,19 @@ def _checks(page: Page) -> str:
         for exp in exps:
             cells = []
             if first:
-                cells.append(f'<td rowspan="{len(exps)}" id="check-{_e(suite.name)}"><b>{_e(suite.name)}</b>'
-                             f'<div class="muted">{_e(suite.meaning)}</div></td>')
+                cells.append(
+                    f'<td rowspan="{len(exps)}" id="check-{_e(suite.name)}"><b>{_e(suite.name)}</b>'
+                    f'<div class="muted">{_e(suite.meaning)}</div></td>'
+                )
             first = False
             if exp is None:
                 cells.append(f'<td colspan="4" class="muted">{_e(suite.skipped_reason)}</td>')
                 cells.append(f"<td>{_badge(None)}</td>")
             else:
-                cells.append(f'<td>{_e(exp.meaning)}<div class="muted"><code>{_e(exp.type)}</code>'
-                             f'{" on " + _e(exp.column) if exp.column else ""}</div></td>')
+                cells.append(
+                    f'<td>{_e(exp.meaning)}<div class="muted"><code>{_e(exp.type)}</code>'
+                    f"{' on ' + _e(exp.column) if exp.column else ''}</div></td>"
+                )
                 cells.append(f"<td>{_e(_limit(exp))}</td>")
                 cells.append(f"<td>{_observed(suite, exp, page)}</td>")
                 cells.append(f"<td>{_badge(exp.success)}</td>")
@@ -387,7 +472,11 @@ def _observed(suite: SuiteOutcome, exp: ExpectationOutcome, page: Page) -> str:
         return f'<span class="bad">GX could not evaluate it: {_e(exp.exception)}</span>'
     if exp.unexpected_count is not None and exp.element_count is not None:
         if exp.unexpected_count == 0:
-            return f"all {_plural(exp.element_count, 'row')} within it" if exp.element_count else "no rows to check"
+            return (
+                f"all {_plural(exp.element_count, 'row')} within it"
+                if exp.element_count
+                else "no rows to check"
+            )
         text = f"{_n(exp.unexpected_count)} of {_plural(exp.element_count, 'row')} break it"
         if exp.unexpected_rows:
             links = []
@@ -398,9 +487,14 @@ def _observed(suite: SuiteOutcome, exp: ExpectationOutcome, page: Page) -> str:
                 if value is not None and exp.column and exp.column.endswith("_ms"):
                     value = fmt_ms(value)
                 shown = f"{label}: {value}" if value is not None else label
-                links.append(f'<li><a href="#{_e(anchor)}">{_e(shown)}</a></li>' if anchor else f"<li>{_e(shown)}</li>")
-            more = "" if exp.unexpected_count <= len(exp.unexpected_rows) else \
-                f"<li>… and {_n(exp.unexpected_count - len(exp.unexpected_rows))} more</li>"
+                links.append(
+                    f'<li><a href="#{_e(anchor)}">{_e(shown)}</a></li>' if anchor else f"<li>{_e(shown)}</li>"
+                )
+            more = (
+                ""
+                if exp.unexpected_count <= len(exp.unexpected_rows)
+                else f"<li>… and {_n(exp.unexpected_count - len(exp.unexpected_rows))} more</li>"
+            )
             text += f'<ul class="rows">{"".join(links)}{more}</ul>'
         return text
     if exp.observed_value is not None:
@@ -411,8 +505,10 @@ def _observed(suite: SuiteOutcome, exp: ExpectationOutcome, page: Page) -> str:
 def _identity_text(kind: str, ident: tuple) -> str:
     if kind == "divergence":
         d = dict(zip(DIVERGENCE_ID, ident, strict=True))
-        return (f"{d['type']} regions {d['region_a']}↔{d['region_b']} partition {d['partition']} "
-                f"key {d['key_hex'] or '(empty)'} (store {d['store']} v{d['version']})")
+        return (
+            f"{d['type']} regions {d['region_a']}↔{d['region_b']} partition {d['partition']} "
+            f"key {d['key_hex'] or '(empty)'} (store {d['store']} v{d['version']})"
+        )
     d = dict(zip(DIV_FINDING_ID, ident, strict=True))
     return f"{d['type']} region {d['region']} {d['topic']} partition {d['partition']} offset {d['offset']}"
 
@@ -421,13 +517,21 @@ def _changes(page: Page) -> str:
     trend = page.trend
     head = '<section id="changes"><h2>What changed since the last run</h2>'
     if trend is None:
-        return head + "<p>No history directory was given (<code>--history DIR</code>), so this run is not compared " \
-                      "with earlier ones.</p></section>"
-    plot = _figure(plots.trends(trend.runs), "Findings, worst lag and pending keys across runs (oldest left).",
-                   "Trends appear from the second run on.")
+        return (
+            head
+            + "<p>No history directory was given (<code>--history DIR</code>), so this run is not compared "
+            "with earlier ones.</p></section>"
+        )
+    plot = _figure(
+        plots.trends(trend.runs),
+        "Findings, worst lag and pending keys across runs (oldest left).",
+        "Trends appear from the second run on.",
+    )
     if trend.previous is None:
-        return head + f"<p>This is the first run of store <code>{_e(page.numbers['store'])}</code> in " \
-                             f"<code>{_e(page.history_dir)}</code>; nothing to compare with yet.</p>{plot}</section>"
+        return (
+            head + f"<p>This is the first run of store <code>{_e(page.numbers['store'])}</code> in "
+            f"<code>{_e(page.history_dir)}</code>; nothing to compare with yet.</p>{plot}</section>"
+        )
     blocks = []
     for kind, label, changes, anchors in (
         ("divergence", "Divergences", trend.divergences, page.layout["divergence_anchor"]),
@@ -439,21 +543,32 @@ def _changes(page: Page) -> str:
                 anchor = anchors.get(ident)
                 text = _e(_identity_text(kind, ident))
                 cell = f'<a href="#{anchor}">{text}</a>' if anchor else text
-                rows.append(f'<tr class="st-{status.lower()}"><td><span class="badge st-{status.lower()}">{status}'
-                            f"</span></td><td>{cell}</td></tr>")
+                rows.append(
+                    f'<tr class="st-{status.lower()}"><td><span class="badge st-{status.lower()}">{status}'
+                    f"</span></td><td>{cell}</td></tr>"
+                )
             if len(idents) > MAX_ROWS:
-                rows.append(f'<tr><td></td><td class="muted">… and {_n(len(idents) - MAX_ROWS)} more {status.lower()}'
-                            "</td></tr>")
-        summary = (f"{_n(len(changes.new))} new, {_n(len(changes.still))} still present, "
-                   f"{_n(len(changes.healed))} healed")
-        body = _table(["", "finding"], rows, "changes") if rows else '<p class="empty">None in either run.</p>'
+                rows.append(
+                    f'<tr><td></td><td class="muted">… and {_n(len(idents) - MAX_ROWS)} more {status.lower()}'
+                    "</td></tr>"
+                )
+        summary = (
+            f"{_n(len(changes.new))} new, {_n(len(changes.still))} still present, "
+            f"{_n(len(changes.healed))} healed"
+        )
+        body = (
+            _table(["", "finding"], rows, "changes") if rows else '<p class="empty">None in either run.</p>'
+        )
         blocks.append(f"<h3>{_e(label)}: {_e(summary)}</h3>{body}")
     prev = trend.previous
-    return head + f"""
-  <p>Compared with the run of <b>{_e(fmt_time(prev.run_at))}</b> (result then: {_e('PASS' if prev.success else 'FAIL')},
+    return (
+        head
+        + f"""
+  <p>Compared with the run of <b>{_e(fmt_time(prev.run_at))}</b> (result then: {_e("PASS" if prev.success else "FAIL")},
   {_n(prev.divergences)} divergences, {_n(prev.fatal_div_findings)} fatal DIV findings). <b>New</b>: found now, not
   then. <b>Still</b>: found in both runs. <b>Healed</b>: found then, gone now.</p>
-  {plot}{''.join(blocks)}</section>"""
+  {plot}{"".join(blocks)}</section>"""
+    )
 
 
 def _divergences(page: Page) -> str:
@@ -465,31 +580,68 @@ def _divergences(page: Page) -> str:
     for r in pairs.itertuples(index=False):
         key = (int(r.region_a), int(r.region_b), int(r.partition))
         cls = "bad" if r.divergences or a_pair(*key) in flagged else ""
-        link = f'<a href="#{a_pair_findings(*key)}">{_n(r.divergences)}</a>' \
-            if r.divergences and a_pair_findings(*key) in page.layout["anchors"] else _n(r.divergences)
-        cells = (f'<td>{r.region_a} ↔ {r.region_b}</td><td class="num">{r.partition}</td>'
-                 f'<td class="num">{link}</td><td class="num">{_n(r.value_mismatch)}</td><td class="num">{_n(r.missing_in_a)}</td>'
-                 f'<td class="num">{_n(r.missing_in_b)}</td><td class="num">{_n(r.keys)}</td>'
-                 f'<td class="num">{_n(r.comparable_pairs)}</td><td class="num">{_n(r.skipped_pairs)}</td>'
-                 f'<td class="num">{_n(r.pending_keys)} ({r.pending_percent:.1f} %)</td>')
+        link = (
+            f'<a href="#{a_pair_findings(*key)}">{_n(r.divergences)}</a>'
+            if r.divergences and a_pair_findings(*key) in page.layout["anchors"]
+            else _n(r.divergences)
+        )
+        cells = (
+            f'<td>{r.region_a} ↔ {r.region_b}</td><td class="num">{r.partition}</td>'
+            f'<td class="num">{link}</td><td class="num">{_n(r.value_mismatch)}</td><td class="num">{_n(r.missing_in_a)}</td>'
+            f'<td class="num">{_n(r.missing_in_b)}</td><td class="num">{_n(r.keys)}</td>'
+            f'<td class="num">{_n(r.comparable_pairs)}</td><td class="num">{_n(r.skipped_pairs)}</td>'
+            f'<td class="num">{_n(r.pending_keys)} ({r.pending_percent:.1f} %)</td>'
+        )
         items.append((a_pair(*key), cls, cells, bool(cls)))
     totals = []
     for (a, b), g in pairs.groupby(["region_a", "region_b"]):
         n = int(g["divergences"].sum())
         keys, pending = int(g["keys"].sum()), int(g["pending_keys"].sum())
-        totals.append(f'<tr class="{"bad" if n else ""}"><td>{a} ↔ {b}</td><td class="num">{_n(n)}</td>'
-                      f'<td class="num">{_n(keys)}</td><td class="num">{_n(g["comparable_pairs"].sum())}</td>'
-                      f'<td class="num">{_n(g["skipped_pairs"].sum())}</td>'
-                      f'<td class="num">{_n(pending)} ({100.0 * pending / keys if keys else 0.0:.1f} %)</td></tr>')
-    summary = ("<h3>Per region pair</h3>" + _table(["region pair", "divergent keys", "keys", "record pairs compared",
-                                                     "skipped (lag)", "keys pending"], totals, "pairs")
-               + "<h3>Per region pair and partition</h3>"
-               + _split_table(["region pair", "partition", "divergent keys", "value mismatch", "missing in A",
-                               "missing in B", "keys", "record pairs compared", "skipped (lag)", "keys pending"],
-                              items, "pairs", "No partition of any region pair needs attention.",
-                              "region pairs and partitions"))
-    plot = _figure(plots.divergences_heatmap(pairs), "Divergent keys per region pair (rows) and partition (columns).",
-                   "No divergences: every comparable key holds the same value in every region.")
+        totals.append(
+            f'<tr class="{"bad" if n else ""}"><td>{a} ↔ {b}</td><td class="num">{_n(n)}</td>'
+            f'<td class="num">{_n(keys)}</td><td class="num">{_n(g["comparable_pairs"].sum())}</td>'
+            f'<td class="num">{_n(g["skipped_pairs"].sum())}</td>'
+            f'<td class="num">{_n(pending)} ({100.0 * pending / keys if keys else 0.0:.1f} %)</td></tr>'
+        )
+    summary = (
+        "<h3>Per region pair</h3>"
+        + _table(
+            [
+                "region pair",
+                "divergent keys",
+                "keys",
+                "record pairs compared",
+                "skipped (lag)",
+                "keys pending",
+            ],
+            totals,
+            "pairs",
+        )
+        + "<h3>Per region pair and partition</h3>"
+        + _split_table(
+            [
+                "region pair",
+                "partition",
+                "divergent keys",
+                "value mismatch",
+                "missing in A",
+                "missing in B",
+                "keys",
+                "record pairs compared",
+                "skipped (lag)",
+                "keys pending",
+            ],
+            items,
+            "pairs",
+            "No partition of any region pair needs attention.",
+            "region pairs and partitions",
+        )
+    )
+    plot = _figure(
+        plots.divergences_heatmap(pairs),
+        "Divergent keys per region pair (rows) and partition (columns).",
+        "No divergences: every comparable key holds the same value in every region.",
+    )
     detail = ""
     if len(rows_df):
         ordered = page.layout["divergence_order"]
@@ -498,23 +650,42 @@ def _divergences(page: Page) -> str:
             r = rows_df.iloc[i]
             group = (int(r["region_a"]), int(r["region_b"]), int(r["partition"]))
             if group != last_group:
-                out.append(f'<tr class="group" id="{a_pair_findings(*group)}"><th colspan="6">regions {group[0]} ↔ '
-                           f'{group[1]}, partition {group[2]}</th></tr>')
+                out.append(
+                    f'<tr class="group" id="{a_pair_findings(*group)}"><th colspan="6">regions {group[0]} ↔ '
+                    f"{group[1]}, partition {group[2]}</th></tr>"
+                )
                 last_group = group
             status = statuses.get(i, "")
             badge = f' <span class="badge st-{status.lower()}">{status}</span>' if status else ""
             out.append(
                 f'<tr id="lf-{i}"><td>{_e(r["type"])}{badge}</td><td>{_key_cell(r["key"])}'
                 f'<div class="muted">key hash {_e(r["key_hash"])}</div></td>'
-                f'{_side(r, "a")}{_side(r, "b")}'
-                f'<td class="muted">{_e(r["store"])} v{_e(r["version"])}</td></tr>')
-        more = f'<p class="muted">Showing {_n(MAX_ROWS)} of {_n(len(rows_df))} rows; all are in ' \
-               f'<code>{_e(page.inputs.leapfrog.path / "inconsistencies")}</code>.</p>' if len(rows_df) > MAX_ROWS else ""
-        detail = "<h3>Every divergent key</h3><p>Region A is the lower region id of the pair. Offsets are VT " \
-                 "offsets; a vector holds, per region, the RT offset the record was derived from (−1: nothing " \
-                 "from that region); the high-water mark is the one the record was judged with.</p>" + \
-                 _table(["type", "key (hex)", "region A: offset · value hash · vector · high-water mark",
-                         "region B: offset · value hash · vector · high-water mark", "store"], out, "findings") + more
+                f"{_side(r, 'a')}{_side(r, 'b')}"
+                f'<td class="muted">{_e(r["store"])} v{_e(r["version"])}</td></tr>'
+            )
+        more = (
+            f'<p class="muted">Showing {_n(MAX_ROWS)} of {_n(len(rows_df))} rows; all are in '
+            f"<code>{_e(page.inputs.leapfrog.path / 'inconsistencies')}</code>.</p>"
+            if len(rows_df) > MAX_ROWS
+            else ""
+        )
+        detail = (
+            "<h3>Every divergent key</h3><p>Region A is the lower region id of the pair. Offsets are VT "
+            "offsets; a vector holds, per region, the RT offset the record was derived from (−1: nothing "
+            "from that region); the high-water mark is the one the record was judged with.</p>"
+            + _table(
+                [
+                    "type",
+                    "key (hex)",
+                    "region A: offset · value hash · vector · high-water mark",
+                    "region B: offset · value hash · vector · high-water mark",
+                    "store",
+                ],
+                out,
+                "findings",
+            )
+            + more
+        )
     return f"""
 <section id="divergences">
   <h2>Divergences between regions</h2>
@@ -530,9 +701,11 @@ def _side(r: pd.Series, side: str) -> str:
     if offset is None:
         return '<td class="muted">no record</td>'
     deleted = " · deleted" if r[f"{side}_deleted"] else ""
-    return (f'<td><span class="num">offset {_e(offset)}</span> · hash {_e(r[f"{side}_value_hash"])}{deleted}'
-            f'<div>vector <code>{_e(_vector(r[f"{side}_vector"]))}</code></div>'
-            f'<div>HWM <code>{_e(_vector(r[f"{side}_high_watermark"]))}</code></div></td>')
+    return (
+        f'<td><span class="num">offset {_e(offset)}</span> · hash {_e(r[f"{side}_value_hash"])}{deleted}'
+        f"<div>vector <code>{_e(_vector(r[f'{side}_vector']))}</code></div>"
+        f"<div>HWM <code>{_e(_vector(r[f'{side}_high_watermark']))}</code></div></td>"
+    )
 
 
 def _div(page: Page) -> str:
@@ -543,22 +716,36 @@ def _div(page: Page) -> str:
     items = []
     for r in parts.itertuples(index=False):
         key = (int(r.region), str(r.topic), int(r.partition))
-        cls = "bad" if (r.fatal_findings or not r.read_ok or a_divp(*key) in flagged) else \
-            ("warnrow" if r.findings else "")
+        cls = (
+            "bad"
+            if (r.fatal_findings or not r.read_ok or a_divp(*key) in flagged)
+            else ("warnrow" if r.findings else "")
+        )
         anchor = a_divp_findings(*key)
-        count = f'<a href="#{anchor}">{_n(r.findings)}</a>' if r.findings and anchor in page.layout["anchors"] \
+        count = (
+            f'<a href="#{anchor}">{_n(r.findings)}</a>'
+            if r.findings and anchor in page.layout["anchors"]
             else _n(r.findings)
+        )
         read = "yes" if r.read_ok else f"NO: {r.error}"
-        cells = (f'<td class="num">{r.region}</td><td>{_e(r.topic)}</td>'
-                 f'<td class="num">{r.partition}</td><td class="num">{_n(r.records)}</td><td class="num">{count}</td>'
-                 f'<td class="num">{_n(r.fatal_findings)}</td><td class="num">{_n(r.warnings)}</td><td>{_e(read)}</td>')
+        cells = (
+            f'<td class="num">{r.region}</td><td>{_e(r.topic)}</td>'
+            f'<td class="num">{r.partition}</td><td class="num">{_n(r.records)}</td><td class="num">{count}</td>'
+            f'<td class="num">{_n(r.fatal_findings)}</td><td class="num">{_n(r.warnings)}</td><td>{_e(read)}</td>'
+        )
         items.append((a_divp(*key), cls, cells, bool(cls)))
-    summary = _split_table(["region", "topic", "partition", "records", "findings", "fatal", "warnings",
-                            "read to the end"], items, "divparts",
-                           f"All {_n(len(parts))} log partitions were read to the end without findings.",
-                           "log partitions")
-    plot = _figure(plots.div_findings_by_type(errors), "DIV findings per type: fatal (red) and warnings (amber).",
-                   "No DIV findings: every segment, sequence number and checksum checked out.")
+    summary = _split_table(
+        ["region", "topic", "partition", "records", "findings", "fatal", "warnings", "read to the end"],
+        items,
+        "divparts",
+        f"All {_n(len(parts))} log partitions were read to the end without findings.",
+        "log partitions",
+    )
+    plot = _figure(
+        plots.div_findings_by_type(errors),
+        "DIV findings per type: fatal (red) and warnings (amber).",
+        "No DIV findings: every segment, sequence number and checksum checked out.",
+    )
     detail = ""
     if len(errors):
         out, last = [], None
@@ -566,21 +753,35 @@ def _div(page: Page) -> str:
             r = errors.iloc[i]
             group = (int(r["region"]), str(r["topic"]), int(r["partition"]))
             if group != last:
-                out.append(f'<tr class="group" id="{a_divp_findings(*group)}"><th colspan="7">region {group[0]}, topic '
-                           f'{_e(group[1])}, partition {group[2]}</th></tr>')
+                out.append(
+                    f'<tr class="group" id="{a_divp_findings(*group)}"><th colspan="7">region {group[0]}, topic '
+                    f"{_e(group[1])}, partition {group[2]}</th></tr>"
+                )
                 last = group
             status = statuses.get(i, "")
             badge = f' <span class="badge st-{status.lower()}">{status}</span>' if status else ""
             fatal = bool(r["fatal"]) if r["fatal"] is not None else False
-            out.append(f'<tr id="dv-{i}" class="{"bad" if fatal else ""}"><td class="num">{_e(r["offset"])}</td>'
-                       f'<td>{_e(r["type"])}{badge}</td><td>{"fatal" if fatal else "warning"}</td>'
-                       f'<td><code>{_e(r["producer_guid"]) or "unknown"}</code></td><td class="num">{_e(r["segment"])}</td>'
-                       f'<td class="num">{_e(r["sequence"])}</td><td>{_e(r["detail"])}</td></tr>')
-        more = f'<p class="muted">Showing {_n(MAX_ROWS)} of {_n(len(errors))} rows; all are in ' \
-               f'<code>{_e(page.inputs.div.path / "errors")}</code>.</p>' if len(errors) > MAX_ROWS else ""
-        detail = "<h3>Every DIV finding</h3><p>Fatal findings come first. Segment and sequence −1: unknown.</p>" + \
-            _table(["offset", "type", "severity", "producer GUID", "segment", "sequence", "detail"], out,
-                   "findings") + more
+            out.append(
+                f'<tr id="dv-{i}" class="{"bad" if fatal else ""}"><td class="num">{_e(r["offset"])}</td>'
+                f"<td>{_e(r['type'])}{badge}</td><td>{'fatal' if fatal else 'warning'}</td>"
+                f'<td><code>{_e(r["producer_guid"]) or "unknown"}</code></td><td class="num">{_e(r["segment"])}</td>'
+                f'<td class="num">{_e(r["sequence"])}</td><td>{_e(r["detail"])}</td></tr>'
+            )
+        more = (
+            f'<p class="muted">Showing {_n(MAX_ROWS)} of {_n(len(errors))} rows; all are in '
+            f"<code>{_e(page.inputs.div.path / 'errors')}</code>.</p>"
+            if len(errors) > MAX_ROWS
+            else ""
+        )
+        detail = (
+            "<h3>Every DIV finding</h3><p>Fatal findings come first. Segment and sequence −1: unknown.</p>"
+            + _table(
+                ["offset", "type", "severity", "producer GUID", "segment", "sequence", "detail"],
+                out,
+                "findings",
+            )
+            + more
+        )
     return f"""
 <section id="div">
   <h2>Log integrity (DIV)</h2>
@@ -594,14 +795,18 @@ def _div(page: Page) -> str:
 def _lag(page: Page) -> str:
     head = '<section id="lag"><h2>Lag: how far behind each region is</h2>'
     if "lag" not in page.tables:
-        return head + "<p>Not measured: run the report with <code>--lag DIR</code> (the output of " \
-                      "<code>tidegauge lag</code>).</p></section>"
+        return (
+            head + "<p>Not measured: run the report with <code>--lag DIR</code> (the output of "
+            "<code>tidegauge lag</code>).</p></section>"
+        )
     lag = page.tables["lag"]
     limit = page.thresholds.get("max_lag_ms")
-    plot = _figure(plots.lag_over_time(page.inputs.lag.heartbeats, limit),
-                   "Heartbeat delay per region over time: time from a heartbeat's origin to its write into the "
-                   "region's version topic; the worst partition and source region in each time slice.",
-                   "No heartbeats in the lag output.")
+    plot = _figure(
+        plots.lag_over_time(page.inputs.lag.heartbeats, limit),
+        "Heartbeat delay per region over time: time from a heartbeat's origin to its write into the "
+        "region's version topic; the worst partition and source region in each time slice.",
+        "No heartbeats in the lag output.",
+    )
     flagged = _flagged(page, "lag")
     items = []
     for r in lag.itertuples(index=False):
@@ -609,33 +814,70 @@ def _lag(page: Page) -> str:
         unknown = math.isnan(r.time_lag_ms)
         anchor = a_lag(int(r.vt_region), int(r.partition), int(r.source_region))
         cls = "bad" if over or unknown or anchor in flagged else ""
-        items.append((anchor, cls,
-                    f'<td class="num">{r.vt_region}</td><td class="num">{r.partition}</td><td class="num">{r.source_region}</td>'
-                    f'<td class="num">{_e(fmt_ms(r.time_lag_ms))}</td><td class="num">{_n(r.offset_lag)}</td>'
-                    f'<td class="num">{_n(r.heartbeats)}</td><td>{_e(fmt_time(None if math.isnan(r.last_heartbeat_origin_ms) else int(r.last_heartbeat_origin_ms)))}</td>'
-                    f'<td class="num">{_n(r.last_heartbeat_vt_offset)}</td><td class="num">{_n(r.watermark)}</td>'
-                    f'<td class="num">{_n(r.rt_end_offset)}</td>', bool(cls)))
+        items.append(
+            (
+                anchor,
+                cls,
+                f'<td class="num">{r.vt_region}</td><td class="num">{r.partition}</td><td class="num">{r.source_region}</td>'
+                f'<td class="num">{_e(fmt_ms(r.time_lag_ms))}</td><td class="num">{_n(r.offset_lag)}</td>'
+                f'<td class="num">{_n(r.heartbeats)}</td><td>{_e(fmt_time(None if math.isnan(r.last_heartbeat_origin_ms) else int(r.last_heartbeat_origin_ms)))}</td>'
+                f'<td class="num">{_n(r.last_heartbeat_vt_offset)}</td><td class="num">{_n(r.watermark)}</td>'
+                f'<td class="num">{_n(r.rt_end_offset)}</td>',
+                bool(cls),
+            )
+        )
     per_region = []
     for r in page.numbers["lag"]["by_region"]:
         over = r["max_time_lag_ms"] is None or (limit is not None and r["max_time_lag_ms"] > limit)
-        per_region.append(f'<tr class="{"bad" if over else ""}"><td class="num">{r["region"]}</td>'
-                          f'<td class="num"><b>{_e(fmt_ms(r["max_time_lag_ms"]))}</b></td>'
-                          f'<td class="num">{_e(r["worst_partition"])}</td><td class="num">{_e(r["worst_source_region"])}</td>'
-                          f'<td class="num">{_n(r["max_offset_lag"])}</td></tr>')
+        per_region.append(
+            f'<tr class="{"bad" if over else ""}"><td class="num">{r["region"]}</td>'
+            f'<td class="num"><b>{_e(fmt_ms(r["max_time_lag_ms"]))}</b></td>'
+            f'<td class="num">{_e(r["worst_partition"])}</td><td class="num">{_e(r["worst_source_region"])}</td>'
+            f'<td class="num">{_n(r["max_offset_lag"])}</td></tr>'
+        )
     now = page.inputs.lag.now_ms
-    return head + f"""
+    return (
+        head
+        + f"""
   <p>Time lag: how old the newest heartbeat from a source region is in a region's version topic
-  {"at " + _e(fmt_time(now)) if now else ""}. Offset lag: records of the source region's real-time topic not yet
-  covered by the watermark (blank when the real-time topic was not readable). Limit: {_e(fmt_ms(limit)) if limit is not None else "none"}.</p>
+  {
+            "at " + _e(fmt_time(now)) if now else ""
+        }. Offset lag: records of the source region's real-time topic not yet
+  covered by the watermark (blank when the real-time topic was not readable). Limit: {
+            _e(fmt_ms(limit)) if limit is not None else "none"
+        }.</p>
   {plot}
   <h3>Per region (worst partition and source region)</h3>
-  {_table(["region", "time lag", "worst partition", "from region", "worst offset lag (records)"], per_region, "lagr")}
+  {
+            _table(
+                ["region", "time lag", "worst partition", "from region", "worst offset lag (records)"],
+                per_region,
+                "lagr",
+            )
+        }
   <h3>Over the limit or unknown</h3>
-  {_split_table(["region", "partition", "source region", "time lag", "offset lag (records)", "heartbeats",
-                 "last heartbeat origin", "its VT offset", "watermark", "RT end offset"], items, "lagt",
+  {
+            _split_table(
+                [
+                    "region",
+                    "partition",
+                    "source region",
+                    "time lag",
+                    "offset lag (records)",
+                    "heartbeats",
+                    "last heartbeat origin",
+                    "its VT offset",
+                    "watermark",
+                    "RT end offset",
+                ],
+                items,
+                "lagt",
                 "Every region, partition and source region is within the limit.",
-                "regions x partitions x source regions")}
+                "regions x partitions x source regions",
+            )
+        }
 </section>"""
+    )
 
 
 def _heartbeats(page: Page) -> str:
@@ -644,31 +886,49 @@ def _heartbeats(page: Page) -> str:
     items = []
     for r in grid.itertuples(index=False):
         anchor = a_hb(int(r.region), int(r.partition))
-        bad = r.min_heartbeats_from_a_region < page.thresholds.get("min_heartbeats_per_region", 1) \
-            or anchor in flagged or not r.reported
+        bad = (
+            r.min_heartbeats_from_a_region < page.thresholds.get("min_heartbeats_per_region", 1)
+            or anchor in flagged
+            or not r.reported
+        )
         missing = r.regions_without_heartbeats or "none"
         note = "" if r.reported else "not in the leapfrog output"
         if r.error:
             note = f"{note}; {r.error}" if note else r.error
-        items.append((anchor, "bad" if bad else "",
-                      f'<td class="num">{r.region}</td><td class="num">{r.partition}</td><td class="num">{_n(r.heartbeats)}</td>'
-                      f"<td>{_e(r.heartbeats_by_origin)}</td><td>{_e(missing)}</td><td>{_e(note)}</td>", bad))
+        items.append(
+            (
+                anchor,
+                "bad" if bad else "",
+                f'<td class="num">{r.region}</td><td class="num">{r.partition}</td><td class="num">{_n(r.heartbeats)}</td>'
+                f"<td>{_e(r.heartbeats_by_origin)}</td><td>{_e(missing)}</td><td>{_e(note)}</td>",
+                bad,
+            )
+        )
     return f"""
 <section id="heartbeats">
   <h2>Heartbeats</h2>
   <p>Every region's leaders write heartbeats that every region replicates. A partition without heartbeats from some
   region cannot be checked against it (Leap Frog cannot tell lag from divergence there).</p>
-  {_split_table(["region", "partition", "heartbeats", "from each region", "regions with none", "note"], items, "hbt",
-                f"All {_n(len(grid))} region partitions hold heartbeats from every region.", "region partitions")}
+  {
+        _split_table(
+            ["region", "partition", "heartbeats", "from each region", "regions with none", "note"],
+            items,
+            "hbt",
+            f"All {_n(len(grid))} region partitions hold heartbeats from every region.",
+            "region partitions",
+        )
+    }
 </section>"""
 
 
 def _coverage(page: Page) -> str:
     pairs = page.tables["pairs"]
     c = page.numbers["coverage"]
-    plot = _figure(plots.coverage(pairs, page.thresholds.get("max_pending_percent")),
-                   "Keys still pending per region pair and partition (percent of its keys; dashed line: limit).",
-                   "No region pairs in the leapfrog output.")
+    plot = _figure(
+        plots.coverage(pairs, page.thresholds.get("max_pending_percent")),
+        "Keys still pending per region pair and partition (percent of its keys; dashed line: limit).",
+        "No region pairs in the leapfrog output.",
+    )
     return f"""
 <section id="coverage">
   <h2>Coverage</h2>
@@ -683,12 +943,20 @@ def _coverage(page: Page) -> str:
 def _decoding(page: Page) -> str:
     table = page.tables["decoding"]
     bad = table[(table["undecodable"] > 0) | (table["out_of_range"] > 0)]
-    rows = [f'<tr id="{a_dec(r.job, r.region, r.topic, r.partition)}" class="bad"><td>{_e(r.job)}</td>'
-            f'<td class="num">{r.region}</td><td>{_e(r.topic)}</td><td class="num">{r.partition}</td>'
-            f'<td class="num">{_n(r.undecodable)}</td><td class="num">{_n(r.out_of_range)}</td>'
-            f'<td><code>{_e(r.offsets)}</code></td></tr>' for r in bad.itertuples(index=False)]
-    body = _table(["job", "region", "topic", "partition", "undecodable", "out of range", "offsets"], rows, "dect") \
-        if rows else f'<p class="empty">Every record of {_n(len(table))} log partitions decoded.</p>'
+    rows = [
+        f'<tr id="{a_dec(r.job, r.region, r.topic, r.partition)}" class="bad"><td>{_e(r.job)}</td>'
+        f'<td class="num">{r.region}</td><td>{_e(r.topic)}</td><td class="num">{r.partition}</td>'
+        f'<td class="num">{_n(r.undecodable)}</td><td class="num">{_n(r.out_of_range)}</td>'
+        f"<td><code>{_e(r.offsets)}</code></td></tr>"
+        for r in bad.itertuples(index=False)
+    ]
+    body = (
+        _table(
+            ["job", "region", "topic", "partition", "undecodable", "out of range", "offsets"], rows, "dect"
+        )
+        if rows
+        else f'<p class="empty">Every record of {_n(len(table))} log partitions decoded.</p>'
+    )
     return f"""
 <section id="decoding">
   <h2>Undecodable records</h2>
@@ -700,18 +968,24 @@ def _decoding(page: Page) -> str:
 
 def _about(page: Page) -> str:
     inp = page.inputs
-    items = [("leapfrog output", str(inp.leapfrog.path)), ("div validate output", str(inp.div.path)),
-             ("lag output", str(inp.lag.path) if inp.lag else "not given"),
-             ("history", page.history_dir or "not given"),
-             ("expectations", ", ".join(page.expectations_files)),
-             ("store", f"{page.numbers['store']} version {page.numbers['version']}"),
-             ("regions", ", ".join(str(r) for r in page.numbers["regions"])),
-             ("partitions", str(len(page.numbers["partitions"]))),
-             ("leapfrog mode", str(inp.leapfrog.summary.get("mode", "unknown"))),
-             ("jobs started", f"leapfrog {inp.leapfrog.summary.get('started_at', '?')}, div validate "
-                              f"{inp.div.summary.get('started_at', '?')}"),
-             ("Great Expectations", page.validation.gx_version),
-             ("report timings", ", ".join(f"{k} {v:.2f} s" for k, v in page.timings.items()))]
+    items = [
+        ("leapfrog output", str(inp.leapfrog.path)),
+        ("div validate output", str(inp.div.path)),
+        ("lag output", str(inp.lag.path) if inp.lag else "not given"),
+        ("history", page.history_dir or "not given"),
+        ("expectations", ", ".join(page.expectations_files)),
+        ("store", f"{page.numbers['store']} version {page.numbers['version']}"),
+        ("regions", ", ".join(str(r) for r in page.numbers["regions"])),
+        ("partitions", str(len(page.numbers["partitions"]))),
+        ("leapfrog mode", str(inp.leapfrog.summary.get("mode", "unknown"))),
+        (
+            "jobs started",
+            f"leapfrog {inp.leapfrog.summary.get('started_at', '?')}, div validate "
+            f"{inp.div.summary.get('started_at', '?')}",
+        ),
+        ("Great Expectations", page.validation.gx_version),
+        ("report timings", ", ".join(f"{k} {v:.2f} s" for k, v in page.timings.items())),
+    ]
     rows = [f"<tr><th>{_e(k)}</th><td>{_e(v)}</td></tr>" for k, v in items]
     return f"""
 <section id="about">
@@ -774,12 +1048,24 @@ nav.toc { font-size: 14px; margin: 10px 0; } nav.toc a { margin-right: 12px; }
 def render(page: Page) -> str:
     """The whole page as a string (UTF-8 when written)."""
     v = page.verdict
-    title = f"tidegauge report: {v['overall']} — store {page.numbers['store']} v{page.numbers['version']} — " \
-            f"{fmt_time(page.run_at)}"
-    toc = "".join(f'<a href="#{a}">{_e(t)}</a>' for a, t in (
-        ("checks", "Checks"), ("changes", "Changes"), ("divergences", "Divergences"), ("div", "DIV"),
-        ("lag", "Lag"), ("heartbeats", "Heartbeats"), ("coverage", "Coverage"), ("decoding", "Decoding"),
-        ("about", "About")))
+    title = (
+        f"tidegauge report: {v['overall']} — store {page.numbers['store']} v{page.numbers['version']} — "
+        f"{fmt_time(page.run_at)}"
+    )
+    toc = "".join(
+        f'<a href="#{a}">{_e(t)}</a>'
+        for a, t in (
+            ("checks", "Checks"),
+            ("changes", "Changes"),
+            ("divergences", "Divergences"),
+            ("div", "DIV"),
+            ("lag", "Lag"),
+            ("heartbeats", "Heartbeats"),
+            ("coverage", "Coverage"),
+            ("decoding", "Decoding"),
+            ("about", "About"),
+        )
+    )
     return f"""<!DOCTYPE html>
 <html lang="en">
 <head>
@@ -791,8 +1077,8 @@ def render(page: Page) -> str:
 </head>
 <body>
 <main>
-<header class="top">tidegauge nightly report · store <b>{_e(page.numbers['store'])}</b> version {_e(page.numbers['version'])}
- · regions {_e(", ".join(str(r) for r in page.numbers['regions']))} · {_n(len(page.numbers['partitions']))} partitions
+<header class="top">tidegauge nightly report · store <b>{_e(page.numbers["store"])}</b> version {_e(page.numbers["version"])}
+ · regions {_e(", ".join(str(r) for r in page.numbers["regions"]))} · {_n(len(page.numbers["partitions"]))} partitions
  · generated {_e(fmt_time(page.run_at))}</header>
 {_verdict(page)}
 <nav class="toc">{toc}</nav>
@@ -812,16 +1098,20 @@ def render(page: Page) -> str:
 
 
 def finding_layout(inputs: Inputs, trend: Trend | None) -> dict[str, Any]:
-    """Row order, anchors and new/still badges of the finding tables (shared by the page and the checks).
-
-    """
+    """Row order, anchors and new/still badges of the finding tables (shared by the page and the checks)."""
     lf_rows = inputs.leapfrog.inconsistencies
     div_rows = inputs.div.errors
-    lf_order = list(lf_rows.sort_values(["region_a", "region_b", "partition", "type"], kind="stable").index) \
-        if len(lf_rows) else []
+    lf_order = (
+        list(lf_rows.sort_values(["region_a", "region_b", "partition", "type"], kind="stable").index)
+        if len(lf_rows)
+        else []
+    )
     if len(div_rows):
-        div_order = list(div_rows.assign(_fatal=~div_rows["fatal"].fillna(False).astype(bool))
-                         .sort_values(["_fatal", "region", "topic", "partition", "offset"], kind="stable").index)
+        div_order = list(
+            div_rows.assign(_fatal=~div_rows["fatal"].fillna(False).astype(bool))
+            .sort_values(["_fatal", "region", "topic", "partition", "offset"], kind="stable")
+            .index
+        )
     else:
         div_order = []
     anchors: set[str] = set()
@@ -843,6 +1133,12 @@ def finding_layout(inputs: Inputs, trend: Trend | None) -> dict[str, Any]:
         new_lf, new_div = set(trend.divergences.new), set(trend.div_findings.new)
         lf_status = {i: ("NEW" if lf_ids[i] in new_lf else "STILL") for i in range(len(lf_ids))}
         div_status = {i: ("NEW" if div_ids[i] in new_div else "STILL") for i in range(len(div_ids))}
-    return {"anchors": anchors, "divergence_order": lf_order, "div_order": div_order,
-            "divergence_anchor": lf_anchor, "div_anchor": div_anchor,
-            "divergence_status": lf_status, "div_status": div_status}
+    return {
+        "anchors": anchors,
+        "divergence_order": lf_order,
+        "div_order": div_order,
+        "divergence_anchor": lf_anchor,
+        "div_anchor": div_anchor,
+        "divergence_status": lf_status,
+        "div_status": div_status,
+    }

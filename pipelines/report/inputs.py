@@ -151,7 +151,9 @@ def _read_dataset(path: pathlib.Path, columns: dict[str, pa.DataType], what: str
     An empty directory is an empty dataset: a job with no findings may write no part files.
     """
     if not path.is_dir():
-        raise InputError(f"{what}: {path} not found (expected a directory of Parquet files; see docs/outputs.md)")
+        raise InputError(
+            f"{what}: {path} not found (expected a directory of Parquet files; see docs/outputs.md)"
+        )
     files = sorted(p for p in path.rglob("*.parquet") if not p.name.startswith(("_", ".")))
     if not files:
         return pa.schema(list(columns.items())).empty_table().to_pandas(integer_object_nulls=True)
@@ -172,7 +174,9 @@ def _read_dataset(path: pathlib.Path, columns: dict[str, pa.DataType], what: str
         )
     for name, expected in columns.items():
         actual = table.schema.field(name).type
-        if pa.types.is_binary(expected) and not (pa.types.is_binary(actual) or pa.types.is_large_binary(actual)):
+        if pa.types.is_binary(expected) and not (
+            pa.types.is_binary(actual) or pa.types.is_large_binary(actual)
+        ):
             raise InputError(f"{what}: {path} column {name!r} is {actual}, expected binary (the key bytes)")
     return table.to_pandas(integer_object_nulls=True)
 
@@ -185,7 +189,9 @@ def load_leapfrog(path: str | pathlib.Path) -> LeapfrogOutput:
         raise InputError(f"{what}: {path} is not a directory")
     summary = _read_json(path / "summary.json", what)
     _check_job(summary, "leapfrog", path / "summary.json", what)
-    _require_fields(summary, ["store", "version", "regions", "by_pair", "by_region"], path / "summary.json", what)
+    _require_fields(
+        summary, ["store", "version", "regions", "by_pair", "by_region"], path / "summary.json", what
+    )
     rows = _read_dataset(path / "inconsistencies", INCONSISTENCY_COLUMNS, what)
     return LeapfrogOutput(path=path, summary=summary, inconsistencies=rows)
 

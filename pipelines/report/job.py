@@ -62,8 +62,9 @@ def _suite_ok(validation: ValidationRun, name: str, fallback: bool) -> bool:
     return fallback if suite is None or suite.success is None else bool(suite.success)
 
 
-def compute_verdict(numbers: dict[str, Any], validation: ValidationRun, thresholds: dict[str, float],
-                    trend: Trend | None) -> dict[str, Any]:
+def compute_verdict(
+    numbers: dict[str, Any], validation: ValidationRun, thresholds: dict[str, float], trend: Trend | None
+) -> dict[str, Any]:
     """The answers at the top of the page.
 
     The words state the data: DIVERGENT as soon as one divergent key exists, LOGS WHOLE only with no fatal
@@ -75,11 +76,19 @@ def compute_verdict(numbers: dict[str, Any], validation: ValidationRun, threshol
     ev = numbers["evidence"]
     # CONSISTENT and LOGS WHOLE are claims about evidence: only over records that were all read and decoded, by a
     # job that said so itself (an output without a verdict, from an older version, proves nothing either way)
-    regions_read = ev["leapfrog_verdict"] in ("clean", "findings") and ev["leapfrog_records"] > 0 \
-        and ev["unverified_keys"] == 0 and numbers["leapfrog_failed_partitions"] == 0 \
+    regions_read = (
+        ev["leapfrog_verdict"] in ("clean", "findings")
+        and ev["leapfrog_records"] > 0
+        and ev["unverified_keys"] == 0
+        and numbers["leapfrog_failed_partitions"] == 0
         and numbers["decoding"]["undecodable_leapfrog"] == 0
-    logs_read = ev["div_verdict"] in ("clean", "findings") and ev["div_records"] > 0 \
-        and div["failed_partitions"] == 0 and numbers["decoding"]["undecodable_div"] == 0
+    )
+    logs_read = (
+        ev["div_verdict"] in ("clean", "findings")
+        and ev["div_records"] > 0
+        and div["failed_partitions"] == 0
+        and numbers["decoding"]["undecodable_div"] == 0
+    )
     limit = thresholds.get("max_lag_ms")
     lag = {"measured": "lag" in numbers, "limit_ms": limit, "by_region": [], "any_over_limit": False}
     if "lag" in numbers:
@@ -101,24 +110,41 @@ def compute_verdict(numbers: dict[str, Any], validation: ValidationRun, threshol
         "checks_evaluated": validation.evaluated,
         "checks_failed": validation.failed,
         "checks_not_run": [s.name for s in validation.suites if s.success is None],
-        "regions": {"status": "DIVERGENT" if pairs["total"] else ("CONSISTENT" if regions_read else "UNVERIFIED"),
-                    "evidence_whole": regions_read, "unverified_keys": ev["unverified_keys"],
-                    "records": ev["leapfrog_records"],
-                    "check_passed": _suite_ok(validation, "consistency", pairs["total"] == 0),
-                    "divergences": pairs["total"], "pairs_with_divergences": pairs["region_pairs_with_divergences"],
-                    "pairs": pairs["region_pairs"]},
-        "logs": {"status": "DIV ERRORS" if div["fatal_findings"] else ("LOGS WHOLE" if logs_read else "UNVERIFIED"),
-                 "evidence_whole": logs_read, "records": ev["div_records"],
-                 "check_passed": _suite_ok(validation, "integrity", div["fatal_findings"] == 0)
-                 and _suite_ok(validation, "decoding", undecodable == 0),
-                 "fatal_findings": div["fatal_findings"], "warnings": div["warnings"], "undecodable": undecodable,
-                 "unread_partitions": div["failed_partitions"]},
+        "regions": {
+            "status": "DIVERGENT" if pairs["total"] else ("CONSISTENT" if regions_read else "UNVERIFIED"),
+            "evidence_whole": regions_read,
+            "unverified_keys": ev["unverified_keys"],
+            "records": ev["leapfrog_records"],
+            "check_passed": _suite_ok(validation, "consistency", pairs["total"] == 0),
+            "divergences": pairs["total"],
+            "pairs_with_divergences": pairs["region_pairs_with_divergences"],
+            "pairs": pairs["region_pairs"],
+        },
+        "logs": {
+            "status": "DIV ERRORS"
+            if div["fatal_findings"]
+            else ("LOGS WHOLE" if logs_read else "UNVERIFIED"),
+            "evidence_whole": logs_read,
+            "records": ev["div_records"],
+            "check_passed": _suite_ok(validation, "integrity", div["fatal_findings"] == 0)
+            and _suite_ok(validation, "decoding", undecodable == 0),
+            "fatal_findings": div["fatal_findings"],
+            "warnings": div["warnings"],
+            "undecodable": undecodable,
+            "unread_partitions": div["failed_partitions"],
+        },
         "lag": lag,
-        "heartbeats": {"ok": _suite_ok(validation, "heartbeats", True),
-                       "missing": numbers["heartbeats"]["region_partitions_missing_heartbeats"]},
-        "coverage": {"ok": _suite_ok(validation, "coverage", True), "keys": coverage["keys"],
-                     "pending_keys": coverage["pending_keys"], "pending_percent": coverage["pending_percent"],
-                     "worst_pending_percent": coverage["worst_pending_percent"]},
+        "heartbeats": {
+            "ok": _suite_ok(validation, "heartbeats", True),
+            "missing": numbers["heartbeats"]["region_partitions_missing_heartbeats"],
+        },
+        "coverage": {
+            "ok": _suite_ok(validation, "coverage", True),
+            "keys": coverage["keys"],
+            "pending_keys": coverage["pending_keys"],
+            "pending_percent": coverage["pending_percent"],
+            "worst_pending_percent": coverage["worst_pending_percent"],
+        },
         "changes": changes,
     }
 
@@ -129,16 +155,28 @@ def _write_atomic(path: pathlib.Path, text: str) -> None:
     os.replace(temporary, path)
 
 
-def _record(run_at: dt.datetime, inputs: Inputs, numbers: dict[str, Any], verdict: dict[str, Any],
-            validation: ValidationRun) -> RunRecord:
+def _record(
+    run_at: dt.datetime,
+    inputs: Inputs,
+    numbers: dict[str, Any],
+    verdict: dict[str, Any],
+    validation: ValidationRun,
+) -> RunRecord:
     from pipelines.report.history import div_finding_ids, divergence_ids
 
     return RunRecord(
-        run_at=run_at, store=numbers["store"], version=numbers["version"], success=validation.success,
-        consistent=verdict["regions"]["status"] == "CONSISTENT", logs_whole=verdict["logs"]["status"] == "LOGS WHOLE",
-        expectations_evaluated=validation.evaluated, expectations_failed=validation.failed,
-        divergences=numbers["divergences"]["total"], fatal_div_findings=numbers["div"]["fatal_findings"],
-        div_warnings=numbers["div"]["warnings"], pending_keys=numbers["coverage"]["pending_keys"],
+        run_at=run_at,
+        store=numbers["store"],
+        version=numbers["version"],
+        success=validation.success,
+        consistent=verdict["regions"]["status"] == "CONSISTENT",
+        logs_whole=verdict["logs"]["status"] == "LOGS WHOLE",
+        expectations_evaluated=validation.evaluated,
+        expectations_failed=validation.failed,
+        divergences=numbers["divergences"]["total"],
+        fatal_div_findings=numbers["div"]["fatal_findings"],
+        div_warnings=numbers["div"]["warnings"],
+        pending_keys=numbers["coverage"]["pending_keys"],
         undecodable=verdict["logs"]["undecodable"],
         max_lag_ms=(numbers.get("lag") or {}).get("max_time_lag_ms"),
         divergence_ids=divergence_ids(inputs.leapfrog.inconsistencies),
@@ -153,8 +191,13 @@ def is_evidence_check(table: str, column: str | None) -> bool:
 def exit_code_for(validation, verdict: dict) -> int:
     """1 when a check of the replicas or logs failed; else 3 when an evidence check failed or the evidence is
     not whole (every check passed, over records not all read: never a clean exit); else 0."""
-    failed = [(s.table, e.column) for s in validation.suites if s.success is False
-              for e in s.expectations if not e.success]
+    failed = [
+        (s.table, e.column)
+        for s in validation.suites
+        if s.success is False
+        for e in s.expectations
+        if not e.success
+    ]
     if any(not is_evidence_check(table, column) for table, column in failed):
         return EXIT_FAILED
     if failed or not (verdict["regions"]["evidence_whole"] and verdict["logs"]["evidence_whole"]):
@@ -167,12 +210,16 @@ def _consistency_warnings(inputs: Inputs, numbers: dict[str, Any]) -> list[str]:
     out = []
     d = numbers["divergences"]
     if d["summary_total"] != d["total"]:
-        out.append(f"{inputs.leapfrog.path / 'summary.json'} counts {d['summary_total']} findings in by_pair but "
-                   f"{inputs.leapfrog.path / 'inconsistencies'} holds {d['total']} rows; this report counts the rows.")
+        out.append(
+            f"{inputs.leapfrog.path / 'summary.json'} counts {d['summary_total']} findings in by_pair but "
+            f"{inputs.leapfrog.path / 'inconsistencies'} holds {d['total']} rows; this report counts the rows."
+        )
     claimed = inputs.div.summary.get("findings")
     if isinstance(claimed, int) and claimed != numbers["div"]["findings"]:
-        out.append(f"{inputs.div.path / 'summary.json'} counts {claimed} findings but {inputs.div.path / 'errors'} "
-                   f"holds {numbers['div']['findings']} rows; this report counts the rows.")
+        out.append(
+            f"{inputs.div.path / 'summary.json'} counts {claimed} findings but {inputs.div.path / 'errors'} "
+            f"holds {numbers['div']['findings']} rows; this report counts the rows."
+        )
     return out
 
 
@@ -195,8 +242,12 @@ def _trend_json(trend: Trend | None) -> dict[str, Any] | None:
     return {
         "previous_run_at": trend.previous.run_at.isoformat() if trend.previous else None,
         "runs": [r.counts() for r in trend.runs],
-        "divergences": {k: ids(DIVERGENCE_ID, getattr(trend.divergences, k)) for k in ("new", "still", "healed")},
-        "div_findings": {k: ids(DIV_FINDING_ID, getattr(trend.div_findings, k)) for k in ("new", "still", "healed")},
+        "divergences": {
+            k: ids(DIVERGENCE_ID, getattr(trend.divergences, k)) for k in ("new", "still", "healed")
+        },
+        "div_findings": {
+            k: ids(DIV_FINDING_ID, getattr(trend.div_findings, k)) for k in ("new", "still", "healed")
+        },
         "warnings": trend.warnings,
     }
 
@@ -254,17 +305,28 @@ def run_report(
 
     warnings_shown = list(history_warnings) + _consistency_warnings(inputs, numbers)
     page = html.Page(
-        inputs=inputs, tables=tables, numbers=numbers, validation=validation, verdict=verdict,
-        thresholds=config.thresholds, expectations_files=config.files, trend=trend,
-        history_dir=str(history_dir) if history_dir is not None else None, run_at=run_at,
-        warnings=warnings_shown, timings=timings, layout=html.finding_layout(inputs, trend),
+        inputs=inputs,
+        tables=tables,
+        numbers=numbers,
+        validation=validation,
+        verdict=verdict,
+        thresholds=config.thresholds,
+        expectations_files=config.files,
+        trend=trend,
+        history_dir=str(history_dir) if history_dir is not None else None,
+        run_at=run_at,
+        warnings=warnings_shown,
+        timings=timings,
+        layout=html.finding_layout(inputs, trend),
     )
     html_path = out / "report.html"
     _write_atomic(html_path, html.render(page))
     timings["render_s"] = time.perf_counter() - t
 
     history_path = append_run(history_dir, record) if history_dir is not None else None
-    failed = [f"{s.name}: {e.meaning or e.type}" for s in validation.suites for e in s.expectations if not e.success]
+    failed = [
+        f"{s.name}: {e.meaning or e.type}" for s in validation.suites for e in s.expectations if not e.success
+    ]
     report = {
         "job": "report",
         "tidegauge_version": _version(),
@@ -272,10 +334,13 @@ def run_report(
         "elapsed_s": round(time.perf_counter() - started, 3),
         "exit_code": exit_code,
         "sources": _sources(inputs),
-        "inputs": {"leapfrog": str(inputs.leapfrog.path), "div": str(inputs.div.path),
-                   "lag": str(inputs.lag.path) if inputs.lag else None,
-                   "history": str(history_dir) if history_dir is not None else None,
-                   "expectations": config.files},
+        "inputs": {
+            "leapfrog": str(inputs.leapfrog.path),
+            "div": str(inputs.div.path),
+            "lag": str(inputs.lag.path) if inputs.lag else None,
+            "history": str(history_dir) if history_dir is not None else None,
+            "expectations": config.files,
+        },
         "verdict": verdict,
         "summary": numbers,
         "thresholds": config.thresholds,
@@ -285,10 +350,15 @@ def run_report(
             "failed": validation.failed,
             "great_expectations_version": validation.gx_version,
             "suites": [
-                {"name": s.name, "table": s.table, "meaning": s.meaning, "success": s.success,
-                 "skipped_reason": s.skipped_reason,
-                 "expectations": [e.__dict__ for e in s.expectations],
-                 "gx_validation_result": s.gx_result}
+                {
+                    "name": s.name,
+                    "table": s.table,
+                    "meaning": s.meaning,
+                    "success": s.success,
+                    "skipped_reason": s.skipped_reason,
+                    "expectations": [e.__dict__ for e in s.expectations],
+                    "gx_validation_result": s.gx_result,
+                }
                 for s in validation.suites
             ],
         },
@@ -300,9 +370,19 @@ def run_report(
     json_path = out / "report.json"
     _write_atomic(json_path, json.dumps(report, indent=2, default=str, ensure_ascii=False) + "\n")
     return ReportResult(
-        verdict=verdict, exit_code=exit_code, html_path=html_path, json_path=json_path, history_path=history_path,
-        counts={"divergences": numbers["divergences"]["total"], "fatal_div_findings": numbers["div"]["fatal_findings"],
-                "div_findings": numbers["div"]["findings"], "pending_keys": numbers["coverage"]["pending_keys"],
-                "checks_evaluated": validation.evaluated, "checks_failed": validation.failed},
-        failed_checks=failed, timings=timings,
+        verdict=verdict,
+        exit_code=exit_code,
+        html_path=html_path,
+        json_path=json_path,
+        history_path=history_path,
+        counts={
+            "divergences": numbers["divergences"]["total"],
+            "fatal_div_findings": numbers["div"]["fatal_findings"],
+            "div_findings": numbers["div"]["findings"],
+            "pending_keys": numbers["coverage"]["pending_keys"],
+            "checks_evaluated": validation.evaluated,
+            "checks_failed": validation.failed,
+        },
+        failed_checks=failed,
+        timings=timings,
     )

@@ -30,16 +30,22 @@ def _to_svg(fig: Figure, name: str, label: str) -> str:
     with matplotlib.rc_context({"svg.fonttype": "none", "svg.hashsalt": f"tidegauge-{name}"}):
         fig.savefig(buf, format="svg", metadata={"Date": None, "Creator": None})
     svg = buf.getvalue()
-    svg = svg[svg.index("<svg"):]  # drop the XML prolog and DOCTYPE, which are invalid inside HTML
+    svg = svg[svg.index("<svg") :]  # drop the XML prolog and DOCTYPE, which are invalid inside HTML
     svg = re.sub(r"<metadata>.*?</metadata>", "", svg, count=1, flags=re.S)
     # matplotlib numbers its ids per figure (figure_1, axes_1, ...): prefix them, one page holds several plots
     svg = re.sub(r'\bid="', f'id="{name}-', svg)
     svg = re.sub(r'(xlink:href|href)="#', lambda m: f'{m.group(1)}="#{name}-', svg)
     svg = svg.replace("url(#", f"url(#{name}-")
     # scale down with the page but never beyond the drawn size (small plots would get giant letters)
-    svg = re.sub(r'<svg([^>]*?) width="([0-9.]+)pt" height="[^"]*"',
-                 lambda m: f'<svg{m.group(1)} class="plot" role="img" data-plot="{name}" '
-                           f'style="max-width: {float(m.group(2)) * 4 / 3:.0f}px"', svg, count=1)
+    svg = re.sub(
+        r'<svg([^>]*?) width="([0-9.]+)pt" height="[^"]*"',
+        lambda m: (
+            f'<svg{m.group(1)} class="plot" role="img" data-plot="{name}" '
+            f'style="max-width: {float(m.group(2)) * 4 / 3:.0f}px"'
+        ),
+        svg,
+        count=1,
+    )
     label = label.replace("&", "&amp;").replace('"', "&quot;").replace("<", "&lt;").replace(">", "&gt;")
     return svg.replace("<svg", f'<svg aria-label="{label}"', 1)
 
@@ -72,11 +78,13 @@ def lag_over_time(heartbeats: pd.DataFrame, max_lag_ms: float | None = None) -> 
     source region in each time slice, so a single stuck partition shows."""
     if heartbeats is None or not len(heartbeats):
         return None
-    frame = pd.DataFrame({
-        "region": heartbeats["vt_region"].astype("int64"),
-        "t": pd.to_numeric(heartbeats["vt_timestamp_ms"], errors="coerce"),
-        "delay_s": pd.to_numeric(heartbeats["delay_ms"], errors="coerce") / 1000.0,
-    }).dropna()
+    frame = pd.DataFrame(
+        {
+            "region": heartbeats["vt_region"].astype("int64"),
+            "t": pd.to_numeric(heartbeats["vt_timestamp_ms"], errors="coerce"),
+            "delay_s": pd.to_numeric(heartbeats["delay_ms"], errors="coerce") / 1000.0,
+        }
+    ).dropna()
     if not len(frame):
         return None
     t0, t1 = frame["t"].min(), frame["t"].max()
@@ -86,12 +94,26 @@ def lag_over_time(heartbeats: pd.DataFrame, max_lag_ms: float | None = None) -> 
     fig = _figure(9, 3.2)
     ax = fig.add_subplot()
     for i, (region, group) in enumerate(worst.groupby("region")):
-        ax.plot(group["t"], group["delay_s"], label=f"region {region}", color=_COLORS[i % len(_COLORS)],
-                linewidth=1.4, marker="o" if len(group) < 40 else None, markersize=3)
+        ax.plot(
+            group["t"],
+            group["delay_s"],
+            label=f"region {region}",
+            color=_COLORS[i % len(_COLORS)],
+            linewidth=1.4,
+            marker="o" if len(group) < 40 else None,
+            markersize=3,
+        )
     if max_lag_ms is not None:
         ax.axhline(max_lag_ms / 1000.0, color="#b00020", linestyle="--", linewidth=1)
-        ax.annotate(f"limit {max_lag_ms / 1000.0:g} s", (0.995, max_lag_ms / 1000.0),
-                    xycoords=("axes fraction", "data"), ha="right", va="bottom", color="#b00020", fontsize=8)
+        ax.annotate(
+            f"limit {max_lag_ms / 1000.0:g} s",
+            (0.995, max_lag_ms / 1000.0),
+            xycoords=("axes fraction", "data"),
+            ha="right",
+            va="bottom",
+            color="#b00020",
+            fontsize=8,
+        )
     top = max(worst["delay_s"].max(), (max_lag_ms or 0) / 1000.0)
     if top > 0 and worst["delay_s"].max() > 0 and top / max(worst["delay_s"].median(), 1e-3) > 100:
         ax.set_yscale("symlog", linthresh=1.0)
@@ -107,8 +129,9 @@ def divergences_heatmap(pairs: pd.DataFrame) -> str | None:
     """Divergent keys per region pair (rows) and partition (columns)."""
     if pairs is None or not len(pairs) or int(pairs["divergences"].sum()) == 0:
         return None
-    grid = pairs.pivot_table(index=["region_a", "region_b"], columns="partition", values="divergences",
-                             aggfunc="sum", fill_value=0)
+    grid = pairs.pivot_table(
+        index=["region_a", "region_b"], columns="partition", values="divergences", aggfunc="sum", fill_value=0
+    )
     labels = [f"{a} ↔ {b}" for a, b in grid.index]
     parts = [str(p) for p in grid.columns]
     values = grid.to_numpy()
@@ -116,14 +139,27 @@ def divergences_heatmap(pairs: pd.DataFrame) -> str | None:
     ax = fig.add_subplot()
     shown = np.where(values > 0, values, np.nan)
     # pcolormesh, not imshow: cells stay vectors (imshow would embed a bitmap in the SVG)
-    ax.pcolormesh(np.ma.masked_invalid(shown), cmap="Reds", vmin=0, vmax=max(values.max(), 1) * 1.25,
-                  edgecolors="white", linewidth=1)
+    ax.pcolormesh(
+        np.ma.masked_invalid(shown),
+        cmap="Reds",
+        vmin=0,
+        vmax=max(values.max(), 1) * 1.25,
+        edgecolors="white",
+        linewidth=1,
+    )
     ax.set_xlim(0, len(parts))
     ax.set_ylim(len(labels), 0)
     ax.set_facecolor("#f3f3f3")
     for (i, j), v in np.ndenumerate(values if len(parts) <= 32 else np.zeros((0, 0))):  # too crowded beyond
-        ax.text(j + 0.5, i + 0.5, f"{v:,}" if v else "·", ha="center", va="center", fontsize=9,
-                color="white" if v > values.max() * 0.6 else "black")
+        ax.text(
+            j + 0.5,
+            i + 0.5,
+            f"{v:,}" if v else "·",
+            ha="center",
+            va="center",
+            fontsize=9,
+            color="white" if v > values.max() * 0.6 else "black",
+        )
     ax.set_title("divergent keys (empty cell: none)", fontsize=9)
     ax.set_yticks(np.arange(len(labels)) + 0.5, labels)
     step = max(1, len(parts) // 16)
@@ -171,8 +207,10 @@ def coverage(pairs: pd.DataFrame, max_pending_percent: float | None = None) -> s
     if len(pairs) > _MAX_BARS:  # one bar per pair and partition does not scale: show the worst
         title = f"the {_MAX_BARS} worst of {len(pairs)} region pairs and partitions"
         pairs = pairs.sort_values("pending_percent", ascending=False, kind="stable").head(_MAX_BARS)
-    labels = [f"{a} ↔ {b} p{p}" for a, b, p in zip(pairs["region_a"], pairs["region_b"], pairs["partition"],
-                                                      strict=True)]
+    labels = [
+        f"{a} ↔ {b} p{p}"
+        for a, b, p in zip(pairs["region_a"], pairs["region_b"], pairs["partition"], strict=True)
+    ]
     values = pairs["pending_percent"].to_numpy(dtype=float)
     fig = _figure(8, 0.9 + 0.28 * len(labels))
     ax = fig.add_subplot()
@@ -202,11 +240,20 @@ def trends(runs: Sequence[Any]) -> str | None:
     fig = _figure(9, 3.0)
     axes = fig.subplots(1, 3)
     series = [
-        (axes[0], "findings", [("divergences", [r.divergences for r in runs], "#d62728"),
-                               ("fatal DIV findings", [r.fatal_div_findings for r in runs], "#8c1c13"),
-                               ("DIV warnings", [r.div_warnings for r in runs], "#f0a030")]),
-        (axes[1], "worst lag (s)", [("lag", [np.nan if r.max_lag_ms is None else r.max_lag_ms / 1000.0
-                                             for r in runs], "#1f77b4")]),
+        (
+            axes[0],
+            "findings",
+            [
+                ("divergences", [r.divergences for r in runs], "#d62728"),
+                ("fatal DIV findings", [r.fatal_div_findings for r in runs], "#8c1c13"),
+                ("DIV warnings", [r.div_warnings for r in runs], "#f0a030"),
+            ],
+        ),
+        (
+            axes[1],
+            "worst lag (s)",
+            [("lag", [np.nan if r.max_lag_ms is None else r.max_lag_ms / 1000.0 for r in runs], "#1f77b4")],
+        ),
         (axes[2], "keys pending", [("pending keys", [r.pending_keys for r in runs], "#4a90d9")]),
     ]
     for ax, title, lines in series:
@@ -219,8 +266,14 @@ def trends(runs: Sequence[Any]) -> str | None:
         span = when.max() - when.min()
         ticks = np.linspace(when.min(), when.max(), 3)
         ax.set_xticks(ticks)
-        ax.set_xticklabels([pd.Timestamp(int(t), unit="ms", tz="UTC").strftime("%m-%d" if span > 2 * 86_400_000
-                                                                                 else "%m-%d %H:%M")
-                            for t in ticks], fontsize=7)
+        ax.set_xticklabels(
+            [
+                pd.Timestamp(int(t), unit="ms", tz="UTC").strftime(
+                    "%m-%d" if span > 2 * 86_400_000 else "%m-%d %H:%M"
+                )
+                for t in ticks
+            ],
+            fontsize=7,
+        )
     axes[0].legend(loc="upper left", frameon=False, fontsize=7)
     return _to_svg(fig, "trends", "Findings, worst lag and pending keys across report runs")

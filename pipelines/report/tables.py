@@ -42,9 +42,18 @@ def pairs_table(lf: LeapfrogOutput) -> pd.DataFrame:
     def row(a: int, b: int, p: int) -> dict[str, Any]:
         return rows.setdefault(
             (a, b, p),
-            {"region_a": a, "region_b": b, "partition": p, "keys": 0, "comparable_pairs": 0,
-             "skipped_pairs": 0, "pending_keys": 0, "summary_divergences": 0, "divergences": 0,
-             **{t.lower(): 0 for t in DIVERGENCE_TYPES}},
+            {
+                "region_a": a,
+                "region_b": b,
+                "partition": p,
+                "keys": 0,
+                "comparable_pairs": 0,
+                "skipped_pairs": 0,
+                "pending_keys": 0,
+                "summary_divergences": 0,
+                "divergences": 0,
+                **{t.lower(): 0 for t in DIVERGENCE_TYPES},
+            },
         )
 
     for entry in lf.summary.get("by_pair") or []:
@@ -63,8 +72,18 @@ def pairs_table(lf: LeapfrogOutput) -> pd.DataFrame:
                 r[str(kind).lower()] += int(n)
     table = pd.DataFrame(
         list(rows.values()),
-        columns=["region_a", "region_b", "partition", "keys", "comparable_pairs", "skipped_pairs",
-                 "pending_keys", "summary_divergences", "divergences", *[t.lower() for t in DIVERGENCE_TYPES]],
+        columns=[
+            "region_a",
+            "region_b",
+            "partition",
+            "keys",
+            "comparable_pairs",
+            "skipped_pairs",
+            "pending_keys",
+            "summary_divergences",
+            "divergences",
+            *[t.lower() for t in DIVERGENCE_TYPES],
+        ],
     )
     for col in table.columns:
         table[col] = table[col].astype("int64")
@@ -80,8 +99,17 @@ def div_partitions_table(div: DivOutput) -> pd.DataFrame:
     def row(region: int, topic: str, partition: int) -> dict[str, Any]:
         return rows.setdefault(
             (region, topic, partition),
-            {"region": region, "topic": topic, "partition": partition, "records": 0, "findings": 0,
-             "fatal_findings": 0, "warnings": 0, "read_ok": True, "error": ""},
+            {
+                "region": region,
+                "topic": topic,
+                "partition": partition,
+                "records": 0,
+                "findings": 0,
+                "fatal_findings": 0,
+                "warnings": 0,
+                "read_ok": True,
+                "error": "",
+            },
         )
 
     for entry in div.summary.get("partitions") or []:
@@ -102,8 +130,17 @@ def div_partitions_table(div: DivOutput) -> pd.DataFrame:
             r["warnings"] += len(group) - n_fatal
     table = pd.DataFrame(
         list(rows.values()),
-        columns=["region", "topic", "partition", "records", "findings", "fatal_findings", "warnings",
-                 "read_ok", "error"],
+        columns=[
+            "region",
+            "topic",
+            "partition",
+            "records",
+            "findings",
+            "fatal_findings",
+            "warnings",
+            "read_ok",
+            "error",
+        ],
     )
     for col in ("region", "partition", "records", "findings", "fatal_findings", "warnings"):
         table[col] = table[col].astype("int64")
@@ -137,22 +174,39 @@ def heartbeat_grid(lf: LeapfrogOutput) -> pd.DataFrame:
     for region in lf.regions:
         for partition in _partitions(lf):
             entry = by_key.get((region, partition))
-            by_origin = {_int(k): _int(v) for k, v in ((entry or {}).get("heartbeats_by_origin") or {}).items()}
+            by_origin = {
+                _int(k): _int(v) for k, v in ((entry or {}).get("heartbeats_by_origin") or {}).items()
+            }
             counts = [by_origin.get(origin, 0) for origin in lf.regions]
-            rows.append({
-                "region": region,
-                "partition": partition,
-                "reported": entry is not None,
-                "heartbeats": _int((entry or {}).get("heartbeats")),
-                "min_heartbeats_from_a_region": min(counts) if counts else 0,
-                "regions_without_heartbeats": ", ".join(str(o) for o, n in zip(lf.regions, counts, strict=True)
-                                                        if n == 0),
-                "heartbeats_by_origin": ", ".join(f"{o}: {n}" for o, n in zip(lf.regions, counts, strict=True)),
-                "error": failed.get((region, partition), ""),
-            })
-    table = pd.DataFrame(rows, columns=["region", "partition", "reported", "heartbeats",
-                                        "min_heartbeats_from_a_region", "regions_without_heartbeats",
-                                        "heartbeats_by_origin", "error"])
+            rows.append(
+                {
+                    "region": region,
+                    "partition": partition,
+                    "reported": entry is not None,
+                    "heartbeats": _int((entry or {}).get("heartbeats")),
+                    "min_heartbeats_from_a_region": min(counts) if counts else 0,
+                    "regions_without_heartbeats": ", ".join(
+                        str(o) for o, n in zip(lf.regions, counts, strict=True) if n == 0
+                    ),
+                    "heartbeats_by_origin": ", ".join(
+                        f"{o}: {n}" for o, n in zip(lf.regions, counts, strict=True)
+                    ),
+                    "error": failed.get((region, partition), ""),
+                }
+            )
+    table = pd.DataFrame(
+        rows,
+        columns=[
+            "region",
+            "partition",
+            "reported",
+            "heartbeats",
+            "min_heartbeats_from_a_region",
+            "regions_without_heartbeats",
+            "heartbeats_by_origin",
+            "error",
+        ],
+    )
     for col in ("region", "partition", "heartbeats", "min_heartbeats_from_a_region"):
         table[col] = table[col].astype("int64")
     return table
@@ -163,8 +217,15 @@ def lag_table(lag: LagOutput) -> pd.DataFrame:
     table = lag.lag.copy()
     for col in ("vt_region", "partition", "source_region"):
         table[col] = table[col].astype("int64")
-    for col in ("heartbeats", "last_heartbeat_vt_offset", "last_heartbeat_origin_ms", "time_lag_ms",
-                "watermark", "rt_end_offset", "offset_lag"):
+    for col in (
+        "heartbeats",
+        "last_heartbeat_vt_offset",
+        "last_heartbeat_origin_ms",
+        "time_lag_ms",
+        "watermark",
+        "rt_end_offset",
+        "offset_lag",
+    ):
         table[col] = pd.to_numeric(table[col], errors="coerce").astype("float64")
     return table.sort_values(["vt_region", "partition", "source_region"], ignore_index=True)
 
@@ -175,10 +236,17 @@ def decoding_table(lf: LeapfrogOutput, div: DivOutput, div_parts: pd.DataFrame) 
     rows = []
     for e in lf.summary.get("by_region") or []:
         offsets = list(e.get("undecodable_offsets") or [])
-        rows.append({"job": "leapfrog", "region": _int(e.get("region")), "topic": vt_topic,
-                     "partition": _int(e.get("partition")), "undecodable": _int(e.get("undecodable")),
-                     "out_of_range": _int(e.get("out_of_range")),
-                     "offsets": ", ".join(str(o) for o in offsets[:20]) + (" ..." if len(offsets) > 20 else "")})
+        rows.append(
+            {
+                "job": "leapfrog",
+                "region": _int(e.get("region")),
+                "topic": vt_topic,
+                "partition": _int(e.get("partition")),
+                "undecodable": _int(e.get("undecodable")),
+                "out_of_range": _int(e.get("out_of_range")),
+                "offsets": ", ".join(str(o) for o in offsets[:20]) + (" ..." if len(offsets) > 20 else ""),
+            }
+        )
     bad = div.errors[div.errors["type"] == "UNDECODABLE"] if len(div.errors) else div.errors
     undecodable: dict[tuple[int, str, int], list[int]] = {}
     for r in bad.itertuples(index=False):
@@ -186,11 +254,20 @@ def decoding_table(lf: LeapfrogOutput, div: DivOutput, div_parts: pd.DataFrame) 
     keys = {(int(r.region), str(r.topic), int(r.partition)) for r in div_parts.itertuples(index=False)}
     for key in sorted(keys | set(undecodable)):
         offsets = sorted(undecodable.get(key, []))
-        rows.append({"job": "div validate", "region": key[0], "topic": key[1], "partition": key[2],
-                     "undecodable": len(offsets), "out_of_range": 0,
-                     "offsets": ", ".join(str(o) for o in offsets[:20]) + (" ..." if len(offsets) > 20 else "")})
-    table = pd.DataFrame(rows, columns=["job", "region", "topic", "partition", "undecodable", "out_of_range",
-                                        "offsets"])
+        rows.append(
+            {
+                "job": "div validate",
+                "region": key[0],
+                "topic": key[1],
+                "partition": key[2],
+                "undecodable": len(offsets),
+                "out_of_range": 0,
+                "offsets": ", ".join(str(o) for o in offsets[:20]) + (" ..." if len(offsets) > 20 else ""),
+            }
+        )
+    table = pd.DataFrame(
+        rows, columns=["job", "region", "topic", "partition", "undecodable", "out_of_range", "offsets"]
+    )
     for col in ("region", "partition", "undecodable", "out_of_range"):
         table[col] = table[col].astype("int64")
     return table
@@ -217,14 +294,16 @@ def lag_by_region(lag: pd.DataFrame) -> list[dict[str, Any]]:
         known = group.dropna(subset=["time_lag_ms"])
         worst = known.loc[known["time_lag_ms"].idxmax()] if len(known) else None
         offset_lag = group["offset_lag"].dropna()
-        out.append({
-            "region": int(region),
-            "max_time_lag_ms": int(worst["time_lag_ms"]) if worst is not None else None,
-            "worst_partition": int(worst["partition"]) if worst is not None else None,
-            "worst_source_region": int(worst["source_region"]) if worst is not None else None,
-            "max_offset_lag": int(offset_lag.max()) if len(offset_lag) else None,
-            "unknown": int(group["time_lag_ms"].isna().sum()),
-        })
+        out.append(
+            {
+                "region": int(region),
+                "max_time_lag_ms": int(worst["time_lag_ms"]) if worst is not None else None,
+                "worst_partition": int(worst["partition"]) if worst is not None else None,
+                "worst_source_region": int(worst["source_region"]) if worst is not None else None,
+                "max_offset_lag": int(offset_lag.max()) if len(offset_lag) else None,
+                "unknown": int(group["time_lag_ms"].isna().sum()),
+            }
+        )
     return out
 
 
@@ -248,7 +327,9 @@ def summary_numbers(inputs: Inputs, tables: dict[str, pd.DataFrame]) -> dict[str
         "divergences": {
             "total": int(pairs["divergences"].sum()),
             "by_type": {t: int(pairs[t.lower()].sum()) for t in DIVERGENCE_TYPES},
-            "region_pairs_with_divergences": int(divergent[["region_a", "region_b"]].drop_duplicates().shape[0]),
+            "region_pairs_with_divergences": int(
+                divergent[["region_a", "region_b"]].drop_duplicates().shape[0]
+            ),
             "region_pairs": int(pairs[["region_a", "region_b"]].drop_duplicates().shape[0]),
             "summary_total": int(pairs["summary_divergences"].sum()),
         },
@@ -278,8 +359,11 @@ def summary_numbers(inputs: Inputs, tables: dict[str, pd.DataFrame]) -> dict[str
             "undecodable_leapfrog": int(decoding.loc[decoding["job"] == "leapfrog", "undecodable"].sum()),
             "undecodable_div": int(decoding.loc[decoding["job"] == "div validate", "undecodable"].sum()),
             # both jobs read the same VT partitions: a record neither could decode is one record, counted once
-            "undecodable_records": int(decoding.groupby(["region", "topic", "partition"])["undecodable"].max().sum())
-            if len(decoding) else 0,
+            "undecodable_records": int(
+                decoding.groupby(["region", "topic", "partition"])["undecodable"].max().sum()
+            )
+            if len(decoding)
+            else 0,
         },
         "leapfrog_failed_partitions": len(lf.summary.get("failed_partitions") or []),
         "evidence": {

@@ -59,27 +59,53 @@ EPILOG = textwrap.dedent("""\
 
 
 def register(sub) -> None:
-    p = sub.add_parser("simulate", help="simulate an active/active store on Kafka; archive it; write the truth",
-                       description=HELP, epilog=EPILOG, formatter_class=argparse.RawDescriptionHelpFormatter)
-    p.add_argument("--out", required=True, metavar="DIR", help="output directory (its archive/ must be empty)")
-    p.add_argument("--conf", metavar="FILE", help="YAML configuration (default: conf/simulate.yaml when present)")
+    p = sub.add_parser(
+        "simulate",
+        help="simulate an active/active store on Kafka; archive it; write the truth",
+        description=HELP,
+        epilog=EPILOG,
+        formatter_class=argparse.RawDescriptionHelpFormatter,
+    )
+    p.add_argument(
+        "--out", required=True, metavar="DIR", help="output directory (its archive/ must be empty)"
+    )
+    p.add_argument(
+        "--conf", metavar="FILE", help="YAML configuration (default: conf/simulate.yaml when present)"
+    )
     p.add_argument("--seed", type=int, metavar="N", help="seed of everything random (default 1)")
     p.add_argument("--regions", type=int, metavar="N", help="number of regions (default 3)")
     p.add_argument("--partitions", type=int, metavar="P", help="partitions of every RT and VT (default 4)")
-    p.add_argument("--records", type=int, metavar="N",
-                   help="online writes, all regions together; each VT receives about this many records minus "
-                        "conflict-resolution losers (default 20000)")
-    p.add_argument("--faults", metavar="SPEC",
-                   help="faults to inject, e.g. dropped=2,poisoned=1,failover=1 (see below; default: none)")
-    p.add_argument("--kafka", nargs="+", metavar="embedded|REGION=BOOTSTRAP",
-                   help="`embedded` (default: one librdkafka mock cluster per region) or one REGION=host:port "
-                        "per region for real clusters (topics <store>_rt and <store>_v<version> are created)")
-    p.add_argument("--legacy-rmd", action="store_true",
-                   help="also write Venice's per-record replication_checkpoint_vector in every RMD payload, to "
-                        "compare its cost with heartbeats on the same traffic")
-    p.add_argument("--workers", choices=["process", "inline"],
-                   help="process: each region's leaders and followers in a process of their own (default); "
-                        "inline: everything in this process")
+    p.add_argument(
+        "--records",
+        type=int,
+        metavar="N",
+        help="online writes, all regions together; each VT receives about this many records minus "
+        "conflict-resolution losers (default 20000)",
+    )
+    p.add_argument(
+        "--faults",
+        metavar="SPEC",
+        help="faults to inject, e.g. dropped=2,poisoned=1,failover=1 (see below; default: none)",
+    )
+    p.add_argument(
+        "--kafka",
+        nargs="+",
+        metavar="embedded|REGION=BOOTSTRAP",
+        help="`embedded` (default: one librdkafka mock cluster per region) or one REGION=host:port "
+        "per region for real clusters (topics <store>_rt and <store>_v<version> are created)",
+    )
+    p.add_argument(
+        "--legacy-rmd",
+        action="store_true",
+        help="also write Venice's per-record replication_checkpoint_vector in every RMD payload, to "
+        "compare its cost with heartbeats on the same traffic",
+    )
+    p.add_argument(
+        "--workers",
+        choices=["process", "inline"],
+        help="process: each region's leaders and followers in a process of their own (default); "
+        "inline: everything in this process",
+    )
     p.add_argument("--no-progress", action="store_true", help="no progress lines on stderr")
     p.set_defaults(func=run)
 
@@ -100,9 +126,13 @@ def build_config(args):
     except ConfigError as exc:
         raise UsageError(f"--conf {path}: {exc}") from None
     try:
-        changes = {"out": args.out, "kafka_conf": {str(k): v for k, v in (data.get("kafka") or {}).items()},
-                   "kafka_conf_by_region": {int(r): dict(v or {}) for r, v in
-                                            (data.get("kafka_by_region") or {}).items()}}
+        changes = {
+            "out": args.out,
+            "kafka_conf": {str(k): v for k, v in (data.get("kafka") or {}).items()},
+            "kafka_conf_by_region": {
+                int(r): dict(v or {}) for r, v in (data.get("kafka_by_region") or {}).items()
+            },
+        }
         for name in ("seed", "regions", "partitions", "records", "workers"):
             value = getattr(args, name)
             if value is not None:

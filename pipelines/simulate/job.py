@@ -52,26 +52,36 @@ def run(cfg: SimConfig) -> int:
 
 def format_summary(s: dict, truth_path: str, summary_path: str) -> str:
     """The human summary printed at the end of a run."""
-    lines = [f"simulated {s['regions']} regions x {s['partitions']} partitions, {s['records']:,} writes, seed "
-             f"{s['seed']}{' (legacy RMD vectors)' if s['legacy_rmd'] else ''} in {duration(s['elapsed_s'] * 1000)} "
-             f"({s['records_per_s']:,} records/s)"]
+    lines = [
+        f"simulated {s['regions']} regions x {s['partitions']} partitions, {s['records']:,} writes, seed "
+        f"{s['seed']}{' (legacy RMD vectors)' if s['legacy_rmd'] else ''} in {duration(s['elapsed_s'] * 1000)} "
+        f"({s['records_per_s']:,} records/s)"
+    ]
     rt_topic = f"{s['store']}_rt"
     vt_topic = f"{s['store']}_v{s['version']}"
-    lines.append(f"{'region':<7} {'RT records':>11} {'VT records':>11} {'VT heartbeats':>14} "
-                 f"{'leader RT DIV':>14} {'follower DIV':>13}  archive")
+    lines.append(
+        f"{'region':<7} {'RT records':>11} {'VT records':>11} {'VT heartbeats':>14} "
+        f"{'leader RT DIV':>14} {'follower DIV':>13}  archive"
+    )
     for x, topics in sorted(s["topics"].items(), key=lambda kv: int(kv[0])):
         fol = s["followers"][x]
         leader_findings = sum(s["leaders"][x]["rt_div_findings"].values())
-        lines.append(f"dc-{x:<4} {topics[rt_topic]['records']:>11,} {topics[vt_topic]['records']:>11,} "
-                     f"{fol['metadata_bytes']['vt_heartbeats']:>14,} {leader_findings:>14,} "
-                     f"{sum(fol['div_findings'].values()):>13,}  {s['archives'][x]}")
+        lines.append(
+            f"dc-{x:<4} {topics[rt_topic]['records']:>11,} {topics[vt_topic]['records']:>11,} "
+            f"{fol['metadata_bytes']['vt_heartbeats']:>14,} {leader_findings:>14,} "
+            f"{sum(fol['div_findings'].values()):>13,}  {s['archives'][x]}"
+        )
     injected = s["faults_injected"]
-    lines.append("faults injected: " + (", ".join(f"{k} x{v}" for k, v in sorted(injected.items())) or "none"))
+    lines.append(
+        "faults injected: " + (", ".join(f"{k} x{v}" for k, v in sorted(injected.items())) or "none")
+    )
     for kind, why in sorted(s.get("faults_shortfall", {}).items()):
         lines.append(f"  {kind}: {why}")
     m = s["metadata_bytes"]["per_record"]
-    lines.append(f"replication metadata per VT record: footer {m['footer']:.1f} B + RMD {m['rmd']:.1f} B + "
-                 f"heartbeat headers {m['heartbeat_headers_amortised']:.2f} B = {m['total']:.1f} B")
+    lines.append(
+        f"replication metadata per VT record: footer {m['footer']:.1f} B + RMD {m['rmd']:.1f} B + "
+        f"heartbeat headers {m['heartbeat_headers_amortised']:.2f} B = {m['total']:.1f} B"
+    )
     lines.append(f"truth: {truth_path}")
     lines.append(f"summary: {summary_path}")
     lines.append(f"followers: {os.path.dirname(s['followers']['0']['checkpoint_dir'])}")

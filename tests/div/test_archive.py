@@ -16,12 +16,21 @@ from div.archive import KAFKA_ARROW_SCHEMA, ArchiveError, ArchiveWriter, Partiti
 
 
 def test_schema_is_sparks_kafka_schema():
-    assert KAFKA_ARROW_SCHEMA.names == ["key", "value", "topic", "partition", "offset", "timestamp",
-                                        "timestampType", "headers"]
+    assert KAFKA_ARROW_SCHEMA.names == [
+        "key",
+        "value",
+        "topic",
+        "partition",
+        "offset",
+        "timestamp",
+        "timestampType",
+        "headers",
+    ]
     assert KAFKA_ARROW_SCHEMA.field("timestamp").type == pa.timestamp("us", tz="UTC")
     assert KAFKA_ARROW_SCHEMA.field("partition").type == pa.int32()
     assert KAFKA_ARROW_SCHEMA.field("headers").type.value_type == pa.struct(
-        [("key", pa.string()), ("value", pa.binary())])
+        [("key", pa.string()), ("value", pa.binary())]
+    )
 
 
 def test_round_trip_with_headers_nulls_and_timestamps(tmp_path):
@@ -35,7 +44,13 @@ def test_round_trip_with_headers_nulls_and_timestamps(tmp_path):
     assert [r["offset"] for r in rows] == list(range(100))
     for r, (topic, part, off, key, value, ts_ms, ts_type, headers) in zip(rows, records, strict=True):
         assert (r["topic"], r["partition"], r["offset"], r["key"], r["value"], r["timestampType"]) == (
-            topic, part, off, key, value, ts_type)
+            topic,
+            part,
+            off,
+            key,
+            value,
+            ts_type,
+        )
         assert r["timestamp"] == dt.datetime.fromtimestamp(ts_ms / 1000, dt.UTC)
         if headers is None:
             assert r["headers"] is None
@@ -64,7 +79,9 @@ def test_files_sort_by_topic_partition_first_offset_and_hold_one_partition(tmp_p
     keys = []
     for n in names:
         t = pq.read_table(tmp_path / n)
-        assert len(set(t.column("topic").to_pylist())) == 1 and len(set(t.column("partition").to_pylist())) == 1
+        assert (
+            len(set(t.column("topic").to_pylist())) == 1 and len(set(t.column("partition").to_pylist())) == 1
+        )
         offs = t.column("offset").to_pylist()
         assert offs == sorted(offs) and len(set(offs)) == len(offs)
         assert n == archive.file_name(t.column("topic")[0].as_py(), t.column("partition")[0].as_py(), offs[0])
@@ -190,15 +207,20 @@ def _foreign_table(records: list[tuple], with_headers: bool) -> pa.Table:
 @pytest.mark.parametrize("with_headers", [True, False])
 def test_foreign_archive_mixed_unsorted_duplicated(tmp_path, with_headers):
     rng = random.Random(7)
-    expected = {(t, p): make_records(t, p, range(0, 300, 1 if p else 2)) for t in ("x", "y") for p in (0, 1, 2)}
+    expected = {
+        (t, p): make_records(t, p, range(0, 300, 1 if p else 2)) for t in ("x", "y") for p in (0, 1, 2)
+    }
     everything = [r for recs in expected.values() for r in recs]
     dupes = rng.sample(everything, 50)  # the same records archived twice
     rows = everything + dupes
     rng.shuffle(rows)
     third = len(rows) // 3
-    for i, chunk in enumerate((rows[:third], rows[third:2 * third], rows[2 * third:])):
-        pq.write_table(_foreign_table(chunk, with_headers), tmp_path / f"part-{i:05d}-abc.snappy.parquet",
-                       row_group_size=97)
+    for i, chunk in enumerate((rows[:third], rows[third : 2 * third], rows[2 * third :])):
+        pq.write_table(
+            _foreign_table(chunk, with_headers),
+            tmp_path / f"part-{i:05d}-abc.snappy.parquet",
+            row_group_size=97,
+        )
     # One of our own files overlapping the foreign ones.
     with ArchiveWriter(tmp_path) as w:
         w.append(archive.records_to_batch(expected[("y", 1)][100:150]))

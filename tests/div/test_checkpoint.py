@@ -35,9 +35,17 @@ def _venice_schema():
 
 
 def _pps(seq: int, ts: int = 1_000, ctype: int = ref.ADHASH, state: bytes = b"\0" * 7 + b"\x05") -> dict:
-    return {"segmentNumber": 2, "segmentStatus": IN_PROGRESS, "isRegistered": True, "messageSequenceNumber": seq,
-            "messageTimestamp": ts, "checksumType": ctype, "checksumState": state, "aggregates": {"n": 3},
-            "debugInfo": {"host": "h"}}
+    return {
+        "segmentNumber": 2,
+        "segmentStatus": IN_PROGRESS,
+        "isRegistered": True,
+        "messageSequenceNumber": seq,
+        "messageTimestamp": ts,
+        "checksumType": ctype,
+        "checksumState": state,
+        "aggregates": {"n": 3},
+        "debugInfo": {"host": "h"},
+    }
 
 
 def test_partition_state_framing_and_guid_keys_per_venices_schema():
@@ -73,8 +81,14 @@ def test_partition_state_written_by_venices_schema_decodes_with_ours():
 
 def test_partition_state_refuses_bad_input():
     good = ps.encode(ps.build(1, {LOW_GUID: _pps(1)}, end_of_push=True))
-    for bad, why in ((b"", "short"), (b"\x18", "short"), (b"\x17\x18" + good[2:], "magic"),
-                     (b"\x18\x17" + good[2:], "magic"), (good[:-3], "decode"), (good + b"\x00", "trailing")):
+    for bad, why in (
+        (b"", "short"),
+        (b"\x18", "short"),
+        (b"\x17\x18" + good[2:], "magic"),
+        (b"\x18\x17" + good[2:], "magic"),
+        (good[:-3], "decode"),
+        (good + b"\x00", "trailing"),
+    ):
         with pytest.raises(ps.PartitionStateError, match=why):
             ps.decode(bad)
     record = ps.build(1, {}, end_of_push=True)
@@ -89,8 +103,9 @@ def test_store_round_trip(tmp_path):
     store = ck.CheckpointStore(tmp_path / "ckpt")
     assert store.load("store_v1", 0) is None
     states = {HIGH_GUID: _pps(7), LOW_GUID: _pps(8, ctype=ref.NONE, state=b"")}
-    path = store.save("store_v1", 0, 99, states, end_of_push=True, heartbeat_timestamp=77,
-                      upstream_offsets={"dc-1": 5})
+    path = store.save(
+        "store_v1", 0, 99, states, end_of_push=True, heartbeat_timestamp=77, upstream_offsets={"dc-1": 5}
+    )
     store.save("store_v1", 1, 5, {}, end_of_push=False)
     loaded = store.load("store_v1", 0)
     assert loaded["offset"] == 99 and loaded["endOfPush"] is True and loaded["heartbeatTimestamp"] == 77
@@ -99,8 +114,10 @@ def test_store_round_trip(tmp_path):
     assert store.load("store_v1", 1)["offset"] == 5
     # The file is the PartitionState bytes plus a 12-byte trailer; nothing else is in the directory.
     assert path.read_bytes()[:2] == bytes([24, 24])
-    assert sorted(p.name for p in path.parent.iterdir()) == ["store_v1-0.partition_state",
-                                                             "store_v1-1.partition_state"]
+    assert sorted(p.name for p in path.parent.iterdir()) == [
+        "store_v1-0.partition_state",
+        "store_v1-1.partition_state",
+    ]
     with pytest.raises(ValueError):
         store.path("../escape", 0)
 
@@ -163,7 +180,10 @@ def _check_complete(state: dict, producers: int) -> int:
     assert len(states) == producers
     for s in states.values():
         assert (s["messageSequenceNumber"], s["messageTimestamp"], s["checksumState"]) == (
-            offset, 1000 + offset, offset.to_bytes(8, "big"))
+            offset,
+            1000 + offset,
+            offset.to_bytes(8, "big"),
+        )
     assert state["lastUpdate"] == offset and state["lastConsumedVersionTopicOffset"] == offset
     return offset
 
@@ -177,8 +197,13 @@ def test_a_writer_killed_at_random_moments_always_leaves_a_complete_checkpoint(t
     last = 0
     kills = 0
     for _ in range(20):
-        proc = subprocess.Popen([sys.executable, "-c", _WRITER, str(tmp_path), str(producers), str(last)],
-                                stdout=subprocess.PIPE, stderr=subprocess.PIPE, env=env, text=True)
+        proc = subprocess.Popen(
+            [sys.executable, "-c", _WRITER, str(tmp_path), str(producers), str(last)],
+            stdout=subprocess.PIPE,
+            stderr=subprocess.PIPE,
+            env=env,
+            text=True,
+        )
         try:
             first = proc.stdout.readline()  # at least one checkpoint written by this process
             assert first, proc.stderr.read()

@@ -29,21 +29,29 @@ def test_non_chunk_key_suffix_is_02_00():
 def test_chunk_key_suffix_layout_and_round_trip():
     suffix = _load("ChunkedKeySuffix.avsc")
     guid = bytes(range(16))
-    datum = {"chunkId": {"producerGUID": guid, "segmentNumber": 1, "messageSequenceNumber": 70, "chunkIndex": 3},
-             "isChunk": True}
+    datum = {
+        "chunkId": {"producerGUID": guid, "segmentNumber": 1, "messageSequenceNumber": 70, "chunkIndex": 3},
+        "isChunk": True,
+    }
     raw = _encode(suffix, datum)
     # branch 0 (ChunkId) ‖ GUID ‖ zig-zag ints 1, 70, 3 ‖ true
     assert raw == b"\x00" + guid + b"\x02" + b"\x8c\x01" + b"\x06" + b"\x01"
     assert fastavro.schemaless_reader(io.BytesIO(raw), suffix, None) == datum
     assert suffix["fields"][0]["type"][0]["name"] == "com.linkedin.venice.storage.protocol.ChunkId"
-    assert suffix["fields"][0]["type"][0]["fields"][0]["type"]["name"] == "com.linkedin.venice.kafka.protocol.GUID"
+    assert (
+        suffix["fields"][0]["type"][0]["fields"][0]["type"]["name"]
+        == "com.linkedin.venice.kafka.protocol.GUID"
+    )
 
 
 def test_manifest_round_trip():
     manifest = _load("ChunkedValueManifest.avsc")
     assert manifest["name"] == "com.linkedin.venice.storage.protocol.ChunkedValueManifest"
-    datum = {"keysWithChunkIdSuffix": [b"k\x00" + bytes(16) + b"\x00\x00\x00\x01", b"k2"], "schemaId": 7,
-             "size": 2_000_000}
+    datum = {
+        "keysWithChunkIdSuffix": [b"k\x00" + bytes(16) + b"\x00\x00\x00\x01", b"k2"],
+        "schemaId": 7,
+        "size": 2_000_000,
+    }
     raw = _encode(manifest, datum)
     assert raw[0] == 0x04  # array block of two keys comes first
     assert fastavro.schemaless_reader(io.BytesIO(raw), manifest, None) == datum

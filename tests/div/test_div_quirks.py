@@ -23,6 +23,7 @@ CODEC = E.EnvelopeCodec("fastavro")
 # Venice re-validates the record with tolerate = true; for CORRUPT-at-EOS and data-after-EOS that second pass
 # raises DUPLICATE and the record is dropped. We report one finding per fault and apply the EOS.
 
+
 def test_corrupt_end_of_segment_after_eop_is_one_finding_and_ends_the_segment():
     d = Feeder()
     d.to_phase(True)
@@ -47,6 +48,7 @@ def test_data_after_end_of_segment_after_eop_is_one_finding():
 # Venice stops the replica at the first one. A batch validator goes on: it resyncs exactly as after EOP, marks
 # the finding fatal and judges later records against the resynced state.
 
+
 def test_validation_goes_on_after_a_fatal_fault():
     d = Feeder()
     push = d.to_phase(False)
@@ -66,6 +68,7 @@ def test_validation_goes_on_after_a_fatal_fault():
 # Venice restores a segment with a fresh, non-finalized checksum even if its status says ended, so data after
 # the EOS is accepted after a restart. We keep it finalized.
 
+
 def test_data_after_end_of_segment_is_still_caught_after_a_restore():
     d = Feeder()
     d.to_phase(True)
@@ -82,6 +85,7 @@ def test_data_after_end_of_segment_is_still_caught_after_a_restore():
 # Venice anchors expiry at the newest producer timestamp of the *previous* checkpoint's OffsetRecord, so it lags
 # one checkpoint. We anchor at the current state: a producer expires at the first checkpoint after a newer one
 # made it stale.
+
 
 def test_max_age_anchor_is_the_current_state():
     d = Feeder(max_age_ms=5_000)
@@ -100,6 +104,7 @@ def test_max_age_anchor_is_the_current_state():
 # Venice processes the record but leaves the new segment's "new" flag set, so an immediate duplicate of it
 # passes unnoticed. We resync, so the duplicate is caught.
 
+
 def test_duplicate_right_after_an_unregistered_producer_is_caught():
     d = Feeder()
     d.to_phase(True)
@@ -113,6 +118,7 @@ def test_duplicate_right_after_an_unregistered_producer_is_caught():
 
 # Venice suppresses the after-EOP warning for records with sequence number 1; we report every fault. -------------
 
+
 def test_faults_at_sequence_one_are_reported():
     d = Feeder()
     d.to_phase(True)
@@ -124,17 +130,21 @@ def test_faults_at_sequence_one_are_reported():
 # Venice's UnsupportedMessageTypeException (a control type that cannot be checksummed, e.g. the deprecated
 # StartOfBufferReplay, inside a checksummed segment) is reported as a CORRUPT finding. ----------------------------
 
+
 def test_unsupported_control_type_is_a_corrupt_finding_after_eop_too():
     d = Feeder()
     d.to_phase(True)
     a = ref.RefProducer(A)
-    got = d.feed(a.put(b"k", b"1"), a.control(ref.SOBR, {"sourceOffsets": [], "sourceKafkaCluster": "c",
-                                                           "sourceTopicName": "t"}))
+    got = d.feed(
+        a.put(b"k", b"1"),
+        a.control(ref.SOBR, {"sourceOffsets": [], "sourceKafkaCluster": "c", "sourceTopicName": "t"}),
+    )
     assert got == [("StartOfBufferReplay0.2", "CORRUPT", False)]
 
 
 # CRC32/ADLER32 segments: Venice throws when asked to checkpoint them (venice-protocol-notes §3.10 #9). We checkpoint their running
 # 32-bit value as 8 big-endian bytes, so our own restores can continue such a segment. ---------------------------
+
 
 def test_crc32_and_adler32_segments_can_be_checkpointed_and_continued():
     for ctype in (ref.CRC32, ref.ADLER32):
@@ -157,6 +167,7 @@ def test_crc32_and_adler32_segments_can_be_checkpointed_and_continued():
 # SOS carries sequence 1 and so does the next data message, which a strict consumer drops as a DUPLICATE. Our
 # writer hands out finished records; a retry resends the identical bytes.
 
+
 def test_venices_retry_numbering_loses_the_next_record_and_ours_does_not():
     venice = ref.RefProducer(A)
     sos = venice.put(b"warm-up", b"")[0]  # SOS at sequence 0: this first send failed (topic missing)
@@ -176,13 +187,16 @@ def test_venices_retry_numbering_loses_the_next_record_and_ours_does_not():
     log = [first[0], first[0], first[1]]  # the failed attempt may or may not have landed: both are fine
     v = PartitionValidator(config=ValidatorConfig())
     v.end_of_push = True
-    findings = [f for i, r in enumerate(log) for f in v.process(i, r.key, CODEC.decode(r.value, r.headers), 5)]
+    findings = [
+        f for i, r in enumerate(log) for f in v.process(i, r.key, CODEC.decode(r.value, r.headers), 5)
+    ]
     assert [(f.offset, f.type) for f in findings] == [(1, "DUPLICATE")]
     assert v.segments[A].sequence == 1  # the data record was accepted
 
 
 # Compaction tolerance input (venice-protocol-notes §9 #12): an archive cannot tell whether its topic was compacted, and a cluster
 # may not answer DescribeConfigs. We are strict (no tolerance) unless --min-compaction-lag-ms says otherwise. ------
+
 
 class _FakeSource:
     region = 0
@@ -202,10 +216,13 @@ class _FakeSource:
 
 
 def _lags(source_lag, flag):
-    opts = div_validate.ValidateOptions(sources=[SourceSpec(0, "fake")], out="x", min_compaction_lag_ms=flag,
-                                        now_ms=123)
-    return {t.topic: (t.config.min_compaction_lag_ms, t.config.now_ms)
-            for t in div_validate.plan(opts, [_FakeSource(source_lag)])}
+    opts = div_validate.ValidateOptions(
+        sources=[SourceSpec(0, "fake")], out="x", min_compaction_lag_ms=flag, now_ms=123
+    )
+    return {
+        t.topic: (t.config.min_compaction_lag_ms, t.config.now_ms)
+        for t in div_validate.plan(opts, [_FakeSource(source_lag)])
+    }
 
 
 def test_compaction_lag_comes_from_the_flag_else_the_topic_else_strict():
@@ -225,8 +242,9 @@ def test_kafka_source_reads_cleanup_policy_and_min_compaction_lag(monkeypatch):
         ({}, None),  # the cluster cannot tell (the mock cluster has no DescribeConfigs)
     ]
     for config, expected in cases:
-        monkeypatch.setattr(sources.kafka_log, "topic_config",
-                            lambda bootstrap, conf, topic, name, _c=config: _c.get(name))
+        monkeypatch.setattr(
+            sources.kafka_log, "topic_config", lambda bootstrap, conf, topic, name, _c=config: _c.get(name)
+        )
         src = object.__new__(sources.KafkaSource)
         src.bootstrap = "127.0.0.1:1"
         src.kafka_conf = {}

@@ -24,8 +24,12 @@ BASE_MS = 1_700_000_000_123  # not a multiple of 1000: a µs→ms slip would sho
 
 
 def _batch(vt: RegionVt, partition: int = 3) -> pa.RecordBatch:
-    return records_to_batch([(TOPIC, partition, off, r.key, r.value, BASE_MS + off, 0, r.headers)
-                             for off, r in enumerate(vt.records)])
+    return records_to_batch(
+        [
+            (TOPIC, partition, off, r.key, r.value, BASE_MS + off, 0, r.headers)
+            for off, r in enumerate(vt.records)
+        ]
+    )
 
 
 @pytest.fixture(scope="module")
@@ -47,12 +51,22 @@ def chunked_log():
 
 
 def _envelope(branch: str, footer=None) -> dict:
-    body = ({"putValue": b"v", "schemaId": 1, "replicationMetadataVersionId": -1, "replicationMetadataPayload": b""}
-            if branch == E.PUT else {"schemaId": -1, "replicationMetadataVersionId": -1,
-                                     "replicationMetadataPayload": b""})
-    return {"messageType": 0 if branch == E.PUT else 1,
-            "producerMetadata": E.producer_metadata(b"\x01" * 16, 0, 0, BASE_MS),
-            "payloadUnion": (branch, body), "leaderMetadataFooter": footer}
+    body = (
+        {
+            "putValue": b"v",
+            "schemaId": 1,
+            "replicationMetadataVersionId": -1,
+            "replicationMetadataPayload": b"",
+        }
+        if branch == E.PUT
+        else {"schemaId": -1, "replicationMetadataVersionId": -1, "replicationMetadataPayload": b""}
+    )
+    return {
+        "messageType": 0 if branch == E.PUT else 1,
+        "producerMetadata": E.producer_metadata(b"\x01" * 16, 0, 0, BASE_MS),
+        "payloadUnion": (branch, body),
+        "leaderMetadataFooter": footer,
+    }
 
 
 def test_every_row_is_one_record_with_its_fields(chunked_log):
@@ -75,9 +89,18 @@ def test_time_is_the_broker_time_in_milliseconds(chunked_log):
 def test_each_record_type_has_its_kind(chunked_log):
     vt, at = chunked_log
     recs = list(iter_records(_batch(vt), E.EnvelopeCodec()))
-    expected = {"sop": Kind.START_OF_PUSH, "eop": Kind.END_OF_PUSH, "put": Kind.PUT, "delete": Kind.DELETE,
-                "heartbeat": Kind.HEARTBEAT, "manifest": Kind.MANIFEST, "bad_magic": Kind.UNDECODABLE,
-                "null_value": Kind.UNDECODABLE, "bad_key": Kind.UNDECODABLE, "no_key": Kind.UNDECODABLE}
+    expected = {
+        "sop": Kind.START_OF_PUSH,
+        "eop": Kind.END_OF_PUSH,
+        "put": Kind.PUT,
+        "delete": Kind.DELETE,
+        "heartbeat": Kind.HEARTBEAT,
+        "manifest": Kind.MANIFEST,
+        "bad_magic": Kind.UNDECODABLE,
+        "null_value": Kind.UNDECODABLE,
+        "bad_key": Kind.UNDECODABLE,
+        "no_key": Kind.UNDECODABLE,
+    }
     assert {name: recs[off].kind for name, off in at.items()} == expected
     chunks = [r for r in recs if r.kind == Kind.CHUNK]
     assert len(chunks) == 3 and all(r.env is not None and r.key[0] == K.HEADER_PUT_OR_DELETE for r in chunks)
@@ -91,11 +114,16 @@ def test_undecodable_records_come_with_their_reason_not_an_exception(chunked_log
     reasons = {name: recs[at[name]].error for name in ("bad_magic", "null_value", "bad_key", "no_key")}
     assert "magic" in reasons["bad_magic"]
     assert "empty" in reasons["null_value"]
-    assert reasons["bad_key"] == "unknown Venice key header byte 9"  # the value decodes; the key is not Venice's
+    assert (
+        reasons["bad_key"] == "unknown Venice key header byte 9"
+    )  # the value decodes; the key is not Venice's
     assert reasons["no_key"].startswith("empty Kafka key")
     assert all(recs[at[name]].env is None for name in reasons)
-    assert all(r.error is None and r.env is not None for i, r in enumerate(recs) if i not in
-               {at[name] for name in reasons})
+    assert all(
+        r.error is None and r.env is not None
+        for i, r in enumerate(recs)
+        if i not in {at[name] for name in reasons}
+    )
 
 
 def test_a_batch_with_some_columns_only():
@@ -103,8 +131,14 @@ def test_a_batch_with_some_columns_only():
     vt.put(b"k", b"v", src=2, rt_offset=5)
     table = pa.table({"offset": [7], "key": [vt.records[0].key], "value": [vt.records[0].value]})
     (rec,) = iter_records(table, E.EnvelopeCodec())
-    assert (rec.offset, rec.kind, rec.ms, rec.headers, rec.topic, rec.partition) == (7, Kind.PUT, None, None,
-                                                                                        None, None)
+    assert (rec.offset, rec.kind, rec.ms, rec.headers, rec.topic, rec.partition) == (
+        7,
+        Kind.PUT,
+        None,
+        None,
+        None,
+        None,
+    )
     assert list(iter_records(table.slice(0, 0), E.EnvelopeCodec())) == []
 
 
@@ -119,7 +153,9 @@ def test_a_batch_of_several_partitions_keeps_each_records_partition():
 def test_kind_follows_the_key_header():
     put = _envelope(E.PUT)
     assert kind(K.data_key(b"k"), put) == Kind.PUT
-    assert kind(bytes([K.HEADER_GLOBAL_RT_DIV]) + b"k", put) == Kind.GLOBAL_RT_DIV  # a Put told apart by header
+    assert (
+        kind(bytes([K.HEADER_GLOBAL_RT_DIV]) + b"k", put) == Kind.GLOBAL_RT_DIV
+    )  # a Put told apart by header
     assert kind(K.control_key(b"\x01" * 16, 0, 1), put) == Kind.OTHER  # a Put under a control key
     assert kind(K.update_key(b"k"), put) == Kind.OTHER
     assert kind(K.HEARTBEAT_KEY, put) == Kind.HEARTBEAT
@@ -130,9 +166,17 @@ def test_kind_follows_the_key_header():
 
 
 def test_control_kinds_are_venices_control_message_types():
-    order = [Kind.START_OF_PUSH, Kind.END_OF_PUSH, Kind.START_OF_SEGMENT, Kind.END_OF_SEGMENT,
-             Kind.START_OF_BUFFER_REPLAY, Kind.START_OF_INCREMENTAL_PUSH, Kind.END_OF_INCREMENTAL_PUSH,
-             Kind.TOPIC_SWITCH, Kind.VERSION_SWAP]
+    order = [
+        Kind.START_OF_PUSH,
+        Kind.END_OF_PUSH,
+        Kind.START_OF_SEGMENT,
+        Kind.END_OF_SEGMENT,
+        Kind.START_OF_BUFFER_REPLAY,
+        Kind.START_OF_INCREMENTAL_PUSH,
+        Kind.END_OF_INCREMENTAL_PUSH,
+        Kind.TOPIC_SWITCH,
+        Kind.VERSION_SWAP,
+    ]
     assert [k.name.replace("_", "") for k in order] == [n.upper() for n in E.CONTROL_NAMES]
     key = K.control_key(b"\x01" * 16, 0, 1)
     for ctype, expected in enumerate(order):
@@ -154,7 +198,10 @@ def test_footer_source_reads_the_position_with_venices_fallback():
     assert footer_source(_envelope(E.PUT, footer(41, encode_offset(41)))) == (2, 41)
     assert footer_source(_envelope(E.PUT, footer(41, b""))) == (2, 41)  # no blob: the legacy long
     assert footer_source(_envelope(E.PUT, footer(41, encode_offset(50)))) == (2, 50)  # a later blob wins
-    assert footer_source(_envelope(E.PUT, footer(41, encode_offset(10)))) == (2, 41)  # an earlier one does not
+    assert footer_source(_envelope(E.PUT, footer(41, encode_offset(10)))) == (
+        2,
+        41,
+    )  # an earlier one does not
     assert footer_source(_envelope(E.PUT, None)) is None
     decoded = CODEC.decode(CODEC.encode(_envelope(E.PUT, E.leader_footer("h", 77, 1))))
     assert footer_source(decoded) == (1, 77)

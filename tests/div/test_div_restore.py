@@ -30,8 +30,17 @@ from div.restore import (
 from pipelines.cli import main as cli_main
 
 SEEDS = [1, 2, 3]
-FIELDS = ("segmentNumber", "messageSequenceNumber", "segmentStatus", "isRegistered", "checksumType",
-          "checksumState", "messageTimestamp", "aggregates", "debugInfo")
+FIELDS = (
+    "segmentNumber",
+    "messageSequenceNumber",
+    "segmentStatus",
+    "isRegistered",
+    "checksumType",
+    "checksumState",
+    "messageTimestamp",
+    "aggregates",
+    "debugInfo",
+)
 
 
 @pytest.fixture(scope="module", params=SEEDS)
@@ -50,6 +59,7 @@ def reader(directory: str, topic: str, counter: list | None = None):
             if counter is not None:
                 counter.append(batch.num_rows)
             yield batch
+
     return read
 
 
@@ -66,10 +76,14 @@ def full_replay(vt_dir: str) -> dict:
 
 
 def assert_same_states(got: dict[bytes, dict], want: dict[bytes, dict], where: str) -> None:
-    assert set(got) == set(want), f"{where}: GUIDs {sorted(g.hex() for g in got)} != {sorted(g.hex() for g in want)}"
+    assert set(got) == set(want), (
+        f"{where}: GUIDs {sorted(g.hex() for g in got)} != {sorted(g.hex() for g in want)}"
+    )
     for g in want:
         for f in FIELDS:
-            assert got[g][f] == want[g][f], f"{where}: GUID {g.hex()} {f}: restored {got[g][f]!r}, want {want[g][f]!r}"
+            assert got[g][f] == want[g][f], (
+                f"{where}: GUID {g.hex()} {f}: restored {got[g][f]!r}, want {want[g][f]!r}"
+            )
 
 
 def offsets_of_interest(scen) -> list[int]:
@@ -107,7 +121,9 @@ def test_restored_vt_state_equals_full_replay_at_every_offset(scenario):
     from_hb = 0
     for o in offsets_of_interest(scenario):
         restored = restore_vt(read, o)
-        assert_same_states(restored.vt_producer_states(), scenario.full["states"][o], f"seed {scenario.seed} at {o}")
+        assert_same_states(
+            restored.vt_producer_states(), scenario.full["states"][o], f"seed {scenario.seed} at {o}"
+        )
         assert_same_states(restored.vt_producer_states(), scenario.vt_states[o], f"oracle at {o}")
         usable = [h for h, k in scenario.heartbeats.items() if k == "usable" and h <= o]
         if usable:
@@ -132,9 +148,13 @@ def test_restored_rt_states_are_at_the_replicas_resume_offsets(scenario):
             assert entry.resume_offset == want_resume.get(r, -1), (o, r)
             # never beyond what the VT reflects; below it only after a failover re-applied an old term's writes
             assert entry.resume_offset <= F.highest_upstream(scenario, o).get(r, -1)
-            assert entry.state_offset == (entry.resume_offset if entry.resume_offset >= 0 else entry.watermark)
+            assert entry.state_offset == (
+                entry.resume_offset if entry.resume_offset >= 0 else entry.watermark
+            )
             want = scenario.rt_states[r][entry.resume_offset] if entry.resume_offset >= 0 else {}
-            assert_same_states(entry.validator.producer_states(), want, f"RT {r} at {entry.resume_offset} (VT {o})")
+            assert_same_states(
+                entry.validator.producer_states(), want, f"RT {r} at {entry.resume_offset} (VT {o})"
+            )
             assert entry.warning is None
             if restored.heartbeat is not None:
                 mark = restored.heartbeat.watermark(r)
@@ -145,8 +165,14 @@ def test_restored_rt_states_are_at_the_replicas_resume_offsets(scenario):
 def test_validation_resumed_from_a_restored_state_reports_exactly_the_full_findings_after_it(scenario):
     full = scenario.full["rows"]
     read = reader(scenario.vt_dir, F.VT)
-    points = sorted({*range(10, len(scenario.vt), 23), *scenario.failover_offsets,
-                     *(r[3] - 1 for r in full), *(r[3] for r in full)})
+    points = sorted(
+        {
+            *range(10, len(scenario.vt), 23),
+            *scenario.failover_offsets,
+            *(r[3] - 1 for r in full),
+            *(r[3] for r in full),
+        }
+    )
     for o in points:
         run = PartitionRun(0, F.VT, 0)
         restore_vt(read, o, validator=run.validator)
@@ -231,7 +257,7 @@ def test_a_live_follower_restarts_from_the_last_heartbeat_it_consumed(scenario):
     gets the RT states at its resume offsets."""
     o = scenario.failover_offsets[1] + 7
     last = LastHeartbeat()
-    for off, rec in enumerate(scenario.vt[:o + 1]):
+    for off, rec in enumerate(scenario.vt[: o + 1]):
         last.observe(off, rec.key, rec.headers)
     restored = last.restore()
     h = restored.heartbeat.offset
@@ -266,8 +292,17 @@ def test_a_new_leader_takes_over_with_the_restored_state(scenario):
     for r in range(scenario.regions):
         restore_rt(restored, r, reader(scenario.rt_dirs[r], F.RT))
     vt_states, rt_states, marks = restored.take_over_args(scenario.regions)
-    leader = HeartbeatLeader(FakeProducer(), vt_topic=F.VT, rt_topic=F.RT, partition=0, region=0,
-                             n_regions=scenario.regions, host="new-leader", term_id=9, interval_ms=0)
+    leader = HeartbeatLeader(
+        FakeProducer(),
+        vt_topic=F.VT,
+        rt_topic=F.RT,
+        partition=0,
+        region=0,
+        n_regions=scenario.regions,
+        host="new-leader",
+        term_id=9,
+        interval_ms=0,
+    )
     leader.take_over(vt_states, rt_states, marks)
     assert leader.watermarks() == marks
     full_rt = {}
@@ -280,7 +315,10 @@ def test_a_new_leader_takes_over_with_the_restored_state(scenario):
         for off in range(marks[r] + 1, len(scenario.rts[r])):
             rec = scenario.rts[r][off]
             got = leader.on_rt_record(r, off, rec.key, rec.value, rec.headers, rec.ts)
-            assert {(f.offset, f.type) for f in got.findings} == {x for x in full_rt[r] if x[0] == off}, (r, off)
+            assert {(f.offset, f.type) for f in got.findings} == {x for x in full_rt[r] if x[0] == off}, (
+                r,
+                off,
+            )
             if not got.is_heartbeat:
                 leader.done()
 
@@ -305,8 +343,9 @@ def _venice_partition_state(data: bytes, shared_dir: pathlib.Path) -> dict:
     import io
 
     assert data[:2] == bytes([24, 24])
-    schema = fastavro.parse_schema(json.loads((shared_dir / "reference" / "schemas" / "PartitionState.v24.avsc")
-                                              .read_text()))
+    schema = fastavro.parse_schema(
+        json.loads((shared_dir / "reference" / "schemas" / "PartitionState.v24.avsc").read_text())
+    )
     buf = io.BytesIO(data[2:])
     state = fastavro.schemaless_reader(buf, schema, None)
     assert buf.tell() == len(data) - 2
@@ -316,14 +355,30 @@ def _venice_partition_state(data: bytes, shared_dir: pathlib.Path) -> dict:
 def test_cli_writes_venices_partition_state_and_state_json(scenario, tmp_path, shared_dir):
     o = scenario.failover_offsets[0] + 11
     out = tmp_path / "restore"
-    args = ["div", "restore", "--source", f"0={scenario.vt_dir}", "--store", F.STORE, "--version", "1",
-            "--partition", "0", "--at-offset", str(o), "--out", str(out)]
+    args = [
+        "div",
+        "restore",
+        "--source",
+        f"0={scenario.vt_dir}",
+        "--store",
+        F.STORE,
+        "--version",
+        "1",
+        "--partition",
+        "0",
+        "--at-offset",
+        str(o),
+        "--out",
+        str(out),
+    ]
     for r, d in scenario.rt_dirs.items():
         args += ["--rt-source", f"{r}={d}"]
     assert cli_main(args) == 0
     want = scenario.vt_states[o]
     state = _venice_partition_state((out / "partition_state.bin").read_bytes(), shared_dir)
-    assert state["offset"] == o and state["lastConsumedVersionTopicOffset"] == o and state["endOfPush"] is True
+    assert (
+        state["offset"] == o and state["lastConsumedVersionTopicOffset"] == o and state["endOfPush"] is True
+    )
     got = {k.encode("latin-1"): v for k, v in state["producerStates"].items()}
     assert_same_states(got, want, "partition_state.bin")
     assert ps.producer_states(ps.decode((out / "partition_state.bin").read_bytes())) == got
@@ -333,14 +388,17 @@ def test_cli_writes_venices_partition_state_and_state_json(scenario, tmp_path, s
     js = json.loads((out / "state.json").read_text())
     hb = max(x for x, k in scenario.heartbeats.items() if k == "usable" and x <= o)
     assert js["vt_offset"] == o and js["next_vt_offset"] == o + 1
-    assert js["heartbeat_offset"] == hb and js["restored_from"] == "heartbeat" and js["fallback_reason"] is None
+    assert (
+        js["heartbeat_offset"] == hb and js["restored_from"] == "heartbeat" and js["fallback_reason"] is None
+    )
     assert js["vt_records_replayed"] == o - hb
     assert js["vt_producers"] == {g.hex(): _json_state(s) for g, s in sorted(want.items())}
     for r in range(scenario.regions):
         assert js["rt"][str(r)]["resume_offset"] == resume[r]
         assert js["rt"][str(r)]["state_offset"] == resume[r]
-        assert js["rt_producers"][str(r)] == {g.hex(): _json_state(s)
-                                             for g, s in sorted(scenario.rt_states[r][resume[r]].items())}
+        assert js["rt_producers"][str(r)] == {
+            g.hex(): _json_state(s) for g, s in sorted(scenario.rt_states[r][resume[r]].items())
+        }
     summary = json.loads((out / "summary.json").read_text())
     assert summary["job"] == "div restore" and summary["exit_code"] == 0
     assert summary["restored_from"] == "heartbeat" and summary["heartbeat_offset"] == hb
@@ -349,26 +407,66 @@ def test_cli_writes_venices_partition_state_and_state_json(scenario, tmp_path, s
 
 def _json_state(s: dict) -> dict:
     """state.json's form of a ProducerPartitionState, written out independently."""
-    return {"segment": s["segmentNumber"], "sequence": s["messageSequenceNumber"],
-            "status": ["NOT_STARTED", "IN_PROGRESS", "END_OF_INTERMEDIATE_SEGMENT",
-                       "END_OF_FINAL_SEGMENT"][s["segmentStatus"]],
-            "registered": s["isRegistered"], "checksum_type": {0: "NONE", 1: "MD5", 4: "ADHASH"}[s["checksumType"]],
-            "checksum_state": s["checksumState"].hex(), "timestamp": s["messageTimestamp"]}
+    return {
+        "segment": s["segmentNumber"],
+        "sequence": s["messageSequenceNumber"],
+        "status": ["NOT_STARTED", "IN_PROGRESS", "END_OF_INTERMEDIATE_SEGMENT", "END_OF_FINAL_SEGMENT"][
+            s["segmentStatus"]
+        ],
+        "registered": s["isRegistered"],
+        "checksum_type": {0: "NONE", 1: "MD5", 4: "ADHASH"}[s["checksumType"]],
+        "checksum_state": s["checksumState"].hex(),
+        "timestamp": s["messageTimestamp"],
+    }
 
 
 def test_state_json_producer_form():
-    s = {"segmentNumber": 3, "messageSequenceNumber": 9, "segmentStatus": 2, "isRegistered": True,
-         "checksumType": 4, "checksumState": b"\x00\x01", "messageTimestamp": 5, "aggregates": {}, "debugInfo": {}}
-    assert state_json(s) == {"segment": 3, "sequence": 9, "status": "END_OF_INTERMEDIATE_SEGMENT",
-                             "registered": True, "checksum_type": "ADHASH", "checksum_state": "0001",
-                             "timestamp": 5}
+    s = {
+        "segmentNumber": 3,
+        "messageSequenceNumber": 9,
+        "segmentStatus": 2,
+        "isRegistered": True,
+        "checksumType": 4,
+        "checksumState": b"\x00\x01",
+        "messageTimestamp": 5,
+        "aggregates": {},
+        "debugInfo": {},
+    }
+    assert state_json(s) == {
+        "segment": 3,
+        "sequence": 9,
+        "status": "END_OF_INTERMEDIATE_SEGMENT",
+        "registered": True,
+        "checksum_type": "ADHASH",
+        "checksum_state": "0001",
+        "timestamp": 5,
+    }
 
 
 def test_cli_falls_back_and_says_so(scenario, tmp_path, caplog):
     o = min(h for h, k in scenario.heartbeats.items() if k == "usable") - 1
     out = tmp_path / "fallback"
-    assert cli_main(["div", "restore", "--source", f"0={scenario.vt_dir}", "--store", F.STORE, "--version", "1",
-                     "--partition", "0", "--at-offset", str(o), "--out", str(out)]) == 0
+    assert (
+        cli_main(
+            [
+                "div",
+                "restore",
+                "--source",
+                f"0={scenario.vt_dir}",
+                "--store",
+                F.STORE,
+                "--version",
+                "1",
+                "--partition",
+                "0",
+                "--at-offset",
+                str(o),
+                "--out",
+                str(out),
+            ]
+        )
+        == 0
+    )
     js = json.loads((out / "state.json").read_text())
     assert js["restored_from"] == "full_replay" and js["heartbeat_offset"] is None
     assert "no heartbeat with an hbd header" in js["fallback_reason"] and js["vt_records_replayed"] == o + 1
@@ -378,8 +476,20 @@ def test_cli_falls_back_and_says_so(scenario, tmp_path, caplog):
 
 
 def test_cli_usage_errors_and_a_missing_rt_source(scenario, tmp_path, capsys):
-    base = ["div", "restore", "--source", f"0={scenario.vt_dir}", "--store", F.STORE, "--version", "1",
-            "--partition", "0", "--out", str(tmp_path / "x")]
+    base = [
+        "div",
+        "restore",
+        "--source",
+        f"0={scenario.vt_dir}",
+        "--store",
+        F.STORE,
+        "--version",
+        "1",
+        "--partition",
+        "0",
+        "--out",
+        str(tmp_path / "x"),
+    ]
     assert cli_main([*base, "--at-offset", str(len(scenario.vt))]) == 2
     assert f"holds offsets 0..{len(scenario.vt) - 1}" in capsys.readouterr().err
     assert cli_main([*base[:-2], "--partition", "3", "--out", str(tmp_path / "x"), "--at-offset", "5"]) == 2
@@ -396,8 +506,9 @@ def test_validate_restore_at_equals_the_full_run_after_the_offset(scenario, tmp_
     full_out, out = tmp_path / "full", tmp_path / "resumed"
     o = scenario.failover_offsets[0] - 3
     assert cli_main(["div", "validate", "--source", f"0={scenario.vt_dir}", "--out", str(full_out)]) == 1
-    code = cli_main(["div", "validate", "--source", f"0={scenario.vt_dir}", "--restore-at", str(o),
-                     "--out", str(out)])
+    code = cli_main(
+        ["div", "validate", "--source", f"0={scenario.vt_dir}", "--restore-at", str(o), "--out", str(out)]
+    )
     full = pq.read_table(full_out / "errors").to_pylist()
     resumed = pq.read_table(out / "errors").to_pylist()
     assert resumed == [r for r in full if r["offset"] > o] and resumed
@@ -412,13 +523,27 @@ def test_validate_restore_at_before_any_heartbeat_replays(scenario, tmp_path):
     fatal = min(r[3] for r in scenario.full["rows"] if r[8])  # the push job's lost record, before End of Push
     for o, code in ((fatal - 3, 1), (scenario.eop_offset - 2, 0)):
         out = tmp_path / f"early-{o}"
-        assert cli_main(["div", "validate", "--source", f"0={scenario.vt_dir}", "--restore-at", str(o),
-                         "--out", str(out)]) == code
+        assert (
+            cli_main(
+                [
+                    "div",
+                    "validate",
+                    "--source",
+                    f"0={scenario.vt_dir}",
+                    "--restore-at",
+                    str(o),
+                    "--out",
+                    str(out),
+                ]
+            )
+            == code
+        )
         part = json.loads((out / "summary.json").read_text())["partitions"][0]
         assert part["start"] == {"offset": o + 1, "restored_from_heartbeat": None}
         resumed = pq.read_table(out / "errors").to_pylist()
-        assert [(r["offset"], r["type"], r["fatal"]) for r in resumed] == \
-            [(r[3], r[7], r[8]) for r in scenario.full["rows"] if r[3] > o]
+        assert [(r["offset"], r["type"], r["fatal"]) for r in resumed] == [
+            (r[3], r[7], r[8]) for r in scenario.full["rows"] if r[3] > o
+        ]
 
 
 def test_reference_records_are_what_the_fixture_says():

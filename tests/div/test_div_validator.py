@@ -42,7 +42,9 @@ class Feeder:
         for group in groups:
             for r in group if isinstance(group, list) else [group]:
                 self.labels[self.offset] = r.label
-                ts = broker_ts if broker_ts is not None else (r.broker_ts if r.broker_ts is not None else r.ts)
+                ts = (
+                    broker_ts if broker_ts is not None else (r.broker_ts if r.broker_ts is not None else r.ts)
+                )
                 for f in self.v.process(self.offset, r.key, CODEC.decode(r.value, r.headers), ts):
                     out.append((r.label, f.type, f.fatal))
                 self.offset += 1
@@ -65,6 +67,7 @@ PHASES = [pytest.param(False, id="before-EOP"), pytest.param(True, id="after-EOP
 
 
 # -- track_segment ------------------------------------------------------------------------------------------------
+
 
 @pytest.mark.parametrize("after_eop", PHASES)
 def test_unknown_producer_at_a_later_segment(after_eop):
@@ -138,6 +141,7 @@ def test_older_segment_is_a_duplicate(after_eop):
 
 # -- track_sequence -----------------------------------------------------------------------------------------------
 
+
 @pytest.mark.parametrize("after_eop", PHASES)
 def test_repeated_and_older_sequences_are_duplicates_and_are_dropped(after_eop):
     d = Feeder()
@@ -146,7 +150,11 @@ def test_repeated_and_older_sequences_are_duplicates_and_are_dropped(after_eop):
     recs = a.put(b"k", b"1") + a.put(b"k", b"2") + a.put(b"k", b"3")
     got = d.feed(recs, recs[3], recs[1], recs[0], a.put(b"k", b"4"), a.end_segment())
     # Never fatal; the duplicates are not fed to the checksum, so the EOS still verifies.
-    assert got == [("PUT0.3", "DUPLICATE", False), ("PUT0.1", "DUPLICATE", False), ("SOS0", "DUPLICATE", False)]
+    assert got == [
+        ("PUT0.3", "DUPLICATE", False),
+        ("PUT0.1", "DUPLICATE", False),
+        ("SOS0", "DUPLICATE", False),
+    ]
 
 
 @pytest.mark.parametrize("after_eop", PHASES)
@@ -185,6 +193,7 @@ def test_gap_in_an_unregistered_segment_before_eop_is_missing():
 
 # -- track_checksum ------------------------------------------------------------------------------------------------
 
+
 @pytest.mark.parametrize("after_eop", PHASES)
 def test_end_of_segment_checksum_mismatch_is_corrupt(after_eop):
     d = Feeder()
@@ -211,8 +220,10 @@ def test_unsupported_control_message_in_a_checksummed_segment_is_fatal_before_eo
     d = Feeder()
     d.to_phase(False)
     a = ref.RefProducer(A)
-    got = d.feed(a.put(b"k", b"1"), a.control(ref.SOBR, {"sourceOffsets": [1], "sourceKafkaCluster": "c",
-                                                           "sourceTopicName": "t"}))
+    got = d.feed(
+        a.put(b"k", b"1"),
+        a.control(ref.SOBR, {"sourceOffsets": [1], "sourceKafkaCluster": "c", "sourceTopicName": "t"}),
+    )
     assert [(label, fatal) for label, _, fatal in got] == [("StartOfBufferReplay0.2", True)]
     assert got[0][1] == "CORRUPT"  # Venice's UnsupportedMessageTypeException, reported as CORRUPT
 
@@ -234,6 +245,7 @@ def test_segment_status_follows_the_end_of_segment():
 
 
 # -- tolerance (venice-protocol-notes §3.4) ----------------------------------------------------------------------------------------
+
 
 def _gap_stream(producer_ts: int):
     a = ref.RefProducer(A, start_ms=producer_ts)
@@ -265,8 +277,10 @@ def test_compaction_tolerance_falls_back_to_the_producer_timestamp(missing_broke
         d.feed(first)
         got = []
         for r in after_gap + eos:
-            got += [f.type for f in d.v.process(d.offset, r.key, CODEC.decode(r.value, r.headers),
-                                                missing_broker_ts)]
+            got += [
+                f.type
+                for f in d.v.process(d.offset, r.key, CODEC.decode(r.value, r.headers), missing_broker_ts)
+            ]
             d.offset += 1
         assert got == expected
 
@@ -278,8 +292,10 @@ def test_compaction_tolerance_needs_a_compacted_version_topic():
             d.to_phase(True)
         first, after_gap, eos = _gap_stream(NOW - 10**9)
         d.feed(first)
-        assert d.feed(after_gap, eos, broker_ts=NOW - 10**9) == [("PUT0.3", "MISSING", False),
-                                                                 ("EOS0", "CORRUPT", False)]
+        assert d.feed(after_gap, eos, broker_ts=NOW - 10**9) == [
+            ("PUT0.3", "MISSING", False),
+            ("EOS0", "CORRUPT", False),
+        ]
 
 
 def test_compaction_tolerance_uses_the_fixed_now_not_the_wall_clock():
@@ -300,8 +316,9 @@ def test_compaction_tolerates_a_skipped_segment_that_starts_with_its_sos():
     assert d.feed(a.put(b"k", b"3"), a.end_segment(), broker_ts=NOW) == []
 
 
-@pytest.mark.parametrize("tolerate,expected", [(True, []), (False, [("PUT0.3", "MISSING", False),
-                                                                     ("EOS0", "CORRUPT", False)])])
+@pytest.mark.parametrize(
+    "tolerate,expected", [(True, []), (False, [("PUT0.3", "MISSING", False), ("EOS0", "CORRUPT", False)])]
+)
 def test_active_active_drainer_tolerates_rt_gaps(tolerate, expected):
     d = Feeder(PartitionValidator(is_realtime=True, config=ValidatorConfig(tolerate_rt_gaps=tolerate)))
     assert d.v.end_of_push  # an RT is read after the version's EOP: nothing there is fatal
@@ -310,6 +327,7 @@ def test_active_active_drainer_tolerates_rt_gaps(tolerate, expected):
 
 
 # -- outcomes (venice-protocol-notes §3.4) -----------------------------------------------------------------------------------------
+
 
 def test_the_end_of_push_record_itself_is_judged_before_eop():
     d = Feeder()
@@ -331,6 +349,7 @@ def test_an_rt_topic_never_sets_an_eop_offset():
 
 # -- heartbeats, DoL stamps and Global-RT-DIV records -------------------------------------------------------------
 
+
 def test_heartbeats_and_dol_stamps_are_exempt_and_not_tracked():
     d = Feeder()
     d.push_start()
@@ -351,18 +370,25 @@ def _grd_key(partition: int = 0) -> bytes:
     return f"GLOBAL_RT_DIV_KEY.{partition}.broker:9092".encode() + b"\x02\x00"
 
 
-@pytest.mark.parametrize("fault,expected", [
-    (None, []),
-    ("drop", [("PUT0.3", "MISSING", False), ("EOS0", "CORRUPT", False)]),
-    ("value", [("EOS0", "CORRUPT", False)]),
-    ("key", [("EOS0", "CORRUPT", False)]),
-])
+@pytest.mark.parametrize(
+    "fault,expected",
+    [
+        (None, []),
+        ("drop", [("PUT0.3", "MISSING", False), ("EOS0", "CORRUPT", False)]),
+        ("value", [("EOS0", "CORRUPT", False)]),
+        ("key", [("EOS0", "CORRUPT", False)]),
+    ],
+)
 def test_global_rt_div_records_are_validated_like_puts(fault, expected):
     d = Feeder()
     d.to_phase(True)
     a = ref.RefProducer(A)
-    recs = (a.put(_grd_key(), b"state-1", header=8) + a.put(_grd_key(), b"state-2", header=8)
-            + a.put(_grd_key(), b"state-3", header=8) + a.end_segment())
+    recs = (
+        a.put(_grd_key(), b"state-1", header=8)
+        + a.put(_grd_key(), b"state-2", header=8)
+        + a.put(_grd_key(), b"state-3", header=8)
+        + a.end_segment()
+    )
     assert {r.key[0] for r in recs if r.label.startswith("PUT")} == {8}
     if fault == "drop":
         del recs[2]
@@ -376,6 +402,7 @@ def test_global_rt_div_records_are_validated_like_puts(fault, expected):
 
 
 # -- producer-state max age (venice-protocol-notes §3.6) ---------------------------------------------------------------------------
+
 
 def _max_age_log(max_age: int, now_ms: int | None = None) -> list[tuple[str, str, bool]]:
     d = Feeder(max_age_ms=max_age, now_ms=now_ms)
@@ -416,10 +443,19 @@ def test_max_age_on_restore_and_clone():
 
 # -- state transitions (venice-protocol-notes §3.8) --------------------------------------------------------------------------------
 
+
 def _state(ts: int, seq: int = 3) -> dict:
-    return {"segmentNumber": 0, "segmentStatus": IN_PROGRESS, "isRegistered": True, "messageSequenceNumber": seq,
-            "messageTimestamp": ts, "checksumType": ref.ADHASH, "checksumState": b"\0" * 8, "aggregates": {},
-            "debugInfo": {}}
+    return {
+        "segmentNumber": 0,
+        "segmentStatus": IN_PROGRESS,
+        "isRegistered": True,
+        "messageSequenceNumber": seq,
+        "messageTimestamp": ts,
+        "checksumType": ref.ADHASH,
+        "checksumState": b"\0" * 8,
+        "aggregates": {},
+        "debugInfo": {},
+    }
 
 
 def test_offline_to_standby_restores_a_checkpoint_and_continues():
@@ -468,6 +504,7 @@ def test_standby_to_offline_clears_the_state():
 
 # -- the fast path decides exactly as the full procedure ----------------------------------------------------------
 
+
 class FullProcedureOnly(PartitionValidator):
     def process(self, offset, key, env, broker_ts=None, value_size=0):
         return list(self._process_slow(offset, key, env, broker_ts, value_size))
@@ -475,9 +512,12 @@ class FullProcedureOnly(PartitionValidator):
 
 def _random_log(rng: random.Random) -> list[ref.Rec]:
     push = ref.RefProducer(P, host="push")
-    producers = [ref.RefProducer(bytes([i]) * 16, checksum_type=rng.choice([ref.ADHASH, ref.ADHASH, ref.NONE,
-                                                                             ref.MD5, ref.CRC32]))
-                 for i in range(1, 5)]
+    producers = [
+        ref.RefProducer(
+            bytes([i]) * 16, checksum_type=rng.choice([ref.ADHASH, ref.ADHASH, ref.NONE, ref.MD5, ref.CRC32])
+        )
+        for i in range(1, 5)
+    ]
     log = push.start_of_push()
     for i in range(300):
         p = rng.choice(producers)

@@ -37,6 +37,7 @@ def codecs() -> dict[str, E.EnvelopeCodec]:
 
 # -- keys (venice-protocol-notes §1.2) --------------------------------------------------------------------------------------------
 
+
 def test_heartbeat_and_dol_guids_are_venices_type3_uuids():
     assert keys.HEARTBEAT_GUID.hex() == "81545f3cbd093909a467a583ef39e468"
     assert keys.DOL_GUID.hex() == "4a5ead6ef3a932f0864e3b7c324c9275"
@@ -55,8 +56,12 @@ def test_key_header_bytes():
     assert keys.data_key(b"k") == b"\x00k"  # PUT and DELETE share header 0 (compaction supersedes either)
     assert keys.update_key(b"k") == b"\x04k"
     assert keys.encode_key(keys.HEADER_GLOBAL_RT_DIV, b"g") == b"\x08g"
-    assert (keys.HEADER_PUT_OR_DELETE, keys.HEADER_CONTROL_MESSAGE, keys.HEADER_UPDATE,
-            keys.HEADER_GLOBAL_RT_DIV) == (0, 2, 4, 8)
+    assert (
+        keys.HEADER_PUT_OR_DELETE,
+        keys.HEADER_CONTROL_MESSAGE,
+        keys.HEADER_UPDATE,
+        keys.HEADER_GLOBAL_RT_DIV,
+    ) == (0, 2, 4, 8)
 
 
 def test_control_key_is_guid_then_big_endian_segment_and_sequence():
@@ -97,6 +102,7 @@ def test_non_chunk_suffix_is_stripped_only_when_present():
 
 # -- GUIDs (venice-protocol-notes §2.1) -----------------------------------------------------------------------------------------
 
+
 def test_guids_random_per_writer_and_deterministic_layout():
     assert len(random_guid()) == 16 and random_guid() != random_guid()
     assert SegmentWriter().guid != SegmentWriter().guid
@@ -108,8 +114,11 @@ def test_guids_random_per_writer_and_deterministic_layout():
 
 # -- positions (venice-protocol-notes §7) ---------------------------------------------------------------------------------------
 
-@pytest.mark.parametrize("offset,blob", [
-    (0, "2201000200"), (1, "2201000202"), (100, "22010004c801"), (123456789, "22010008aab4de75")])
+
+@pytest.mark.parametrize(
+    "offset,blob",
+    [(0, "2201000200"), (1, "2201000202"), (100, "22010004c801"), (123456789, "22010008aab4de75")],
+)
 def test_kafka_offset_position_vectors(offset, blob):
     assert positions.encode_offset(offset).hex() == blob
     assert positions.decode(bytes.fromhex(blob)) == (positions.TYPE_KAFKA_OFFSET, offset)
@@ -137,8 +146,18 @@ def test_position_blob_matches_venices_schema_file():
         assert rec["rawBytes"] == raw.getvalue()
 
 
-@pytest.mark.parametrize("bad", [b"", b"\x22", b"\x23\x01\x00\x00", b"\x22\x02\x00\x00", b"\x22\x01\x00\x04\x02",
-                                 b"\x22\x01\x02\x00", b"\x22\x01\x00\x02\x03"])
+@pytest.mark.parametrize(
+    "bad",
+    [
+        b"",
+        b"\x22",
+        b"\x23\x01\x00\x00",
+        b"\x22\x02\x00\x00",
+        b"\x22\x01\x00\x04\x02",
+        b"\x22\x01\x02\x00",
+        b"\x22\x01\x00\x02\x03",
+    ],
+)
 def test_bad_position_blobs_are_refused(bad):
     # empty, short, wrong magic, wrong version, truncated raw bytes, unknown type 1, Kafka offset -2
     with pytest.raises(positions.PositionError):
@@ -158,18 +177,24 @@ def test_offset_fallback_rule():
 
 # -- §1.9 vectors --------------------------------------------------------------------------------------------------
 
-RT_HB = ("170e0481545f3cbd093909a467a583ef39e468000080a0abfef962010604000408000212686f73743a3132333401010822010300"
-         "0101")
-VT_HB = ("170e0481545f3cbd093909a467a583ef39e468000080a0abfef9620106040004080002166c65616465723a31323334c801020c2201"
-         "0004c8010101")
+RT_HB = (
+    "170e0481545f3cbd093909a467a583ef39e468000080a0abfef962010604000408000212686f73743a3132333401010822010300"
+    "0101"
+)
+VT_HB = (
+    "170e0481545f3cbd093909a467a583ef39e468000080a0abfef9620106040004080002166c65616465723a31323334c801020c2201"
+    "0004c8010101"
+)
 PUT_V = "170e00000102030405060708090a0b0c0d0e0f000280a0abfef96203000276020100020268010108220103000101"
 
 
 def _hb_env(footer) -> dict:
-    return {"messageType": 2,
-            "producerMetadata": E.producer_metadata(keys.HEARTBEAT_GUID, 0, 0, TS, -1),
-            "payloadUnion": E.control_message(E.START_OF_SEGMENT, {"checksumType": 4, "upcomingAggregates": []}),
-            "leaderMetadataFooter": footer}
+    return {
+        "messageType": 2,
+        "producerMetadata": E.producer_metadata(keys.HEARTBEAT_GUID, 0, 0, TS, -1),
+        "payloadUnion": E.control_message(E.START_OF_SEGMENT, {"checksumType": 4, "upcomingAggregates": []}),
+        "leaderMetadataFooter": footer,
+    }
 
 
 @pytest.mark.parametrize("backend", BACKENDS)
@@ -188,8 +213,13 @@ def test_vt_heartbeat_vector(codecs, backend):
     codec = codecs[backend]
     assert codec.encode(_hb_env(E.leader_footer("leader:1234", 100, 1))).hex() == VT_HB
     f = E.footer(codec.decode(bytes.fromhex(VT_HB)))
-    assert (f["hostName"], f["upstreamOffset"], f["upstreamKafkaClusterId"], f["termId"],
-            f["upstreamMessageTimestamp"]) == ("leader:1234", 100, 1, -1, -1)
+    assert (
+        f["hostName"],
+        f["upstreamOffset"],
+        f["upstreamKafkaClusterId"],
+        f["termId"],
+        f["upstreamMessageTimestamp"],
+    ) == ("leader:1234", 100, 1, -1, -1)
     assert positions.decode(f["upstreamPubSubPosition"]) == (0, 100)
 
 
@@ -205,27 +235,51 @@ def test_put_vector_from_the_writer():
 def test_put_vector_decodes(codecs, backend):
     env = codecs[backend].decode(bytes.fromhex(PUT_V))
     pm = env["producerMetadata"]
-    assert (pm["producerGUID"], pm["segmentNumber"], pm["messageSequenceNumber"], pm["messageTimestamp"],
-            pm["logicalTimestamp"]) == (GUID, 0, 1, TS, -2)
+    assert (
+        pm["producerGUID"],
+        pm["segmentNumber"],
+        pm["messageSequenceNumber"],
+        pm["messageTimestamp"],
+        pm["logicalTimestamp"],
+    ) == (GUID, 0, 1, TS, -2)
     assert E.payload_kind(env) == "PUT" and env["messageType"] == 0
     assert E.payload(env)["putValue"] == b"v" and E.payload(env)["schemaId"] == 1
 
 
 # -- §2.4 checksum vectors ---------------------------------------------------------------------------------------
 
+
 def _vector_feeds() -> list[bytes]:
-    return (cks.feeds(2, "CONTROL", b"", {}, E.START_OF_SEGMENT)
-            + cks.feeds(0, "PUT", b"k", {"schemaId": 1, "putValue": b"v"})
-            + cks.feeds(1, "DELETE", b"k2", {}))
+    return (
+        cks.feeds(2, "CONTROL", b"", {}, E.START_OF_SEGMENT)
+        + cks.feeds(0, "PUT", b"k", {"schemaId": 1, "putValue": b"v"})
+        + cks.feeds(1, "DELETE", b"k2", {})
+    )
 
 
-@pytest.mark.parametrize("ctype,expected", [
-    (cks.ADHASH, "00000002ef30be84"), (cks.CRC32, "00000000c6f7ffc8"), (cks.ADLER32, "0000000009b50185"),
-    (cks.MD5, "cb6ee8684f505e23d030afcfc87e2723"), (cks.NONE, "")])
+@pytest.mark.parametrize(
+    "ctype,expected",
+    [
+        (cks.ADHASH, "00000002ef30be84"),
+        (cks.CRC32, "00000000c6f7ffc8"),
+        (cks.ADLER32, "0000000009b50185"),
+        (cks.MD5, "cb6ee8684f505e23d030afcfc87e2723"),
+        (cks.NONE, ""),
+    ],
+)
 def test_checksum_vectors(ctype, expected):
     feeds = _vector_feeds()
     # The feed rule itself (§2.3): ints as 4 BE bytes, the key content without header byte.
-    assert feeds == [b"\0\0\0\x02", b"\0\0\0\x02", b"\0\0\0\0", b"k", b"\0\0\0\x01", b"v", b"\0\0\0\x01", b"k2"]
+    assert feeds == [
+        b"\0\0\0\x02",
+        b"\0\0\0\x02",
+        b"\0\0\0\0",
+        b"k",
+        b"\0\0\0\x01",
+        b"v",
+        b"\0\0\0\x01",
+        b"k2",
+    ]
     c = cks.Checksum(ctype)
     for f in feeds:
         c.update(f)
@@ -244,16 +298,28 @@ def test_adhash_is_per_feed_not_per_stream():
 
 def test_update_feeds_and_unsupported_control_types():
     assert cks.feeds(3, "UPDATE", b"k", {"schemaId": 5, "updateSchemaId": 6, "updateValue": b"u"}) == [
-        b"\0\0\0\x03", b"k", b"\0\0\0\x05", b"\0\0\0\x06", b"u"]
+        b"\0\0\0\x03",
+        b"k",
+        b"\0\0\0\x05",
+        b"\0\0\0\x06",
+        b"u",
+    ]
     assert cks.feeds(2, "CONTROL", b"", {}, E.END_OF_SEGMENT) == []
-    for ctype in (E.START_OF_PUSH, E.END_OF_PUSH, E.START_OF_INCREMENTAL_PUSH, E.END_OF_INCREMENTAL_PUSH,
-                  E.TOPIC_SWITCH, E.VERSION_SWAP):
+    for ctype in (
+        E.START_OF_PUSH,
+        E.END_OF_PUSH,
+        E.START_OF_INCREMENTAL_PUSH,
+        E.END_OF_INCREMENTAL_PUSH,
+        E.TOPIC_SWITCH,
+        E.VERSION_SWAP,
+    ):
         assert cks.feeds(2, "CONTROL", b"", {}, ctype) == [b"\0\0\0\x02", ctype.to_bytes(4, "big")]
     with pytest.raises(cks.UnsupportedMessageTypeError):
         cks.feeds(2, "CONTROL", b"", {}, E.START_OF_BUFFER_REPLAY)
 
 
 # -- every protocol version, both decoders -----------------------------------------------------------------------
+
 
 def _find(schema, name):
     return ev._find_record(schema, name)
@@ -266,8 +332,14 @@ def _fill(schema, named: dict, choose: dict, seed: list) -> object:
             return _fill(named[schema], named, choose, seed)
         seed[0] += 1
         n = seed[0]
-        return {"int": 1000 + n, "long": 10**12 + n, "string": f"s{n}", "bytes": b"b%d" % n, "boolean": True,
-                "null": None}[schema]
+        return {
+            "int": 1000 + n,
+            "long": 10**12 + n,
+            "string": f"s{n}",
+            "bytes": b"b%d" % n,
+            "boolean": True,
+            "null": None,
+        }[schema]
     if isinstance(schema, list):
         branch = next(b for b in schema if b != "null")
         return _fill(branch, named, choose, seed)
@@ -295,9 +367,13 @@ def _fill(schema, named: dict, choose: dict, seed: list) -> object:
 
 def _kinds(version: int) -> list[tuple[str, int | None]]:
     schema = ev.writer_schema(version)
-    union = next(f["type"] for f in _find(schema, "KafkaMessageEnvelope")["fields"] if f["name"] == "payloadUnion")
+    union = next(
+        f["type"] for f in _find(schema, "KafkaMessageEnvelope")["fields"] if f["name"] == "payloadUnion"
+    )
     names = [b["name"] for b in union]
-    cmu = next(f["type"] for f in _find(schema, "ControlMessage")["fields"] if f["name"] == "controlMessageUnion")
+    cmu = next(
+        f["type"] for f in _find(schema, "ControlMessage")["fields"] if f["name"] == "controlMessageUnion"
+    )
     out: list[tuple[str, int | None]] = [(n, None) for n in ("Put", "Delete", "Update") if n in names]
     out += [("ControlMessage", i) for i in range(len(cmu))]
     return out
@@ -315,17 +391,26 @@ def _datum(version: int, branch: str, ctype: int | None) -> dict:
         cmu = next(f["type"] for f in body_schema["fields"] if f["name"] == "controlMessageUnion")
         inner = cmu[ctype]
         inner_datum = _fill(inner, named, {}, seed)
-        body = _fill(body_schema, named, {"controlMessageType": ctype,
-                                          "controlMessageUnion": (E.NS + inner["name"], inner_datum)}, seed)
+        body = _fill(
+            body_schema,
+            named,
+            {"controlMessageType": ctype, "controlMessageUnion": (E.NS + inner["name"], inner_datum)},
+            seed,
+        )
     else:
         body = _fill(body_schema, named, {}, seed)
     mt = {"Put": 0, "Delete": 1, "ControlMessage": 2, "Update": 3}[branch]
     top = _find(schema, "KafkaMessageEnvelope")
-    choose = {"messageType": mt, "payloadUnion": (E.NS + branch, body),
-              "producerMetadata": _fill(_find(schema, "ProducerMetadata"), named, {}, seed)}
+    choose = {
+        "messageType": mt,
+        "payloadUnion": (E.NS + branch, body),
+        "producerMetadata": _fill(_find(schema, "ProducerMetadata"), named, {}, seed),
+    }
     if any(f["name"] == "leaderMetadataFooter" for f in top["fields"]):
-        choose["leaderMetadataFooter"] = (E.NS + "LeaderMetadata", _fill(_find(schema, "LeaderMetadata"), named,
-                                                                         {}, seed))
+        choose["leaderMetadataFooter"] = (
+            E.NS + "LeaderMetadata",
+            _fill(_find(schema, "LeaderMetadata"), named, {}, seed),
+        )
     return _fill(top, named, choose, seed)
 
 
@@ -358,7 +443,11 @@ def test_every_version_and_kind_decodes_identically_with_both_backends(codecs, v
     pm = env["producerMetadata"]
     wpm = datum["producerMetadata"]
     assert (pm["producerGUID"], pm["segmentNumber"], pm["messageSequenceNumber"], pm["messageTimestamp"]) == (
-        wpm["producerGUID"], wpm["segmentNumber"], wpm["messageSequenceNumber"], wpm["messageTimestamp"])
+        wpm["producerGUID"],
+        wpm["segmentNumber"],
+        wpm["messageSequenceNumber"],
+        wpm["messageTimestamp"],
+    )
     assert pm["logicalTimestamp"] == wpm.get("logicalTimestamp", -1)
     assert env["messageType"] == datum["messageType"]
     name, body = env["payloadUnion"]
@@ -369,16 +458,23 @@ def test_every_version_and_kind_decodes_identically_with_both_backends(codecs, v
         inner_name, inner = body["controlMessageUnion"]
         assert inner_name == E.CONTROL_RECORD_NAMES[ctype]
         rec = E.CONTROL_NAMES[ctype]
-        assert inner == _expected_record(datum["payloadUnion"][1]["controlMessageUnion"][1],
-                                         _find(writer_schema, rec), _find(reader_schema, rec))
+        assert inner == _expected_record(
+            datum["payloadUnion"][1]["controlMessageUnion"][1],
+            _find(writer_schema, rec),
+            _find(reader_schema, rec),
+        )
         assert body["debugInfo"] == datum["payloadUnion"][1]["debugInfo"]
     else:
-        assert body == _expected_record(datum["payloadUnion"][1], _find(writer_schema, branch),
-                                        _find(reader_schema, branch))
+        assert body == _expected_record(
+            datum["payloadUnion"][1], _find(writer_schema, branch), _find(reader_schema, branch)
+        )
     footer = env["leaderMetadataFooter"]
     if "leaderMetadataFooter" in datum:
-        assert footer[1] == _expected_record(datum["leaderMetadataFooter"][1], _find(writer_schema, "LeaderMetadata"),
-                                             _find(reader_schema, "LeaderMetadata"))
+        assert footer[1] == _expected_record(
+            datum["leaderMetadataFooter"][1],
+            _find(writer_schema, "LeaderMetadata"),
+            _find(reader_schema, "LeaderMetadata"),
+        )
     else:
         assert footer is None
 
@@ -392,6 +488,7 @@ def test_old_version_byte_with_the_wrong_body_is_undecodable(codecs, backend):
 
 
 # -- vtp learning (venice-protocol-notes §1.3) -------------------------------------------------------------------------------------
+
 
 def _v99_schema() -> dict:
     s = ev.writer_schema(15)
@@ -441,9 +538,15 @@ def test_garbage_vtp_is_undecodable_and_does_not_poison_the_codec():
 
 
 @pytest.mark.parametrize("backend", BACKENDS)
-@pytest.mark.parametrize("vtp", [b"\xff\xfe", b'"string"', b"[]",
-                                 json.dumps({"type": "record", "name": "X", "fields": [{"name": "a",
-                                                                                        "type": "int"}]}).encode()])
+@pytest.mark.parametrize(
+    "vtp",
+    [
+        b"\xff\xfe",
+        b'"string"',
+        b"[]",
+        json.dumps({"type": "record", "name": "X", "fields": [{"name": "a", "type": "int"}]}).encode(),
+    ],
+)
 def test_a_vtp_that_is_no_envelope_schema_makes_the_record_undecodable(backend, vtp):
     # Never another exception: a run must be able to turn this record into an UNDECODABLE row and go on.
     with pytest.raises(E.UndecodableError):
@@ -461,11 +564,20 @@ def test_an_unresolvable_vtp_is_not_kept():
 
 # -- undecodable values ------------------------------------------------------------------------------------------
 
+
 @pytest.mark.parametrize("backend", BACKENDS)
-@pytest.mark.parametrize("value,reason", [
-    (None, "empty"), (b"", "empty"), (b"\x17", "empty"), (b"\x16" + bytes.fromhex(PUT_V)[1:], "magic"),
-    (bytes.fromhex(PUT_V)[:-7], "failed"), (bytes.fromhex(PUT_V)[:30], "failed"),
-    (b"\x17\x63" + bytes.fromhex(PUT_V)[2:], "unknown protocol version 99")])
+@pytest.mark.parametrize(
+    "value,reason",
+    [
+        (None, "empty"),
+        (b"", "empty"),
+        (b"\x17", "empty"),
+        (b"\x16" + bytes.fromhex(PUT_V)[1:], "magic"),
+        (bytes.fromhex(PUT_V)[:-7], "failed"),
+        (bytes.fromhex(PUT_V)[:30], "failed"),
+        (b"\x17\x63" + bytes.fromhex(PUT_V)[2:], "unknown protocol version 99"),
+    ],
+)
 def test_undecodable_values(codecs, backend, value, reason):
     with pytest.raises(E.UndecodableError, match=reason):
         codecs[backend].decode(value)
@@ -478,9 +590,13 @@ def _with_message_type(value_hex: str, message_type: int) -> bytes:
 
 
 @pytest.mark.parametrize("backend", BACKENDS)
-@pytest.mark.parametrize("value_hex,message_type", [
-    (PUT_V, 1), (PUT_V, 2), (PUT_V, 3), (RT_HB, 0), (RT_HB, 1), (RT_HB, 3), (RT_HB, 4)])
-def test_message_type_that_contradicts_the_payload_branch_is_undecodable(codecs, backend, value_hex, message_type):
+@pytest.mark.parametrize(
+    "value_hex,message_type",
+    [(PUT_V, 1), (PUT_V, 2), (PUT_V, 3), (RT_HB, 0), (RT_HB, 1), (RT_HB, 3), (RT_HB, 4)],
+)
+def test_message_type_that_contradicts_the_payload_branch_is_undecodable(
+    codecs, backend, value_hex, message_type
+):
     # §1.3 pitfall: branch indices are Put 0, Update 1, Delete 2, ControlMessage 3; messageType ints are
     # PUT 0, DELETE 1, CONTROL 2, UPDATE 3. A record whose two disagree is not a Venice record.
     with pytest.raises(E.UndecodableError, match="messageType"):
@@ -503,6 +619,7 @@ def test_branch_index_is_not_the_message_type(codecs, backend):
 
 # -- interoperability with Venice's schema file ------------------------------------------------------------------
 
+
 def _writer_records() -> list:
     w = SegmentWriter(GUID, host_name="writer:1", clock=iter(range(TS, TS + 1000)).__next__)
     out = []
@@ -510,10 +627,15 @@ def _writer_records() -> list:
     out += w.put(0, b"key", b"value", schema_id=3, logical_ts=77, rmd_version=1, rmd_payload=b"rmd")
     out += w.delete(0, b"key", rmd_version=1, rmd_payload=b"r2")
     out += w.update(0, b"key", b"upd", 3, 4)
-    out += w.put(0, b"GLOBAL_RT_DIV_KEY.0.broker\x02\x00", b"state", schema_id=1, header=keys.HEADER_GLOBAL_RT_DIV)
+    out += w.put(
+        0, b"GLOBAL_RT_DIV_KEY.0.broker\x02\x00", b"state", schema_id=1, header=keys.HEADER_GLOBAL_RT_DIV
+    )
     out += w.control(0, E.START_OF_INCREMENTAL_PUSH, {"version": "inc-1"})
-    out += w.control(0, E.TOPIC_SWITCH, {"sourceKafkaServers": ["a:1"], "sourceTopicName": "s_rt",
-                                         "rewindStartTimestamp": 5})
+    out += w.control(
+        0,
+        E.TOPIC_SWITCH,
+        {"sourceKafkaServers": ["a:1"], "sourceTopicName": "s_rt", "rewindStartTimestamp": 5},
+    )
     out += w.end_of_push(0)
     out += w.put(0, b"k2", b"v2", footer=E.leader_footer("leader:9", 123, 2, upstream_timestamp=TS))
     out += w.close()
@@ -528,8 +650,10 @@ def test_writer_output_decodes_with_venices_schema_file():
         # Re-encoding what Venice's schema read gives back the very same bytes.
         assert ref.encode_envelope(env) == r.value
         pm = env["producerMetadata"]
-        assert pm["producerGUID"] == GUID and (pm["segmentNumber"], pm["messageSequenceNumber"]) == (r.segment,
-                                                                                                       r.sequence)
+        assert pm["producerGUID"] == GUID and (pm["segmentNumber"], pm["messageSequenceNumber"]) == (
+            r.segment,
+            r.sequence,
+        )
         name, body = env["payloadUnion"]
         header = r.key[0]
         if name.endswith("ControlMessage"):
@@ -542,17 +666,34 @@ def test_writer_output_decodes_with_venices_schema_file():
         else:
             assert header == 4 and env["messageType"] == 3
     put = ref.decode_envelope(recs[2].value)
-    assert put["payloadUnion"][1] == {"putValue": b"value", "schemaId": 3, "replicationMetadataVersionId": 1,
-                                      "replicationMetadataPayload": b"rmd"}
+    assert put["payloadUnion"][1] == {
+        "putValue": b"value",
+        "schemaId": 3,
+        "replicationMetadataVersionId": 1,
+        "replicationMetadataPayload": b"rmd",
+    }
     assert put["producerMetadata"]["logicalTimestamp"] == 77
     assert put["leaderMetadataFooter"][1] == ref.default_footer("writer:1")[1]
     sop = ref.decode_envelope(recs[1].value)["payloadUnion"][1]["controlMessageUnion"]
-    assert sop == (ref.NS + "StartOfPush", {"sorted": True, "chunked": True, "compressionStrategy": 2,
-                                            "compressionDictionary": None, "timestampPolicy": 0})
+    assert sop == (
+        ref.NS + "StartOfPush",
+        {
+            "sorted": True,
+            "chunked": True,
+            "compressionStrategy": 2,
+            "compressionDictionary": None,
+            "timestampPolicy": 0,
+        },
+    )
     leader = ref.decode_envelope(recs[-2].value)["leaderMetadataFooter"][1]
-    assert leader == {"hostName": "leader:9", "upstreamOffset": 123, "upstreamKafkaClusterId": 2,
-                      "upstreamPubSubPosition": bytes.fromhex("22010004f601"), "termId": -1,
-                      "upstreamMessageTimestamp": TS}
+    assert leader == {
+        "hostName": "leader:9",
+        "upstreamOffset": 123,
+        "upstreamKafkaClusterId": 2,
+        "upstreamPubSubPosition": bytes.fromhex("22010004f601"),
+        "termId": -1,
+        "upstreamMessageTimestamp": TS,
+    }
 
 
 def test_writer_vtp_header_is_venices_v14_schema():
@@ -563,17 +704,36 @@ def test_writer_vtp_header_is_venices_v14_schema():
 
 
 def test_venice_encoded_records_decode_with_our_codec(codecs):
-    p = ref.RefProducer(bytes.fromhex("ff" * 8 + "80" * 8), checksum_type=ref.MD5, host="venice:1", start_ms=TS)
-    recs = ref.flatten(p.start_of_push(), p.put(b"a", b"1", schema_id=9), p.delete(b"a"),
-                       p.update(b"b", b"u", 2, 3), p.end_of_push(), p.end_segment(final=True))
+    p = ref.RefProducer(
+        bytes.fromhex("ff" * 8 + "80" * 8), checksum_type=ref.MD5, host="venice:1", start_ms=TS
+    )
+    recs = ref.flatten(
+        p.start_of_push(),
+        p.put(b"a", b"1", schema_id=9),
+        p.delete(b"a"),
+        p.update(b"b", b"u", 2, 3),
+        p.end_of_push(),
+        p.end_segment(final=True),
+    )
     for backend in BACKENDS:
         envs = [codecs[backend].decode(r.value, r.headers) for r in recs]
-        assert [E.payload_kind(e) for e in envs] == ["CONTROL", "CONTROL", "PUT", "DELETE", "UPDATE", "CONTROL",
-                                                     "CONTROL"]
+        assert [E.payload_kind(e) for e in envs] == [
+            "CONTROL",
+            "CONTROL",
+            "PUT",
+            "DELETE",
+            "UPDATE",
+            "CONTROL",
+            "CONTROL",
+        ]
         assert [e["producerMetadata"]["messageSequenceNumber"] for e in envs] == list(range(7))
         assert [E.control_type(e) for e in envs] == [2, 0, None, None, None, 1, 3]
-        assert E.payload(envs[2]) == {"putValue": b"1", "schemaId": 9, "replicationMetadataVersionId": -1,
-                                      "replicationMetadataPayload": b""}
+        assert E.payload(envs[2]) == {
+            "putValue": b"1",
+            "schemaId": 9,
+            "replicationMetadataVersionId": -1,
+            "replicationMetadataPayload": b"",
+        }
         assert E.control_body(envs[-1])["checksumValue"] == p.cs.value()
         assert E.control_body(envs[-1])["finalSegment"] is True
         # Decoding and re-encoding with our codec is byte-identical.

@@ -56,11 +56,17 @@ def _eos(env) -> dict:
 
 # -- numbering (venice-protocol-notes §2.2) ----------------------------------------------------------------------------------------
 
+
 def test_first_message_starts_segment_zero_with_an_sos_at_sequence_zero():
     w = SegmentWriter(GUID, clock=Clock())
     recs = w.put(0, b"a", b"1") + w.put(0, b"b", b"2") + w.delete(0, b"a") + w.update(0, b"c", b"u", 1, 2)
-    assert _shape(recs) == [(0, 0, "StartOfSegment"), (0, 1, "Put"), (0, 2, "Put"), (0, 3, "Delete"),
-                            (0, 4, "Update")]
+    assert _shape(recs) == [
+        (0, 0, "StartOfSegment"),
+        (0, 1, "Put"),
+        (0, 2, "Put"),
+        (0, 3, "Delete"),
+        (0, 4, "Update"),
+    ]
     sos = _decoded(recs)[0]["payloadUnion"][1]
     assert sos["controlMessageUnion"][1] == {"checksumType": cks.ADHASH, "upcomingAggregates": []}
     assert recs[0].key == ref.control_key(GUID, 0, 0)
@@ -70,19 +76,40 @@ def test_first_message_starts_segment_zero_with_an_sos_at_sequence_zero():
 def test_end_of_segment_takes_the_next_sequence_and_the_next_message_opens_a_new_segment():
     w = SegmentWriter(GUID, clock=Clock())
     recs = w.put(0, b"a", b"1") + w.end_segment(0, final=False) + w.put(0, b"b", b"2") + w.end_segment(0)
-    assert _shape(recs) == [(0, 0, "StartOfSegment"), (0, 1, "Put"), (0, 2, "EndOfSegment"),
-                            (1, 0, "StartOfSegment"), (1, 1, "Put"), (1, 2, "EndOfSegment")]
+    assert _shape(recs) == [
+        (0, 0, "StartOfSegment"),
+        (0, 1, "Put"),
+        (0, 2, "EndOfSegment"),
+        (1, 0, "StartOfSegment"),
+        (1, 1, "Put"),
+        (1, 2, "EndOfSegment"),
+    ]
     # Every control message has its own key: GUID ‖ segment ‖ sequence (venice-protocol-notes §1.2).
-    assert [r.key for r in recs if r.key[0] == 2] == [ref.control_key(GUID, s, q) for s, q in
-                                                      ((0, 0), (0, 2), (1, 0), (1, 2))]
+    assert [r.key for r in recs if r.key[0] == 2] == [
+        ref.control_key(GUID, s, q) for s, q in ((0, 0), (0, 2), (1, 0), (1, 2))
+    ]
     assert w.end_segment(0) == []  # nothing open
 
 
 def test_partitions_are_numbered_independently():
     w = SegmentWriter(GUID, clock=Clock())
-    recs = w.put(3, b"a", b"1") + w.put(5, b"b", b"2") + w.put(3, b"c", b"3") + w.end_segment(5) + w.put(5, b"d", b"")
+    recs = (
+        w.put(3, b"a", b"1")
+        + w.put(5, b"b", b"2")
+        + w.put(3, b"c", b"3")
+        + w.end_segment(5)
+        + w.put(5, b"d", b"")
+    )
     assert [(r.partition, r.segment, r.sequence) for r in recs] == [
-        (3, 0, 0), (3, 0, 1), (5, 0, 0), (5, 0, 1), (3, 0, 2), (5, 0, 2), (5, 1, 0), (5, 1, 1)]
+        (3, 0, 0),
+        (3, 0, 1),
+        (5, 0, 0),
+        (5, 0, 1),
+        (3, 0, 2),
+        (5, 0, 2),
+        (5, 1, 0),
+        (5, 1, 1),
+    ]
 
 
 def test_vtp_header_only_on_segment_zero_sequence_zero():
@@ -108,6 +135,7 @@ def test_timestamps_come_from_the_clock_and_logical_timestamps_follow_venice():
 
 # -- time-based rolling (venice-protocol-notes §2.2) -------------------------------------------------------------------------------
 
+
 def test_segment_rolls_when_older_than_the_max_age_on_the_next_send():
     clock = Clock()
     w = SegmentWriter(GUID, clock=clock, max_segment_age_ms=1000)
@@ -116,8 +144,14 @@ def test_segment_rolls_when_older_than_the_max_age_on_the_next_send():
     recs += w.put(0, b"b", b"2")
     clock.t = T0 + 1001
     recs += w.put(0, b"c", b"3")
-    assert _shape(recs) == [(0, 0, "StartOfSegment"), (0, 1, "Put"), (0, 2, "Put"),
-                            (0, 3, "EndOfSegment"), (1, 0, "StartOfSegment"), (1, 1, "Put")]
+    assert _shape(recs) == [
+        (0, 0, "StartOfSegment"),
+        (0, 1, "Put"),
+        (0, 2, "Put"),
+        (0, 3, "EndOfSegment"),
+        (1, 0, "StartOfSegment"),
+        (1, 1, "Put"),
+    ]
     envs = _decoded(recs)
     assert _eos(envs[3])["finalSegment"] is False
     assert envs[4]["producerMetadata"]["messageTimestamp"] == T0 + 1001
@@ -160,11 +194,17 @@ def test_default_max_age_is_five_minutes():
 
 # -- final segments ------------------------------------------------------------------------------------------------
 
+
 def test_end_of_push_then_final_end_of_segment():
     w = SegmentWriter(GUID, clock=Clock())
     recs = w.start_of_push(0) + w.put(0, b"a", b"1") + w.end_of_push(0)
-    assert _shape(recs) == [(0, 0, "StartOfSegment"), (0, 1, "StartOfPush"), (0, 2, "Put"), (0, 3, "EndOfPush"),
-                            (0, 4, "EndOfSegment")]
+    assert _shape(recs) == [
+        (0, 0, "StartOfSegment"),
+        (0, 1, "StartOfPush"),
+        (0, 2, "Put"),
+        (0, 3, "EndOfPush"),
+        (0, 4, "EndOfSegment"),
+    ]
     assert _eos(_decoded(recs)[-1])["finalSegment"] is True
 
 
@@ -234,8 +274,13 @@ def _expected_checksums(recs, ctype: int) -> list[bytes]:
         elif name.endswith("Put"):
             feeds = [ref.i32(mt), content, ref.i32(body["schemaId"]), body["putValue"]]
         elif name.endswith("Update"):
-            feeds = [ref.i32(mt), content, ref.i32(body["schemaId"]), ref.i32(body["updateSchemaId"]),
-                     body["updateValue"]]
+            feeds = [
+                ref.i32(mt),
+                content,
+                ref.i32(body["schemaId"]),
+                ref.i32(body["updateSchemaId"]),
+                body["updateValue"],
+            ]
         else:
             feeds = [ref.i32(mt), content]
         for f in feeds:
@@ -248,15 +293,20 @@ def test_each_checksum_type_end_to_end(ctype):
     recs = _stream(ctype, random.Random(ctype))
     sos = [ref.decode_envelope(r.value) for r in recs if r.key[0] == 2 and r.sequence == 0]
     assert {s["payloadUnion"][1]["controlMessageUnion"][1]["checksumType"] for s in sos} == {ctype}
-    eos = [_eos(ref.decode_envelope(r.value))["checksumValue"] for r in recs
-           if r.key[0] == 2 and ref.decode_envelope(r.value)["payloadUnion"][1]["controlMessageType"] == ref.EOS]
+    eos = [
+        _eos(ref.decode_envelope(r.value))["checksumValue"]
+        for r in recs
+        if r.key[0] == 2 and ref.decode_envelope(r.value)["payloadUnion"][1]["controlMessageType"] == ref.EOS
+    ]
     assert len(eos) == 2
     assert eos == _expected_checksums(recs, ctype)
     assert {len(v) for v in eos} == {{cks.NONE: 0, cks.MD5: 16}.get(ctype, 8)}
     # A Venice consumer accepts the stream: no finding.
     codec = E.EnvelopeCodec("fastavro")
     v = PartitionValidator()
-    findings = [f for i, r in enumerate(recs) for f in v.process(i, r.key, codec.decode(r.value, r.headers), T0)]
+    findings = [
+        f for i, r in enumerate(recs) for f in v.process(i, r.key, codec.decode(r.value, r.headers), T0)
+    ]
     assert findings == []
     assert v.end_of_push
 
@@ -270,16 +320,28 @@ def test_a_changed_value_is_caught_by_every_checksum_but_none(ctype):
     body = env["payloadUnion"][1]
     if "putValue" in body:
         body["putValue"] = body["putValue"] + b"!"
-    recs[victim] = recs[victim].__class__(recs[victim].partition, recs[victim].key + b"x", ref.encode_envelope(env),
-                                          recs[victim].headers, recs[victim].segment, recs[victim].sequence)
+    recs[victim] = recs[victim].__class__(
+        recs[victim].partition,
+        recs[victim].key + b"x",
+        ref.encode_envelope(env),
+        recs[victim].headers,
+        recs[victim].segment,
+        recs[victim].sequence,
+    )
     v = PartitionValidator()
-    findings = [f for i, r in enumerate(recs) for f in v.process(i, r.key, codec.decode(r.value, r.headers), T0)]
+    findings = [
+        f for i, r in enumerate(recs) for f in v.process(i, r.key, codec.decode(r.value, r.headers), T0)
+    ]
     if ctype == cks.NONE:
         assert findings == []
     else:
         assert [(f.type, f.fatal) for f in findings] == [("CORRUPT", True)]
-        eos_offsets = [i for i, r in enumerate(recs) if r.key[0] == 2 and
-                       ref.decode_envelope(r.value)["payloadUnion"][1]["controlMessageType"] == ref.EOS]
+        eos_offsets = [
+            i
+            for i, r in enumerate(recs)
+            if r.key[0] == 2
+            and ref.decode_envelope(r.value)["payloadUnion"][1]["controlMessageType"] == ref.EOS
+        ]
         assert findings[0].offset == min(o for o in eos_offsets if o > victim)
 
 
@@ -326,6 +388,7 @@ def test_checksum_state_restore_continues_the_same_value(ctype):
 
 # -- retries (venice-protocol-notes §2.7) --------------------------------------------------------------------------------------
 
+
 def test_a_retry_resends_identical_bytes_and_a_consumer_drops_it_as_one_duplicate():
     w = SegmentWriter(GUID, clock=Clock())
     first = w.put(0, b"a", b"1")
@@ -337,7 +400,9 @@ def test_a_retry_resends_identical_bytes_and_a_consumer_drops_it_as_one_duplicat
     assert [r.sequence for r in log] == [0, 1, 1, 2, 3]  # the retry did not consume a sequence number
     codec = E.EnvelopeCodec("fastavro")
     v = PartitionValidator()
-    findings = [f for i, r in enumerate(log) for f in v.process(i, r.key, codec.decode(r.value, r.headers), T0)]
+    findings = [
+        f for i, r in enumerate(log) for f in v.process(i, r.key, codec.decode(r.value, r.headers), T0)
+    ]
     assert [(f.offset, f.type, f.fatal) for f in findings] == [(2, "DUPLICATE", False)]
 
 
@@ -345,14 +410,22 @@ def test_a_retry_resends_identical_bytes_and_a_consumer_drops_it_as_one_duplicat
 def test_simulated_multi_producer_traffic_validates_clean(ctype):
     from sim.div_traffic import TrafficSpec, generate
 
-    spec = TrafficSpec(partitions=3, producers=4, records=1500, batch_records=50, keys=40, segment_every=200,
-                       checksum_type=ctype)
+    spec = TrafficSpec(
+        partitions=3,
+        producers=4,
+        records=1500,
+        batch_records=50,
+        keys=40,
+        segment_every=200,
+        checksum_type=ctype,
+    )
     validators = {p: PartitionValidator() for p in range(spec.partitions)}
     codec = E.EnvelopeCodec("fastavro")
     findings = []
     for r in generate(spec):
-        findings += validators[r.partition].process(r.offset, r.key, codec.decode(r.value, r.headers),
-                                                    r.timestamp_ms)
+        findings += validators[r.partition].process(
+            r.offset, r.key, codec.decode(r.value, r.headers), r.timestamp_ms
+        )
     assert findings == []
     # Per partition: the push job's SOS, SOP, the batch records, then EOP.
     assert {v.eop_offset for v in validators.values()} == {spec.batch_records + 2}

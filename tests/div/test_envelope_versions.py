@@ -19,8 +19,15 @@ OLDER = [v for v in ev.known_versions() if v != ev.READER_VERSION]
 GUID = bytes(range(16))
 # controlMessageType numbering; the controlMessageUnion branch order must follow it in every version.
 CONTROL_BRANCHES = [
-    "StartOfPush", "EndOfPush", "StartOfSegment", "EndOfSegment", "StartOfBufferReplay",
-    "StartOfIncrementalPush", "EndOfIncrementalPush", "TopicSwitch", "VersionSwap",
+    "StartOfPush",
+    "EndOfPush",
+    "StartOfSegment",
+    "EndOfSegment",
+    "StartOfBufferReplay",
+    "StartOfIncrementalPush",
+    "EndOfIncrementalPush",
+    "TopicSwitch",
+    "VersionSwap",
 ]
 
 
@@ -44,7 +51,9 @@ def _resolve(version: int, datum: dict) -> dict:
     buf = io.BytesIO()
     fastavro.schemaless_writer(buf, ev.parsed_writer_schema(version), datum)
     return fastavro.schemaless_reader(
-        io.BytesIO(buf.getvalue()), ev.parsed_writer_schema(version), ev.parsed_writer_schema(14),
+        io.BytesIO(buf.getvalue()),
+        ev.parsed_writer_schema(version),
+        ev.parsed_writer_schema(14),
         return_record_name=True,
     )
 
@@ -58,20 +67,33 @@ def _as_bytes(value) -> bytes:
 def _envelope(version: int, message_type: int, payload: tuple[str, dict]) -> dict:
     """A datum for `version` that fills every field the version has (so nothing is left to writer defaults)."""
     schema = ev.writer_schema(version)
-    producer = {"producerGUID": GUID, "segmentNumber": 3, "messageSequenceNumber": 7, "messageTimestamp": 1_700_000_000_000}
+    producer = {
+        "producerGUID": GUID,
+        "segmentNumber": 3,
+        "messageSequenceNumber": 7,
+        "messageTimestamp": 1_700_000_000_000,
+    }
     pm_fields = _fields(schema, "ProducerMetadata")
     if "upstreamOffset" in pm_fields:
         producer["upstreamOffset"] = 99
     if "logicalTimestamp" in pm_fields:
         producer["logicalTimestamp"] = 42
-    datum = {"messageType": message_type, "producerMetadata": producer, "payloadUnion": (NS + payload[0], payload[1])}
+    datum = {
+        "messageType": message_type,
+        "producerMetadata": producer,
+        "payloadUnion": (NS + payload[0], payload[1]),
+    }
     top = [f["name"] for f in schema["fields"]]
     if "targetVersion" in top:
         datum["targetVersion"] = 5
     if "leaderMetadataFooter" in top:
         lm = {"hostName": "leader:1", "upstreamOffset": 100}
-        for name, value in (("upstreamKafkaClusterId", 2), ("upstreamPubSubPosition", b"\x22\x01\x00\x02\xc8\x01"),
-                            ("termId", 8), ("upstreamMessageTimestamp", 1_699_999_999_000)):
+        for name, value in (
+            ("upstreamKafkaClusterId", 2),
+            ("upstreamPubSubPosition", b"\x22\x01\x00\x02\xc8\x01"),
+            ("termId", 8),
+            ("upstreamMessageTimestamp", 1_699_999_999_000),
+        ):
             if name in _fields(schema, "LeaderMetadata"):
                 lm[name] = value
         datum["leaderMetadataFooter"] = (NS + "LeaderMetadata", lm)
@@ -142,7 +164,11 @@ def test_writer_schema_returns_a_fresh_structure():
 def test_payload_union_branch_order():
     for version in ev.known_versions():
         names = _union(ev.writer_schema(version), "KafkaMessageEnvelope", "payloadUnion")
-        expected = ["Put", "Update", "Delete", "ControlMessage"] if version >= 7 else ["Put", "Delete", "ControlMessage"]
+        expected = (
+            ["Put", "Update", "Delete", "ControlMessage"]
+            if version >= 7
+            else ["Put", "Delete", "ControlMessage"]
+        )
         assert names == expected, version
     # On the wire the branch index follows producerMetadata: v14 Delete is branch 2, v1 Delete branch 1.
     for version, index in ((14, 2), (1, 1)):
@@ -168,19 +194,44 @@ def test_field_history_spot_checks():
     assert _fields(ev.writer_schema(1), "Put") == ["schemaId", "putValue"]
     assert _fields(ev.writer_schema(8), "Put") == ["schemaId", "putValue"]
     assert _fields(ev.writer_schema(9), "Put") == [
-        "putValue", "schemaId", "timestampMetadataVersionId", "timestampMetadataPayload"]
+        "putValue",
+        "schemaId",
+        "timestampMetadataVersionId",
+        "timestampMetadataPayload",
+    ]
     assert _fields(ev.writer_schema(1), "StartOfPush") == []
     assert _fields(ev.writer_schema(10), "ProducerMetadata") == [
-        "producerGUID", "segmentNumber", "messageSequenceNumber", "messageTimestamp", "upstreamOffset",
-        "logicalTimestamp"]
+        "producerGUID",
+        "segmentNumber",
+        "messageSequenceNumber",
+        "messageTimestamp",
+        "upstreamOffset",
+        "logicalTimestamp",
+    ]
     assert [f["name"] for f in ev.writer_schema(10)["fields"]] == [
-        "messageType", "producerMetadata", "targetVersion", "payloadUnion", "leaderMetadataFooter"]
+        "messageType",
+        "producerMetadata",
+        "targetVersion",
+        "payloadUnion",
+        "leaderMetadataFooter",
+    ]
     for version in (9, 11):  # targetVersion lived in v10 only
         assert [f["name"] for f in ev.writer_schema(version)["fields"]] == [
-            "messageType", "producerMetadata", "payloadUnion", "leaderMetadataFooter"]
-    assert [f["name"] for f in ev.writer_schema(7)["fields"]] == ["messageType", "producerMetadata", "payloadUnion"]
+            "messageType",
+            "producerMetadata",
+            "payloadUnion",
+            "leaderMetadataFooter",
+        ]
+    assert [f["name"] for f in ev.writer_schema(7)["fields"]] == [
+        "messageType",
+        "producerMetadata",
+        "payloadUnion",
+    ]
     assert _fields(ev.writer_schema(8), "LeaderMetadata") == ["hostName", "upstreamOffset"]
-    assert _fields(ev.writer_schema(12), "VersionSwap")[2:4] == ["localHighWatermarks", "localHighWatermarkPubSubPositions"]
+    assert _fields(ev.writer_schema(12), "VersionSwap")[2:4] == [
+        "localHighWatermarks",
+        "localHighWatermarkPubSubPositions",
+    ]
     assert _fields(ev.writer_schema(15), "EndOfSegment")[-1] == "gracefulLeadershipHandoff"
 
 
@@ -225,23 +276,40 @@ def test_old_delete_resolves_to_v14_with_defaults(version):
 @pytest.mark.parametrize("version", [v for v in OLDER if v >= 7])
 def test_old_update_resolves(version):
     update = {"schemaId": 1, "updateSchemaId": 2, "updateValue": b"u"}
-    assert _resolve(version, _envelope(version, 3, ("Update", update)))["payloadUnion"] == (NS + "Update", update)
+    assert _resolve(version, _envelope(version, 3, ("Update", update)))["payloadUnion"] == (
+        NS + "Update",
+        update,
+    )
 
 
 @pytest.mark.parametrize("version", OLDER)
 def test_old_start_of_push_gets_v14_defaults(version):
     schema = ev.writer_schema(version)
     sop_fields = _fields(schema, "StartOfPush")
-    written = {"sorted": True, "chunked": True, "compressionStrategy": 2, "compressionDictionary": b"dict",
-               "timestampPolicy": 1}
+    written = {
+        "sorted": True,
+        "chunked": True,
+        "compressionStrategy": 2,
+        "compressionDictionary": b"dict",
+        "timestampPolicy": 1,
+    }
     sop = {k: v for k, v in written.items() if k in sop_fields}
-    cm = {"controlMessageType": 0, "debugInfo": {"host": "h"}, "controlMessageUnion": (NS + "StartOfPush", sop)}
+    cm = {
+        "controlMessageType": 0,
+        "debugInfo": {"host": "h"},
+        "controlMessageUnion": (NS + "StartOfPush", sop),
+    }
     name, got = _resolve(version, _envelope(version, 2, ("ControlMessage", cm)))["payloadUnion"]
     assert name == NS + "ControlMessage"
     assert got["debugInfo"] == {"host": "h"}
     assert got["controlMessageUnion"][0] == NS + "StartOfPush"
-    defaults = {"sorted": False, "chunked": False, "compressionStrategy": 0, "compressionDictionary": None,
-                "timestampPolicy": 0}
+    defaults = {
+        "sorted": False,
+        "chunked": False,
+        "compressionStrategy": 0,
+        "compressionDictionary": None,
+        "timestampPolicy": 0,
+    }
     expected = {k: (written[k] if k in sop_fields else defaults[k]) for k in defaults}
     assert got["controlMessageUnion"][1] == expected
     assert len(sop_fields) == {1: 0, 2: 1, 3: 1, 4: 2, 5: 3, 6: 3, 7: 3, 8: 4}.get(version, 5)
@@ -249,8 +317,13 @@ def test_old_start_of_push_gets_v14_defaults(version):
 
 @pytest.mark.parametrize("version", [11, 12, 13])
 def test_old_version_swap_gets_v14_defaults(version):
-    vs = {"oldServingVersionTopic": "s_v1", "newServingVersionTopic": "s_v2", "localHighWatermarks": [5, 6],
-          "isRepush": True, "isLastVersionSwapMessageFromRealTimeTopic": True}
+    vs = {
+        "oldServingVersionTopic": "s_v1",
+        "newServingVersionTopic": "s_v2",
+        "localHighWatermarks": [5, 6],
+        "isRepush": True,
+        "isLastVersionSwapMessageFromRealTimeTopic": True,
+    }
     if version >= 12:
         vs["localHighWatermarkPubSubPositions"] = [b"\x22\x01"]
     if version >= 13:
@@ -262,12 +335,17 @@ def test_old_version_swap_gets_v14_defaults(version):
     assert swap["localHighWatermarks"] == [5, 6] and swap["isRepush"] is True
     assert swap["localHighWatermarkPubSubPositions"] == ([b"\x22\x01"] if version >= 12 else [])
     assert (swap["sourceRegion"], swap["destinationRegion"], swap["generationId"]) == (
-        ("a", "b", 9) if version >= 13 else ("", "", -1))
+        ("a", "b", 9) if version >= 13 else ("", "", -1)
+    )
 
 
 def test_v15_end_of_segment_resolves_to_v14_dropping_the_new_flag():
-    eos = {"checksumValue": b"\x01\x02", "computedAggregates": [1], "finalSegment": False,
-           "gracefulLeadershipHandoff": True}
+    eos = {
+        "checksumValue": b"\x01\x02",
+        "computedAggregates": [1],
+        "finalSegment": False,
+        "gracefulLeadershipHandoff": True,
+    }
     cm = {"controlMessageType": 3, "debugInfo": {}, "controlMessageUnion": (NS + "EndOfSegment", eos)}
     got = _resolve(15, _envelope(15, 2, ("ControlMessage", cm)))
     name, seg = got["payloadUnion"][1]["controlMessageUnion"]

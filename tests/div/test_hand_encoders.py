@@ -40,11 +40,16 @@ def _bytes(rng: random.Random) -> bytes:
 def _footer(rng: random.Random):
     if rng.random() < 0.15:
         return None
-    f = {"hostName": rng.choice(["", "dc0-p1-leader-t1", "hôte-ü-漢字", "h" * 300]),
-         "upstreamOffset": _int64(rng), "upstreamKafkaClusterId": _int32(rng),
-         "upstreamPubSubPosition": rng.choice([positions.EARLIEST_BLOB, positions.encode_offset(rng.randint(0, 2**40)),
-                                               b""]),
-         "termId": _int64(rng), "upstreamMessageTimestamp": _int64(rng)}
+    f = {
+        "hostName": rng.choice(["", "dc0-p1-leader-t1", "hôte-ü-漢字", "h" * 300]),
+        "upstreamOffset": _int64(rng),
+        "upstreamKafkaClusterId": _int32(rng),
+        "upstreamPubSubPosition": rng.choice(
+            [positions.EARLIEST_BLOB, positions.encode_offset(rng.randint(0, 2**40)), b""]
+        ),
+        "termId": _int64(rng),
+        "upstreamMessageTimestamp": _int64(rng),
+    }
     for name in ("upstreamOffset", "upstreamKafkaClusterId", "termId", "upstreamMessageTimestamp"):
         if rng.random() < 0.1:
             del f[name]  # the reader schema's default fills it in
@@ -54,19 +59,32 @@ def _footer(rng: random.Random):
 def _envelope(rng: random.Random) -> dict:
     kind = rng.choice(["PUT", "DELETE", "UPDATE"])
     if kind == "PUT":
-        body = {"putValue": _bytes(rng), "schemaId": _int32(rng), "replicationMetadataVersionId": _int32(rng),
-                "replicationMetadataPayload": _bytes(rng)}
+        body = {
+            "putValue": _bytes(rng),
+            "schemaId": _int32(rng),
+            "replicationMetadataVersionId": _int32(rng),
+            "replicationMetadataPayload": _bytes(rng),
+        }
         payload = (E.PUT, body)
     elif kind == "DELETE":
-        body = {"schemaId": _int32(rng), "replicationMetadataVersionId": _int32(rng),
-                "replicationMetadataPayload": _bytes(rng)}
+        body = {
+            "schemaId": _int32(rng),
+            "replicationMetadataVersionId": _int32(rng),
+            "replicationMetadataPayload": _bytes(rng),
+        }
         payload = (E.DELETE, body)
     else:
-        payload = (E.UPDATE, {"schemaId": _int32(rng), "updateSchemaId": _int32(rng), "updateValue": _bytes(rng)})
-    env = {"messageType": E.MESSAGE_TYPE[kind],
-           "producerMetadata": E.producer_metadata(rng.randbytes(16), _int32(rng), _int32(rng), _int64(rng),
-                                                   _int64(rng)),
-           "payloadUnion": payload}
+        payload = (
+            E.UPDATE,
+            {"schemaId": _int32(rng), "updateSchemaId": _int32(rng), "updateValue": _bytes(rng)},
+        )
+    env = {
+        "messageType": E.MESSAGE_TYPE[kind],
+        "producerMetadata": E.producer_metadata(
+            rng.randbytes(16), _int32(rng), _int32(rng), _int64(rng), _int64(rng)
+        ),
+        "payloadUnion": payload,
+    }
     footer = _footer(rng)
     if footer is not None or rng.random() < 0.5:
         env["leaderMetadataFooter"] = footer
@@ -91,24 +109,46 @@ def test_data_envelopes_are_byte_identical_to_fastavro():
 
 def test_control_messages_and_input_fastavro_rejects_go_through_fastavro():
     codec = E.EnvelopeCodec()
-    sos = {"messageType": 2, "producerMetadata": E.producer_metadata(b"\x01" * 16, 0, 0, 5),
-           "payloadUnion": E.control_message(E.START_OF_SEGMENT, {"checksumType": 3, "upcomingAggregates": []}),
-           "leaderMetadataFooter": E.default_footer("w")}
+    sos = {
+        "messageType": 2,
+        "producerMetadata": E.producer_metadata(b"\x01" * 16, 0, 0, 5),
+        "payloadUnion": E.control_message(E.START_OF_SEGMENT, {"checksumType": 3, "upcomingAggregates": []}),
+        "leaderMetadataFooter": E.default_footer("w"),
+    }
     assert E._encode_data(sos) is None and codec.encode(sos) == codec.encode_reference(sos)
-    good = {"messageType": 0, "producerMetadata": E.producer_metadata(b"\x01" * 16, 0, 1, 5),
-            "payloadUnion": (E.PUT, {"putValue": b"v", "schemaId": 1, "replicationMetadataVersionId": -1,
-                                     "replicationMetadataPayload": b""}),
-            "leaderMetadataFooter": E.leader_footer("h", 5, 1)}
+    good = {
+        "messageType": 0,
+        "producerMetadata": E.producer_metadata(b"\x01" * 16, 0, 1, 5),
+        "payloadUnion": (
+            E.PUT,
+            {
+                "putValue": b"v",
+                "schemaId": 1,
+                "replicationMetadataVersionId": -1,
+                "replicationMetadataPayload": b"",
+            },
+        ),
+        "leaderMetadataFooter": E.leader_footer("h", 5, 1),
+    }
     odd = [
         {**good, "producerMetadata": {**good["producerMetadata"], "producerGUID": b"\x01" * 15}},
         {**good, "payloadUnion": (E.PUT, {"putValue": "text", "schemaId": 1})},
-        {**good, "payloadUnion": (E.PUT, {"putValue": b"v", "schemaId": True, "replicationMetadataPayload": b""})},
-        {**good, "payloadUnion": (E.PUT, {"putValue": b"v", "schemaId": 1})},  # bytes default: fastavro's call
+        {
+            **good,
+            "payloadUnion": (E.PUT, {"putValue": b"v", "schemaId": True, "replicationMetadataPayload": b""}),
+        },
+        {
+            **good,
+            "payloadUnion": (E.PUT, {"putValue": b"v", "schemaId": 1}),
+        },  # bytes default: fastavro's call
         {**good, "payloadUnion": (E.DELETE, {})},
         {**good, "messageType": 2**40},
         {**good, "messageType": 1.0},
         {**good, "messageType": 2**70},
-        {**good, "leaderMetadataFooter": (E.LEADER_METADATA, {**good["leaderMetadataFooter"][1], "termId": False})},
+        {
+            **good,
+            "leaderMetadataFooter": (E.LEADER_METADATA, {**good["leaderMetadataFooter"][1], "termId": False}),
+        },
         {**good, "leaderMetadataFooter": (E.LEADER_METADATA, {"hostName": "h"})},
         {**good, "extra": 1},
     ]

@@ -26,8 +26,14 @@ def _topic(embedded_kafka, partitions: int = 1) -> str:
 def _produce(bootstrap: str, topic: str, n: int, partition: int = 0, first: int = 0) -> None:
     p = Producer({"bootstrap.servers": bootstrap, "linger.ms": 5})
     for i in range(first, first + n):
-        p.produce(topic, key=b"k%d" % i, value=b"v%d" % i, partition=partition,
-                  timestamp=1_700_000_000_000 + i, headers=[("n", b"%d" % i), ("z", None)] if i % 2 else None)
+        p.produce(
+            topic,
+            key=b"k%d" % i,
+            value=b"v%d" % i,
+            partition=partition,
+            timestamp=1_700_000_000_000 + i,
+            headers=[("n", b"%d" % i), ("z", None)] if i % 2 else None,
+        )
         if i % 10000 == 0:
             p.poll(0)
     assert p.flush(30) == 0
@@ -35,20 +41,35 @@ def _produce(bootstrap: str, topic: str, n: int, partition: int = 0, first: int 
 
 def _read(bootstrap, topic, partition, start, end, **kw) -> pa.Table:
     return pa.Table.from_batches(
-        list(kafka_log.iter_partition(bootstrap, None, topic, partition, start, end, **kw)), schema=KAFKA_ARROW_SCHEMA)
+        list(kafka_log.iter_partition(bootstrap, None, topic, partition, start, end, **kw)),
+        schema=KAFKA_ARROW_SCHEMA,
+    )
 
 
-@pytest.mark.parametrize("uri,bootstrap", [
-    ("kafka://localhost:9092", "localhost:9092"),
-    ("kafka://a:1,b.example:2/", "a:1,b.example:2"),
-    ("kafka://[::1]:9092", "[::1]:9092"),
-])
+@pytest.mark.parametrize(
+    "uri,bootstrap",
+    [
+        ("kafka://localhost:9092", "localhost:9092"),
+        ("kafka://a:1,b.example:2/", "a:1,b.example:2"),
+        ("kafka://[::1]:9092", "[::1]:9092"),
+    ],
+)
 def test_parse_kafka_uri(uri, bootstrap):
     assert kafka_log.parse_kafka_uri(uri) == bootstrap
 
 
-@pytest.mark.parametrize("uri", ["localhost:9092", "kafka://", "kafka://host", "kafka://h:1,,h:2",
-                                 "kafka://user:pw@h:1", "kafka://h:port", "/tmp/archive"])
+@pytest.mark.parametrize(
+    "uri",
+    [
+        "localhost:9092",
+        "kafka://",
+        "kafka://host",
+        "kafka://h:1,,h:2",
+        "kafka://user:pw@h:1",
+        "kafka://h:port",
+        "/tmp/archive",
+    ],
+)
 def test_bad_kafka_uris_are_named_in_the_error(uri):
     with pytest.raises(KafkaLogError) as e:
         kafka_log.parse_kafka_uri(uri)
@@ -79,7 +100,9 @@ def test_read_range_converts_timestamps_and_headers(embedded_kafka):
     assert r11["timestampType"] == 0  # CreateTime, in Spark's numbering
     assert r11["headers"] == [{"key": "n", "value": b"11"}, {"key": "z", "value": None}]
     assert rows[0]["headers"] is None
-    batches = list(kafka_log.iter_partition(embedded_kafka.bootstrap_servers, None, topic, 0, 10, 40, batch_size=8))
+    batches = list(
+        kafka_log.iter_partition(embedded_kafka.bootstrap_servers, None, topic, 0, 10, 40, batch_size=8)
+    )
     assert all(b.num_rows <= 8 for b in batches) and all(b.schema.equals(KAFKA_ARROW_SCHEMA) for b in batches)
     assert _read(embedded_kafka.bootstrap_servers, topic, 0, 5, 5).num_rows == 0
 
@@ -132,7 +155,9 @@ def test_conf_values_never_reach_errors_or_logs(embedded_kafka, caplog):
 
 def test_topic_config_is_none_when_the_broker_cannot_answer(embedded_kafka):
     topic = _topic(embedded_kafka)
-    assert kafka_log.topic_config(embedded_kafka.bootstrap_servers, None, topic, "cleanup.policy", 1.0) is None
+    assert (
+        kafka_log.topic_config(embedded_kafka.bootstrap_servers, None, topic, "cleanup.policy", 1.0) is None
+    )
 
 
 def test_archive_of_a_kafka_read_reads_back_identically(embedded_kafka, tmp_path):

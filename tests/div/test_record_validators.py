@@ -47,8 +47,17 @@ def example_modules(tmp_path_factory):
 
 def _records(n: int = 300, seed: int = 3) -> list[list]:
     """[offset, key, value, headers, ts] of one partition's traffic (push job, then two producers)."""
-    spec = TrafficSpec(partitions=1, producers=2, records=n, batch_records=20, segment_every=50, seed=seed,
-                       value_size=30, keys=20, start_ms=T0)
+    spec = TrafficSpec(
+        partitions=1,
+        producers=2,
+        records=n,
+        batch_records=20,
+        segment_every=50,
+        seed=seed,
+        value_size=30,
+        keys=20,
+        start_ms=T0,
+    )
     return [[r.offset, r.key, r.value, list(r.headers) or None, r.timestamp_ms] for r in generate(spec)]
 
 
@@ -59,7 +68,7 @@ def _batch(recs: list[list], topic: str = "s_v1"):
 def _run(recs, validators, topic="s_v1", batch_size=100_000, **kw) -> PartitionRun:
     run = PartitionRun(0, topic, 0, record_validators=build_chain(validators), **kw)
     for i in range(0, len(recs), batch_size):
-        run.feed(_batch(recs[i:i + batch_size], topic))
+        run.feed(_batch(recs[i : i + batch_size], topic))
     run.finish()
     return run
 
@@ -76,27 +85,38 @@ def _record(offset=0, key=b"\x00k", env=None, ts=T0, topic="s_v1") -> Record:
 
 
 def test_builtin_names_resolve_with_or_without_prefix():
-    chain = build_chain(["offsets_increasing", {"class": "builtin:schema_ids", "allowed": "1,3-4"},
-                         {"class": "div.validators.builtin:TimestampDrift", "name": "ts", "max_drift_ms": 5}])
+    chain = build_chain(
+        [
+            "offsets_increasing",
+            {"class": "builtin:schema_ids", "allowed": "1,3-4"},
+            {"class": "div.validators.builtin:TimestampDrift", "name": "ts", "max_drift_ms": 5},
+        ]
+    )
     assert [type(v) for v in chain] == [OffsetsIncreasing, SchemaIds, TimestampDrift]
     assert [v.name for v in chain] == ["offsets_increasing", "schema_ids", "ts"]
     assert chain[1].ranges == [(3, 4)] and 1 in chain[1].ids
     assert build_chain(None) == [] and build_chain([]) == []
 
 
-@pytest.mark.parametrize(("spec", "message"), [
-    ("nosuch.module:Check", "cannot import module 'nosuch.module'"),
-    ("div.validators.builtin:Nope", "has no 'Nope'"),
-    ("json:loads", "is not a validator class"),
-    ("builtin:nope", "no built-in validator 'nope'"),
-    (":X", "expected module:Class"),
-    ({"class": "builtin:schema_ids"}, "allowed"),
-    ({"class": "builtin:timestamp_drift", "max_drift": 5}, "unknown parameter 'max_drift' (did you mean 'max_drift_ms'?)"),
-    ({"class": "builtin:timestamp_drift", "max_drift_ms": -5}, "non-negative"),
-    ({"class": "builtin:key_present", "pattern": "("}, "not a valid regular expression"),
-    ({"name": "x"}, "needs `class: module:Class`"),
-    (42, "expected `module:Class`"),
-])
+@pytest.mark.parametrize(
+    ("spec", "message"),
+    [
+        ("nosuch.module:Check", "cannot import module 'nosuch.module'"),
+        ("div.validators.builtin:Nope", "has no 'Nope'"),
+        ("json:loads", "is not a validator class"),
+        ("builtin:nope", "no built-in validator 'nope'"),
+        (":X", "expected module:Class"),
+        ({"class": "builtin:schema_ids"}, "allowed"),
+        (
+            {"class": "builtin:timestamp_drift", "max_drift": 5},
+            "unknown parameter 'max_drift' (did you mean 'max_drift_ms'?)",
+        ),
+        ({"class": "builtin:timestamp_drift", "max_drift_ms": -5}, "non-negative"),
+        ({"class": "builtin:key_present", "pattern": "("}, "not a valid regular expression"),
+        ({"name": "x"}, "needs `class: module:Class`"),
+        (42, "expected `module:Class`"),
+    ],
+)
 def test_bad_entries_name_themselves(spec, message):
     with pytest.raises(ValidatorSpecError, match=None) as err:
         build_chain([spec])
@@ -138,7 +158,9 @@ def test_raise_cap_row_in_a_partition_run(example_modules):
     run = _run(recs, [{"class": "flaky_checks:Flaky", "every": 2}])
     rows = _vrows(run)
     assert len(rows) == MAX_RAISES_PER_PARTITION
-    assert all(r[7] == "VALIDATOR:Flaky" and r[9].startswith("validator raised RuntimeError: boom at ") for r in rows)
+    assert all(
+        r[7] == "VALIDATOR:Flaky" and r[9].startswith("validator raised RuntimeError: boom at ") for r in rows
+    )
     assert "not run on the rest of s_v1/0" in rows[-1][9]
     assert run.summary.findings["VALIDATOR:Flaky"] == MAX_RAISES_PER_PARTITION
     assert run.summary.fatal_findings == 0
@@ -157,8 +179,13 @@ def test_docs_example_finds_a_producer_going_back_in_time(example_modules):
     spec = {"class": "producer_checks:ProducerClockBackwards", "slack_ms": 1000}
     run = _run(recs, [spec])
     assert [(r[3], r[4], r[7], r[8]) for r in run.rows] == [
-        (recs[target][0], env["producerMetadata"]["producerGUID"].hex(), "VALIDATOR:producer_clock_backwards",
-         False)]
+        (
+            recs[target][0],
+            env["producerMetadata"]["producerGUID"].hex(),
+            "VALIDATOR:producer_clock_backwards",
+            False,
+        )
+    ]
     assert "went back" in run.rows[0][9]
     assert _vrows(_run(recs, [{**spec, "slack_ms": 10_000}])) == []
     with pytest.raises(ValidatorSpecError, match="slack_ms"):
@@ -176,10 +203,15 @@ def test_offsets_increasing_sees_out_of_order_records():
     run.feed(_batch(recs[50:]))
     rows = _vrows(run)
     assert [(r[3], r[9]) for r in rows] == [
-        (45, "offset 45 follows offset 49: offsets must increase within a partition")]
+        (45, "offset 45 follows offset 49: offsets must increase within a partition")
+    ]
     v = OffsetsIncreasing()
     v.reset(PartitionContext(0, "t", 0))
-    assert [v.validate(_record(offset=o)) for o in (3, 3, 4)] == [None, "offset 3 appears twice in a row", None]
+    assert [v.validate(_record(offset=o)) for o in (3, 3, 4)] == [
+        None,
+        "offset 3 appears twice in a row",
+        None,
+    ]
 
 
 def test_validators_see_undecodable_records():
@@ -192,8 +224,13 @@ def test_validators_see_undecodable_records():
         def validate(self, record):
             seen.append((record.offset, record.envelope is None, record.undecodable))
 
-    run = PartitionRun(0, "s_v1", 0, config=ValidatorConfig(min_compaction_lag_ms=0, now_ms=T0),
-                       record_validators=Chain([Spy(), KeyPresent()]))
+    run = PartitionRun(
+        0,
+        "s_v1",
+        0,
+        config=ValidatorConfig(min_compaction_lag_ms=0, now_ms=T0),
+        record_validators=Chain([Spy(), KeyPresent()]),
+    )
     run.feed(_batch(recs))
     assert len(seen) == len(recs)
     assert seen[60][:2] == (60, True) and "empty Kafka key" in seen[60][2]
@@ -222,10 +259,15 @@ def test_key_present_applies_to_compacted_topics():
 def test_timestamp_drift_both_ways():
     v = TimestampDrift(max_drift_ms=100)
     v.reset(PartitionContext(0, "t", 0))
-    out = [v.validate(_record(offset=i, ts=ts)) for i, ts in enumerate([T0, T0 + 50, T0 - 60, T0 + 500, None, T0 + 520])]
+    out = [
+        v.validate(_record(offset=i, ts=ts))
+        for i, ts in enumerate([T0, T0 + 50, T0 - 60, T0 + 500, None, T0 + 520])
+    ]
     assert out[0] is None and out[1] is None and out[4] is None and out[5] is None
-    assert out[2] == (f"timestamp {T0 - 60} is 110 ms before that of the previous record (offset 1, {T0 + 50}); "
-                      "allowed drift 100 ms")
+    assert out[2] == (
+        f"timestamp {T0 - 60} is 110 ms before that of the previous record (offset 1, {T0 + 50}); "
+        "allowed drift 100 ms"
+    )
     assert "560 ms after" in out[3]
     forward_ok = TimestampDrift(max_drift_ms=100, max_ahead_ms=-1)
     forward_ok.reset(PartitionContext(0, "t", 0))
@@ -246,12 +288,19 @@ def test_timestamp_drift_on_producer_timestamps():
 
 def test_schema_ids():
     w = SegmentWriter(b"\x01" * 16, clock=lambda: T0)
-    recs = (w.put(0, b"a", b"v", schema_id=1) + w.put(0, b"b", b"v", schema_id=9) + w.delete(0, b"c")
-            + w.delete(0, b"d", schema_id=8) + w.put(0, b"e", b"chunk", schema_id=-10)
-            + w.update(0, b"f", b"u", schema_id=4, update_schema_id=99)
-            + w.put(0, b"g", b"grd", schema_id=1, header=keys.HEADER_GLOBAL_RT_DIV))
+    recs = (
+        w.put(0, b"a", b"v", schema_id=1)
+        + w.put(0, b"b", b"v", schema_id=9)
+        + w.delete(0, b"c")
+        + w.delete(0, b"d", schema_id=8)
+        + w.put(0, b"e", b"chunk", schema_id=-10)
+        + w.update(0, b"f", b"u", schema_id=4, update_schema_id=99)
+        + w.put(0, b"g", b"grd", schema_id=1, header=keys.HEADER_GLOBAL_RT_DIV)
+    )
     codec = E.EnvelopeCodec()
-    records = [Record(0, "t", 0, i, r.key, r.value, None, codec.decode(r.value), T0) for i, r in enumerate(recs)]
+    records = [
+        Record(0, "t", 0, i, r.key, r.value, None, codec.decode(r.value), T0) for i, r in enumerate(recs)
+    ]
     v = SchemaIds(allowed=[1, "3-5"])
     assert [i for i, rec in enumerate(records) if v.validate(rec)] == [2, 4]  # 9 and the delete with 8
     assert v.validate(records[2]) == "value schema id 9 of a PUT is not allowed (allowed: {-10, -20, 1, 3-5})"
@@ -268,10 +317,12 @@ def test_fail_fast_summary_does_not_depend_on_batching():
     del recs[10]  # a push-job gap: fatal MISSING
     runs = []
     for size in (7, 1000):
-        run = PartitionRun(0, "s_v1", 0, fail_fast=True, record_validators=build_chain(["offsets_increasing"]))
+        run = PartitionRun(
+            0, "s_v1", 0, fail_fast=True, record_validators=build_chain(["offsets_increasing"])
+        )
         try:
             for i in range(0, len(recs), size):
-                run.feed(_batch(recs[i:i + size]))
+                run.feed(_batch(recs[i : i + size]))
         except Exception as exc:
             run.stopped = str(exc)
         runs.append(run)
@@ -290,15 +341,23 @@ def test_div_validate_cli(tmp_path, example_modules):
         for off, k, v, h, ts in recs:
             w.append_record("s_v1", 0, off, k, v, ts, 0, h)
     conf = tmp_path / "conf.yaml"
-    conf.write_text(yaml.safe_dump({"validators": [
-        {"class": "builtin:timestamp_drift", "max_drift_ms": 60_000, "name": "drift"},
-        "producer_checks:ProducerClockBackwards",
-    ]}))
+    conf.write_text(
+        yaml.safe_dump(
+            {
+                "validators": [
+                    {"class": "builtin:timestamp_drift", "max_drift_ms": 60_000, "name": "drift"},
+                    "producer_checks:ProducerClockBackwards",
+                ]
+            }
+        )
+    )
     out = tmp_path / "out"
     args = ["div", "validate", "--source", f"0={archive}", "--out", str(out), "--conf", str(conf)]
     assert main(args + ["--validator", "builtin:offsets_increasing"]) == 0  # validator rows are not fatal
     rows = pq.read_table(os.path.join(out, "errors")).to_pylist()
-    assert [(r["offset"], r["type"], r["fatal"]) for r in rows] == [(120, "VALIDATOR:drift", False),
-                                                                    (121, "VALIDATOR:drift", False)]
+    assert [(r["offset"], r["type"], r["fatal"]) for r in rows] == [
+        (120, "VALIDATOR:drift", False),
+        (121, "VALIDATOR:drift", False),
+    ]
     assert main(args + ["--validator", "nosuch_module_xyz:Check"]) == 2
     assert main(args + ["--validator", "builtin:schema_ids"]) == 2  # `allowed` is required

@@ -18,8 +18,14 @@ USER = {
         {"name": "tags", "type": {"type": "array", "items": "string"}, "default": []},
         {"name": "scores", "type": {"type": "map", "values": "int"}, "default": {}},
         {"name": "aliases", "type": ["null", {"type": "array", "items": "string"}], "default": None},
-        {"name": "points", "type": {"type": "array", "items": {"type": "record", "name": "Pt", "fields": [
-            {"name": "x", "type": "int"}]}}, "default": []},
+        {
+            "name": "points",
+            "type": {
+                "type": "array",
+                "items": {"type": "record", "name": "Pt", "fields": [{"name": "x", "type": "int"}]},
+            },
+            "default": [],
+        },
         {"name": "maybe", "type": ["null", "int"], "default": None},
     ],
 }
@@ -76,8 +82,13 @@ def test_record_rmd_schema_follows_venice_rules():
     tags = _field(per_field, "tags")["type"]
     assert tags["name"] == "array_CollectionMetadata_0"
     assert [f["name"] for f in tags["fields"]] == [
-        "topLevelFieldTimestamp", "topLevelColoID", "putOnlyPartLength", "activeElementsTimestamps",
-        "deletedElementsIdentities", "deletedElementsTimestamps"]
+        "topLevelFieldTimestamp",
+        "topLevelColoID",
+        "putOnlyPartLength",
+        "activeElementsTimestamps",
+        "deletedElementsIdentities",
+        "deletedElementsTimestamps",
+    ]
     assert [f["default"] for f in tags["fields"]] == [0, -1, 0, [], [], []]
     assert _field(tags, "deletedElementsIdentities")["type"] == {"type": "array", "items": "string"}
     scores = _field(per_field, "scores")["type"]
@@ -94,9 +105,14 @@ def test_record_rmd_schema_follows_venice_rules():
 
 def test_per_field_rmd_round_trip_with_map_and_array_fields():
     schema = fastavro.parse_schema(rmd.rmd_schema(USER))
-    collection = {"topLevelFieldTimestamp": 5, "topLevelColoID": 1, "putOnlyPartLength": 2,
-                  "activeElementsTimestamps": [6, 7], "deletedElementsIdentities": ["gone"],
-                  "deletedElementsTimestamps": [8]}
+    collection = {
+        "topLevelFieldTimestamp": 5,
+        "topLevelColoID": 1,
+        "putOnlyPartLength": 2,
+        "activeElementsTimestamps": [6, 7],
+        "deletedElementsIdentities": ["gone"],
+        "deletedElementsTimestamps": [8],
+    }
     per_field = {
         "id": 11,
         "tags": collection,
@@ -107,7 +123,8 @@ def test_per_field_rmd_round_trip_with_map_and_array_fields():
     }
     buf = io.BytesIO()
     fastavro.schemaless_writer(
-        buf, schema,
+        buf,
+        schema,
         {"timestamp": ("example.avro.User", per_field), "replication_checkpoint_vector": [100, -1, 250]},
     )
     payload = buf.getvalue()

@@ -22,17 +22,29 @@ from div.heartbeat_headers import (
 from div.validator import PartitionValidator
 from heartbeat.records import parse_vt_heartbeat, rt_heartbeat, vt_heartbeat
 
-RT_VECTOR = ("170e0481545f3cbd093909a467a583ef39e468000080a0abfef96201060400040800"
-             "0212686f73743a31323334010108220103000101")
-VT_VECTOR = ("170e0481545f3cbd093909a467a583ef39e468000080a0abfef9620106040004080002166c65616465723a31323334"
-             "c801020c22010004c8010101")
+RT_VECTOR = (
+    "170e0481545f3cbd093909a467a583ef39e468000080a0abfef96201060400040800"
+    "0212686f73743a31323334010108220103000101"
+)
+VT_VECTOR = (
+    "170e0481545f3cbd093909a467a583ef39e468000080a0abfef9620106040004080002166c65616465723a31323334"
+    "c801020c22010004c8010101"
+)
 TS = 1_700_000_000_000
 
 
 def _state(seq: int, ts: int = 5, status: int = 1, ck: bytes = b"\x00" * 8) -> dict:
-    return {"segmentNumber": 2, "segmentStatus": status, "isRegistered": True, "messageSequenceNumber": seq,
-            "messageTimestamp": ts, "checksumType": 4, "checksumState": ck, "aggregates": {"n": 3},
-            "debugInfo": {"host": "h"}}
+    return {
+        "segmentNumber": 2,
+        "segmentStatus": status,
+        "isRegistered": True,
+        "messageSequenceNumber": seq,
+        "messageTimestamp": ts,
+        "checksumType": 4,
+        "checksumState": ck,
+        "aggregates": {"n": 3},
+        "debugInfo": {"host": "h"},
+    }
 
 
 def test_hbw_round_trip_and_framing():
@@ -45,7 +57,9 @@ def test_hbw_round_trip_and_framing():
 
 def test_hbd_round_trip_with_non_ascii_guids():
     guids = [bytes(range(i, i + 16)) for i in (0, 120, 240 - 16)]  # bytes ≥ 0x80 become 2-byte UTF-8
-    s = DivState({guids[0]: _state(1)}, {0: {}, 1: {guids[1]: _state(9, 8, 3)}, 2: {guids[2]: _state(4)}}, True)
+    s = DivState(
+        {guids[0]: _state(1)}, {0: {}, 1: {guids[1]: _state(9, 8, 3)}, 2: {guids[2]: _state(4)}}, True
+    )
     data = encode_hbd(s)
     assert data[:2] == b"\x44\x01"
     assert decode_hbd(data) == s
@@ -57,19 +71,24 @@ def test_hbd_uses_the_protocol_schema_file(shared_dir):
         assert schemas.load_json(name) == json.loads((shared_dir / "protocol" / name).read_text())
     g = bytes(range(200, 216))
     data = encode_hbd(DivState({g: _state(3)}, {1: {}}, False))
-    schema = fastavro.parse_schema(json.loads((shared_dir / "protocol" / "HeartbeatDivState.v1.avsc").read_text()))
+    schema = fastavro.parse_schema(
+        json.loads((shared_dir / "protocol" / "HeartbeatDivState.v1.avsc").read_text())
+    )
     d = fastavro.schemaless_reader(io.BytesIO(data[2:]), schema, None)
     assert list(d["vtProducerStates"]) == [g.decode("latin-1")]
     assert d["rtProducerStates"] == [{"regionId": 1, "producerStates": {}}]
 
 
-@pytest.mark.parametrize(("data", "message"), [
-    (None, "shorter"),
-    (b"\x48", "shorter"),
-    (b"\x49\x01\x00", "magic"),
-    (b"\x48\x02\x00", "version 2"),
-    (b"\x48\x01\x02", "Avro"),
-])
+@pytest.mark.parametrize(
+    ("data", "message"),
+    [
+        (None, "shorter"),
+        (b"\x48", "shorter"),
+        (b"\x49\x01\x00", "magic"),
+        (b"\x48\x02\x00", "version 2"),
+        (b"\x48\x01\x02", "Avro"),
+    ],
+)
 def test_bad_hbw_is_refused_with_the_reason(data, message):
     with pytest.raises(HeaderError, match=message) as info:
         decode_hbw(data)
@@ -100,8 +119,9 @@ def fastavro_map_with_key(key: str) -> bytes:
     from div.heartbeat_headers import _hbd_schema
 
     buf = io.BytesIO()
-    fastavro.schemaless_writer(buf, _hbd_schema(), {"vtProducerStates": {key: _state(1)}, "rtProducerStates": [],
-                                                    "truncated": False})
+    fastavro.schemaless_writer(
+        buf, _hbd_schema(), {"vtProducerStates": {key: _state(1)}, "rtProducerStates": [], "truncated": False}
+    )
     return buf.getvalue()
 
 
@@ -114,32 +134,52 @@ def test_heartbeat_records_reproduce_the_notes_vectors():
     vt = vt_heartbeat("leader:1234", origin_region=1, origin_rt_offset=100, timestamp_ms=TS)
     assert vt.value.hex() == VT_VECTOR
     assert dict(vt.headers)["lcs"] == b"\x00"
-    ours = vt_heartbeat("leader:1234", origin_region=1, origin_rt_offset=100, timestamp_ms=TS,
-                        leader_completed=True, hbw=Watermarks(1, 100, [3, 100], "leader:1234"),
-                        hbd=DivState({}, {0: {}, 1: {}}, False))
+    ours = vt_heartbeat(
+        "leader:1234",
+        origin_region=1,
+        origin_rt_offset=100,
+        timestamp_ms=TS,
+        leader_completed=True,
+        hbw=Watermarks(1, 100, [3, 100], "leader:1234"),
+        hbd=DivState({}, {0: {}, 1: {}}, False),
+    )
     assert ours.value.hex() == VT_VECTOR, "our headers must not change the Venice record"
     assert [h for h, _ in ours.headers] == ["vtp", "lcs", "hbw", "hbd"]
     assert dict(ours.headers)["lcs"] == b"\x01"
 
 
 def test_vt_heartbeat_decodes_with_venices_own_schema(shared_dir):
-    schema = fastavro.parse_schema(json.loads(
-        (shared_dir / "reference" / "schemas" / "KafkaMessageEnvelope.v14.avsc").read_text()))
+    schema = fastavro.parse_schema(
+        json.loads((shared_dir / "reference" / "schemas" / "KafkaMessageEnvelope.v14.avsc").read_text())
+    )
     g = bytes(range(16))
-    rec = vt_heartbeat("leader:1", origin_region=2, origin_rt_offset=77, timestamp_ms=TS,
-                       hbw=Watermarks(2, 77, [5, 6, 77], "leader:1", 3, TS + 9),
-                       hbd=DivState({g: _state(4)}, {2: {g: _state(8)}}, False))
+    rec = vt_heartbeat(
+        "leader:1",
+        origin_region=2,
+        origin_rt_offset=77,
+        timestamp_ms=TS,
+        hbw=Watermarks(2, 77, [5, 6, 77], "leader:1", 3, TS + 9),
+        hbd=DivState({g: _state(4)}, {2: {g: _state(8)}}, False),
+    )
     assert rec.value[:2] == b"\x17\x0e"
     env = fastavro.schemaless_reader(io.BytesIO(rec.value[2:]), schema, None, return_record_name=True)
     assert env["messageType"] == 2
     pm = env["producerMetadata"]
-    assert (pm["producerGUID"], pm["segmentNumber"], pm["messageSequenceNumber"]) == (keys.HEARTBEAT_GUID, 0, 0)
+    assert (pm["producerGUID"], pm["segmentNumber"], pm["messageSequenceNumber"]) == (
+        keys.HEARTBEAT_GUID,
+        0,
+        0,
+    )
     assert (pm["messageTimestamp"], pm["logicalTimestamp"]) == (TS, -1)
     cm = env["payloadUnion"][1]
     assert cm["controlMessageType"] == E.START_OF_SEGMENT and cm["debugInfo"] == {}
     assert cm["controlMessageUnion"][1] == {"checksumType": 4, "upcomingAggregates": []}
     footer = env["leaderMetadataFooter"][1]
-    assert (footer["hostName"], footer["upstreamOffset"], footer["upstreamKafkaClusterId"]) == ("leader:1", 77, 2)
+    assert (footer["hostName"], footer["upstreamOffset"], footer["upstreamKafkaClusterId"]) == (
+        "leader:1",
+        77,
+        2,
+    )
     assert (footer["termId"], footer["upstreamMessageTimestamp"]) == (-1, -1)
     # The vtp header is the writer schema, as Venice sends it; Venice's reader resolves it to the same record.
     assert json.loads(dict(rec.headers)["vtp"])["name"] == "KafkaMessageEnvelope"
@@ -158,8 +198,9 @@ def test_parse_vt_heartbeat_reads_ours_and_plain_venice_ones():
     assert hb.watermarks is None and hb.div_state is None and hb.lcs is False and hb.hbd_size == 0
     w = Watermarks(1, 100, [4, 100], "l:1", 2, TS)
     s = DivState({}, {0: {}, 1: {}}, False)
-    ours = vt_heartbeat("l:1", origin_region=1, origin_rt_offset=100, timestamp_ms=TS, hbw=w, hbd=s,
-                        leader_completed=True)
+    ours = vt_heartbeat(
+        "l:1", origin_region=1, origin_rt_offset=100, timestamp_ms=TS, hbw=w, hbd=s, leader_completed=True
+    )
     archive_headers = [{"key": k, "value": v} for k, v in ours.headers]  # the archive's header shape
     hb = parse_vt_heartbeat(ours.key, codec.decode(ours.value), archive_headers)
     assert hb.watermarks == w and hb.div_state == s and hb.lcs is True

@@ -38,13 +38,31 @@ IDEMPOTENT = {"enable.idempotence": True}
 ORDERED_RETRIES = {"enable.idempotence": False, "max.in.flight.requests.per.connection": 1, "retries": 1000}
 
 
-def _leader(k: EmbeddedKafka, term_id: int, conf: dict | None = None, **kw) -> tuple[HeartbeatLeader,
-                                                                                     RecordingProducer]:
-    producer = Producer({"bootstrap.servers": k.bootstrap_servers, "linger.ms": 2, "message.timeout.ms": 120_000,
-                         "log_level": 2, **(conf or IDEMPOTENT)})
+def _leader(
+    k: EmbeddedKafka, term_id: int, conf: dict | None = None, **kw
+) -> tuple[HeartbeatLeader, RecordingProducer]:
+    producer = Producer(
+        {
+            "bootstrap.servers": k.bootstrap_servers,
+            "linger.ms": 2,
+            "message.timeout.ms": 120_000,
+            "log_level": 2,
+            **(conf or IDEMPOTENT),
+        }
+    )
     rec = RecordingProducer(producer)
-    leader = HeartbeatLeader(rec, vt_topic=VT, rt_topic=RT, partition=0, region=0, n_regions=3,
-                             host="leader-0:1", term_id=term_id, interval_ms=0, **kw)
+    leader = HeartbeatLeader(
+        rec,
+        vt_topic=VT,
+        rt_topic=RT,
+        partition=0,
+        region=0,
+        n_regions=3,
+        host="leader-0:1",
+        term_id=term_id,
+        interval_ms=0,
+        **kw,
+    )
     return leader, rec
 
 
@@ -67,7 +85,9 @@ def test_leader_loop_through_faults_writes_only_true_heartbeats(fault):
                 k.broker_up(1)
             elif fault == "transient produce errors" and i % 150 == 0:
                 k.push_produce_errors(3, KafkaError.NOT_LEADER_FOR_PARTITION)
-                seen["pending_heartbeats_at_up"] = max(seen["pending_heartbeats_at_up"], leader.pending_heartbeats)
+                seen["pending_heartbeats_at_up"] = max(
+                    seen["pending_heartbeats_at_up"], leader.pending_heartbeats
+                )
             if i % 400 == 0:
                 rt_hb_times.append(leader.emit_rt_heartbeat(1_700_000_000_000 + i))
 
@@ -84,12 +104,14 @@ def test_leader_loop_through_faults_writes_only_true_heartbeats(fault):
         assert check_claims_acked(rec.events, VT) == len(hbs)
         check_div_states(vt, streams, hbs)
         follower = PartitionValidator()
-        assert [f for x in vt for f in follower.process(x.offset, x.key, x.env, x.timestamp_ms)] == [], \
+        assert [f for x in vt for f in follower.process(x.offset, x.key, x.env, x.timestamp_ms)] == [], (
             "retries must not duplicate or reorder VT records"
+        )
 
         rt = read_topic(k.bootstrap_servers, RT)
-        assert [(m[1], m[2]) for m in rt] == [(rt_heartbeat("leader-0:1", t).key, rt_heartbeat("leader-0:1", t).value)
-                                               for t in rt_hb_times]
+        assert [(m[1], m[2]) for m in rt] == [
+            (rt_heartbeat("leader-0:1", t).key, rt_heartbeat("leader-0:1", t).value) for t in rt_hb_times
+        ]
         assert all([h for h, _ in m[3]] == ["vtp"] for m in rt)
 
 

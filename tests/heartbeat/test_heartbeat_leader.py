@@ -32,8 +32,16 @@ VT, RT = "store_v1", "store_rt"
 
 def _leader(producer, n_regions=3, **kw) -> HeartbeatLeader:
     kw.setdefault("interval_ms", 0)
-    return HeartbeatLeader(producer, vt_topic=VT, rt_topic=RT, partition=0, region=0, n_regions=n_regions,
-                           host="leader-0:1", **kw)
+    return HeartbeatLeader(
+        producer,
+        vt_topic=VT,
+        rt_topic=RT,
+        partition=0,
+        region=0,
+        n_regions=n_regions,
+        host="leader-0:1",
+        **kw,
+    )
 
 
 def test_out_of_order_partial_acks_keep_every_heartbeat_true():
@@ -89,8 +97,9 @@ def test_heartbeat_of_a_quiet_moment_is_written_at_once():
     assert got.watermarks.high_watermarks == [-1, 0] and got.lcs is False
     leader.leader_completed = True
     leader.on_rt_record(0, 0, hb.key, hb.value, hb.headers, 7)
-    got = parse_vt_heartbeat(fake.records(VT)[1][1], E.EnvelopeCodec().decode(fake.records(VT)[1][2]),
-                             fake.records(VT)[1][3])
+    got = parse_vt_heartbeat(
+        fake.records(VT)[1][1], E.EnvelopeCodec().decode(fake.records(VT)[1][2]), fake.records(VT)[1][3]
+    )
     assert got.lcs is True and got.watermarks.high_watermarks == [0, 0]
 
 
@@ -115,8 +124,9 @@ def test_failed_send_breaks_the_leader_and_nothing_past_it_is_claimed():
     with pytest.raises(LeaderBrokenError, match="new term"):
         run_loop(leader, streams, random.Random(4), poll_every=2)
     assert leader.broken
-    failed_rt = [E.footer(E.EnvelopeCodec().decode(m.value))["upstreamOffset"]
-                 for m in fake.logs[(VT, 0)] if m.failed]
+    failed_rt = [
+        E.footer(E.EnvelopeCodec().decode(m.value))["upstreamOffset"] for m in fake.logs[(VT, 0)] if m.failed
+    ]
     assert len(failed_rt) == 1
     assert leader.watermarks()[1] < failed_rt[0]
     with pytest.raises(LeaderBrokenError):
@@ -169,15 +179,19 @@ def test_restart_with_a_new_term_from_the_last_heartbeat():
     check_div_states(vt, streams, hbs, vt_from_offset=before)
     # The new term's segment ends with a final EndOfSegment on close.
     last_rec = vt[-1]
-    assert E.control_type(last_rec.env) == E.END_OF_SEGMENT and last_rec.env["producerMetadata"][
-        "producerGUID"] == new.guid
+    assert (
+        E.control_type(last_rec.env) == E.END_OF_SEGMENT
+        and last_rec.env["producerMetadata"]["producerGUID"] == new.guid
+    )
 
 
 def test_follower_resuming_after_a_heartbeat_sees_what_a_full_replay_sees():
     streams = rt_streams(2, 300, seed=13)
     fake = FakeProducer(seed=1)
     ticks = iter(range(1_700_000_000_000, 1_800_000_000_000, 3))
-    leader = _leader(fake, n_regions=2, max_segment_age_ms=40, clock=lambda: next(ticks))  # segments roll often
+    leader = _leader(
+        fake, n_regions=2, max_segment_age_ms=40, clock=lambda: next(ticks)
+    )  # segments roll often
     run_loop(leader, streams, random.Random(2))
     leader.close()
     vt = decode_vt(fake.records(VT))
@@ -217,15 +231,19 @@ def test_hbd_over_the_size_limit_keeps_the_newest_producers_and_says_truncated()
     st = decode_hbd(dict(hb_recs[-1][3])["hbd"])
 
     def flat(state):
-        return {(m, g): s for m, states in [("vt", state.vt_producers), *state.rt_producers.items()]
-                for g, s in states.items()}
+        return {
+            (m, g): s
+            for m, states in [("vt", state.vt_producers), *state.rt_producers.items()]
+            for g, s in states.items()
+        }
 
     kept, everything = flat(st), flat(full)
     left_out = set(everything) - set(kept)
     assert kept and left_out and set(kept) <= set(everything)
     assert all(kept[k] == everything[k] for k in kept)
-    assert min(s["messageTimestamp"] for s in kept.values()) >= max(everything[k]["messageTimestamp"]
-                                                                    for k in left_out)
+    assert min(s["messageTimestamp"] for s in kept.values()) >= max(
+        everything[k]["messageTimestamp"] for k in left_out
+    )
     assert leader.guid in st.vt_producers  # the leader's own segment is the newest producer
 
 

@@ -167,7 +167,11 @@ def test_live_differing_final_values_are_reported_once_covered():
                 midstream += h.midstream(x) or h.midstream(y)
                 compacted_after += h.removed_after_last(x, k) or h.removed_after_last(y, k)
                 assert (x, y, k) in found, (h.mix.name, h.seed, x, y, k)
-    assert applicable > 500 and midstream > 50 and compacted_after > 50, (applicable, midstream, compacted_after)
+    assert applicable > 500 and midstream > 50 and compacted_after > 50, (
+        applicable,
+        midstream,
+        compacted_after,
+    )
 
 
 def test_heartbeat_mode_reports_everything_footer_mode_reports():

@@ -135,8 +135,9 @@ def test_a_record_stands_until_the_next_record_of_its_key():
 
 def test_a_gap_inside_the_standing_interval_caps_the_standing_mark():
     # Offset 3 was compacted away: a record of k that offset 5 replaced may have been there.
-    log = eop_log(put(1, 7, 0, 1), put(2, 5, 0, 2, key=b"x"), hb(4, (9, 9), 1, 9), put(5, 8, 0, 10),
-                  last_offset=5)
+    log = eop_log(
+        put(1, 7, 0, 1), put(2, 5, 0, 2, key=b"x"), hb(4, (9, 9), 1, 9), put(5, 8, 0, 10), last_offset=5
+    )
     first, last = check_partition({0: log, 1: eop_log()}).scans[0].history(K)[1:]
     assert first.high_watermark == (2, -1)  # the mark just before the gap, not (9, 9)
     assert last.high_watermark == (10, 9)

@@ -32,8 +32,14 @@ def test_partners_are_the_paired_regions_present():
 
 def _histories(gid, absent) -> vz.Histories:
     n = len(gid)
-    return vz.Histories(np.array(gid, np.int64), np.zeros(n, np.int64), np.array(absent, bool),
-                        np.arange(n, dtype=np.int64), np.zeros((n, 2), np.int64), np.zeros((n, 2), np.int64))
+    return vz.Histories(
+        np.array(gid, np.int64),
+        np.zeros(n, np.int64),
+        np.array(absent, bool),
+        np.arange(n, dtype=np.int64),
+        np.zeros((n, 2), np.int64),
+        np.zeros((n, 2), np.int64),
+    )
 
 
 def test_settled_groups():
@@ -50,8 +56,16 @@ def test_settled_groups():
 
 def test_carried_last_is_each_groups_last_record():
     assert carried_last(None) is None
-    c = vz.Carried(np.array([1, 1, 4], np.int64), np.zeros(3, np.int64), np.zeros(3, bool),
-                   np.array([3, 7, 9], np.int64), np.zeros((3, 2), np.int64),
-                   np.array([[1, 1], [2, 2], [3, 3]], np.int64), np.array([False, True, False]))
+    c = vz.Carried(
+        np.array([1, 1, 4], np.int64),
+        np.zeros(3, np.int64),
+        np.zeros(3, bool),
+        np.array([3, 7, 9], np.int64),
+        np.zeros((3, 2), np.int64),
+        np.array([[1, 1], [2, 2], [3, 3]], np.int64),
+        np.array([False, True, False]),
+    )
     gids, last_open, marks = carried_last(c)
-    assert gids.tolist() == [1, 4] and last_open.tolist() == [True, False] and marks.tolist() == [[2, 2], [3, 3]]
+    assert (
+        gids.tolist() == [1, 4] and last_open.tolist() == [True, False] and marks.tolist() == [[2, 2], [3, 3]]
+    )

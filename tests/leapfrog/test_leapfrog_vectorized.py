@@ -33,8 +33,11 @@ def _rows(scan, log, keys: list[bytes]):
 def test_vectorized_equals_reference(latest_kept):
     checked = found = 0
     for h in generated(60):
-        if any(not log.start.__class__.__name__ == "FromEndOfPush" and not log.start.__class__.__name__ ==
-               "FromHeartbeat" for log in h.logs.values()):
+        if any(
+            not log.start.__class__.__name__ == "FromEndOfPush"
+            and not log.start.__class__.__name__ == "FromHeartbeat"
+            for log in h.logs.values()
+        ):
             continue
         logs = {x: replace(log, latest_kept=latest_kept) for x, log in h.logs.items()}
         result = check_partition(logs, mode="heartbeat", n_regions=h.n_regions)

@@ -21,7 +21,11 @@ from leapfrog.reference import FromState, RegionLog, carry_state, check_partitio
 def _split(h, rng, latest_kept: bool):
     first, second = {}, {}
     for x, log in h.logs.items():
-        last = log.last_offset if log.last_offset is not None else (log.entries[-1].vt_offset if log.entries else 0)
+        last = (
+            log.last_offset
+            if log.last_offset is not None
+            else (log.entries[-1].vt_offset if log.entries else 0)
+        )
         begin = getattr(log.start, "eop_offset", None)
         begin = getattr(log.start, "vt_offset", begin) if begin is None else begin
         begin = begin if begin is not None else -1
@@ -42,10 +46,12 @@ def _carried(state_region, keys) -> vz.Carried:
     return vz.Carried(
         np.array([t[0] for t in rows], np.int64),
         np.array([vz.NULL_CLASS if t[1].value_hash is None else t[1].value_hash for t in rows], np.int64),
-        np.array([t[1].absent for t in rows], bool), np.array([t[1].vt_offset for t in rows], np.int64),
+        np.array([t[1].absent for t in rows], bool),
+        np.array([t[1].vt_offset for t in rows], np.int64),
         np.array([t[1].vector for t in rows], np.int64).reshape(len(rows), n),
         np.array([t[1].high_watermark for t in rows], np.int64).reshape(len(rows), n),
-        np.array([t[2] for t in rows], bool))
+        np.array([t[2] for t in rows], bool),
+    )
 
 
 @pytest.mark.parametrize("kept_1, kept_2", [(True, True), (False, False), (False, True), (True, False)])
@@ -73,9 +79,15 @@ def test_resumed_runs_equal_reference(kept_1, kept_2):
         for (x, y), counters in run2.pair_counters.items():
             present = np.union1d(real[x], real[y])
             res = vz.compare(hist[x], hist[y], present)
-            in_state = np.array([g in set(carried[x].gid.tolist()) | set(carried[y].gid.tolist())
-                                 for g in present.tolist()], bool)
-            before = vz.compare(prev[x], prev[y], present[in_state]).comparable_pairs.sum() if in_state.any() else 0
+            in_state = np.array(
+                [g in set(carried[x].gid.tolist()) | set(carried[y].gid.tolist()) for g in present.tolist()],
+                bool,
+            )
+            before = (
+                vz.compare(prev[x], prev[y], present[in_state]).comparable_pairs.sum()
+                if in_state.any()
+                else 0
+            )
             assert res.comparable_pairs.sum() - before == counters.comparable_pairs, (h.seed, h.mix.name)
             assert res.skipped.sum() == counters.skipped_pairs, (h.seed, h.mix.name)
             assert res.pending.sum() == counters.pending_keys, (h.seed, h.mix.name)

@@ -47,8 +47,11 @@ def test_archives_everything_while_retention_drops_old_records(tmp_path):
     assert infos[("busy", 0)] == archive.PartitionInfo("busy", 0, 0, n - 1, n)
     assert infos[("late", 0)].records == 1
     assert ("busy", 1) not in infos
-    offsets = [o for b in archive.iter_partition(tmp_path, "busy", 0, columns=["offset"])
-               for o in b.column("offset").to_pylist()]
+    offsets = [
+        o
+        for b in archive.iter_partition(tmp_path, "busy", 0, columns=["offset"])
+        for o in b.column("offset").to_pylist()
+    ]
     assert offsets == list(range(n))
 
 

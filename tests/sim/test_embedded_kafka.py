@@ -27,8 +27,14 @@ def _produce(bootstrap: str, topic: str, values: list[bytes], partition: int | N
 
 
 def _consume_all(bootstrap: str, topic: str, partitions: list[int], expected: int) -> list:
-    c = Consumer({"bootstrap.servers": bootstrap, "group.id": "t", "auto.offset.reset": "earliest",
-                  "enable.auto.commit": False})
+    c = Consumer(
+        {
+            "bootstrap.servers": bootstrap,
+            "group.id": "t",
+            "auto.offset.reset": "earliest",
+            "enable.auto.commit": False,
+        }
+    )
     c.assign([TopicPartition(topic, p, 0) for p in partitions])
     out = []
     for _ in range(100):

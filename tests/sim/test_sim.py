@@ -26,26 +26,68 @@ from sim import QuietPeriod, SimConfig, run
 
 pytestmark = [pytest.mark.kafka]
 
-ALL_FAULTS = {"dropped": 2, "poisoned": 1, "failover": 1, "duplicate": 1, "gap": 1, "corrupt": 1,
-              "compaction": 1, "broker": 1}
+ALL_FAULTS = {
+    "dropped": 2,
+    "poisoned": 1,
+    "failover": 1,
+    "duplicate": 1,
+    "gap": 1,
+    "corrupt": 1,
+    "compaction": 1,
+    "broker": 1,
+}
 
 
 def small_config(out, **kw) -> SimConfig:
-    base = dict(out=str(out), seed=11, regions=3, partitions=2, records=4000, keys=1500, batch_records=300,
-                write_rate=[1000.0], heartbeat_every_records=150, heartbeat_every_ms=400, default_lag_ms=120,
-                lag_ms={(0, 2): 350}, quiet=[QuietPeriod(2, 0.3, 0.55, None)], failover_delay_ms=250,
-                faults=dict(ALL_FAULTS), broker_down_s=0.5, step_records=1000, progress=False)
+    base = dict(
+        out=str(out),
+        seed=11,
+        regions=3,
+        partitions=2,
+        records=4000,
+        keys=1500,
+        batch_records=300,
+        write_rate=[1000.0],
+        heartbeat_every_records=150,
+        heartbeat_every_ms=400,
+        default_lag_ms=120,
+        lag_ms={(0, 2): 350},
+        quiet=[QuietPeriod(2, 0.3, 0.55, None)],
+        failover_delay_ms=250,
+        faults=dict(ALL_FAULTS),
+        broker_down_s=0.5,
+        step_records=1000,
+        progress=False,
+    )
     base.update(kw)
     return SimConfig(**base)
 
 
 # A larger run with more of every fault, two failovers, long and short lags and a partial quiet period:
 # the same checks, on more heartbeats and interleavings.
-MEDIUM = dict(records=40_000, partitions=4, keys=20_000, batch_records=2_000, heartbeat_every_records=1_000,
-              heartbeat_every_ms=5_000, default_lag_ms=200, lag_ms={(0, 2): 1500, (2, 1): 20},
-              quiet=[QuietPeriod(1, 0.2, 0.5, (0, 1))], failover_delay_ms=3_000, step_records=20_000,
-              faults={"dropped": 3, "poisoned": 2, "failover": 2, "duplicate": 2, "gap": 2, "corrupt": 2,
-                      "compaction": 1, "broker": 1})
+MEDIUM = dict(
+    records=40_000,
+    partitions=4,
+    keys=20_000,
+    batch_records=2_000,
+    heartbeat_every_records=1_000,
+    heartbeat_every_ms=5_000,
+    default_lag_ms=200,
+    lag_ms={(0, 2): 1500, (2, 1): 20},
+    quiet=[QuietPeriod(1, 0.2, 0.5, (0, 1))],
+    failover_delay_ms=3_000,
+    step_records=20_000,
+    faults={
+        "dropped": 3,
+        "poisoned": 2,
+        "failover": 2,
+        "duplicate": 2,
+        "gap": 2,
+        "corrupt": 2,
+        "compaction": 1,
+        "broker": 1,
+    },
+)
 
 
 @pytest.fixture(scope="module", params=["small", pytest.param("medium", marks=pytest.mark.slow)])
@@ -73,7 +115,9 @@ def rows(arch: str, topic: str, partition: int) -> list[Row]:
     for b in archive.iter_partition(arch, topic, partition):
         cols = b.to_pydict()
         stamps = b.column("timestamp").cast("int64").to_pylist()
-        for off, k, v, h, ts in zip(cols["offset"], cols["key"], cols["value"], cols["headers"], stamps, strict=True):
+        for off, k, v, h, ts in zip(
+            cols["offset"], cols["key"], cols["value"], cols["headers"], stamps, strict=True
+        ):
             out.append(Row(off, k, v, {e["key"]: e["value"] for e in h or []}, ts // 1000))
     return out
 
@@ -81,6 +125,7 @@ def rows(arch: str, topic: str, partition: int) -> list[Row]:
 @pytest.fixture(scope="module")
 def venice(shared_dir):
     """Decoders built from the reference schema files only."""
+
     def load(path):
         return fastavro.parse_schema(json.loads(path.read_text()))
 
@@ -125,8 +170,11 @@ class VtRecord:
     rmd: bytes | None
 
 
-_BRANCH = {"com.linkedin.venice.kafka.protocol.Put": "PUT", "com.linkedin.venice.kafka.protocol.Delete": "DELETE",
-           "com.linkedin.venice.kafka.protocol.ControlMessage": "CONTROL"}
+_BRANCH = {
+    "com.linkedin.venice.kafka.protocol.Put": "PUT",
+    "com.linkedin.venice.kafka.protocol.Delete": "DELETE",
+    "com.linkedin.venice.kafka.protocol.ControlMessage": "CONTROL",
+}
 
 
 def vt_records(run_result, venice, region: int, partition: int) -> list[VtRecord]:
@@ -142,16 +190,32 @@ def vt_records(run_result, venice, region: int, partition: int) -> list[VtRecord
             kind = "HB"
             hbw = venice.hbw(row.headers["hbw"])
             hbd = venice.hbd(row.headers["hbd"])
-        out.append(VtRecord(row.offset, kind, row.key[1:], body.get("putValue"), footer["upstreamKafkaClusterId"],
-                            footer["upstreamOffset"], footer["hostName"], env["producerMetadata"]["producerGUID"],
-                            hbw, hbd, env, row.headers, body.get("replicationMetadataPayload")))
+        out.append(
+            VtRecord(
+                row.offset,
+                kind,
+                row.key[1:],
+                body.get("putValue"),
+                footer["upstreamKafkaClusterId"],
+                footer["upstreamOffset"],
+                footer["hostName"],
+                env["producerMetadata"]["producerGUID"],
+                hbw,
+                hbd,
+                env,
+                row.headers,
+                body.get("replicationMetadataPayload"),
+            )
+        )
     return out
 
 
 @pytest.fixture(scope="module")
 def vts(sim_run, venice):
     t = sim_run.truth["run"]
-    return {(x, q): vt_records(sim_run, venice, x, q) for x in range(t["regions"]) for q in range(t["partitions"])}
+    return {
+        (x, q): vt_records(sim_run, venice, x, q) for x in range(t["regions"]) for q in range(t["partitions"])
+    }
 
 
 def leader_data(recs: list[VtRecord]) -> list[VtRecord]:
@@ -220,8 +284,9 @@ def rule3_violations(recs: list[VtRecord], regions: int) -> tuple[list[str], int
             continue
         for r in range(regions):
             if not min_after[r] > v[r]:
-                problems.append(f"H@{h.offset}: V[{r}]={v[r]} but a later record comes from RT[{r}] "
-                                f"offset {min_after[r]}")
+                problems.append(
+                    f"H@{h.offset}: V[{r}]={v[r]} but a later record comes from RT[{r}] offset {min_after[r]}"
+                )
         if v[h.hbw["originRegionId"]] < h.hbw["originRtOffset"]:
             problems.append(f"H@{h.offset}: V[origin] {v} below the origin offset {h.hbw['originRtOffset']}")
     last_by_term: dict[int, list[int]] = {}
@@ -249,11 +314,14 @@ def test_heartbeat_invariant_holds_for_every_heartbeat(sim_run, vts):
 def test_the_rule3_checker_catches_violations(sim_run, vts):
     """Guard against a vacuous checker: move a data record after the heartbeat that claims it."""
     recs = list(vts[(0, 0)])
-    i = next(i for i, r in enumerate(recs) if r.kind == "HB" and i > 0 and
-             any(p.kind in ("PUT", "DELETE") and p.source >= 0 for p in recs[:i]))
+    i = next(
+        i
+        for i, r in enumerate(recs)
+        if r.kind == "HB" and i > 0 and any(p.kind in ("PUT", "DELETE") and p.source >= 0 for p in recs[:i])
+    )
     j = max(k for k in range(i) if recs[k].kind in ("PUT", "DELETE") and recs[k].source >= 0)
     moved = recs[j]
-    swapped = recs[:j] + recs[j + 1:i + 1] + [moved] + recs[i + 1:]
+    swapped = recs[:j] + recs[j + 1 : i + 1] + [moved] + recs[i + 1 :]
     for pos, r in enumerate(swapped):  # keep offsets increasing as the checker reads them
         swapped[pos] = VtRecord(**{**r.__dict__, "offset": pos})
     problems, _ = rule3_violations(swapped, 3)
@@ -266,8 +334,11 @@ def test_hbd_matches_a_replay_of_the_rts_and_the_vt(sim_run, vts):
     codec = E.EnvelopeCodec()
     compaction = next(f for f in sim_run.truth["faults"] if f["kind"] == "compaction")
     compacted_from = {(compaction["region"], compaction["partition"]): compaction["detail"]["range"][0]}
-    rt_rows = {(r, q): rows(sim_run.archives[r], t["rt_topic"], q)
-               for r in range(t["regions"]) for q in range(t["partitions"])}
+    rt_rows = {
+        (r, q): rows(sim_run.archives[r], t["rt_topic"], q)
+        for r in range(t["regions"])
+        for q in range(t["partitions"])
+    }
     compared = 0
     for (x, q), recs in vts.items():
         hbs = [r for r in recs if r.kind == "HB"]
@@ -337,8 +408,11 @@ def test_rt_div_findings_are_exactly_the_expected_ones(sim_run):
                 env = codec.decode(row.value, list(row.headers.items()))
                 for f in val.process(row.offset, row.key, env, row.ts_ms, len(row.value)):
                     found.add((r, t["rt_topic"], q, f.offset, f.type, f.fatal))
-    expected = {(e["region"], e["topic"], e["partition"], e["offset"], e["type"], e["fatal"])
-                for f in sim_run.truth["faults"] for e in f["expect"]["div"]}
+    expected = {
+        (e["region"], e["topic"], e["partition"], e["offset"], e["type"], e["fatal"])
+        for f in sim_run.truth["faults"]
+        for e in f["expect"]["div"]
+    }
     assert found == expected
     assert {e[4] for e in expected} == {"MISSING", "CORRUPT", "DUPLICATE"}
     by_type = defaultdict(int)
@@ -394,8 +468,11 @@ def test_follower_checkpoints_hold_offset_and_div_state_together(sim_run):
             for row in rows(sim_run.archives[x], t["vt_topic"], q):
                 val.process(row.offset, row.key, codec.decode(row.value), row.ts_ms, len(row.value))
             replayed = {g.decode("latin-1"): st for g, st in val.producer_states().items()}
-            assert {k: {f: v[f] for f in st} for k, v in state["producerStates"].items()
-                    for st in [replayed.get(k, {})]} == replayed
+            assert {
+                k: {f: v[f] for f in st}
+                for k, v in state["producerStates"].items()
+                for st in [replayed.get(k, {})]
+            } == replayed
 
 
 def _final_values(recs: list[VtRecord]) -> dict[bytes, bytes | None]:
@@ -415,8 +492,11 @@ def test_regions_converge_except_on_dropped_and_poisoned_keys(sim_run, vts):
         finals = [_final_values(vts[(x, q)]) for x in range(t["regions"])]
         keys = set().union(*finals)
         bad = {k for k in keys if len({f.get(k) for f in finals}) > 1}
-        expected_bad = {bytes.fromhex(f["key"]) for f in faults
-                        if f["kind"] in ("dropped", "poisoned") and f["partition"] == q}
+        expected_bad = {
+            bytes.fromhex(f["key"])
+            for f in faults
+            if f["kind"] in ("dropped", "poisoned") and f["partition"] == q
+        }
         assert bad == expected_bad, q
         for f in faults:
             if f["kind"] not in ("dropped", "poisoned") or f["partition"] != q:
@@ -447,8 +527,11 @@ def test_regions_converge_except_on_dropped_and_poisoned_keys(sim_run, vts):
 
 def test_archives_are_complete(sim_run):
     t = sim_run.truth["run"]
-    removed = {(f["region"], f["partition"]): set(f["detail"]["removed_offsets"])
-               for f in sim_run.truth["faults"] if f["kind"] == "compaction"}
+    removed = {
+        (f["region"], f["partition"]): set(f["detail"]["removed_offsets"])
+        for f in sim_run.truth["faults"]
+        if f["kind"] == "compaction"
+    }
     assert removed and all(removed.values())
     for x in range(t["regions"]):
         infos = {(i.topic, i.partition): i for i in archive.describe(sim_run.archives[x])}
@@ -484,8 +567,12 @@ def test_failover_resumes_from_the_last_heartbeat_with_a_new_term(sim_run, vts):
     assert d["new_leader"]["guid"] != d["old_leader"]["guid"]
     assert d["resumed_from_vt_heartbeat_offset"] is not None
     recs = vts[(f["region"], f["partition"])]
-    removed = {o for c in sim_run.truth["faults"] if c["kind"] == "compaction"
-               and (c["region"], c["partition"]) == (f["region"], f["partition"]) for o in c["detail"]["removed_offsets"]}
+    removed = {
+        o
+        for c in sim_run.truth["faults"]
+        if c["kind"] == "compaction" and (c["region"], c["partition"]) == (f["region"], f["partition"])
+        for o in c["detail"]["removed_offsets"]
+    }
     if d["resumed_from_vt_heartbeat_offset"] not in removed:  # a compaction fault may have removed it since
         hb = next(r for r in recs if r.offset == d["resumed_from_vt_heartbeat_offset"])
         assert [m + 1 for m in hb.hbw["upstreamHighWatermarks"]] == d["resume_rt_positions"]
@@ -493,12 +580,17 @@ def test_failover_resumes_from_the_last_heartbeat_with_a_new_term(sim_run, vts):
     old = [r for r in data if r.guid.hex() == d["old_leader"]["guid"]]
     new = [r for r in data if r.guid.hex() == d["new_leader"]["guid"]]
     assert old and new and old[-1].offset < new[0].offset
-    assert min(r.offset for r in recs if r.guid.hex() == d["new_leader"]["guid"]) == d["first_vt_offset_of_new_term"]
+    assert (
+        min(r.offset for r in recs if r.guid.hex() == d["new_leader"]["guid"])
+        == d["first_vt_offset_of_new_term"]
+    )
     coords = defaultdict(int)
     for r in data:
         coords[(r.source, r.upstream)] += 1
     duplicates = sum(1 for c in coords.values() if c > 1)
-    assert duplicates == d["reapplied_vt_records"] > 0, "the successor re-applied writes (duplicates in the VT)"
+    assert duplicates == d["reapplied_vt_records"] > 0, (
+        "the successor re-applied writes (duplicates in the VT)"
+    )
 
 
 # ---------------------------------------------------------------------------------------- determinism
@@ -531,7 +623,9 @@ def test_another_seed_gives_other_archives(sim_run, tmp_path):
 # ---------------------------------------------------------------------------------------- legacy RMD
 def test_legacy_rmd_vectors_and_their_cost(tmp_path, venice):
     plain = run(small_config(tmp_path / "plain", faults={}, records=1500, workers="inline"))
-    legacy = run(small_config(tmp_path / "legacy", faults={}, records=1500, legacy_rmd=True, workers="inline"))
+    legacy = run(
+        small_config(tmp_path / "legacy", faults={}, records=1500, legacy_rmd=True, workers="inline")
+    )
     t = legacy.truth["run"]
     for x in range(t["regions"]):
         for q in range(t["partitions"]):
@@ -550,7 +644,9 @@ def test_legacy_rmd_vectors_and_their_cost(tmp_path, venice):
     assert pm["vt_data_records"] == lm["vt_data_records"]
     assert pm["footer_bytes"] == lm["footer_bytes"]
     assert lm["rmd_bytes"] > pm["rmd_bytes"] + 2 * lm["vt_data_records"]
-    assert pm["per_record"]["rmd"] == 10.0  # version id, length, timestamp branch, 6-byte timestamp, empty array
+    assert (
+        pm["per_record"]["rmd"] == 10.0
+    )  # version id, length, timestamp branch, 6-byte timestamp, empty array
 
 
 # ---------------------------------------------------------------------------------------- given clusters
@@ -566,9 +662,20 @@ def test_runs_against_given_clusters_with_existing_empty_topics(tmp_path):
             k.create_topic("given_rt", 2)
             k.create_topic("given_v1", 2)
         boots = {i: k.bootstrap_servers for i, k in enumerate(clusters)}
-        result = run(small_config(tmp_path / "given", store="given", regions=2, records=1200, lag_ms={}, quiet=[],
-                                  faults={"broker": 1, "dropped": 1}, kafka=boots,
-                                  kafka_conf={"client.id": "tidegauge-sim-test"}, workers="inline"))
+        result = run(
+            small_config(
+                tmp_path / "given",
+                store="given",
+                regions=2,
+                records=1200,
+                lag_ms={},
+                quiet=[],
+                faults={"broker": 1, "dropped": 1},
+                kafka=boots,
+                kafka_conf={"client.id": "tidegauge-sim-test"},
+                workers="inline",
+            )
+        )
         truth = result.truth
         assert truth["run"]["kafka"] == {str(i): b for i, b in boots.items()}
         broker = next(f for f in truth["faults"] if f["kind"] == "broker")
@@ -577,8 +684,19 @@ def test_runs_against_given_clusters_with_existing_empty_topics(tmp_path):
         assert all(v > 1000 for v in result.summary["vt_records_per_region"].values())
         # a second run on the same, now non-empty, topics is refused: offsets could not be predicted
         with pytest.raises(ClusterError, match="given_rt .* is not empty"):
-            run(small_config(tmp_path / "again", store="given", regions=2, records=100, lag_ms={}, quiet=[],
-                             faults={}, kafka=boots, workers="inline"))
+            run(
+                small_config(
+                    tmp_path / "again",
+                    store="given",
+                    regions=2,
+                    records=100,
+                    lag_ms={},
+                    quiet=[],
+                    faults={},
+                    kafka=boots,
+                    workers="inline",
+                )
+            )
     finally:
         for k in clusters:
             k.close()

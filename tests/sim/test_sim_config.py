@@ -27,12 +27,15 @@ def test_parse_faults():
     assert parse_faults("") == {}
 
 
-@pytest.mark.parametrize("spec, named", [
-    ("dropped=2,oops=1", "'oops=1'"),
-    ("dropped=two", "'dropped=two'"),
-    ("gap=-1", "'gap=-1'"),
-    ("gap=1,gap=2", "'gap=2'"),
-])
+@pytest.mark.parametrize(
+    "spec, named",
+    [
+        ("dropped=2,oops=1", "'oops=1'"),
+        ("dropped=two", "'dropped=two'"),
+        ("gap=-1", "'gap=-1'"),
+        ("gap=1,gap=2", "'gap=2'"),
+    ],
+)
 def test_bad_fault_specs_name_the_item(spec, named):
     with pytest.raises(ConfigError, match=named):
         parse_faults(spec)
@@ -53,9 +56,15 @@ def test_conf_file_documents_the_built_in_defaults():
 
 
 def test_from_mapping_reads_lags_quiet_periods_and_rates():
-    cfg = from_mapping({"lag_ms": {"0-2": 900}, "quiet": [{"region": 1, "from": 0.2, "to": 0.4, "partitions": [0]}],
-                        "write_rate": [100, 200, 300], "value_size": {"min": 20, "max": 30},
-                        "faults": "dropped=1"})
+    cfg = from_mapping(
+        {
+            "lag_ms": {"0-2": 900},
+            "quiet": [{"region": 1, "from": 0.2, "to": 0.4, "partitions": [0]}],
+            "write_rate": [100, 200, 300],
+            "value_size": {"min": 20, "max": 30},
+            "faults": "dropped=1",
+        }
+    )
     assert cfg.lag(0, 2) == 900 and cfg.lag(2, 0) == cfg.default_lag_ms and cfg.lag(1, 1) == 0
     assert cfg.quiet == [QuietPeriod(1, 0.2, 0.4, (0,))]
     assert cfg.rate(2) == 300.0 and (cfg.value_size_min, cfg.value_size_max) == (20, 30)
@@ -67,16 +76,19 @@ def test_from_mapping_reads_lags_quiet_periods_and_rates():
         from_mapping({"lag_ms": {"x": 1}})
 
 
-@pytest.mark.parametrize("change, message", [
-    ({"regions": 0}, "regions must be at least 1"),
-    ({"write_rate": [1.0, 2.0]}, "write_rate has 2 entries"),
-    ({"quiet": [QuietPeriod(5, 0.1, 0.2)]}, "quiet period region 5"),
-    ({"lag_ms": {(0, 7): 5}}, "lag_ms 0-7"),
-    ({"faults": {"meteor": 1}}, "unknown fault kind 'meteor'"),
-    ({"kafka": {0: "a:1"}}, "every region 0..2 needs one"),
-    ({"store": "_bad"}, "store name"),
-    ({"value_size_max": 2_000_000}, "chunking"),
-])
+@pytest.mark.parametrize(
+    "change, message",
+    [
+        ({"regions": 0}, "regions must be at least 1"),
+        ({"write_rate": [1.0, 2.0]}, "write_rate has 2 entries"),
+        ({"quiet": [QuietPeriod(5, 0.1, 0.2)]}, "quiet period region 5"),
+        ({"lag_ms": {(0, 7): 5}}, "lag_ms 0-7"),
+        ({"faults": {"meteor": 1}}, "unknown fault kind 'meteor'"),
+        ({"kafka": {0: "a:1"}}, "every region 0..2 needs one"),
+        ({"store": "_bad"}, "store name"),
+        ({"value_size_max": 2_000_000}, "chunking"),
+    ],
+)
 def test_validate_names_the_bad_setting(change, message):
     with pytest.raises(ConfigError, match=message):
         SimConfig(**change).validate()
@@ -100,7 +112,15 @@ def test_cli_help_teaches(capsys):
         main(["simulate", "--help"])
     assert exc.value.code == 0
     out = capsys.readouterr().out
-    for word in ("--faults", "dropped", "compaction", "truth.json", "archive/dc-<id>", "--legacy-rmd", "--kafka"):
+    for word in (
+        "--faults",
+        "dropped",
+        "compaction",
+        "truth.json",
+        "archive/dc-<id>",
+        "--legacy-rmd",
+        "--kafka",
+    ):
         assert word in out
 
 
@@ -112,9 +132,14 @@ def test_keys_and_partitioner_follow_venice():
 
 
 def test_schedule_is_exact_sorted_and_respects_quiet_periods():
-    cfg = SimConfig(records=30_000, keys=2_000, partitions=3, write_rate=[500.0, 1000.0, 1500.0],
-                    quiet=[QuietPeriod(1, 0.2, 0.5, None), QuietPeriod(2, 0.6, 0.8, (1,))],
-                    heartbeat_every_records=100).validate()
+    cfg = SimConfig(
+        records=30_000,
+        keys=2_000,
+        partitions=3,
+        write_rate=[500.0, 1000.0, 1500.0],
+        quiet=[QuietPeriod(1, 0.2, 0.5, None), QuietPeriod(2, 0.6, 0.8, (1,))],
+        heartbeat_every_records=100,
+    ).validate()
     ks = KeySpace.build(cfg.keys, cfg.partitions)
     s = build_schedule(cfg, ks, np.random.default_rng(5))
     assert len(s) == 30_000
@@ -170,9 +195,23 @@ def test_neighbours():
 
 
 def test_fault_placement_follows_its_rules():
-    cfg = SimConfig(records=20_000, keys=5_000, partitions=4, producers_per_region=2, batch_records=500,
-                    faults={"dropped": 4, "poisoned": 3, "gap": 3, "corrupt": 3, "duplicate": 2, "failover": 2,
-                            "compaction": 1, "broker": 1}).validate()
+    cfg = SimConfig(
+        records=20_000,
+        keys=5_000,
+        partitions=4,
+        producers_per_region=2,
+        batch_records=500,
+        faults={
+            "dropped": 4,
+            "poisoned": 3,
+            "gap": 3,
+            "corrupt": 3,
+            "duplicate": 2,
+            "failover": 2,
+            "compaction": 1,
+            "broker": 1,
+        },
+    ).validate()
     ks = KeySpace.build(cfg.keys, cfg.partitions)
     s = build_schedule(cfg, ks, np.random.default_rng(1))
     plan = plan_faults(cfg, s, ks.keys, np.random.default_rng(2))
@@ -191,13 +230,18 @@ def test_fault_placement_follows_its_rules():
             assert all(a < b for a, b in pairs) and len(pairs) == 2
         if f.kind == "failover":
             assert f.time_ms < f.end_ms <= s.end_ms
-    streams = [(int(s.region[f.write]), int(s.writer[f.write]), f.partition) for f in plan.faults
-               if f.kind in ("gap", "corrupt")]
+    streams = [
+        (int(s.region[f.write]), int(s.writer[f.write]), f.partition)
+        for f in plan.faults
+        if f.kind in ("gap", "corrupt")
+    ]
     assert len(streams) == len(set(streams)) == 6
     assert all(s.op[f.write] == PUT for f in plan.of("corrupt"))
     failed = {(f.region, f.partition) for f in plan.of("failover")}
     assert len(failed) == 2
-    assert all((f.region, f.partition) not in failed for f in plan.of("compaction"))  # faults do not mask each other
+    assert all(
+        (f.region, f.partition) not in failed for f in plan.of("compaction")
+    )  # faults do not mask each other
     assert DELETE in set(s.op.tolist())
 
 

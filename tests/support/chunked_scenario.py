@@ -25,10 +25,21 @@ def big(tag: str, size: int = 2600) -> bytes:
 
 
 BIG_DIFF = big("big-diff")
-BIG_DIFF_POISONED = BIG_DIFF[:CHUNK] + bytes(b ^ 0xFF for b in BIG_DIFF[CHUNK:2 * CHUNK]) + BIG_DIFF[2 * CHUNK:]
+BIG_DIFF_POISONED = (
+    BIG_DIFF[:CHUNK] + bytes(b ^ 0xFF for b in BIG_DIFF[CHUNK : 2 * CHUNK]) + BIG_DIFF[2 * CHUNK :]
+)
 MISSING_BIG = big("missing-big")
-USER_KEYS = {b"big-same", b"big-diff", b"mixed", b"replaced", b"replaced-small", b"deleted-big", b"small",
-             b"small-diff", b"missing-big"}
+USER_KEYS = {
+    b"big-same",
+    b"big-diff",
+    b"mixed",
+    b"replaced",
+    b"replaced-small",
+    b"deleted-big",
+    b"small",
+    b"small-diff",
+    b"missing-big",
+}
 # (key, type, region_a, region_b, a value, b value); None = a tombstone/absent side
 EXPECTED = {
     (b"big-diff", "VALUE_MISMATCH", 0, 2, BIG_DIFF, BIG_DIFF_POISONED),
@@ -51,7 +62,9 @@ class Store:
             vt.start_of_push()
             vt.end_of_push()
 
-    def put(self, key: bytes, value: bytes, src: int, rt: int, *, overrides=None, unchunked_in=(), missing_in=()):
+    def put(
+        self, key: bytes, value: bytes, src: int, rt: int, *, overrides=None, unchunked_in=(), missing_in=()
+    ):
         self.rt_max[src] = max(self.rt_max[src], rt)
         for x, vt in self.vts.items():
             if x in missing_in:
@@ -79,8 +92,10 @@ class Store:
         return firsts
 
     def write(self, root, first: dict[int, int] | None = None) -> dict[int, str]:
-        return {x: write_archive([vt], root / f"dc-{x}", TOPIC, first=(first or {}).get(x, 0))
-                for x, vt in self.vts.items()}
+        return {
+            x: write_archive([vt], root / f"dc-{x}", TOPIC, first=(first or {}).get(x, 0))
+            for x, vt in self.vts.items()
+        }
 
 
 def scenario(s: Store) -> None:

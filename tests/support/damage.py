@@ -97,14 +97,21 @@ class DamageTruth:
 
 def read_archive(directory: str | os.PathLike) -> pa.Table:
     """Every record of an archive, sorted by (topic, partition, offset)."""
-    tables = [pq.read_table(os.path.join(directory, f)) for f in sorted(os.listdir(directory))
-              if f.endswith(".parquet") and not f.startswith((".", "_"))]
+    tables = [
+        pq.read_table(os.path.join(directory, f))
+        for f in sorted(os.listdir(directory))
+        if f.endswith(".parquet") and not f.startswith((".", "_"))
+    ]
     table = archive.conform(pa.concat_tables(tables)) if tables else archive.KAFKA_ARROW_SCHEMA.empty_table()
     return table.sort_by([("topic", "ascending"), ("partition", "ascending"), ("offset", "ascending")])
 
 
-def damage_archive(src: str | os.PathLike, dst: str | os.PathLike, damages: list[Damage],
-                   other: str | os.PathLike | None = None) -> DamageTruth:
+def damage_archive(
+    src: str | os.PathLike,
+    dst: str | os.PathLike,
+    damages: list[Damage],
+    other: str | os.PathLike | None = None,
+) -> DamageTruth:
     """Copy archive `src` to `dst` (which must not exist) with `damages` applied. `other`: another region's
     archive, whose records `duplicate_offsets` copies in."""
     table = read_archive(src)
@@ -124,8 +131,9 @@ def damage_archive(src: str | os.PathLike, dst: str | os.PathLike, damages: list
                 continue  # nothing to damage: pick a heartbeat or a record with headers next time
             before = r["key"]
             _damage_record(d.kind, r, rng)
-            truth.records.append(DamagedRecord(d.kind, cls, r["topic"], r["partition"], r["offset"], before,
-                                               r["key"]))
+            truth.records.append(
+                DamagedRecord(d.kind, cls, r["topic"], r["partition"], r["offset"], before, r["key"])
+            )
         elif d.kind == "reorder":
             reorder = True
             truth.file_classes.append(cls)
@@ -133,7 +141,9 @@ def damage_archive(src: str | os.PathLike, dst: str | os.PathLike, damages: list
             picked = [dict(rows[(d.row + k) % len(rows)]) for k in range(min(5, len(rows)))] if rows else []
             for r in picked:
                 r["topic"] = "foreign_topic_v1"
-            extra_files.append(("foreign+00000.parquet", pa.Table.from_pylist(picked, archive.KAFKA_ARROW_SCHEMA)))
+            extra_files.append(
+                ("foreign+00000.parquet", pa.Table.from_pylist(picked, archive.KAFKA_ARROW_SCHEMA))
+            )
             truth.file_classes.append(cls)
         elif d.kind == "empty_file":
             extra_files.append(("empty.parquet", archive.KAFKA_ARROW_SCHEMA.empty_table()))
@@ -195,8 +205,9 @@ def _damage_record(kind: str, r: dict, rng: random.Random) -> None:
         if kind == "header_truncate":
             h["value"] = v[: rng.randint(0, max(0, len(v) - 1))]
         else:
-            h["value"] = bytes([rng.choice([b for b in range(256) if b not in (0x48, 0x44)])]) + rng.randbytes(
-                rng.randint(0, 16))
+            h["value"] = bytes(
+                [rng.choice([b for b in range(256) if b not in (0x48, 0x44)])]
+            ) + rng.randbytes(rng.randint(0, 16))
         r["headers"] = headers
     else:  # pragma: no cover - KINDS and this function are kept in step by test_damage_kinds_are_all_applied
         raise ValueError(kind)

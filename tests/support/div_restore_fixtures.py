@@ -88,7 +88,12 @@ class RefConsumer:
             return
         env = V.decode_envelope(value)
         pm = env["producerMetadata"]
-        g, n, s, ts = pm["producerGUID"], pm["segmentNumber"], pm["messageSequenceNumber"], pm["messageTimestamp"]
+        g, n, s, ts = (
+            pm["producerGUID"],
+            pm["segmentNumber"],
+            pm["messageSequenceNumber"],
+            pm["messageTimestamp"],
+        )
         seg = self.segs.get(g)
         if seg is None or n > seg.number:  # new producer, next segment, or skipped segments: (re)start
             seg = self._start(g, pm, env)
@@ -111,11 +116,17 @@ class RefConsumer:
         for g, seg in self.segs.items():
             status = 1 if not seg.ended else (3 if seg.final else 2)
             out[g] = {
-                "segmentNumber": seg.number, "segmentStatus": status, "isRegistered": seg.registered,
-                "messageSequenceNumber": seg.seq, "messageTimestamp": seg.ts,
+                "segmentNumber": seg.number,
+                "segmentStatus": status,
+                "isRegistered": seg.registered,
+                "messageSequenceNumber": seg.seq,
+                "messageTimestamp": seg.ts,
                 "checksumType": seg.ctype if seg.registered else V.NONE,
-                "checksumState": seg.adhash.to_bytes(8, "big") if seg.registered and seg.ctype == V.ADHASH else b"",
-                "aggregates": {}, "debugInfo": {},
+                "checksumState": seg.adhash.to_bytes(8, "big")
+                if seg.registered and seg.ctype == V.ADHASH
+                else b"",
+                "aggregates": {},
+                "debugInfo": {},
             }
         return out
 
@@ -126,9 +137,17 @@ class RefConsumer:
 def with_footer(rec: V.Rec, host: str, region: int, offset: int) -> V.Rec:
     """The record with a leader footer pointing at RT `region` offset `offset` (the footer is not checksummed)."""
     env = V.decode_envelope(rec.value)
-    env["leaderMetadataFooter"] = (V.NS + "LeaderMetadata", {
-        "hostName": host, "upstreamOffset": offset, "upstreamKafkaClusterId": region,
-        "upstreamPubSubPosition": b"", "termId": -1, "upstreamMessageTimestamp": -1})
+    env["leaderMetadataFooter"] = (
+        V.NS + "LeaderMetadata",
+        {
+            "hostName": host,
+            "upstreamOffset": offset,
+            "upstreamKafkaClusterId": region,
+            "upstreamPubSubPosition": b"",
+            "termId": -1,
+            "upstreamMessageTimestamp": -1,
+        },
+    )
     return rec.replace(value=V.encode_envelope(env))
 
 
@@ -164,8 +183,10 @@ class Scenario:
 def _rt_streams(rng: random.Random, regions: int, per_region: int, hb_every: int) -> dict[int, list[V.Rec]]:
     rts: dict[int, list[V.Rec]] = {}
     for r in range(regions):
-        prods = [V.RefProducer(guid(1, r, i), V.ADHASH, host=f"rt-producer-{r}-{i}", start_ms=START_MS + 7 * i)
-                 for i in range(2)]
+        prods = [
+            V.RefProducer(guid(1, r, i), V.ADHASH, host=f"rt-producer-{r}-{i}", start_ms=START_MS + 7 * i)
+            for i in range(2)
+        ]
         out: list[V.Rec] = []
         writes = 0
         while writes < per_region:
@@ -191,8 +212,16 @@ def _rt_streams(rng: random.Random, regions: int, per_region: int, hb_every: int
     return rts
 
 
-def build(seed: int = 1, regions: int = 3, per_region: int = 150, hb_every: int = 9, failovers: int = 2,
-          push_records: int = 30, faults: bool = True, segment_every: int = 45) -> Scenario:
+def build(
+    seed: int = 1,
+    regions: int = 3,
+    per_region: int = 150,
+    hb_every: int = 9,
+    failovers: int = 2,
+    push_records: int = 30,
+    faults: bool = True,
+    segment_every: int = 45,
+) -> Scenario:
     """A seeded scenario (see the module docstring). `per_region` RT writes per region."""
     rng = random.Random(seed)
     rts = _rt_streams(rng, regions, per_region, hb_every)
@@ -206,8 +235,12 @@ def build(seed: int = 1, regions: int = 3, per_region: int = 150, hb_every: int 
             before_seq = (before.number, before.seq) if before else None
             c.consume(rec.key, rec.value)
             after = c.segs.get(rec.guid)
-            if rec.key != V.HB_KEY and before_seq is not None and after is before \
-                    and (after.number, after.seq) == before_seq:
+            if (
+                rec.key != V.HB_KEY
+                and before_seq is not None
+                and after is before
+                and (after.number, after.seq) == before_seq
+            ):
                 dups.add(off)
             states.append(c.states())
         rt_states[r], rt_dup[r] = states, dups
@@ -247,12 +280,17 @@ def build(seed: int = 1, regions: int = 3, per_region: int = 150, hb_every: int 
     processed = [-1] * regions
     pos = [0] * regions
     term = 1
-    fail_at = sorted(rng.sample(range(per_region, per_region * regions - per_region // 2), failovers)) \
-        if failovers else []
+    fail_at = (
+        sorted(rng.sample(range(per_region, per_region * regions - per_region // 2), failovers))
+        if failovers
+        else []
+    )
     last_hb: tuple[list[int], int] | None = None
     steps = 0
     while True:
-        leader = V.RefProducer(guid(5, term), V.ADHASH, host=f"vt-leader-t{term}", start_ms=START_MS + 1000 * term)
+        leader = V.RefProducer(
+            guid(5, term), V.ADHASH, host=f"vt-leader-t{term}", start_ms=START_MS + 1000 * term
+        )
         if term > 1:
             scen.failover_offsets.append(len(vt))
         written_by_leader = 0
@@ -269,8 +307,10 @@ def build(seed: int = 1, regions: int = 3, per_region: int = 150, hb_every: int 
                 hb = V.heartbeat(START_MS + steps, host=leader.host)
                 hb = with_footer(hb, leader.host, r, off)
                 marks = list(processed)
-                state = DivState({g: s for g, s in vt_states[-1].items()} if vt_states else {},
-                                 {x: rt_states[x][marks[x]] if marks[x] >= 0 else {} for x in range(regions)})
+                state = DivState(
+                    {g: s for g, s in vt_states[-1].items()} if vt_states else {},
+                    {x: rt_states[x][marks[x]] if marks[x] >= 0 else {} for x in range(regions)},
+                )
                 hbw = encode_hbw(Watermarks(r, off, marks, leader.host, term_id=term))
                 kind = "usable"
                 if faults and len(scen.heartbeats) in (5, 17, 29):
@@ -278,8 +318,11 @@ def build(seed: int = 1, regions: int = 3, per_region: int = 150, hb_every: int 
                 if kind == "plain":
                     headers = [("lcs", b"\x00")]
                 elif kind == "truncated":
-                    headers = [("lcs", b"\x00"), ("hbw", hbw),
-                               ("hbd", encode_hbd(DivState({}, {}, truncated=True)))]
+                    headers = [
+                        ("lcs", b"\x00"),
+                        ("hbw", hbw),
+                        ("hbd", encode_hbd(DivState({}, {}, truncated=True))),
+                    ]
                 elif kind == "broken":
                     headers = [("lcs", b"\x00"), ("hbw", hbw), ("hbd", b"\x44\x01\xff\xff\xff")]
                 else:
@@ -358,9 +401,9 @@ def resume_offsets(scen: Scenario, at: int) -> dict[int, int]:
     """Per region, the resume offset DIV restore defines: the highest RT offset reflected by the restore point's
     vector and by the VT records after it up to `at` (all records up to `at` without a restore point)."""
     h = restore_point(scen, at)
-    return _reflected(scen.vt[h if h is not None else 0:at + 1])
+    return _reflected(scen.vt[h if h is not None else 0 : at + 1])
 
 
 def highest_upstream(scen: Scenario, at: int) -> dict[int, int]:
     """Per region, the highest RT offset any VT record up to `at` reflects (old terms included)."""
-    return _reflected(scen.vt[:at + 1])
+    return _reflected(scen.vt[: at + 1])

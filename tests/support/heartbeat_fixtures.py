@@ -25,8 +25,16 @@ class RtIn:
     broker_ts: int
 
 
-def rt_streams(n_regions: int, records: int, seed: int, *, hb_every: int = 40, producers: int = 2,
-               start_ms: int = 1_700_000_000_000, anomalies: bool = True) -> list[list[RtIn]]:
+def rt_streams(
+    n_regions: int,
+    records: int,
+    seed: int,
+    *,
+    hb_every: int = 40,
+    producers: int = 2,
+    start_ms: int = 1_700_000_000_000,
+    anomalies: bool = True,
+) -> list[list[RtIn]]:
     """Per region an RT partition: `producers` online producers writing PUT/DELETE records in segments, and the
     region leader's RT heartbeats every ~`hb_every` records. With `anomalies`, region 1 (when present) holds one
     duplicate and one gap, so the RT DIV state goes through resyncs."""
@@ -39,8 +47,10 @@ def rt_streams(n_regions: int, records: int, seed: int, *, hb_every: int = 40, p
             clock[0] += rng.randint(1, 5)
             return clock[0]
 
-        writers = [SegmentWriter(bytes([r, i]) * 8, host_name=f"p{r}-{i}", clock=tick, max_segment_age_ms=-1)
-                   for i in range(producers)]
+        writers = [
+            SegmentWriter(bytes([r, i]) * 8, host_name=f"p{r}-{i}", clock=tick, max_segment_age_ms=-1)
+            for i in range(producers)
+        ]
         out: list[RtIn] = []
 
         def add(key, value, headers, ts, out=out):
@@ -107,9 +117,17 @@ def feed_one(leader: HeartbeatLeader, region: int, r: RtIn, rng: random.Random, 
     leader.done()
 
 
-def run_loop(leader: HeartbeatLeader, streams: list[list[RtIn]], rng: random.Random, *, steps: int | None = None,
-             positions: list[int] | None = None, poll_every: int = 7, poll_timeout: float = 0,
-             on_step=None) -> LoopResult:
+def run_loop(
+    leader: HeartbeatLeader,
+    streams: list[list[RtIn]],
+    rng: random.Random,
+    *,
+    steps: int | None = None,
+    positions: list[int] | None = None,
+    poll_every: int = 7,
+    poll_timeout: float = 0,
+    on_step=None,
+) -> LoopResult:
     """Feed RT records of every region in a random interleaving (each region in order), polling now and then.
     `on_step(i)` runs before step i (to inject faults)."""
     result = LoopResult(positions=list(positions or [0] * len(streams)))
@@ -202,8 +220,11 @@ class FakeProducer:
 
     def records(self, topic: str, partition: int = 0) -> list[tuple[int, bytes, bytes, list, int]]:
         """(offset, key, value, headers, timestamp) of the records in the log (failed sends are holes)."""
-        return [(m.offset, m.key, m.value, m.headers, m.timestamp_ms)
-                for m in self.logs.get((topic, partition), []) if not m.failed]
+        return [
+            (m.offset, m.key, m.value, m.headers, m.timestamp_ms)
+            for m in self.logs.get((topic, partition), [])
+            if not m.failed
+        ]
 
 
 class RecordingProducer:
@@ -222,8 +243,9 @@ class RecordingProducer:
             if cb is not None:
                 cb(err, msg)
 
-        self.inner.produce(topic, value=value, key=key, partition=partition, headers=headers,
-                           on_delivery=report, **kw)
+        self.inner.produce(
+            topic, value=value, key=key, partition=partition, headers=headers, on_delivery=report, **kw
+        )
         self._n += 1  # only once produce() accepted it (BufferError leaves no trace)
         self.events.append(("produce", n, topic, key, value, list(headers or [])))
 
@@ -262,14 +284,16 @@ def check_claims_acked(events: list[tuple], vt_topic: str) -> int:
             v = hb.watermarks.high_watermarks
             for dn, r, o in data:
                 assert o > v[r] or dn in acked, (
-                    f"heartbeat claims RT[{r}] offset {v[r]} but the VT send for RT offset {o} is not acked")
+                    f"heartbeat claims RT[{r}] offset {v[r]} but the VT send for RT offset {o} is not acked"
+                )
             claimed = v if claimed is None else [max(a, b) for a, b in zip(claimed, v, strict=True)]
             checked += 1
         elif key[0] == keys.HEADER_PUT_OR_DELETE:
             f = E.footer(env)
             r, o = f["upstreamKafkaClusterId"], f["upstreamOffset"]
             assert claimed is None or o > claimed[r], (
-                f"VT record for RT[{r}] offset {o} produced after a heartbeat claimed up to {claimed[r]}")
+                f"VT record for RT[{r}] offset {o} produced after a heartbeat claimed up to {claimed[r]}"
+            )
             data.append((n, r, o))
     return checked
 
@@ -299,8 +323,14 @@ def check_invariant(vt: list[VtRead], term_guids: dict[int, bytes]) -> list[tupl
                 hbs.append((rec, hb))
         elif rec.key[0] == keys.HEADER_PUT_OR_DELETE:
             f = E.footer(rec.env)
-            data.append((rec.offset, f["upstreamKafkaClusterId"], f["upstreamOffset"],
-                         rec.env["producerMetadata"]["producerGUID"]))
+            data.append(
+                (
+                    rec.offset,
+                    f["upstreamKafkaClusterId"],
+                    f["upstreamOffset"],
+                    rec.env["producerMetadata"]["producerGUID"],
+                )
+            )
     prev: list[int] | None = None
     for rec, hb in hbs:
         w = hb.watermarks
@@ -313,11 +343,15 @@ def check_invariant(vt: list[VtRead], term_guids: dict[int, bytes]) -> list[tupl
         guid = term_guids[w.term_id]
         for vt_off, r, o, g in data:
             if o <= v[r]:
-                assert vt_off < rec.offset, (f"(a) VT record {vt_off} for RT[{r}] offset {o} lies after the "
-                                             f"heartbeat at {rec.offset} claiming {v}")
+                assert vt_off < rec.offset, (
+                    f"(a) VT record {vt_off} for RT[{r}] offset {o} lies after the "
+                    f"heartbeat at {rec.offset} claiming {v}"
+                )
             if vt_off > rec.offset and g == guid:
-                assert o > v[r], (f"(b) VT record {vt_off} of the same term for RT[{r}] offset {o} follows the "
-                                  f"heartbeat at {rec.offset} claiming {v[r]}")
+                assert o > v[r], (
+                    f"(b) VT record {vt_off} of the same term for RT[{r}] offset {o} follows the "
+                    f"heartbeat at {rec.offset} claiming {v[r]}"
+                )
     return hbs
 
 
@@ -337,22 +371,30 @@ def check_div_states(vt: list[VtRead], streams: list[list[RtIn]], hbs, *, vt_fro
                 rt_validators[r].process(x.offset, x.key, _CODEC.decode(x.value, x.headers), x.broker_ts)
                 rt_pos[r] += 1
             assert st.rt_producers[r] == rt_validators[r].producer_states(), (
-                f"hbd RT state of region {r} at V={hb.watermarks.high_watermarks} differs from a replay")
+                f"hbd RT state of region {r} at V={hb.watermarks.high_watermarks} differs from a replay"
+            )
         if rec.offset >= vt_from_offset:
             while vt[vt_pos].offset < rec.offset:
                 x = vt[vt_pos]
                 vt_validator.process(x.offset, x.key, x.env, x.timestamp_ms)
                 vt_pos += 1
             assert st.vt_producers == vt_validator.producer_states(), (
-                f"hbd VT state of the heartbeat at VT offset {rec.offset} differs from a replay of the VT")
+                f"hbd VT state of the heartbeat at VT offset {rec.offset} differs from a replay of the VT"
+            )
 
 
 def read_topic(bootstrap: str, topic: str, partition: int = 0) -> list[tuple[int, bytes, bytes, list, int]]:
     """Every record of a topic partition on a live cluster: (offset, key, value, headers, timestamp ms)."""
     from confluent_kafka import Consumer, TopicPartition
 
-    c = Consumer({"bootstrap.servers": bootstrap, "group.id": "hb-test", "auto.offset.reset": "earliest",
-                  "enable.auto.commit": False})
+    c = Consumer(
+        {
+            "bootstrap.servers": bootstrap,
+            "group.id": "hb-test",
+            "auto.offset.reset": "earliest",
+            "enable.auto.commit": False,
+        }
+    )
     try:
         low, high = c.get_watermark_offsets(TopicPartition(topic, partition), timeout=10)
         c.assign([TopicPartition(topic, partition, low)])
@@ -361,7 +403,9 @@ def read_topic(bootstrap: str, topic: str, partition: int = 0) -> list[tuple[int
             if not out or out[-1][0] < high - 1:
                 for m in c.consume(1000, timeout=0.2):
                     if m.error() is None:
-                        out.append((m.offset(), m.key(), m.value(), list(m.headers() or []), m.timestamp()[1]))
+                        out.append(
+                            (m.offset(), m.key(), m.value(), list(m.headers() or []), m.timestamp()[1])
+                        )
             else:
                 break
         assert not out or out[-1][0] == high - 1, f"read {topic}[{partition}] up to {out[-1][0]}, end {high}"

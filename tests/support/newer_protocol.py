@@ -51,17 +51,24 @@ def _insert_after(record: dict, after: str, field: dict) -> None:
 def newer_schema() -> dict:
     """Our v15 with fields inserted mid-record and union branches added (one before every old branch)."""
     s = ev.writer_schema(15)
-    _insert_after(_record(s, "ProducerMetadata"), "producerGUID",
-                  {"name": "producerRegion", "type": "string", "default": ""})
-    _insert_after(_record(s, "Put"), "putValue",
-                  {"name": "compressionHint", "type": ["null", "int"], "default": None})
-    _insert_after(_record(s, "LeaderMetadata"), "hostName",
-                  {"name": "upstreamPartition", "type": "int", "default": -1})
-    _field(s, "payloadUnion")["type"].insert(0, {"type": "record", "name": NEW_PAYLOAD,
-                                                 "fields": [{"name": "blob", "type": "bytes"}]})
+    _insert_after(
+        _record(s, "ProducerMetadata"),
+        "producerGUID",
+        {"name": "producerRegion", "type": "string", "default": ""},
+    )
+    _insert_after(
+        _record(s, "Put"), "putValue", {"name": "compressionHint", "type": ["null", "int"], "default": None}
+    )
+    _insert_after(
+        _record(s, "LeaderMetadata"), "hostName", {"name": "upstreamPartition", "type": "int", "default": -1}
+    )
+    _field(s, "payloadUnion")["type"].insert(
+        0, {"type": "record", "name": NEW_PAYLOAD, "fields": [{"name": "blob", "type": "bytes"}]}
+    )
     control = _record(s, "ControlMessage")
     _field(control, "controlMessageUnion")["type"].append(
-        {"type": "record", "name": NEW_CONTROL, "fields": [{"name": "tier", "type": "string"}]})
+        {"type": "record", "name": NEW_CONTROL, "fields": [{"name": "tier", "type": "string"}]}
+    )
     return s
 
 
@@ -105,7 +112,9 @@ def new_payload_value(template: dict, version: int) -> bytes:
 
 
 def _with_vtp(headers):
-    return [{"key": h["key"], "value": newer_vtp() if h["key"] == "vtp" else h["value"]} for h in headers or []]
+    return [
+        {"key": h["key"], "value": newer_vtp() if h["key"] == "vtp" else h["value"]} for h in headers or []
+    ]
 
 
 def reencode_archive(src: str | os.PathLike, dst: str | os.PathLike, version: int) -> int:
@@ -123,5 +132,7 @@ def reencode_archive(src: str | os.PathLike, dst: str | os.PathLike, version: in
         r["headers"] = _with_vtp(r["headers"])
         done += 1
     os.makedirs(dst)
-    pq.write_table(pa.Table.from_pylist(rows, archive.KAFKA_ARROW_SCHEMA), os.path.join(dst, "records.parquet"))
+    pq.write_table(
+        pa.Table.from_pylist(rows, archive.KAFKA_ARROW_SCHEMA), os.path.join(dst, "records.parquet")
+    )
     return done

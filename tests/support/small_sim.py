@@ -27,11 +27,32 @@ class SmallSim:
         return f"{self.store}_v{self.version}"
 
 
-def small_sim(out: Path, *, seed: int = 7, regions: int = 3, partitions: int = 2, records: int = 1500,
-              keys: int = 300, faults: dict[str, int] | None = None) -> SmallSim:
-    cfg = SimConfig(out=str(out), seed=seed, regions=regions, partitions=partitions, records=records, keys=keys,
-                    batch_records=100, heartbeat_every_records=100, heartbeat_every_ms=400, default_lag_ms=100,
-                    faults=dict(faults or {}), step_records=records, progress=False, workers="inline")
+def small_sim(
+    out: Path,
+    *,
+    seed: int = 7,
+    regions: int = 3,
+    partitions: int = 2,
+    records: int = 1500,
+    keys: int = 300,
+    faults: dict[str, int] | None = None,
+) -> SmallSim:
+    cfg = SimConfig(
+        out=str(out),
+        seed=seed,
+        regions=regions,
+        partitions=partitions,
+        records=records,
+        keys=keys,
+        batch_records=100,
+        heartbeat_every_records=100,
+        heartbeat_every_ms=400,
+        default_lag_ms=100,
+        faults=dict(faults or {}),
+        step_records=records,
+        progress=False,
+        workers="inline",
+    )
     result = simulate(cfg)
     t = result.truth["run"]
     return SmallSim(result, t["store"], t["version"], {int(k): v for k, v in result.archives.items()})

@@ -38,14 +38,24 @@ class Cluster:
 
     def env(self) -> dict[str, str]:
         """Environment for a driver process of this cluster: loopback, and this venv's Python on executors."""
-        return {**os.environ, "SPARK_LOCAL_IP": "127.0.0.1", "PYSPARK_PYTHON": sys.executable,
-                "PYSPARK_DRIVER_PYTHON": sys.executable}
+        return {
+            **os.environ,
+            "SPARK_LOCAL_IP": "127.0.0.1",
+            "PYSPARK_PYTHON": sys.executable,
+            "PYSPARK_DRIVER_PYTHON": sys.executable,
+        }
 
 
 def _spark_env(root: Path) -> dict[str, str]:
     home = os.path.dirname(pyspark.__file__)
-    return {**os.environ, "SPARK_HOME": home, "SPARK_LOCAL_IP": "127.0.0.1", "SPARK_LOG_DIR": str(root / "logs"),
-            "SPARK_NO_DAEMONIZE": "1", "PYSPARK_PYTHON": sys.executable}
+    return {
+        **os.environ,
+        "SPARK_HOME": home,
+        "SPARK_LOCAL_IP": "127.0.0.1",
+        "SPARK_LOG_DIR": str(root / "logs"),
+        "SPARK_NO_DAEMONIZE": "1",
+        "PYSPARK_PYTHON": sys.executable,
+    }
 
 
 def _alive_workers(ui_url: str) -> int:
@@ -57,8 +67,9 @@ def _alive_workers(ui_url: str) -> int:
 
 
 @contextlib.contextmanager
-def standalone_cluster(root: Path, workers: int = 2, cores: int = 1, memory: str = "1536m",
-                       timeout_s: float = 90) -> Iterator[Cluster]:
+def standalone_cluster(
+    root: Path, workers: int = 2, cores: int = 1, memory: str = "1536m", timeout_s: float = 90
+) -> Iterator[Cluster]:
     """Start a master and `workers` workers; yields the Cluster once every worker has registered; stops all."""
     root.mkdir(parents=True, exist_ok=True)
     spark_class = os.path.join(os.path.dirname(pyspark.__file__), "bin", "spark-class")
@@ -70,18 +81,51 @@ def standalone_cluster(root: Path, workers: int = 2, cores: int = 1, memory: str
     def start(args: list[str], name: str) -> None:
         log = open(root / f"{name}.log", "wb")  # noqa: SIM115 - closed below
         logs.append(log)
-        procs.append(subprocess.Popen([spark_class, *args], env=env, stdout=log, stderr=subprocess.STDOUT,
-                                      cwd=root, start_new_session=True))
+        procs.append(
+            subprocess.Popen(
+                [spark_class, *args],
+                env=env,
+                stdout=log,
+                stderr=subprocess.STDOUT,
+                cwd=root,
+                start_new_session=True,
+            )
+        )
 
     try:
-        start(["org.apache.spark.deploy.master.Master", "--host", "127.0.0.1", "--port", str(port),
-               "--webui-port", str(ui)], "master")
+        start(
+            [
+                "org.apache.spark.deploy.master.Master",
+                "--host",
+                "127.0.0.1",
+                "--port",
+                str(port),
+                "--webui-port",
+                str(ui),
+            ],
+            "master",
+        )
         url = f"spark://127.0.0.1:{port}"
         for i in range(workers):
             work = root / f"worker-{i}"
             work.mkdir(exist_ok=True)
-            start(["org.apache.spark.deploy.worker.Worker", url, "--host", "127.0.0.1", "--cores", str(cores),
-                   "--memory", memory, "--work-dir", str(work), "--webui-port", str(_free_port())], f"worker-{i}")
+            start(
+                [
+                    "org.apache.spark.deploy.worker.Worker",
+                    url,
+                    "--host",
+                    "127.0.0.1",
+                    "--cores",
+                    str(cores),
+                    "--memory",
+                    memory,
+                    "--work-dir",
+                    str(work),
+                    "--webui-port",
+                    str(_free_port()),
+                ],
+                f"worker-{i}",
+            )
         ui_url = f"http://127.0.0.1:{ui}"
         deadline = time.monotonic() + timeout_s
         while _alive_workers(ui_url) < workers:

@@ -29,8 +29,17 @@ NS = "com.linkedin.venice.kafka.protocol."
 PUT, DELETE, CONTROL, UPDATE = 0, 1, 2, 3
 # controlMessageType ints (venice-protocol-notes §0).
 SOP, EOP, SOS, EOS, SOBR, SOIP, EOIP, TOPIC_SWITCH, VERSION_SWAP = range(9)
-CONTROL_RECORDS = ["StartOfPush", "EndOfPush", "StartOfSegment", "EndOfSegment", "StartOfBufferReplay",
-                   "StartOfIncrementalPush", "EndOfIncrementalPush", "TopicSwitch", "VersionSwap"]
+CONTROL_RECORDS = [
+    "StartOfPush",
+    "EndOfPush",
+    "StartOfSegment",
+    "EndOfSegment",
+    "StartOfBufferReplay",
+    "StartOfIncrementalPush",
+    "EndOfIncrementalPush",
+    "TopicSwitch",
+    "VersionSwap",
+]
 # checksum types (venice-protocol-notes §2.4)
 NONE, MD5, ADLER32, CRC32, ADHASH = 0, 1, 2, 3, 4
 EARLIEST_BLOB = bytes.fromhex("22010300")
@@ -89,22 +98,49 @@ def decode_envelope(value: bytes) -> dict:
 
 
 def default_footer(host: str) -> tuple[str, dict]:
-    return (NS + "LeaderMetadata", {"hostName": host, "upstreamOffset": -1, "upstreamKafkaClusterId": -1,
-                                    "upstreamPubSubPosition": EARLIEST_BLOB, "termId": -1,
-                                    "upstreamMessageTimestamp": -1})
+    return (
+        NS + "LeaderMetadata",
+        {
+            "hostName": host,
+            "upstreamOffset": -1,
+            "upstreamKafkaClusterId": -1,
+            "upstreamPubSubPosition": EARLIEST_BLOB,
+            "termId": -1,
+            "upstreamMessageTimestamp": -1,
+        },
+    )
 
 
 def control_payload(ctype: int, body: dict, debug_info: dict | None = None) -> tuple[str, dict]:
-    return (NS + "ControlMessage", {"controlMessageType": ctype, "debugInfo": debug_info or {},
-                                    "controlMessageUnion": (NS + CONTROL_RECORDS[ctype], body)})
+    return (
+        NS + "ControlMessage",
+        {
+            "controlMessageType": ctype,
+            "debugInfo": debug_info or {},
+            "controlMessageUnion": (NS + CONTROL_RECORDS[ctype], body),
+        },
+    )
 
 
-def envelope(message_type: int, guid: bytes, segment: int, sequence: int, ts: int, payload: tuple,
-             logical_ts: int = -1, host: str = "ref-producer") -> dict:
+def envelope(
+    message_type: int,
+    guid: bytes,
+    segment: int,
+    sequence: int,
+    ts: int,
+    payload: tuple,
+    logical_ts: int = -1,
+    host: str = "ref-producer",
+) -> dict:
     return {
         "messageType": message_type,
-        "producerMetadata": {"producerGUID": guid, "segmentNumber": segment, "messageSequenceNumber": sequence,
-                             "messageTimestamp": ts, "logicalTimestamp": logical_ts},
+        "producerMetadata": {
+            "producerGUID": guid,
+            "segmentNumber": segment,
+            "messageSequenceNumber": sequence,
+            "messageTimestamp": ts,
+            "logicalTimestamp": logical_ts,
+        },
         "payloadUnion": payload,
         "leaderMetadataFooter": default_footer(host),
     }
@@ -164,8 +200,14 @@ class RefProducer:
     """A Venice producer for one partition: SOS(0), data(1..), EOS(n) per segment, the checksum fed per notes
     §2.3. It never rolls by time; tests decide where segments end."""
 
-    def __init__(self, guid: bytes, checksum_type: int = ADHASH, host: str = "ref-producer", start_ms: int = 0,
-                 send_vtp: bool = True) -> None:
+    def __init__(
+        self,
+        guid: bytes,
+        checksum_type: int = ADHASH,
+        host: str = "ref-producer",
+        start_ms: int = 0,
+        send_vtp: bool = True,
+    ) -> None:
         assert len(guid) == 16
         self.guid, self.ctype, self.host = guid, checksum_type, host
         self.clock = start_ms
@@ -179,8 +221,9 @@ class RefProducer:
         self.clock += 1
         return self.clock
 
-    def _rec(self, key: bytes, message_type: int, payload: tuple, seq: int, label: str,
-             logical_ts: int = -1) -> Rec:
+    def _rec(
+        self, key: bytes, message_type: int, payload: tuple, seq: int, label: str, logical_ts: int = -1
+    ) -> Rec:
         ts = self._tick()
         env = envelope(message_type, self.guid, self.segment, seq, ts, payload, logical_ts, self.host)
         headers = []
@@ -196,9 +239,15 @@ class RefProducer:
         self.cs = RunningChecksum(self.ctype)
         self.cs.feed(i32(CONTROL))
         self.cs.feed(i32(SOS))
-        out.append(self._rec(control_key(self.guid, self.segment, 0), CONTROL,
-                             control_payload(SOS, {"checksumType": self.ctype, "upcomingAggregates": []}), 0,
-                             f"SOS{self.segment}"))
+        out.append(
+            self._rec(
+                control_key(self.guid, self.segment, 0),
+                CONTROL,
+                control_payload(SOS, {"checksumType": self.ctype, "upcomingAggregates": []}),
+                0,
+                f"SOS{self.segment}",
+            )
+        )
         self.open = True
 
     def _next(self) -> int:
@@ -210,8 +259,15 @@ class RefProducer:
         self._ensure_open(out)
         for f in (i32(PUT), key, i32(schema_id), value):
             self.cs.feed(f)
-        payload = (NS + "Put", {"putValue": value, "schemaId": schema_id, "replicationMetadataVersionId": -1,
-                                "replicationMetadataPayload": b""})
+        payload = (
+            NS + "Put",
+            {
+                "putValue": value,
+                "schemaId": schema_id,
+                "replicationMetadataVersionId": -1,
+                "replicationMetadataPayload": b"",
+            },
+        )
         seq = self._next()
         out.append(self._rec(bytes([header]) + key, PUT, payload, seq, f"PUT{self.segment}.{seq}", -2))
         return out
@@ -221,19 +277,25 @@ class RefProducer:
         self._ensure_open(out)
         for f in (i32(DELETE), key):
             self.cs.feed(f)
-        payload = (NS + "Delete", {"schemaId": -1, "replicationMetadataVersionId": -1,
-                                   "replicationMetadataPayload": b""})
+        payload = (
+            NS + "Delete",
+            {"schemaId": -1, "replicationMetadataVersionId": -1, "replicationMetadataPayload": b""},
+        )
         seq = self._next()
         out.append(self._rec(b"\x00" + key, DELETE, payload, seq, f"DEL{self.segment}.{seq}", -2))
         return out
 
-    def update(self, key: bytes, update_value: bytes, schema_id: int = 1, update_schema_id: int = 1) -> list[Rec]:
+    def update(
+        self, key: bytes, update_value: bytes, schema_id: int = 1, update_schema_id: int = 1
+    ) -> list[Rec]:
         out: list[Rec] = []
         self._ensure_open(out)
         for f in (i32(UPDATE), key, i32(schema_id), i32(update_schema_id), update_value):
             self.cs.feed(f)
-        payload = (NS + "Update", {"schemaId": schema_id, "updateSchemaId": update_schema_id,
-                                   "updateValue": update_value})
+        payload = (
+            NS + "Update",
+            {"schemaId": schema_id, "updateSchemaId": update_schema_id, "updateValue": update_value},
+        )
         seq = self._next()
         out.append(self._rec(b"\x04" + key, UPDATE, payload, seq, f"UPD{self.segment}.{seq}", -2))
         return out
@@ -244,13 +306,28 @@ class RefProducer:
         self.cs.feed(i32(CONTROL))
         self.cs.feed(i32(ctype))
         seq = self._next()
-        out.append(self._rec(control_key(self.guid, self.segment, seq), CONTROL, control_payload(ctype, body), seq,
-                             f"{CONTROL_RECORDS[ctype]}{self.segment}.{seq}"))
+        out.append(
+            self._rec(
+                control_key(self.guid, self.segment, seq),
+                CONTROL,
+                control_payload(ctype, body),
+                seq,
+                f"{CONTROL_RECORDS[ctype]}{self.segment}.{seq}",
+            )
+        )
         return out
 
     def start_of_push(self) -> list[Rec]:
-        return self.control(SOP, {"sorted": False, "chunked": False, "compressionStrategy": 0,
-                                  "compressionDictionary": None, "timestampPolicy": 0})
+        return self.control(
+            SOP,
+            {
+                "sorted": False,
+                "chunked": False,
+                "compressionStrategy": 0,
+                "compressionDictionary": None,
+                "timestampPolicy": 0,
+            },
+        )
 
     def end_of_push(self) -> list[Rec]:
         return self.control(EOP, {})
@@ -259,41 +336,72 @@ class RefProducer:
         """EOS with the segment's checksum (or `checksum`, to forge a corrupt one)."""
         assert self.open
         seq = self._next()
-        body = {"checksumValue": self.cs.value() if checksum is None else checksum, "computedAggregates": [],
-                "finalSegment": final}
-        rec = self._rec(control_key(self.guid, self.segment, seq), CONTROL, control_payload(EOS, body), seq,
-                        f"EOS{self.segment}")
+        body = {
+            "checksumValue": self.cs.value() if checksum is None else checksum,
+            "computedAggregates": [],
+            "finalSegment": final,
+        }
+        rec = self._rec(
+            control_key(self.guid, self.segment, seq),
+            CONTROL,
+            control_payload(EOS, body),
+            seq,
+            f"EOS{self.segment}",
+        )
         self.open = False
         return [rec]
 
 
 def heartbeat(ts: int, host: str = "leader:1234") -> Rec:
     """A Venice heartbeat record (HB key, SOS body, seg 0 / seq 0, venice-protocol-notes §1.9)."""
-    env = envelope(CONTROL, HB_GUID, 0, 0, ts, control_payload(SOS, {"checksumType": ADHASH,
-                                                                     "upcomingAggregates": []}), -1, host)
+    env = envelope(
+        CONTROL,
+        HB_GUID,
+        0,
+        0,
+        ts,
+        control_payload(SOS, {"checksumType": ADHASH, "upcomingAggregates": []}),
+        -1,
+        host,
+    )
     return Rec(HB_KEY, encode_envelope(env), [("vtp", b"{}")], ts, HB_GUID, 0, 0, "HB")
 
 
 def dol_stamp(ts: int, host: str = "leader:1234") -> Rec:
     """A Declaration-of-Leadership stamp: DoL key, seg 0 / seq 0 (venice-protocol-notes §2.6); its body is a StartOfSegment
     shape here, which DIV never looks at."""
-    env = envelope(CONTROL, DOL_GUID, 0, 0, ts, control_payload(SOS, {"checksumType": ADHASH,
-                                                                      "upcomingAggregates": []}), -1, host)
+    env = envelope(
+        CONTROL,
+        DOL_GUID,
+        0,
+        0,
+        ts,
+        control_payload(SOS, {"checksumType": ADHASH, "upcomingAggregates": []}),
+        -1,
+        host,
+    )
     return Rec(DOL_KEY, encode_envelope(env), [], ts, DOL_GUID, 0, 0, "DOL")
 
 
 # -- archives, written with pyarrow alone in Spark's Kafka source schema (docs/design.md, "Contracts") -------------
 HEADERS_TYPE = pa.list_(pa.struct([pa.field("key", pa.string()), pa.field("value", pa.binary())]))
-SPARK_KAFKA_SCHEMA = pa.schema([
-    pa.field("key", pa.binary()), pa.field("value", pa.binary()), pa.field("topic", pa.string()),
-    pa.field("partition", pa.int32()), pa.field("offset", pa.int64()),
-    pa.field("timestamp", pa.timestamp("us", tz="UTC")), pa.field("timestampType", pa.int32()),
-    pa.field("headers", HEADERS_TYPE),
-])
+SPARK_KAFKA_SCHEMA = pa.schema(
+    [
+        pa.field("key", pa.binary()),
+        pa.field("value", pa.binary()),
+        pa.field("topic", pa.string()),
+        pa.field("partition", pa.int32()),
+        pa.field("offset", pa.int64()),
+        pa.field("timestamp", pa.timestamp("us", tz="UTC")),
+        pa.field("timestampType", pa.int32()),
+        pa.field("headers", HEADERS_TYPE),
+    ]
+)
 
 
-def write_archive(directory: str | os.PathLike, topic: str, partition: int,
-                  records: list[tuple[int, Rec]]) -> None:
+def write_archive(
+    directory: str | os.PathLike, topic: str, partition: int, records: list[tuple[int, Rec]]
+) -> None:
     """Write (offset, record) pairs of one partition as one Parquet file; the broker timestamp is
     `rec.broker_ts` when set, else the producer timestamp."""
     os.makedirs(directory, exist_ok=True)
@@ -307,8 +415,9 @@ def write_archive(directory: str | os.PathLike, topic: str, partition: int,
         "timestampType": [0] * len(records),
         "headers": [[{"key": k, "value": v} for k, v in r.headers] for _, r in records],
     }
-    table = pa.table({f.name: pa.array(rows[f.name], f.type) for f in SPARK_KAFKA_SCHEMA},
-                     schema=SPARK_KAFKA_SCHEMA)
+    table = pa.table(
+        {f.name: pa.array(rows[f.name], f.type) for f in SPARK_KAFKA_SCHEMA}, schema=SPARK_KAFKA_SCHEMA
+    )
     pq.write_table(table, os.path.join(os.fspath(directory), f"{topic}-{partition}-ref.parquet"))
 
 

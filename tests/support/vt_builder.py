@@ -56,9 +56,18 @@ assert NON_CHUNK_SUFFIX == b"\x02\x00"
 
 
 def chunk_suffix(guid: bytes, segment: int, sequence: int, index: int) -> bytes:
-    return _avro(_SUFFIX, {"chunkId": {"producerGUID": guid, "segmentNumber": segment,
-                                       "messageSequenceNumber": sequence, "chunkIndex": index},
-                           "isChunk": True})
+    return _avro(
+        _SUFFIX,
+        {
+            "chunkId": {
+                "producerGUID": guid,
+                "segmentNumber": segment,
+                "messageSequenceNumber": sequence,
+                "chunkIndex": index,
+            },
+            "isChunk": True,
+        },
+    )
 
 
 def value_hash(value: bytes) -> int:
@@ -98,8 +107,12 @@ class RegionVt:
     def _env(self, message_type: int, payload, footer) -> tuple[dict, int]:
         seq = self._seq
         self._seq += 1
-        return {"messageType": message_type, "producerMetadata": E.producer_metadata(self._guid, 0, seq, TS, -2),
-                "payloadUnion": payload, "leaderMetadataFooter": footer}, seq
+        return {
+            "messageType": message_type,
+            "producerMetadata": E.producer_metadata(self._guid, 0, seq, TS, -2),
+            "payloadUnion": payload,
+            "leaderMetadataFooter": footer,
+        }, seq
 
     def raw(self, key: bytes, value: bytes | None, headers=None) -> int:
         """Append any bytes; returns the record's offset."""
@@ -118,17 +131,30 @@ class RegionVt:
 
     # -- control messages ---------------------------------------------------------------------------------
     def start_of_push(self) -> int:
-        return self._control(E.START_OF_PUSH, {"sorted": False, "chunked": self.chunked, "compressionStrategy": 0,
-                                               "compressionDictionary": None, "timestampPolicy": 0})
+        return self._control(
+            E.START_OF_PUSH,
+            {
+                "sorted": False,
+                "chunked": self.chunked,
+                "compressionStrategy": 0,
+                "compressionDictionary": None,
+                "timestampPolicy": 0,
+            },
+        )
 
     def end_of_push(self) -> int:
         return self._control(E.END_OF_PUSH, {})
 
     def heartbeat(self, origin: int, origin_offset: int, vector: list[int]) -> int:
         """A VT heartbeat for RT heartbeat (origin, origin_offset) with `hbw` = vector."""
-        env = {"messageType": 2, "producerMetadata": E.producer_metadata(K.HEARTBEAT_GUID, 0, 0, TS, -1),
-               "payloadUnion": E.control_message(E.START_OF_SEGMENT, {"checksumType": 4, "upcomingAggregates": []}),
-               "leaderMetadataFooter": E.leader_footer(self.host, origin_offset, origin)}
+        env = {
+            "messageType": 2,
+            "producerMetadata": E.producer_metadata(K.HEARTBEAT_GUID, 0, 0, TS, -1),
+            "payloadUnion": E.control_message(
+                E.START_OF_SEGMENT, {"checksumType": 4, "upcomingAggregates": []}
+            ),
+            "leaderMetadataFooter": E.leader_footer(self.host, origin_offset, origin),
+        }
         hbw = encode_hbw(Watermarks(origin, origin_offset, list(vector), self.host))
         return self.raw(K.HEARTBEAT_KEY, CODEC.encode(env), [("hbw", hbw)])
 
@@ -136,18 +162,36 @@ class RegionVt:
     def _cleanup(self, user_key: bytes, footer) -> None:
         """DELETEs of the chunks the key's previous value was stored in (same footer as the new record)."""
         for ck in self._chunk_keys.pop(user_key, []):
-            env, _ = self._env(1, (E.DELETE, {"schemaId": -1, "replicationMetadataVersionId": -1,
-                                             "replicationMetadataPayload": b""}), footer)
+            env, _ = self._env(
+                1,
+                (
+                    E.DELETE,
+                    {"schemaId": -1, "replicationMetadataVersionId": -1, "replicationMetadataPayload": b""},
+                ),
+                footer,
+            )
             self._data(ck, env)
 
-    def put(self, user_key: bytes, value: bytes, src: int, rt_offset: int, chunk_size: int | None = None) -> int:
+    def put(
+        self, user_key: bytes, value: bytes, src: int, rt_offset: int, chunk_size: int | None = None
+    ) -> int:
         """A PUT from RT[src] at rt_offset; with `chunk_size` (chunked versions only) the value is written as
         chunks of that size and a manifest. Returns the offset of the record that carries the value."""
         footer = E.leader_footer(self.host, rt_offset, src)
         if chunk_size is None:
-            env, _ = self._env(0, (E.PUT, {"putValue": value, "schemaId": VALUE_SCHEMA_ID,
-                                          "replicationMetadataVersionId": -1, "replicationMetadataPayload": b""}),
-                               footer)
+            env, _ = self._env(
+                0,
+                (
+                    E.PUT,
+                    {
+                        "putValue": value,
+                        "schemaId": VALUE_SCHEMA_ID,
+                        "replicationMetadataVersionId": -1,
+                        "replicationMetadataPayload": b"",
+                    },
+                ),
+                footer,
+            )
             offset = self._data(self._content(user_key), env)
             if self.chunked:
                 self._cleanup(user_key, footer)
@@ -157,14 +201,37 @@ class RegionVt:
         keys = []
         for i in range(0, len(value), chunk_size):
             ck = user_key + chunk_suffix(self._guid, 0, first_seq, i // chunk_size)
-            env, _ = self._env(0, (E.PUT, {"putValue": value[i:i + chunk_size], "schemaId": -10,
-                                          "replicationMetadataVersionId": -1, "replicationMetadataPayload": b""}),
-                               E.default_footer(self.host))
+            env, _ = self._env(
+                0,
+                (
+                    E.PUT,
+                    {
+                        "putValue": value[i : i + chunk_size],
+                        "schemaId": -10,
+                        "replicationMetadataVersionId": -1,
+                        "replicationMetadataPayload": b"",
+                    },
+                ),
+                E.default_footer(self.host),
+            )
             self._data(ck, env)
             keys.append(ck)
-        manifest = _avro(_MANIFEST, {"keysWithChunkIdSuffix": keys, "schemaId": VALUE_SCHEMA_ID, "size": len(value)})
-        env, _ = self._env(0, (E.PUT, {"putValue": manifest, "schemaId": -20, "replicationMetadataVersionId": -1,
-                                      "replicationMetadataPayload": b""}), footer)
+        manifest = _avro(
+            _MANIFEST, {"keysWithChunkIdSuffix": keys, "schemaId": VALUE_SCHEMA_ID, "size": len(value)}
+        )
+        env, _ = self._env(
+            0,
+            (
+                E.PUT,
+                {
+                    "putValue": manifest,
+                    "schemaId": -20,
+                    "replicationMetadataVersionId": -1,
+                    "replicationMetadataPayload": b"",
+                },
+            ),
+            footer,
+        )
         offset = self._data(self._content(user_key), env)
         self._cleanup(user_key, footer)
         self._chunk_keys[user_key] = keys
@@ -172,8 +239,14 @@ class RegionVt:
 
     def delete(self, user_key: bytes, src: int, rt_offset: int) -> int:
         footer = E.leader_footer(self.host, rt_offset, src)
-        env, _ = self._env(1, (E.DELETE, {"schemaId": -1, "replicationMetadataVersionId": -1,
-                                         "replicationMetadataPayload": b""}), footer)
+        env, _ = self._env(
+            1,
+            (
+                E.DELETE,
+                {"schemaId": -1, "replicationMetadataVersionId": -1, "replicationMetadataPayload": b""},
+            ),
+            footer,
+        )
         offset = self._data(self._content(user_key), env)
         if self.chunked:
             self._cleanup(user_key, footer)
@@ -217,7 +290,9 @@ def produce(vts: list[RegionVt], bootstrap: str, topic: str, transactional_id: s
         if transactional_id:
             p.begin_transaction()
         for r in vt.records:
-            p.produce(topic, key=r.key, value=r.value, partition=vt.partition, headers=r.headers, timestamp=TS)
+            p.produce(
+                topic, key=r.key, value=r.value, partition=vt.partition, headers=r.headers, timestamp=TS
+            )
         if transactional_id:
             p.commit_transaction(30)
         assert p.flush(30) == 0

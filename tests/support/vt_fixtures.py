@@ -32,9 +32,12 @@ def spark_value_hash(v: int | None) -> int | None:
 
 
 def _env(payload, footer, seq: int, ts: int = 1_700_000_000_000) -> dict:
-    return {"messageType": {"PUT": 0, "DELETE": 1, "CONTROL": 2}[E.PAYLOAD_KIND[payload[0]]],
-            "producerMetadata": E.producer_metadata(_GUID, 0, seq, ts, -2), "payloadUnion": payload,
-            "leaderMetadataFooter": footer}
+    return {
+        "messageType": {"PUT": 0, "DELETE": 1, "CONTROL": 2}[E.PAYLOAD_KIND[payload[0]]],
+        "producerMetadata": E.producer_metadata(_GUID, 0, seq, ts, -2),
+        "payloadUnion": payload,
+        "leaderMetadataFooter": footer,
+    }
 
 
 def record_of(entry, n_regions: int) -> tuple[bytes, bytes, list | None]:
@@ -45,17 +48,33 @@ def record_of(entry, n_regions: int) -> tuple[bytes, bytes, list | None]:
         rmd = encode_value_level_rmd(0, list(entry.rmd_vector)) if entry.rmd_vector is not None else b""
         rmd_v = 1 if entry.rmd_vector is not None else -1
         if entry.value_hash is None:
-            payload = (E.DELETE, {"schemaId": -1, "replicationMetadataVersionId": rmd_v,
-                                  "replicationMetadataPayload": rmd})
+            payload = (
+                E.DELETE,
+                {"schemaId": -1, "replicationMetadataVersionId": rmd_v, "replicationMetadataPayload": rmd},
+            )
         else:
-            payload = (E.PUT, {"putValue": value_bytes(entry.value_hash), "schemaId": 1,
-                               "replicationMetadataVersionId": rmd_v, "replicationMetadataPayload": rmd})
+            payload = (
+                E.PUT,
+                {
+                    "putValue": value_bytes(entry.value_hash),
+                    "schemaId": 1,
+                    "replicationMetadataVersionId": rmd_v,
+                    "replicationMetadataPayload": rmd,
+                },
+            )
         return K.data_key(entry.key), _CODEC.encode(_env(payload, footer, off)), None
     if isinstance(entry, HeartbeatEntry):
-        env = {"messageType": 2, "producerMetadata": E.producer_metadata(K.HEARTBEAT_GUID, 0, 0, 1, -1),
-               "payloadUnion": E.control_message(E.START_OF_SEGMENT, {"checksumType": 4, "upcomingAggregates": []}),
-               "leaderMetadataFooter": E.leader_footer("leader", entry.origin_offset, entry.origin_region)}
-        hbw = encode_hbw(Watermarks(entry.origin_region, entry.origin_offset, list(entry.watermarks), "leader"))
+        env = {
+            "messageType": 2,
+            "producerMetadata": E.producer_metadata(K.HEARTBEAT_GUID, 0, 0, 1, -1),
+            "payloadUnion": E.control_message(
+                E.START_OF_SEGMENT, {"checksumType": 4, "upcomingAggregates": []}
+            ),
+            "leaderMetadataFooter": E.leader_footer("leader", entry.origin_offset, entry.origin_region),
+        }
+        hbw = encode_hbw(
+            Watermarks(entry.origin_region, entry.origin_offset, list(entry.watermarks), "leader")
+        )
         return K.HEARTBEAT_KEY, _CODEC.encode(env), [("hbw", hbw)]
     assert isinstance(entry, OtherEntry)
     ctype = E.END_OF_PUSH if off == 0 else E.START_OF_INCREMENTAL_PUSH

@@ -29,6 +29,7 @@ def test_archive_written_by_spark_reads_in_offset_order(spark, tmp_path):
         table = read_all(foreign, "s_v1", p)
         assert table.to_pylist() == read_all(src, "s_v1", p).to_pylist()
         assert table.column("offset").to_pylist() == list(range(n))
+
     def rows(df):
         return sorted(map(tuple, df.collect()), key=lambda r: (r[2], r[3], r[4]))
 

@@ -23,21 +23,45 @@ def _cli(argv: list[str]) -> tuple[int, str]:
 
 
 COMMANDS = {
-    "leapfrog": ["leapfrog", "--store", "s", "--version", "1", "--source", "0=/nowhere/a", "--source",
-                 "1=/nowhere/b"],
+    "leapfrog": [
+        "leapfrog",
+        "--store",
+        "s",
+        "--version",
+        "1",
+        "--source",
+        "0=/nowhere/a",
+        "--source",
+        "1=/nowhere/b",
+    ],
     "div validate": ["div", "validate", "--source", "0=/nowhere/a"],
     "lag": ["lag", "--store", "s", "--version", "1", "--source", "0=/nowhere/a"],
-    "div restore": ["div", "restore", "--store", "s", "--version", "1", "--source", "0=/nowhere/a",
-                    "--partition", "0", "--at-offset", "5"],
+    "div restore": [
+        "div",
+        "restore",
+        "--store",
+        "s",
+        "--version",
+        "1",
+        "--source",
+        "0=/nowhere/a",
+        "--partition",
+        "0",
+        "--at-offset",
+        "5",
+    ],
 }
 
 
 @pytest.mark.parametrize("command", sorted(COMMANDS))
-@pytest.mark.parametrize("text,key,hint", [
-    ("kafak:\n  security.protocol: SASL_SSL\n  sasl.password: hunter2\n", "'kafak'", "'kafka'"),
-    ("sourcez:\n  0: /tmp/a\n", "'sourcez'", "'sources'"),
-    ("spark:\n  conff: {spark.executor.memory: 2g}\n", "'spark.conff'", "'conf'"),
-])
+@pytest.mark.parametrize(
+    "text,key,hint",
+    [
+        ("kafak:\n  security.protocol: SASL_SSL\n  sasl.password: hunter2\n", "'kafak'", "'kafka'"),
+        ("sourcez:\n  0: /tmp/a\n", "'sourcez'", "'sources'"),
+        ("spark:\n  conff: {spark.executor.memory: 2g}\n", "'spark.conff'", "'conf'"),
+    ],
+)
 def test_an_unknown_key_is_exit_2_naming_file_key_and_closest(tmp_path, command, text, key, hint):
     conf = tmp_path / "job.yaml"
     conf.write_text(text)
@@ -65,13 +89,35 @@ def test_a_misspelled_threshold_in_an_expectations_override_is_exit_2(tmp_path):
     outputs = build_outputs(tmp_path / "in")
     override = tmp_path / "exp.yaml"
     override.write_text("thresholds:\n  max_lag_msx: 60000\n")
-    code, err = _cli(["report", "--leapfrog", str(outputs.leapfrog), "--div", str(outputs.div), "--out",
-                      str(tmp_path / "report"), "--expectations", str(override)])
+    code, err = _cli(
+        [
+            "report",
+            "--leapfrog",
+            str(outputs.leapfrog),
+            "--div",
+            str(outputs.div),
+            "--out",
+            str(tmp_path / "report"),
+            "--expectations",
+            str(override),
+        ]
+    )
     assert code == 2
     assert "'max_lag_msx'" in err and "did you mean 'max_lag_ms'" in err
     override.write_text("threshold:\n  max_lag_ms: 60000\n")
-    code, err = _cli(["report", "--leapfrog", str(outputs.leapfrog), "--div", str(outputs.div), "--out",
-                      str(tmp_path / "report"), "--expectations", str(override)])
+    code, err = _cli(
+        [
+            "report",
+            "--leapfrog",
+            str(outputs.leapfrog),
+            "--div",
+            str(outputs.div),
+            "--out",
+            str(tmp_path / "report"),
+            "--expectations",
+            str(override),
+        ]
+    )
     assert code == 2 and "did you mean 'thresholds'" in err
 
 
@@ -84,8 +130,19 @@ def test_an_unknown_simulate_setting_names_the_closest(tmp_path):
 
 
 def test_simulate_on_an_unreachable_cluster_is_a_usage_error_before_anything_is_written(tmp_path):
-    code, err = _cli(["simulate", "--out", str(tmp_path / "sim"), "--records", "100",
-                      "--kafka", "0=127.0.0.1:1", "1=127.0.0.1:1", "2=127.0.0.1:1"])
+    code, err = _cli(
+        [
+            "simulate",
+            "--out",
+            str(tmp_path / "sim"),
+            "--records",
+            "100",
+            "--kafka",
+            "0=127.0.0.1:1",
+            "1=127.0.0.1:1",
+            "2=127.0.0.1:1",
+        ]
+    )
     assert code == 2, err
     lines = [ln for ln in err.splitlines() if "error:" in ln]
     assert len(lines) == 1 and "--kafka 0=127.0.0.1:1" in lines[0] and "Traceback" not in err

@@ -32,8 +32,13 @@ def _topic(embedded_kafka, partitions: int) -> str:
 def _produce(bootstrap: str, topic: str, n: int, partitions: int, first: int = 0) -> None:
     p = Producer({"bootstrap.servers": bootstrap, "linger.ms": 5})
     for i in range(first, first + n):
-        p.produce(topic, key=None if i % 17 == 0 else b"k%d" % i, value=b"v%d" % i, partition=i % partitions,
-                  headers=[("hbw", bytes(18000))] if i % 97 == 0 else None)
+        p.produce(
+            topic,
+            key=None if i % 17 == 0 else b"k%d" % i,
+            value=b"v%d" % i,
+            partition=i % partitions,
+            headers=[("hbw", bytes(18000))] if i % 97 == 0 else None,
+        )
     assert p.flush(30) == 0
 
 
@@ -68,12 +73,22 @@ def test_end_offsets_fixed_when_the_dataframe_is_made(spark, embedded_kafka):
     _produce(embedded_kafka.bootstrap_servers, topic, 50, 2, first=100)
     assert df.count() == 100
     # Through the raw format (no helper) the range is fixed when Spark plans the query: it sees all 150.
-    raw = (spark.read.format("tidegauge_kafka").option("bootstrap", embedded_kafka.bootstrap_servers)
-           .option("topics", topic).option("max_records_per_split", "20").load())
+    raw = (
+        spark.read.format("tidegauge_kafka")
+        .option("bootstrap", embedded_kafka.bootstrap_servers)
+        .option("topics", topic)
+        .option("max_records_per_split", "20")
+        .load()
+    )
     assert raw.count() == 150
     assert raw.rdd.getNumPartitions() == 8  # 75 records per partition, 20 per split
-    sub = read_kafka(spark, embedded_kafka.bootstrap_servers, topic, starting={topic: {"0": 10}},
-                     ending={topic: {0: 20, "1": 5}})
+    sub = read_kafka(
+        spark,
+        embedded_kafka.bootstrap_servers,
+        topic,
+        starting={topic: {"0": 10}},
+        ending={topic: {0: 20, "1": 5}},
+    )
     got = sorted((r.partition, r.offset) for r in sub.select("partition", "offset").collect())
     assert got == [(0, o) for o in range(10, 20)] + [(1, o) for o in range(5)]
 
@@ -83,7 +98,10 @@ def test_reader_reads_up_to_the_offsets_planned_even_if_records_arrive_later(emb
     _produce(embedded_kafka.bootstrap_servers, topic, 40, 2)
     reader = TidegaugeKafkaReader(_options(embedded_kafka.bootstrap_servers, topic))
     splits = reader.partitions()
-    assert sorted((s.topic, s.partition, s.start, s.end) for s in splits) == [(topic, 0, 0, 20), (topic, 1, 0, 20)]
+    assert sorted((s.topic, s.partition, s.start, s.end) for s in splits) == [
+        (topic, 0, 0, 20),
+        (topic, 1, 0, 20),
+    ]
     _produce(embedded_kafka.bootstrap_servers, topic, 40, 2, first=40)
     offsets = sorted(o for s in splits for b in reader.read(s) for o in b.column("offset").to_pylist())
     assert offsets == sorted(list(range(20)) * 2)
@@ -92,27 +110,41 @@ def test_reader_reads_up_to_the_offsets_planned_even_if_records_arrive_later(emb
 def test_splits_cut_partitions_and_honour_start_and_end(embedded_kafka):
     topic = _topic(embedded_kafka, 2)
     _produce(embedded_kafka.bootstrap_servers, topic, 50, 2)  # 25 per partition
-    opts = _options(embedded_kafka.bootstrap_servers, topic, max_records_per_split="10",
-                    starting_offsets=json.dumps({topic: {"1": 3}}),
-                    ending_offsets=json.dumps({topic: {"0": 12, "1": -1}}))
+    opts = _options(
+        embedded_kafka.bootstrap_servers,
+        topic,
+        max_records_per_split="10",
+        starting_offsets=json.dumps({topic: {"1": 3}}),
+        ending_offsets=json.dumps({topic: {"0": 12, "1": -1}}),
+    )
     splits = TidegaugeKafkaReader(opts).partitions()
-    assert [(s.partition, s.start, s.end) for s in splits] == [(0, 0, 10), (0, 10, 12), (1, 3, 13), (1, 13, 23),
-                                                               (1, 23, 25)]
-    empty = _options(embedded_kafka.bootstrap_servers, topic, ending_offsets=json.dumps({topic: {"0": 0, "1": 0}}))
+    assert [(s.partition, s.start, s.end) for s in splits] == [
+        (0, 0, 10),
+        (0, 10, 12),
+        (1, 3, 13),
+        (1, 13, 23),
+        (1, 23, 25),
+    ]
+    empty = _options(
+        embedded_kafka.bootstrap_servers, topic, ending_offsets=json.dumps({topic: {"0": 0, "1": 0}})
+    )
     [only] = TidegaugeKafkaReader(empty).partitions()
     assert isinstance(only, KafkaSplit) and list(TidegaugeKafkaReader(empty).read(only)) == []
 
 
-@pytest.mark.parametrize("options,message", [
-    ({"topics": "t"}, "'bootstrap'"),
-    ({"bootstrap": "h:1"}, "'topics'"),
-    ({"bootstrap": "h:1", "topics": "t", "conf": "{nope"}, "'conf' is not valid JSON"),
-    ({"bootstrap": "h:1", "topics": "t", "conf": "[1]"}, "'conf' must be a JSON object"),
-    ({"bootstrap": "h:1", "topics": "t", "starting_offsets": '{"t": 5}'}, "'starting_offsets'"),
-    ({"bootstrap": "h:1", "topics": "t", "ending_offsets": '{"t": {"0": "x"}}'}, r"t\[0\]"),
-    ({"bootstrap": "h:1", "topics": "t", "max_records_per_split": "0"}, "max_records_per_split"),
-    ({"bootstrap": "http://h:1", "topics": "t"}, None),
-])
+@pytest.mark.parametrize(
+    "options,message",
+    [
+        ({"topics": "t"}, "'bootstrap'"),
+        ({"bootstrap": "h:1"}, "'topics'"),
+        ({"bootstrap": "h:1", "topics": "t", "conf": "{nope"}, "'conf' is not valid JSON"),
+        ({"bootstrap": "h:1", "topics": "t", "conf": "[1]"}, "'conf' must be a JSON object"),
+        ({"bootstrap": "h:1", "topics": "t", "starting_offsets": '{"t": 5}'}, "'starting_offsets'"),
+        ({"bootstrap": "h:1", "topics": "t", "ending_offsets": '{"t": {"0": "x"}}'}, r"t\[0\]"),
+        ({"bootstrap": "h:1", "topics": "t", "max_records_per_split": "0"}, "max_records_per_split"),
+        ({"bootstrap": "http://h:1", "topics": "t"}, None),
+    ],
+)
 def test_bad_options_are_named(options, message):
     if message is None:  # a bare host:port list is passed through; only kafka:// URIs are parsed
         assert _Options(options).bootstrap == "http://h:1"

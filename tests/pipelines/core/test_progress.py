@@ -20,9 +20,20 @@ from pipelines.cli import main
 from pipelines.core.progress import Progress, duration
 
 
-@pytest.mark.parametrize("ms,text", [
-    (None, "unknown"), (float("nan"), "unknown"), (0, "0 ms"), (850, "850 ms"), (12_345, "12.3 s"),
-    (252_000, "4.2 min"), (11_160_000, "3.1 h"), (95_511_319_724, "1105.5 days"), (-1500, "-1.5 s")])
+@pytest.mark.parametrize(
+    "ms,text",
+    [
+        (None, "unknown"),
+        (float("nan"), "unknown"),
+        (0, "0 ms"),
+        (850, "850 ms"),
+        (12_345, "12.3 s"),
+        (252_000, "4.2 min"),
+        (11_160_000, "3.1 h"),
+        (95_511_319_724, "1105.5 days"),
+        (-1500, "-1.5 s"),
+    ],
+)
 def test_one_human_format_for_durations(ms, text):
     assert duration(ms) == text
 
@@ -51,8 +62,12 @@ def test_a_short_job_prints_no_progress(caplog):
 def archives(tmp_path_factory):
     root = tmp_path_factory.mktemp("progress")
     sim = small_sim(root / "sim", seed=3, regions=2, records=600, keys=100)
-    return {"root": root, "store": sim.store, "version": str(sim.version),
-            "sources": [a for r, p in sorted(sim.archives.items()) for a in ("--source", f"{r}={p}")]}
+    return {
+        "root": root,
+        "store": sim.store,
+        "version": str(sim.version),
+        "sources": [a for r, p in sorted(sim.archives.items()) for a in ("--source", f"{r}={p}")],
+    }
 
 
 def _progress_lines(caplog, argv, monkeypatch) -> list[str]:
@@ -67,10 +82,24 @@ def _progress_lines(caplog, argv, monkeypatch) -> list[str]:
 @pytest.mark.slow
 @pytest.mark.spark
 def test_leapfrog_reports_progress_with_spark_tasks(archives, spark, caplog, monkeypatch):
-    lines = _progress_lines(caplog, ["leapfrog", "--store", archives["store"], "--version", archives["version"],
-                                     "--out", str(archives["root"] / "lf"), *archives["sources"]], monkeypatch)
+    lines = _progress_lines(
+        caplog,
+        [
+            "leapfrog",
+            "--store",
+            archives["store"],
+            "--version",
+            archives["version"],
+            "--out",
+            str(archives["root"] / "lf"),
+            *archives["sources"],
+        ],
+        monkeypatch,
+    )
     assert lines, "no progress line during a multi-second Spark job"
-    assert all(line.startswith("leapfrog: ") and " records read" in line and " elapsed" in line for line in lines)
+    assert all(
+        line.startswith("leapfrog: ") and " records read" in line and " elapsed" in line for line in lines
+    )
     assert any(re.search(r"tasks \d+/\d+ done, \d+ running", line) for line in lines), lines
 
 
@@ -88,13 +117,29 @@ def test_div_validate_and_lag_report_progress(archives, caplog, monkeypatch):
 
     monkeypatch.setattr(sources.ArchiveSource, "iter_partition", slow)
     first = archives["sources"][1].split("=", 1)[1]
-    lines = _progress_lines(caplog, ["div", "validate", "--source", f"0={first}", "--out",
-                                     str(archives["root"] / "dv")], monkeypatch)
-    assert any(re.match(r"div validate: partition \d+/\d+ \(region 0 .*\), [\d,]+ records read", ln)
-               for ln in lines), lines
+    lines = _progress_lines(
+        caplog,
+        ["div", "validate", "--source", f"0={first}", "--out", str(archives["root"] / "dv")],
+        monkeypatch,
+    )
+    assert any(
+        re.match(r"div validate: partition \d+/\d+ \(region 0 .*\), [\d,]+ records read", ln) for ln in lines
+    ), lines
     caplog.clear()
-    lines = _progress_lines(caplog, ["lag", "--store", archives["store"], "--version", archives["version"],
-                                     "--out", str(archives["root"] / "lag"), *archives["sources"]], monkeypatch)
+    lines = _progress_lines(
+        caplog,
+        [
+            "lag",
+            "--store",
+            archives["store"],
+            "--version",
+            archives["version"],
+            "--out",
+            str(archives["root"] / "lag"),
+            *archives["sources"],
+        ],
+        monkeypatch,
+    )
     assert any(re.match(r"lag: reading region \d .*, [\d,]+ records read", ln) for ln in lines), lines
 
 

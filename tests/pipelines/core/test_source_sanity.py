@@ -25,8 +25,19 @@ from sim import run as simulate
 @pytest.fixture(scope="module")
 def sim(tmp_path_factory):
     root = tmp_path_factory.mktemp("source-sanity")
-    cfg = SimConfig(out=str(root / "sim"), seed=5, regions=2, partitions=2, records=400, keys=100,
-                    batch_records=20, heartbeat_every_records=50, step_records=400, progress=False, workers="inline")
+    cfg = SimConfig(
+        out=str(root / "sim"),
+        seed=5,
+        regions=2,
+        partitions=2,
+        records=400,
+        keys=100,
+        batch_records=20,
+        heartbeat_every_records=50,
+        step_records=400,
+        progress=False,
+        workers="inline",
+    )
     return simulate(cfg)
 
 
@@ -63,8 +74,21 @@ def test_leapfrog_on_a_source_without_the_store_is_a_usage_error(sim, tmp_path):
     empty = tmp_path / "empty"
     empty.mkdir()
     t = sim.truth["run"]
-    code, err = _cli(["leapfrog", "--store", t["store"], "--version", str(t["version"]), "--source",
-                      f"0={sim.archives[0]}", "--source", f"1={empty}", "--out", str(tmp_path / "out")])
+    code, err = _cli(
+        [
+            "leapfrog",
+            "--store",
+            t["store"],
+            "--version",
+            str(t["version"]),
+            "--source",
+            f"0={sim.archives[0]}",
+            "--source",
+            f"1={empty}",
+            "--out",
+            str(tmp_path / "out"),
+        ]
+    )
     assert code == 2 and f"1={empty}" in err and f"{t['store']}_v{t['version']}" in err
 
 
@@ -81,8 +105,21 @@ def test_several_regions_archives_under_one_directory_are_a_usage_error(sim, tmp
     assert code == 2
     assert "twice" in err and "several regions' archives under one directory?" in err and str(parent) in err
     t = sim.truth["run"]
-    code, err = _cli(["leapfrog", "--store", t["store"], "--version", str(t["version"]), "--source",
-                      f"0={parent}", "--source", f"1={sim.archives[1]}", "--out", str(tmp_path / "lf")])
+    code, err = _cli(
+        [
+            "leapfrog",
+            "--store",
+            t["store"],
+            "--version",
+            str(t["version"]),
+            "--source",
+            f"0={parent}",
+            "--source",
+            f"1={sim.archives[1]}",
+            "--out",
+            str(tmp_path / "lf"),
+        ]
+    )
     assert code == 2 and "twice" in err
 
 

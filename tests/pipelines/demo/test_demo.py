@@ -29,17 +29,53 @@ OTHER_KEY = "186b65792d3030303030343336"
 
 TRUTH = {
     "faults": [
-        {"id": 1, "kind": "dropped", "region": 2, "partition": 1, "key": KEY,
-         "expect": {"leapfrog": [{"type": "VALUE_MISMATCH", "region_a": 0, "region_b": 2, "partition": 1, "key": KEY},
-                                 {"type": "VALUE_MISMATCH", "region_a": 1, "region_b": 2, "partition": 1, "key": KEY}],
-                    "div": []}},
-        {"id": 2, "kind": "gap", "region": 1, "partition": 0, "key": OTHER_KEY,
-         "expect": {"leapfrog": [],
-                    "div": [{"region": 1, "topic": "s_rt", "partition": 0, "offset": 50, "type": "MISSING",
-                             "fatal": False}]}},
-        {"id": 3, "kind": "failover", "region": 0, "partition": 2, "key": None,
-         "detail": {"new_leader": {"term": 2}, "resumed_from_vt_heartbeat_offset": 700, "reapplied_vt_records": 9},
-         "expect": {"leapfrog": [], "div": []}},
+        {
+            "id": 1,
+            "kind": "dropped",
+            "region": 2,
+            "partition": 1,
+            "key": KEY,
+            "expect": {
+                "leapfrog": [
+                    {"type": "VALUE_MISMATCH", "region_a": 0, "region_b": 2, "partition": 1, "key": KEY},
+                    {"type": "VALUE_MISMATCH", "region_a": 1, "region_b": 2, "partition": 1, "key": KEY},
+                ],
+                "div": [],
+            },
+        },
+        {
+            "id": 2,
+            "kind": "gap",
+            "region": 1,
+            "partition": 0,
+            "key": OTHER_KEY,
+            "expect": {
+                "leapfrog": [],
+                "div": [
+                    {
+                        "region": 1,
+                        "topic": "s_rt",
+                        "partition": 0,
+                        "offset": 50,
+                        "type": "MISSING",
+                        "fatal": False,
+                    }
+                ],
+            },
+        },
+        {
+            "id": 3,
+            "kind": "failover",
+            "region": 0,
+            "partition": 2,
+            "key": None,
+            "detail": {
+                "new_leader": {"term": 2},
+                "resumed_from_vt_heartbeat_offset": 700,
+                "reapplied_vt_records": 9,
+            },
+            "expect": {"leapfrog": [], "div": []},
+        },
     ]
 }
 ALL_LF = {("VALUE_MISMATCH", 0, 2, 1, KEY), ("VALUE_MISMATCH", 1, 2, 1, KEY)}
@@ -54,8 +90,10 @@ def test_every_fault_found_and_nothing_else_is_all_ticks():
     checks = check_faults(TRUTH, set(ALL_LF), set(ALL_DIV))
     assert all(c.ok for c in checks), [c.line() for c in checks]
     lines = by_subject(checks)
-    assert "found by leapfrog VALUE_MISMATCH regions 0-2 partition 1 key 'key-00000172'" in \
-        lines["#1 dropped (region 2 partition 1)"].detail
+    assert (
+        "found by leapfrog VALUE_MISMATCH regions 0-2 partition 1 key 'key-00000172'"
+        in lines["#1 dropped (region 2 partition 1)"].detail
+    )
     assert "MISSING in region 1 s_rt[0] at offset 50" in lines["#2 gap (region 1 partition 0)"].detail
     assert "no false alarm" in lines["#3 failover (region 0 partition 2)"].detail
     assert lines["leapfrog: nothing else"].line().startswith("✓")
@@ -100,8 +138,10 @@ def test_a_false_alarm_anywhere_fails_nothing_else():
 def _report(failed: list[str], not_run: list[str] = ()) -> dict:
     names = ["consistency", "integrity", "decoding", "heartbeats", "lag", "coverage"]
     suites = [{"name": n, "success": None if n in not_run else n not in failed} for n in names]
-    return {"expectations": {"suites": suites},
-            "verdict": {"overall": "FAIL", "regions": {"status": "DIVERGENT"}, "logs": {"status": "LOGS WHOLE"}}}
+    return {
+        "expectations": {"suites": suites},
+        "verdict": {"overall": "FAIL", "regions": {"status": "DIVERGENT"}, "logs": {"status": "LOGS WHOLE"}},
+    }
 
 
 def test_the_report_must_fail_exactly_the_checks_the_faults_break():
@@ -149,12 +189,26 @@ def test_demo_finds_every_injected_fault_and_nothing_else(spark, tmp_path):
     lines: list[str] = []
     result = run_demo(DemoOptions(out=str(tmp_path / "demo"), seed=1), emit=lines.append, spark=spark)
     text = "\n".join(lines)
-    assert [s.name for s in result.steps] == ["simulate", "spark", "lag", "leapfrog", "div validate", "div restore",
-                                              "report"], text
+    assert [s.name for s in result.steps] == [
+        "simulate",
+        "spark",
+        "lag",
+        "leapfrog",
+        "div validate",
+        "div restore",
+        "report",
+    ], text
     assert all(s.ok for s in result.steps), text
     truth = json.loads((result.out / "sim" / "truth.json").read_text())
-    assert {f["kind"] for f in truth["faults"]} == {"dropped", "poisoned", "failover", "duplicate", "gap", "corrupt",
-                                                   "compaction"}
+    assert {f["kind"] for f in truth["faults"]} == {
+        "dropped",
+        "poisoned",
+        "failover",
+        "duplicate",
+        "gap",
+        "corrupt",
+        "compaction",
+    }
     checks = by_subject(result.checks)
     assert len([c for c in result.checks if c.subject.startswith("#")]) == len(truth["faults"])
     for subject, check in checks.items():

@@ -79,6 +79,7 @@ def scenario(partition: int, name: str):
         log = Log()
         SCENARIOS[partition] = (name, log, build(log))
         return build
+
     return register
 
 
@@ -124,7 +125,11 @@ def _retries(log):
     log.add("A", recs, recs[1])
     eos = a.end_segment()
     log.add("A", eos, eos)
-    return [("P:PUT0.2", "DUPLICATE", False), ("A:PUT0.1", "DUPLICATE", False), ("A:EOS0", "DUPLICATE", False)]
+    return [
+        ("P:PUT0.2", "DUPLICATE", False),
+        ("A:PUT0.1", "DUPLICATE", False),
+        ("A:EOS0", "DUPLICATE", False),
+    ]
 
 
 @scenario(3, "gaps inside segments")
@@ -139,8 +144,12 @@ def _gaps_inside(log):
     log.add("B", b.put(b"k", b"1"))
     b.put(b"k", b"lost"), b.put(b"k", b"lost too")
     log.add("B", b.delete(b"k"), b.end_segment())
-    return [("A:PUT0.3", "MISSING", True), ("A:EOS0", "CORRUPT", True),
-            ("B:DEL0.4", "MISSING", False), ("B:EOS0", "CORRUPT", False)]
+    return [
+        ("A:PUT0.3", "MISSING", True),
+        ("A:EOS0", "CORRUPT", True),
+        ("B:DEL0.4", "MISSING", False),
+        ("B:EOS0", "CORRUPT", False),
+    ]
 
 
 @scenario(4, "gaps across segments")
@@ -160,8 +169,12 @@ def _gaps_across(log):
     log.add("B", b.put(b"k", b"2"))
     b.end_segment()
     log.add("B", b.put(b"k", b"3"), b.end_segment())
-    return [("A:SOS2", "MISSING", True), ("A:SOS4", "MISSING", True),
-            ("B:SOS3", "MISSING", False), ("B:SOS4", "MISSING", False)]
+    return [
+        ("A:SOS2", "MISSING", True),
+        ("A:SOS4", "MISSING", True),
+        ("B:SOS3", "MISSING", False),
+        ("B:SOS4", "MISSING", False),
+    ]
 
 
 @scenario(5, "corrupted values")
@@ -169,7 +182,9 @@ def _corrupted(log):
     p = push_start(log)
     a = producer("a")
     recs = a.put(b"k", b"value")
-    recs[1] = _with_value(recs[1], lambda e: e["payloadUnion"][1].update(putValue=b"valuf"))  # one bit flipped
+    recs[1] = _with_value(
+        recs[1], lambda e: e["payloadUnion"][1].update(putValue=b"valuf")
+    )  # one bit flipped
     log.add("A", recs, a.put(b"j", b"x"), a.end_segment())
     push_end(log, p)
     b = producer("b", ref.MD5)
@@ -253,18 +268,29 @@ def _undecodable(log):
     log.add("F", [_as_v99(r, with_vtp=i == 0) for i, r in enumerate(recs)])
     # An unreadable record is missing evidence, never a finding (not fatal, before End of Push either); the
     # sequence gap and the checksum mismatch it causes in its producer's segment are explained by it.
-    return ([(label, "UNDECODABLE", False) for label in before]
-            + [("A:PUT0.2", "UNDECODABLE", False), ("A:PUT0.3", EXPLAINED, False), ("A:EOS0", EXPLAINED, False)]
-            + [(label, "UNDECODABLE", False) for label in after])
+    return (
+        [(label, "UNDECODABLE", False) for label in before]
+        + [("A:PUT0.2", "UNDECODABLE", False), ("A:PUT0.3", EXPLAINED, False), ("A:EOS0", EXPLAINED, False)]
+        + [(label, "UNDECODABLE", False) for label in after]
+    )
 
 
 # A compacted version topic (one partition): superseded PUTs removed, offsets keep their gaps. ------------------
 
+
 def _compacted_log() -> Log:
     log = Log()
     p = ref.RefProducer(guid("cpush"), start_ms=T0, host="vpj")
-    log.add("P", p.start_of_push(), p.put(b"k1", b"1"), p.put(b"k2", b"2"), p.put(b"k1", b"3"),
-            p.put(b"k3", b"4"), p.end_of_push(), p.end_segment(final=True))
+    log.add(
+        "P",
+        p.start_of_push(),
+        p.put(b"k1", b"1"),
+        p.put(b"k2", b"2"),
+        p.put(b"k1", b"3"),
+        p.put(b"k3", b"4"),
+        p.end_of_push(),
+        p.end_segment(final=True),
+    )
     a = ref.RefProducer(guid("conline"), start_ms=RECENT, host="online")
     log.add("A", a.put(b"k2", b"5"), a.put(b"k2", b"6"), a.put(b"k4", b"7"), a.end_segment())
     last_of_key = {r.key: o for o, r in log.records if r.key[0] == 0}
@@ -273,11 +299,16 @@ def _compacted_log() -> Log:
     return log
 
 
-COMPACTED_STRICT = [("P:PUT0.4", "MISSING", True), ("P:EOS0", "CORRUPT", False),
-                    ("A:PUT0.2", "MISSING", False), ("A:EOS0", "CORRUPT", False)]
+COMPACTED_STRICT = [
+    ("P:PUT0.4", "MISSING", True),
+    ("P:EOS0", "CORRUPT", False),
+    ("A:PUT0.2", "MISSING", False),
+    ("A:EOS0", "CORRUPT", False),
+]
 
 
 # -- running the command -------------------------------------------------------------------------------------------
+
 
 @pytest.fixture(scope="module")
 def archive(tmp_path_factory):
@@ -310,8 +341,11 @@ def _classified(rows: list[dict], topic: str, partition: int, log: Log) -> list[
         if row["type"] == "UNDECODABLE":
             assert (row["producer_guid"], row["segment"], row["sequence"]) == ("", -1, -1)
         else:
-            assert (row["producer_guid"], row["segment"], row["sequence"]) == (rec.guid.hex(), rec.segment,
-                                                                               rec.sequence)
+            assert (row["producer_guid"], row["segment"], row["sequence"]) == (
+                rec.guid.hex(),
+                rec.segment,
+                rec.sequence,
+            )
         assert row["region"] == 0 and row["detail"]
         got.append((label, row["type"], row["fatal"]))
     return got
@@ -356,13 +390,31 @@ def test_compacted_topic_with_min_compaction_lag(archive, tmp_path):
     # The push job's records are 100 days old; the online producer's are 1 s old at --now-ms: the push job's
     # gaps may be compaction, the online producer's may not (yet).
     lag = 86_400_000
-    code, rows, summary = _run(archive, tmp_path / "lag", "--topic", COMPACTED, "--min-compaction-lag-ms", str(lag),
-                               "--now-ms", str(RECENT + 1000))
-    assert _classified(rows, COMPACTED, 0, _compacted_log()) == [("A:PUT0.2", "MISSING", False),
-                                                                 ("A:EOS0", "CORRUPT", False)]
+    code, rows, summary = _run(
+        archive,
+        tmp_path / "lag",
+        "--topic",
+        COMPACTED,
+        "--min-compaction-lag-ms",
+        str(lag),
+        "--now-ms",
+        str(RECENT + 1000),
+    )
+    assert _classified(rows, COMPACTED, 0, _compacted_log()) == [
+        ("A:PUT0.2", "MISSING", False),
+        ("A:EOS0", "CORRUPT", False),
+    ]
     assert code == 0 and summary["fatal_findings"] == 0
-    code, rows, _ = _run(archive, tmp_path / "later", "--topic", COMPACTED, "--min-compaction-lag-ms", str(lag),
-                         "--now-ms", str(RECENT + lag + 10))
+    code, rows, _ = _run(
+        archive,
+        tmp_path / "later",
+        "--topic",
+        COMPACTED,
+        "--min-compaction-lag-ms",
+        str(lag),
+        "--now-ms",
+        str(RECENT + lag + 10),
+    )
     assert rows == [] and code == 0
 
 

@@ -32,10 +32,24 @@ pytestmark = [pytest.mark.kafka]
 @pytest.fixture(scope="module")
 def sim_run(tmp_path_factory):
     out = tmp_path_factory.mktemp("restore-sim") / "run"
-    cfg = SimConfig(out=str(out), seed=5, regions=3, partitions=2, records=4000, keys=1500, batch_records=300,
-                    write_rate=[1000.0], heartbeat_every_records=150, heartbeat_every_ms=400, default_lag_ms=120,
-                    failover_delay_ms=250, faults={"failover": 2, "compaction": 1, "gap": 1, "corrupt": 1},
-                    step_records=1000, progress=False, workers="inline")
+    cfg = SimConfig(
+        out=str(out),
+        seed=5,
+        regions=3,
+        partitions=2,
+        records=4000,
+        keys=1500,
+        batch_records=300,
+        write_rate=[1000.0],
+        heartbeat_every_records=150,
+        heartbeat_every_ms=400,
+        default_lag_ms=120,
+        failover_delay_ms=250,
+        faults={"failover": 2, "compaction": 1, "gap": 1, "corrupt": 1},
+        step_records=1000,
+        progress=False,
+        workers="inline",
+    )
     return run(cfg)
 
 
@@ -44,7 +58,11 @@ def damaged(sim_run, tmp_path_factory):
     """A copy of the archives in which one leader PUT of a VT partition with no other fault is corrupted at rest
     (a real finding: CORRUPT at that segment's EndOfSegment): {region: archive dir}, and where the damage is."""
     t = sim_run.truth["run"]
-    busy = {(f["region"], f["partition"]) for f in sim_run.truth["faults"] if f["kind"] in ("failover", "compaction")}
+    busy = {
+        (f["region"], f["partition"])
+        for f in sim_run.truth["faults"]
+        if f["kind"] in ("failover", "compaction")
+    }
     x, q = next((x, q) for x in range(t["regions"]) for q in range(t["partitions"]) if (x, q) not in busy)
     codec = E.EnvelopeCodec()
     target = tmp_path_factory.mktemp("damaged") / f"dc-{x}"
@@ -78,8 +96,13 @@ def restart_offsets(sim_run, x: int, q: int, first: int, end: int, damage: tuple
             continue
         if f["kind"] == "failover":
             d = f["detail"]
-            picked.update({d["resumed_from_vt_heartbeat_offset"] + 2, d["first_vt_offset_of_new_term"] - 1,
-                           d["first_vt_offset_of_new_term"] + 3})
+            picked.update(
+                {
+                    d["resumed_from_vt_heartbeat_offset"] + 2,
+                    d["first_vt_offset_of_new_term"] - 1,
+                    d["first_vt_offset_of_new_term"] + 3,
+                }
+            )
         if f["kind"] == "compaction":
             lo = f["vt_offsets"][str(x)][0]
             picked.update({lo - 5, lo - 1})
@@ -117,7 +140,9 @@ def test_restored_followers_report_what_a_full_replay_reports_and_cold_ones_do_n
                 counts["restarts"] += 1
                 after = [r for r in full.rows if r[3] > o]
                 counts["real_findings_after_restart"] += len(after)
-                restored = validate_partition(src, task, ValidateOptions(sources=[src.spec], out="", restore_at=o))
+                restored = validate_partition(
+                    src, task, ValidateOptions(sources=[src.spec], out="", restore_at=o)
+                )
                 hb = restored.summary.restored_from_heartbeat
                 counts["from_heartbeat"] += hb is not None
                 # never a finding the full replay does not report ...
@@ -130,8 +155,9 @@ def test_restored_followers_report_what_a_full_replay_reports_and_cold_ones_do_n
                     counts["restored_missed_behind_changed_log"] += len(after) - len(restored.rows)
 
                 cold = PartitionRun(x, topic, q, config=task.config)
-                aware = PartitionRun(x, topic, q, config=task.config,
-                                     validator=PartitionValidator(config=task.config))
+                aware = PartitionRun(
+                    x, topic, q, config=task.config, validator=PartitionValidator(config=task.config)
+                )
                 aware.validator.end_of_push = True  # knows End of Push passed, knows no producer
                 for batch in src.iter_partition(topic, q, start=o + 1):
                     cold.feed(batch)
@@ -141,7 +167,9 @@ def test_restored_followers_report_what_a_full_replay_reports_and_cold_ones_do_n
                     counts.update(f"{name}_false_{k[2]}" for k in false)
                     counts.update(f"{name}_missed_{k[2]}" for k in missed)
                     if name == "cold":
-                        assert all(f[8] for f in r.rows if f[7] != "DUPLICATE")  # it believes it is before EOP
+                        assert all(
+                            f[8] for f in r.rows if f[7] != "DUPLICATE"
+                        )  # it believes it is before EOP
                 if damage[:2] == (x, q) and o < damage[2]:
                     counts["restarts_before_damage"] += 1
     print(dict(counts))
@@ -150,8 +178,10 @@ def test_restored_followers_report_what_a_full_replay_reports_and_cold_ones_do_n
     # a cold follower raises a false fatal alarm for every producer it joins mid-segment (at nearly every
     # restart: only a restart right where a new leader's first segment starts joins none) ...
     assert counts["cold_false_UNREGISTERED_PRODUCER"] >= 0.9 * counts["restarts"]
-    assert {k for k in counts if k.startswith("cold_false_")} <= {"cold_false_UNREGISTERED_PRODUCER",
-                                                                   "cold_false_MISSING"}
+    assert {k for k in counts if k.startswith("cold_false_")} <= {
+        "cold_false_UNREGISTERED_PRODUCER",
+        "cold_false_MISSING",
+    }
     # ... and stateless followers miss the damaged record inside the segment they joined mid-way
     assert counts["cold_missed_CORRUPT"] >= counts["restarts_before_damage"] > 0
     assert counts["eop_only_missed_CORRUPT"] >= counts["restarts_before_damage"]

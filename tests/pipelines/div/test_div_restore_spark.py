@@ -49,7 +49,9 @@ def _opts(sources, out, **kw) -> ValidateOptions:
 
 def _errors(out) -> list[dict]:
     rows = pq.read_table(os.path.join(out, "errors")).to_pylist()
-    return sorted(rows, key=lambda r: (r["region"], r["topic"], r["partition"], r["offset"], r["type"], r["detail"]))
+    return sorted(
+        rows, key=lambda r: (r["region"], r["topic"], r["partition"], r["offset"], r["type"], r["detail"])
+    )
 
 
 def _summary(out) -> dict:
@@ -95,8 +97,9 @@ def test_engines_agree_with_restore_at_on_a_live_cluster(spark, embedded_kafka, 
     producer = Producer({"bootstrap.servers": embedded_kafka.bootstrap_servers, "linger.ms": 5})
     for p in range(4):
         for rec in built[(0, p)].vt:
-            producer.produce(topic, key=rec.key, value=rec.value, partition=p, headers=rec.headers,
-                             timestamp=rec.ts)
+            producer.produce(
+                topic, key=rec.key, value=rec.value, partition=p, headers=rec.headers, timestamp=rec.ts
+            )
     assert producer.flush(30) == 0
     sources = [SourceSpec(0, embedded_kafka.uri)]
     local_out, spark_out = tmp_path / "local", tmp_path / "spark"
@@ -124,15 +127,33 @@ def test_div_restore_reads_a_live_cluster_like_the_archive(embedded_kafka, resto
     embedded_kafka.create_topic(f"{store}_v1", 1)
     producer = Producer({"bootstrap.servers": embedded_kafka.bootstrap_servers, "linger.ms": 5})
     for rec in scen.vt:
-        producer.produce(f"{store}_v1", key=rec.key, value=rec.value, partition=0, headers=rec.headers,
-                         timestamp=rec.ts)
+        producer.produce(
+            f"{store}_v1", key=rec.key, value=rec.value, partition=0, headers=rec.headers, timestamp=rec.ts
+        )
     assert producer.flush(30) == 0
     at = scen.failover_offsets[-1] + 4
     outs = {}
     for name, uri, vt in (("kafka", embedded_kafka.uri, f"{store}_v1"), ("archive", a0, F.VT)):
         out = tmp_path / name
-        assert cli_main(["div", "restore", "--source", f"0={uri}", "--vt-topic", vt, "--partition", "1" if
-                         name == "archive" else "0", "--at-offset", str(at), "--out", str(out)]) == 0
+        assert (
+            cli_main(
+                [
+                    "div",
+                    "restore",
+                    "--source",
+                    f"0={uri}",
+                    "--vt-topic",
+                    vt,
+                    "--partition",
+                    "1" if name == "archive" else "0",
+                    "--at-offset",
+                    str(at),
+                    "--out",
+                    str(out),
+                ]
+            )
+            == 0
+        )
         outs[name] = json.loads((out / "state.json").read_text())
         for k in ("vt_topic", "partition"):
             outs[name].pop(k)

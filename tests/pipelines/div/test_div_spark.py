@@ -45,8 +45,18 @@ VALIDATORS = [
 
 
 def _traffic(seed: int, partitions: int, records: int, start_ms: int) -> dict[int, list[list]]:
-    spec = TrafficSpec(topic="store_v1", partitions=partitions, producers=3, records=records, batch_records=60,
-                       value_size=40, keys=50, segment_every=120, seed=seed, start_ms=start_ms)
+    spec = TrafficSpec(
+        topic="store_v1",
+        partitions=partitions,
+        producers=3,
+        records=records,
+        batch_records=60,
+        value_size=40,
+        keys=50,
+        segment_every=120,
+        seed=seed,
+        start_ms=start_ms,
+    )
     out: dict[int, list[list]] = {p: [] for p in range(partitions)}
     for r in generate(spec):
         out[r.partition].append([r.key, r.value, list(r.headers) or None, r.timestamp_ms])
@@ -87,7 +97,9 @@ def _stranger(partition: int, ts: int, segment: int) -> list[list]:
     return [[r.key, r.value, list(r.headers) or None, ts] for r in recs[1:]]
 
 
-def _write(path: str, topic: str, parts: dict[int, list[list]], holes: dict[int, set[int]] | None = None) -> None:
+def _write(
+    path: str, topic: str, parts: dict[int, list[list]], holes: dict[int, set[int]] | None = None
+) -> None:
     with ArchiveWriter(path, row_group_size=500) as w:
         for p, recs in parts.items():
             off = 0
@@ -120,7 +132,7 @@ def build_archives(root: str) -> tuple[str, str]:
     eop = _eop_index(a[2])
     a[2][30:30] = _stranger(2, START_MS + 30, segment=2)
     eop = _eop_index(a[2])
-    a[2][eop + 20:eop + 20] = _stranger(2, START_MS + 900, segment=3)
+    a[2][eop + 20 : eop + 20] = _stranger(2, START_MS + 900, segment=3)
     m = _data_index(a[2], eop + 100)
     a[2][m] = _reencode(a[2][m], lambda env: env["payloadUnion"][1].update(schemaId=5))
     region0 = os.path.join(root, "dc-0")
@@ -133,16 +145,21 @@ def build_archives(root: str) -> tuple[str, str]:
     late = _data_index(b[0], len(b[0]) - 40)
     assert b[0][early][3] <= NOW_MS - LAG_MS < b[0][late][3]
     back = _data_index(b[0], eop + 200)
-    b[0][back] = _reencode(b[0][back], lambda env: env["producerMetadata"].update(
-        messageTimestamp=env["producerMetadata"]["messageTimestamp"] - 5_000))
+    b[0][back] = _reencode(
+        b[0][back],
+        lambda env: env["producerMetadata"].update(
+            messageTimestamp=env["producerMetadata"]["messageTimestamp"] - 5_000
+        ),
+    )
     # late in p0, an incremental push starts: its control message is a checkpoint, where max age expires producers
     soip_at = len(b[0]) - 20
     ts = b[0][soip_at][3]
     w = SegmentWriter(random.Random(99).randbytes(16), clock=lambda: ts, send_vtp=False)
-    b[0][soip_at:soip_at] = [[r.key, r.value, None, ts] for r in w.control(0, E.START_OF_INCREMENTAL_PUSH,
-                                                                             {"version": "inc-1"})]
+    b[0][soip_at:soip_at] = [
+        [r.key, r.value, None, ts] for r in w.control(0, E.START_OF_INCREMENTAL_PUSH, {"version": "inc-1"})
+    ]
     del b[0][late]
-    del b[0][early:early + 3]
+    del b[0][early : early + 3]
     # p1: a wild timestamp, a keyless record
     eop = _eop_index(b[1])
     b[1][eop + 50][3] -= 3_600_000
@@ -150,9 +167,15 @@ def build_archives(root: str) -> tuple[str, str]:
     region1 = os.path.join(root, "dc-1")
     _write(region1, "store_v1", b)
     # a foreign file repeating the first 100 records of p1 (foreign archives may hold records twice)
-    dup = records_to_batch([("store_v1", 1, off, key, value, ts, 0, headers)
-                            for off, (key, value, headers, ts) in enumerate(b[1][:100])])
-    pq.write_table(pa.Table.from_batches([dup], schema=KAFKA_ARROW_SCHEMA), os.path.join(region1, "foreign.parquet"))
+    dup = records_to_batch(
+        [
+            ("store_v1", 1, off, key, value, ts, 0, headers)
+            for off, (key, value, headers, ts) in enumerate(b[1][:100])
+        ]
+    )
+    pq.write_table(
+        pa.Table.from_batches([dup], schema=KAFKA_ARROW_SCHEMA), os.path.join(region1, "foreign.parquet")
+    )
     return region0, region1
 
 
@@ -173,15 +196,21 @@ def validator_modules(spark, tmp_path_factory):
 
 
 def _opts(archives, out: str, **kw) -> ValidateOptions:
-    base = dict(sources=[SourceSpec(0, archives[0]), SourceSpec(1, archives[1])], out=out,
-                min_compaction_lag_ms=LAG_MS, now_ms=NOW_MS)
+    base = dict(
+        sources=[SourceSpec(0, archives[0]), SourceSpec(1, archives[1])],
+        out=out,
+        min_compaction_lag_ms=LAG_MS,
+        now_ms=NOW_MS,
+    )
     base.update(kw)
     return ValidateOptions(**base)
 
 
 def _errors(out: str) -> list[dict]:
     rows = pq.read_table(os.path.join(out, "errors")).to_pylist()
-    return sorted(rows, key=lambda r: (r["region"], r["topic"], r["partition"], r["offset"], r["type"], r["detail"]))
+    return sorted(
+        rows, key=lambda r: (r["region"], r["topic"], r["partition"], r["offset"], r["type"], r["detail"])
+    )
 
 
 def _summary(out: str) -> dict:
@@ -200,7 +229,9 @@ def _both(spark, archives, tmp_path, read="shuffle", **kw) -> tuple[int, dict, l
     assert _summary(spark_out) == _summary(local_out)
     errors = _errors(local_out)
     assert _errors(spark_out) == errors
-    schemas = [pq.read_table(os.path.join(o, "errors")).schema.remove_metadata() for o in (local_out, spark_out)]
+    schemas = [
+        pq.read_table(os.path.join(o, "errors")).schema.remove_metadata() for o in (local_out, spark_out)
+    ]
     assert schemas[0] == schemas[1]
     return code_local, _summary(local_out), errors
 
@@ -210,9 +241,17 @@ def test_same_findings_and_summary(spark, archives, validator_modules, tmp_path,
     code, summary, errors = _both(spark, archives, tmp_path, read, record_validators=VALIDATORS)
     assert code == 1
     by_type = summary["findings_by_type"]
-    for kind in ("MISSING", "DUPLICATE", "CORRUPT", "UNREGISTERED_PRODUCER",
-                 "VALIDATOR:timestamp_drift", "VALIDATOR:key_present", "VALIDATOR:schema_ids",
-                 "VALIDATOR:producer_clock_backwards", "VALIDATOR:Flaky"):
+    for kind in (
+        "MISSING",
+        "DUPLICATE",
+        "CORRUPT",
+        "UNREGISTERED_PRODUCER",
+        "VALIDATOR:timestamp_drift",
+        "VALIDATOR:key_present",
+        "VALIDATOR:schema_ids",
+        "VALIDATOR:producer_clock_backwards",
+        "VALIDATOR:Flaky",
+    ):
         assert by_type.get(kind), (kind, by_type)
     # unreadable records are counted, never findings (the verdict is "findings" for the others)
     assert "UNDECODABLE" not in by_type and summary["undecodable_records"] > 0
@@ -221,8 +260,11 @@ def test_same_findings_and_summary(spark, archives, validator_modules, tmp_path,
     assert {(0, 1, "MISSING"), (0, 2, "UNREGISTERED_PRODUCER")} <= fatal
     assert not any(e["fatal"] for e in errors if e["type"] == "UNDECODABLE")
     # the compaction window: region 1's early gap is tolerated, the late one is not (nor its segment's checksum)
-    assert [e["type"] for e in errors if e["region"] == 1 and e["partition"] == 0 and not e["type"].startswith("V")] \
-        == ["MISSING", "CORRUPT"]
+    assert [
+        e["type"]
+        for e in errors
+        if e["region"] == 1 and e["partition"] == 0 and not e["type"].startswith("V")
+    ] == ["MISSING", "CORRUPT"]
     # the repeated records of the foreign file are validated once
     p1 = next(p for p in summary["partitions"] if p["region"] == 1 and p["partition"] == 1)
     assert p1["records"] == p1["last_offset"] - p1["first_offset"] + 1
@@ -277,14 +319,17 @@ def test_validator_the_executors_cannot_import_fails_its_partitions(spark, archi
     """Importable on the driver only (not shipped with --py-files): every partition fails, saying why."""
     (tmp_path / "driver_only_checks.py").write_text(
         "from div.validators.base import RecordValidator\n\n"
-        "class Nothing(RecordValidator):\n    def validate(self, record):\n        return None\n")
+        "class Nothing(RecordValidator):\n    def validate(self, record):\n        return None\n"
+    )
     monkeypatch.syspath_prepend(str(tmp_path))
     out = str(tmp_path / "out")
     code = run_spark(_opts(archives, out, record_validators=[{"class": "driver_only_checks:Nothing"}]))
     assert code == 3
     summary = _summary(out)
     assert summary["partitions"] == [] and len(summary["failed_partitions"]) == 5
-    assert all("cannot import module 'driver_only_checks'" in f["error"] for f in summary["failed_partitions"])
+    assert all(
+        "cannot import module 'driver_only_checks'" in f["error"] for f in summary["failed_partitions"]
+    )
     assert _errors(out) == []
 
 
@@ -302,8 +347,11 @@ def test_bad_validator_is_a_usage_error(spark, archives, tmp_path):
 def test_bucket_keys_follow_sparks_hash(spark):
     from pyspark.sql import functions as F
 
-    rows = spark.range(0, 200).select(F.col("id").cast("int").alias("k"),
-                                      F.hash(F.col("id").cast("int")).alias("h")).collect()
+    rows = (
+        spark.range(0, 200)
+        .select(F.col("id").cast("int").alias("k"), F.hash(F.col("id").cast("int")).alias("h"))
+        .collect()
+    )
     assert [spark_hash_int(r["k"]) for r in rows] == [r["h"] for r in rows]
     keys = _bucket_keys(7)
     assert [spark_hash_int(k) % 7 for k in keys] == list(range(7))
@@ -344,7 +392,11 @@ def test_same_on_a_live_cluster_with_an_empty_partition(spark, embedded_kafka, t
     code, summary, errors = _both(spark, (None, None), tmp_path, read, **kw)
     assert code == 1
     assert [(p["partition"], p["records"]) for p in summary["partitions"]] == [
-        (0, len(a[0])), (1, len(a[1])), (2, len(a[2])), (3, 0)]
+        (0, len(a[0])),
+        (1, len(a[1])),
+        (2, len(a[2])),
+        (3, 0),
+    ]
     assert {(e["partition"], e["type"], e["fatal"]) for e in errors if e["fatal"]} == {(1, "MISSING", True)}
     assert any(e["partition"] == 2 and e["type"] == "UNDECODABLE" for e in errors)
 
@@ -353,14 +405,44 @@ def test_cli_engine_spark(spark, archives, tmp_path):
     from pipelines.cli import main
 
     out = tmp_path / "out"
-    code = main(["div", "validate", "--engine", "spark", "--source", f"1={archives[1]}", "--out", str(out),
-                 "--min-compaction-lag-ms", str(LAG_MS), "--now-ms", str(NOW_MS),
-                 "--validator", "builtin:offsets_increasing"])
+    code = main(
+        [
+            "div",
+            "validate",
+            "--engine",
+            "spark",
+            "--source",
+            f"1={archives[1]}",
+            "--out",
+            str(out),
+            "--min-compaction-lag-ms",
+            str(LAG_MS),
+            "--now-ms",
+            str(NOW_MS),
+            "--validator",
+            "builtin:offsets_increasing",
+        ]
+    )
     with open(out / "summary.json") as f:
         summary = json.load(f)
     # region 1 has no fatal finding, but one record it cannot decode: partial, not clean
     assert (code, summary["engine"], summary["exit_code"], summary["verdict"]) == (3, "spark", 3, "partial")
     assert summary["undecodable_records"] == 1
     assert summary["findings_by_type"]["MISSING"] == 1
-    assert main(["div", "validate", "--engine", "spark", "--source", f"1={archives[1]}", "--out", str(out),
-                 "--validator", "builtin:nope"]) == 2
+    assert (
+        main(
+            [
+                "div",
+                "validate",
+                "--engine",
+                "spark",
+                "--source",
+                f"1={archives[1]}",
+                "--out",
+                str(out),
+                "--validator",
+                "builtin:nope",
+            ]
+        )
+        == 2
+    )

@@ -26,7 +26,7 @@ def _log(lost: int, unreadable: list[int], mangle) -> list[tuple[int, ref.Rec]]:
     p = ref.RefProducer(ref.type3_uuid("u-push"), start_ms=T0)
     a = ref.RefProducer(ref.type3_uuid("u-a"), start_ms=T0 + 10)
     puts = [a.put(b"k%d" % i, b"v%d" % i) for i in range(8)]
-    kept = puts[:2] + puts[2 + lost:]
+    kept = puts[:2] + puts[2 + lost :]
     recs = ref.flatten(p.start_of_push(), *kept, a.end_segment(), p.end_of_push(), p.end_segment(final=True))
     for i in unreadable:
         recs[i] = recs[i].replace(value=mangle(recs[i].value))
@@ -75,8 +75,12 @@ def test_unreadable_records_elsewhere_do_not_explain_a_gap(tmp_path):
     # the unreadable record is the push job's End of Push (offset 11, after the gap at 5): it cannot explain the
     # gap nor the producer's checksum, only the push job's own checksum at its EndOfSegment
     code, rows, _ = _validate(tmp_path, _log(1, [11], lambda v: v[:5]))
-    assert _types(rows) == [(5, "MISSING", True), (10, "CORRUPT", True), (11, UNDECODABLE, False),
-                            (12, EXPLAINED, False)]
+    assert _types(rows) == [
+        (5, "MISSING", True),
+        (10, "CORRUPT", True),
+        (11, UNDECODABLE, False),
+        (12, EXPLAINED, False),
+    ]
     assert code == 1
 
 

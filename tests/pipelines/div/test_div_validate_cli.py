@@ -16,24 +16,69 @@ from test_div_acceptance import SCENARIOS, T0
 from div.batch import PartitionRun
 from pipelines.cli import build_parser, main
 
-ERRORS_SCHEMA = [("region", pa.int32()), ("topic", pa.string()), ("partition", pa.int32()), ("offset", pa.int64()),
-                 ("producer_guid", pa.string()), ("segment", pa.int32()), ("sequence", pa.int32()),
-                 ("type", pa.string()), ("fatal", pa.bool_()), ("detail", pa.string())]
-SUMMARY_FIELDS = {"job", "tidegauge_version", "started_at", "elapsed_s", "exit_code", "sources", "engine",
-                  "records_read", "findings", "fatal_findings", "findings_by_type", "producers_tracked",
-                  "partitions", "failed_partitions", "verdict", "evidence", "undecodable_records",
-                  "explained_by_undecodable"}
-PARTITION_FIELDS = {"region", "topic", "partition", "records", "first_offset", "last_offset", "eop_offset",
-                    "producers_tracked", "findings", "fatal_findings", "start", "undecodable", "undecodable_offsets",
-                    "explained_by_undecodable"}
+ERRORS_SCHEMA = [
+    ("region", pa.int32()),
+    ("topic", pa.string()),
+    ("partition", pa.int32()),
+    ("offset", pa.int64()),
+    ("producer_guid", pa.string()),
+    ("segment", pa.int32()),
+    ("sequence", pa.int32()),
+    ("type", pa.string()),
+    ("fatal", pa.bool_()),
+    ("detail", pa.string()),
+]
+SUMMARY_FIELDS = {
+    "job",
+    "tidegauge_version",
+    "started_at",
+    "elapsed_s",
+    "exit_code",
+    "sources",
+    "engine",
+    "records_read",
+    "findings",
+    "fatal_findings",
+    "findings_by_type",
+    "producers_tracked",
+    "partitions",
+    "failed_partitions",
+    "verdict",
+    "evidence",
+    "undecodable_records",
+    "explained_by_undecodable",
+}
+PARTITION_FIELDS = {
+    "region",
+    "topic",
+    "partition",
+    "records",
+    "first_offset",
+    "last_offset",
+    "eop_offset",
+    "producers_tracked",
+    "findings",
+    "fatal_findings",
+    "start",
+    "undecodable",
+    "undecodable_offsets",
+    "explained_by_undecodable",
+}
 GUID_A = ref.type3_uuid("cli-a")
 
 
 def _clean_log() -> list[tuple[int, ref.Rec]]:
     p = ref.RefProducer(ref.type3_uuid("cli-push"), start_ms=T0)
     a = ref.RefProducer(GUID_A, start_ms=T0 + 10)
-    recs = ref.flatten(p.start_of_push(), p.put(b"k", b"v"), p.end_of_push(), p.end_segment(final=True),
-                       a.put(b"x", b"1"), [ref.heartbeat(T0 + 20)], a.end_segment())
+    recs = ref.flatten(
+        p.start_of_push(),
+        p.put(b"k", b"v"),
+        p.end_of_push(),
+        p.end_segment(final=True),
+        a.put(b"x", b"1"),
+        [ref.heartbeat(T0 + 20)],
+        a.end_segment(),
+    )
     return list(enumerate(recs))
 
 
@@ -56,6 +101,7 @@ def _validate(src, out, *extra) -> tuple[int, pa.Table, dict]:
 
 
 # -- outputs -------------------------------------------------------------------------------------------------------
+
 
 def test_clean_archive_exits_zero_with_an_empty_errors_dataset_of_the_exact_schema(tmp_path):
     ref.write_archive(tmp_path / "arc", "s_v1", 0, _clean_log())
@@ -87,15 +133,22 @@ def test_summary_fields_follow_the_output_contract(tmp_path):
     parts = sorted(summary["partitions"], key=lambda p: p["partition"])
     assert [set(p) for p in parts] == [PARTITION_FIELDS, PARTITION_FIELDS]
     p0 = parts[0]
-    assert (p0["region"], p0["topic"], p0["partition"], p0["records"], p0["first_offset"], p0["last_offset"]) == (
-        0, "s_v1", 0, 8, 0, 7)
+    assert (
+        p0["region"],
+        p0["topic"],
+        p0["partition"],
+        p0["records"],
+        p0["first_offset"],
+        p0["last_offset"],
+    ) == (0, "s_v1", 0, 8, 0, 7)
     assert p0["eop_offset"] == 6 and p0["producers_tracked"] == 2
     assert p0["findings"] == {"CORRUPT": 1, "MISSING": 1} and p0["fatal_findings"] == 2
     assert set(p0["start"]) == {"offset", "restored_from_heartbeat"}
     assert p0["start"]["restored_from_heartbeat"] is None
     rows = errors.to_pylist()
-    assert [(r["offset"], r["type"], r["fatal"], r["producer_guid"], r["segment"], r["sequence"]) for r in rows] == [
-        (4, "MISSING", True, GUID_A.hex(), 0, 3), (5, "CORRUPT", True, GUID_A.hex(), 0, 4)]
+    assert [
+        (r["offset"], r["type"], r["fatal"], r["producer_guid"], r["segment"], r["sequence"]) for r in rows
+    ] == [(4, "MISSING", True, GUID_A.hex(), 0, 3), (5, "CORRUPT", True, GUID_A.hex(), 0, 4)]
     assert all(r["detail"] for r in rows)
 
 
@@ -132,15 +185,19 @@ def test_rerun_replaces_the_output_directory(tmp_path):
 
 # -- exit code 2 ---------------------------------------------------------------------------------------------------
 
-@pytest.mark.parametrize("argv,message", [
-    (["--source", "0=/no/such/archive"], "no such archive"),
-    (["--source", "zero=/tmp"], "ID=URI"),
-    (["--source", "/tmp"], "ID=URI"),
-    (["--source", "0=ARCHIVE", "--source", "0=ARCHIVE"], "twice"),
-    ([], "no source"),
-    (["--source", "0=ARCHIVE", "--topic", "nope_v1"], "nope_v1"),
-    (["--source", "0=kafka://"], "0=kafka://"),
-])
+
+@pytest.mark.parametrize(
+    "argv,message",
+    [
+        (["--source", "0=/no/such/archive"], "no such archive"),
+        (["--source", "zero=/tmp"], "ID=URI"),
+        (["--source", "/tmp"], "ID=URI"),
+        (["--source", "0=ARCHIVE", "--source", "0=ARCHIVE"], "twice"),
+        ([], "no source"),
+        (["--source", "0=ARCHIVE", "--topic", "nope_v1"], "nope_v1"),
+        (["--source", "0=kafka://"], "0=kafka://"),
+    ],
+)
 def test_bad_usage_and_unreadable_sources_exit_two(tmp_path, capsys, argv, message):
     ref.write_archive(tmp_path / "arc", "s_v1", 0, _clean_log())
     argv = [a.replace("ARCHIVE", str(tmp_path / "arc")) for a in argv]
@@ -159,6 +216,7 @@ def test_missing_out_is_an_argparse_error(capsys):
 
 # -- flags ---------------------------------------------------------------------------------------------------------
 
+
 def test_help_explains_every_flag(capsys):
     with pytest.raises(SystemExit) as info:
         main(["div", "validate", "--help"])
@@ -173,8 +231,19 @@ def test_help_explains_every_flag(capsys):
         assert flag in text, flag
     for action in validate._actions:
         assert action.help and len(action.help) > 15, action.option_strings
-    for word in ("UNREGISTERED_PRODUCER", "MISSING", "CORRUPT", "DUPLICATE", "DATA_AFTER_SEGMENT_END", "UNDECODABLE",
-                 "errors/", "summary.json", "Exit codes", "End of Push", "kafka://"):
+    for word in (
+        "UNREGISTERED_PRODUCER",
+        "MISSING",
+        "CORRUPT",
+        "DUPLICATE",
+        "DATA_AFTER_SEGMENT_END",
+        "UNDECODABLE",
+        "errors/",
+        "summary.json",
+        "Exit codes",
+        "End of Push",
+        "kafka://",
+    ):
         assert word in text, word
 
 
@@ -185,7 +254,8 @@ def test_fail_fast_stops_at_the_first_fatal_finding(tmp_path):
     code, errors, summary = _validate(tmp_path / "arc", tmp_path / "out", "--fail-fast")
     assert code == 1
     assert [(r["partition"], r["offset"], r["type"], r["fatal"]) for r in errors.to_pylist()] == [
-        (0, 4, "MISSING", True)]
+        (0, 4, "MISSING", True)
+    ]
     assert summary["records_read"] == 5  # offsets 0..4 of partition 0, nothing after the stop
     assert [p["partition"] for p in summary["partitions"]] == [0]
     full = _validate(tmp_path / "arc", tmp_path / "full")
@@ -203,11 +273,13 @@ def test_now_and_min_compaction_lag_decide_tolerance(tmp_path):
     ref.write_archive(tmp_path / "arc", "s_v1", 0, log)
     strict = _validate(tmp_path / "arc", tmp_path / "a", "--now-ms", str(T0 + 10**9))
     assert strict[0] == 1 and strict[1].num_rows == 2  # --now-ms alone tolerates nothing
-    young = _validate(tmp_path / "arc", tmp_path / "b", "--now-ms", str(T0 + 1000), "--min-compaction-lag-ms",
-                      "60000")
+    young = _validate(
+        tmp_path / "arc", tmp_path / "b", "--now-ms", str(T0 + 1000), "--min-compaction-lag-ms", "60000"
+    )
     assert young[0] == 1 and young[1].num_rows == 2  # the records are too young to have been compacted
-    old = _validate(tmp_path / "arc", tmp_path / "c", "--now-ms", str(T0 + 60_100), "--min-compaction-lag-ms",
-                    "60000")
+    old = _validate(
+        tmp_path / "arc", tmp_path / "c", "--now-ms", str(T0 + 60_100), "--min-compaction-lag-ms", "60000"
+    )
     assert old[0] == 0 and old[1].num_rows == 0
 
 
@@ -215,8 +287,17 @@ def test_max_age_flag(tmp_path):
     p = ref.RefProducer(ref.type3_uuid("cli-push"), start_ms=T0)
     a = ref.RefProducer(GUID_A, start_ms=T0 + 10)
     b = ref.RefProducer(ref.type3_uuid("cli-b"), start_ms=T0 + 10**6)
-    log = list(enumerate(ref.flatten(a.put(b"x", b"1"), p.start_of_push(), b.put(b"y", b"1"),
-                                     b.control(ref.SOIP, {"version": "1"}), a.put(b"x", b"2"))))
+    log = list(
+        enumerate(
+            ref.flatten(
+                a.put(b"x", b"1"),
+                p.start_of_push(),
+                b.put(b"y", b"1"),
+                b.control(ref.SOIP, {"version": "1"}),
+                a.put(b"x", b"2"),
+            )
+        )
+    )
     ref.write_archive(tmp_path / "arc", "s_v1", 0, log)
     assert _validate(tmp_path / "arc", tmp_path / "a")[1].num_rows == 0
     code, errors, summary = _validate(tmp_path / "arc", tmp_path / "b", "--max-age-ms", "1000")
@@ -227,10 +308,21 @@ def test_max_age_flag(tmp_path):
 
 # -- batching does not change the answer ---------------------------------------------------------------------------
 
+
 def _batch(records: list[tuple[int, ref.Rec]], topic: str, partition: int) -> pa.Table:
-    rows = [{"key": r.key, "value": r.value, "topic": topic, "partition": partition, "offset": o,
-             "timestamp": r.ts * 1000, "timestampType": 0,
-             "headers": [{"key": k, "value": v} for k, v in r.headers]} for o, r in records]
+    rows = [
+        {
+            "key": r.key,
+            "value": r.value,
+            "topic": topic,
+            "partition": partition,
+            "offset": o,
+            "timestamp": r.ts * 1000,
+            "timestampType": 0,
+            "headers": [{"key": k, "value": v} for k, v in r.headers],
+        }
+        for o, r in records
+    ]
     return pa.Table.from_pylist(rows, schema=ref.SPARK_KAFKA_SCHEMA)
 
 
@@ -251,6 +343,7 @@ def test_rows_do_not_depend_on_batch_boundaries(partition):
 
 # -- a live cluster ------------------------------------------------------------------------------------------------
 
+
 @pytest.mark.kafka
 def test_kafka_source_gives_the_same_output_as_the_archive(embedded_kafka, tmp_path):
     from confluent_kafka import Producer
@@ -258,13 +351,20 @@ def test_kafka_source_gives_the_same_output_as_the_archive(embedded_kafka, tmp_p
     topic = f"kafka_v{uuid.uuid4().int % 10**6}"
     partitions = sorted(SCENARIOS)
     embedded_kafka.create_topic(topic, len(partitions))
-    producer = Producer({"bootstrap.servers": embedded_kafka.bootstrap_servers, "linger.ms": 5,
-                         "enable.idempotence": False})
+    producer = Producer(
+        {"bootstrap.servers": embedded_kafka.bootstrap_servers, "linger.ms": 5, "enable.idempotence": False}
+    )
     for partition in partitions:
         _, log, _ = SCENARIOS[partition]
         for _, r in log.records:
-            producer.produce(topic, key=r.key, value=r.value, partition=partition, timestamp=r.ts,
-                             headers=r.headers or None)
+            producer.produce(
+                topic,
+                key=r.key,
+                value=r.value,
+                partition=partition,
+                timestamp=r.ts,
+                headers=r.headers or None,
+            )
         ref.write_archive(tmp_path / "archive", topic, partition, log.records)
     assert producer.flush(30) == 0
     k_code, k_errors, k_summary = _validate(embedded_kafka.uri, tmp_path / "from-kafka", "--topic", topic)

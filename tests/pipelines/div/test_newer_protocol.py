@@ -49,8 +49,11 @@ def _some_envelopes() -> list[tuple[bytes, list]]:
     from div.writer import SegmentWriter
 
     w = SegmentWriter(b"\x07" * 16, clock=lambda: 1_700_000_000_000)
-    records = [*w.put(0, b"k1", b"v1", footer=E.leader_footer("leader-1", 41, 2, term_id=3, upstream_timestamp=9)),
-               *w.delete(0, b"k2"), *w.end_segment(0)]
+    records = [
+        *w.put(0, b"k1", b"v1", footer=E.leader_footer("leader-1", 41, 2, term_id=3, upstream_timestamp=9)),
+        *w.delete(0, b"k2"),
+        *w.end_segment(0),
+    ]
     return [(r.value, list(r.headers or ())) for r in records]
 
 
@@ -122,8 +125,9 @@ REGIONS = 3
 @pytest.fixture(scope="module")
 def worlds(tmp_path_factory):
     root = tmp_path_factory.mktemp("newer-protocol")
-    sim = small_sim(root / "sim", seed=11, regions=REGIONS, records=900, keys=200,
-                    faults={"dropped": 1, "poisoned": 1})
+    sim = small_sim(
+        root / "sim", seed=11, regions=REGIONS, records=900, keys=200, faults={"dropped": 1, "poisoned": 1}
+    )
     original = sim.archives
     newer = {}
     for region, src in original.items():
@@ -131,8 +135,14 @@ def worlds(tmp_path_factory):
         dst = root / f"newer-{region}"
         assert reencode_archive(src, dst, version) == read_archive(src).num_rows
         newer[region] = str(dst)
-    return {"root": root, "store": sim.store, "version": sim.version, "topic": sim.topic, "original": original,
-            "newer": newer}
+    return {
+        "root": root,
+        "store": sim.store,
+        "version": sim.version,
+        "topic": sim.topic,
+        "original": original,
+        "newer": newer,
+    }
 
 
 def _cli(argv: list[str]) -> tuple[int, str]:
@@ -164,13 +174,26 @@ def _table(path: Path, sort: list[str]) -> list[dict]:
 @pytest.mark.slow
 @pytest.mark.spark
 def test_leapfrog_finds_the_same_on_newer_records(worlds, spark):
-    (c0, e0, o0), (c1, e1, o1) = _both(worlds, "leapfrog", lambda archives, out: [
-        "leapfrog", "--store", worlds["store"], "--version", worlds["version"], "--out", out, *_sources(archives)])
+    (c0, e0, o0), (c1, e1, o1) = _both(
+        worlds,
+        "leapfrog",
+        lambda archives, out: [
+            "leapfrog",
+            "--store",
+            worlds["store"],
+            "--version",
+            worlds["version"],
+            "--out",
+            out,
+            *_sources(archives),
+        ],
+    )
     assert c0 == 1, e0  # the simulation's dropped and poisoned writes
     assert c1 == c0, e1
     cols = ["type", "region_a", "region_b", "partition", "key"]
-    assert [{c: f[c] for c in cols} for f in _table(o1 / "inconsistencies", cols)] == \
-        [{c: f[c] for c in cols} for f in _table(o0 / "inconsistencies", cols)]
+    assert [{c: f[c] for c in cols} for f in _table(o1 / "inconsistencies", cols)] == [
+        {c: f[c] for c in cols} for f in _table(o0 / "inconsistencies", cols)
+    ]
     s0, s1 = (json.loads((o / "summary.json").read_text()) for o in (o0, o1))
     assert s1["verdict"] == s0["verdict"] == "findings"
     assert s1["totals"]["unverified_keys"] == 0
@@ -183,22 +206,51 @@ def test_div_validate_finds_the_same_on_newer_records(worlds, engine, request):
     if engine == "spark":
         request.getfixturevalue("spark")
     for region in range(REGIONS):
-        (c0, e0, o0), (c1, e1, o1) = _both(worlds, f"div-{engine}-{region}", lambda archives, out, region=region: [
-            "div", "validate", "--source", f"0={archives[region]}", "--topic", worlds["topic"], "--out", out,
-            "--now-ms", "1800000000000", "--engine", engine])
+        (c0, e0, o0), (c1, e1, o1) = _both(
+            worlds,
+            f"div-{engine}-{region}",
+            lambda archives, out, region=region: [
+                "div",
+                "validate",
+                "--source",
+                f"0={archives[region]}",
+                "--topic",
+                worlds["topic"],
+                "--out",
+                out,
+                "--now-ms",
+                "1800000000000",
+                "--engine",
+                engine,
+            ],
+        )
         assert c1 == c0, e1
         cols = ["topic", "partition", "offset", "type"]
-        assert [{c: f[c] for c in cols} for f in _table(o1 / "errors", cols)] == \
-            [{c: f[c] for c in cols} for f in _table(o0 / "errors", cols)]
+        assert [{c: f[c] for c in cols} for f in _table(o1 / "errors", cols)] == [
+            {c: f[c] for c in cols} for f in _table(o0 / "errors", cols)
+        ]
         summary = json.loads((o1 / "summary.json").read_text())
         assert summary["undecodable_records"] == 0
 
 
 @pytest.mark.slow
 def test_lag_reads_the_same_on_newer_records(worlds):
-    (c0, e0, o0), (c1, e1, o1) = _both(worlds, "lag", lambda archives, out: [
-        "lag", "--store", worlds["store"], "--version", worlds["version"], "--out", out, "--now-ms",
-        "1800000000000", *_sources(archives)])
+    (c0, e0, o0), (c1, e1, o1) = _both(
+        worlds,
+        "lag",
+        lambda archives, out: [
+            "lag",
+            "--store",
+            worlds["store"],
+            "--version",
+            worlds["version"],
+            "--out",
+            out,
+            "--now-ms",
+            "1800000000000",
+            *_sources(archives),
+        ],
+    )
     assert c1 == c0 == 0, (e0, e1)
     keys = ["vt_region", "partition", "source_region"]
     assert _table(o1 / "lag", keys) == _table(o0 / "lag", keys)
@@ -207,8 +259,23 @@ def test_lag_reads_the_same_on_newer_records(worlds):
 @pytest.mark.slow
 def test_div_restore_restores_the_same_state_from_newer_records(worlds):
     def argv(archives, out):
-        return ["div", "restore", "--store", worlds["store"], "--version", worlds["version"], "--partition", 1,
-                "--at-offset", 300, "--out", out, "--source", f"1={archives[1]}", *_sources(archives, "--rt-source")]
+        return [
+            "div",
+            "restore",
+            "--store",
+            worlds["store"],
+            "--version",
+            worlds["version"],
+            "--partition",
+            1,
+            "--at-offset",
+            300,
+            "--out",
+            out,
+            "--source",
+            f"1={archives[1]}",
+            *_sources(archives, "--rt-source"),
+        ]
 
     (c0, e0, o0), (c1, e1, o1) = _both(worlds, "restore", argv)
     assert c1 == c0 == 0, (e0, e1)

@@ -36,8 +36,22 @@ def world(tmp_path_factory):
 
 def _restore(world, archives, name):
     out = world["root"] / name
-    argv = ["div", "restore", "--store", world["store"], "--version", str(world["version"]), "--partition",
-            str(PARTITION), "--at-offset", str(AT), "--out", str(out), "--source", f"1={archives[1]}"]
+    argv = [
+        "div",
+        "restore",
+        "--store",
+        world["store"],
+        "--version",
+        str(world["version"]),
+        "--partition",
+        str(PARTITION),
+        "--at-offset",
+        str(AT),
+        "--out",
+        str(out),
+        "--source",
+        f"1={archives[1]}",
+    ]
     for r, a in sorted(archives.items()):
         argv += ["--rt-source", f"{r}={a}"]
     err = io.StringIO()
@@ -78,8 +92,9 @@ def test_undecodable_records_in_the_vt_replay_make_the_restore_partial(world, ca
 
 def test_an_rt_that_ends_before_the_resume_offset_makes_the_restore_partial(world, caplog):
     rt = f"{world['store']}_rt"
-    replayed = [e for e in world["clean"]["evidence"]["by_partition"]
-                if e["topic"] == rt and e["read_records"] > 1]
+    replayed = [
+        e for e in world["clean"]["evidence"]["by_partition"] if e["topic"] == rt and e["read_records"] > 1
+    ]
     assert replayed, "the scenario must replay some region's RT"
     region, (start, end) = replayed[0]["region"], replayed[0]["planned_offsets"]
 

@@ -28,7 +28,9 @@ VT, RT = f"{STORE}_v1", f"{STORE}_rt"
 
 def _stream(entries) -> list[RtIn]:
     """entries: ("data", n) → n PUTs of one producer; ("hb", ts) → an RT heartbeat with origin time ts."""
-    now = [NOW - 3_600_000]  # data records carry the time of the heartbeat before them: RT times never go back
+    now = [
+        NOW - 3_600_000
+    ]  # data records carry the time of the heartbeat before them: RT times never go back
     w = SegmentWriter(b"P" * 16, host_name="p", clock=lambda: now[0], max_segment_age_ms=-1)
     out: list[RtIn] = []
     for kind, arg in entries:
@@ -55,12 +57,23 @@ def build_vt(streams, region: int, stop: dict[int, int]) -> FakeProducer:
     """A leader of `region` consumes every RT (RT[r] only up to offset stop[r]) and writes its VT."""
     clock = [NOW - 3_600_000]
     fake = FakeProducer(clock=lambda: clock[0])
-    leader = HeartbeatLeader(fake, vt_topic=VT, rt_topic=RT, partition=0, region=region, n_regions=3,
-                             host=f"leader-{region}", interval_ms=0, clock=lambda: clock[0])
+    leader = HeartbeatLeader(
+        fake,
+        vt_topic=VT,
+        rt_topic=RT,
+        partition=0,
+        region=region,
+        n_regions=3,
+        host=f"leader-{region}",
+        interval_ms=0,
+        clock=lambda: clock[0],
+    )
     rng = random.Random(region)
     result = LoopResult(positions=[0, 0, 0])
     # Feed in RT-time order (each region in offset order), as a leader consuming live would; VT time follows.
-    per_region = [[(x.broker_ts, r, x) for x in s if x.offset <= stop.get(r, 10**9)] for r, s in enumerate(streams)]
+    per_region = [
+        [(x.broker_ts, r, x) for x in s if x.offset <= stop.get(r, 10**9)] for r, s in enumerate(streams)
+    ]
     for ts, r, x in heapq.merge(*per_region, key=lambda e: (e[0], e[1])):
         clock[0] = max(clock[0], ts + 200)
         feed_one(leader, r, x, rng, result)
@@ -96,8 +109,17 @@ def _rows(out) -> dict[tuple[int, int, int], dict]:
 def test_quiet_region_small_lag_and_stuck_region_large_lag(archives, tmp_path, capsys):
     root, streams, vt0, vt1 = archives
     out = tmp_path / "out"
-    args = ["lag", "--source", f"0={root / 'vt-0'}", "--source", f"1={root / 'vt-1'}", "--now-ms", str(NOW),
-            "--out", str(out)]
+    args = [
+        "lag",
+        "--source",
+        f"0={root / 'vt-0'}",
+        "--source",
+        f"1={root / 'vt-1'}",
+        "--now-ms",
+        str(NOW),
+        "--out",
+        str(out),
+    ]
     for r in range(3):
         args += ["--rt-source", f"{r}={root / f'rt-{r}'}"]
     assert main(args) == 0
@@ -125,8 +147,9 @@ def test_quiet_region_small_lag_and_stuck_region_large_lag(archives, tmp_path, c
 
     summary = json.loads((out / "lag.json").read_text())
     assert summary["job"] == "lag" and summary["now_ms"] == NOW and summary["exit_code"] == 0
-    assert {(r["vt_region"], r["source_region"]): r["offset_lag"] for r in summary["lag"]}[(0, 2)] == \
-        stuck["offset_lag"]
+    assert {(r["vt_region"], r["source_region"]): r["offset_lag"] for r in summary["lag"]}[(0, 2)] == stuck[
+        "offset_lag"
+    ]
     printed = capsys.readouterr().out
     assert "20.0 min" in printed and "1.5 s" in printed
 
@@ -139,21 +162,40 @@ def test_quiet_region_small_lag_and_stuck_region_large_lag(archives, tmp_path, c
 def test_without_rt_sources_offset_lag_is_unknown_but_time_lag_is_not(archives, tmp_path):
     root, *_ = archives
     out = tmp_path / "out"
-    assert main(["lag", "--source", f"0={root / 'vt-0'}", "--store", STORE, "--version", "1", "--now-ms",
-                 str(NOW), "--out", str(out)]) == 0
+    assert (
+        main(
+            [
+                "lag",
+                "--source",
+                f"0={root / 'vt-0'}",
+                "--store",
+                STORE,
+                "--version",
+                "1",
+                "--now-ms",
+                str(NOW),
+                "--out",
+                str(out),
+            ]
+        )
+        == 0
+    )
     rows = _rows(out)
     assert rows[(0, 0, 1)]["offset_lag"] is None and rows[(0, 0, 1)]["rt_end_offset"] is None
     assert rows[(0, 0, 2)]["time_lag_ms"] == 1_200_000
 
 
-@pytest.mark.parametrize(("extra", "message"), [
-    ([], "no source"),
-    (["--source", "zero=somewhere"], "ID=URI"),
-    (["--source", "0=/nonexistent/archive"], "no such archive"),
-    (["--source", "0={vt0}", "--store", "other", "--version", "1"], "no topic 'other_v1'"),
-    (["--source", "0={vt0}", "--store", "other"], "no version topic other_v"),
-    (["--source", "0={vt0}", "--rt-source", "1=x", "--rt-source", "1=y"], "given twice"),
-])
+@pytest.mark.parametrize(
+    ("extra", "message"),
+    [
+        ([], "no source"),
+        (["--source", "zero=somewhere"], "ID=URI"),
+        (["--source", "0=/nonexistent/archive"], "no such archive"),
+        (["--source", "0={vt0}", "--store", "other", "--version", "1"], "no topic 'other_v1'"),
+        (["--source", "0={vt0}", "--store", "other"], "no version topic other_v"),
+        (["--source", "0={vt0}", "--rt-source", "1=x", "--rt-source", "1=y"], "given twice"),
+    ],
+)
 def test_bad_input_exits_2_naming_it(archives, capsys, extra, message):
     root, *_ = archives
     args = ["lag", *[a.format(vt0=root / "vt-0") for a in extra]]
@@ -200,13 +242,33 @@ def test_lag_on_a_live_cluster_reads_rt_ends_from_the_same_cluster(embedded_kafk
     for _, key, value, headers, ts in vt.records(VT):
         p.produce(f"{store}_v1", value=value, key=key, partition=0, headers=headers, timestamp=ts)
     for x in streams[0]:  # this cluster holds region 0's RT
-        p.produce(f"{store}_rt", value=x.value, key=x.key, partition=0, headers=x.headers, timestamp=x.broker_ts)
+        p.produce(
+            f"{store}_rt", value=x.value, key=x.key, partition=0, headers=x.headers, timestamp=x.broker_ts
+        )
     assert p.flush(30) == 0
     out = tmp_path / "out"
     no_rt = tmp_path / "no-rt"  # an archive without the RT topic (the output may not be inside it)
     no_rt.mkdir()
-    assert main(["lag", "--source", f"0={embedded_kafka.uri}", "--store", store, "--version", "1",
-                 "--rt-source", f"2={no_rt}", "--now-ms", str(NOW), "--out", str(out)]) == 0
+    assert (
+        main(
+            [
+                "lag",
+                "--source",
+                f"0={embedded_kafka.uri}",
+                "--store",
+                store,
+                "--version",
+                "1",
+                "--rt-source",
+                f"2={no_rt}",
+                "--now-ms",
+                str(NOW),
+                "--out",
+                str(out),
+            ]
+        )
+        == 0
+    )
     rows = _rows(out)
     assert rows[(0, 0, 0)]["rt_end_offset"] == len(streams[0]) and rows[(0, 0, 0)]["offset_lag"] == 0
     assert rows[(0, 0, 1)]["time_lag_ms"] == 1_500
@@ -223,7 +285,12 @@ def test_lag_reads_a_footers_position_as_every_other_reader_does():
 
     footer = E.leader_footer("leader-1", 41, 2)
     footer[1]["upstreamOffset"] = -1
-    env = {"messageType": 0, "producerMetadata": {}, "payloadUnion": (E.PUT, {}), "leaderMetadataFooter": footer}
+    env = {
+        "messageType": 0,
+        "producerMetadata": {},
+        "payloadUnion": (E.PUT, {}),
+        "leaderMetadataFooter": footer,
+    }
     mon = LagMonitor(vt_region=0, partition=0, n_regions=3)
     mon.feed(bytes([keys.HEADER_PUT_OR_DELETE]) + b"k", env, None, 7, None)
     assert mon.sources[2].footer_offset == 41

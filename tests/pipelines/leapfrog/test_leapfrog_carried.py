@@ -20,9 +20,20 @@ from pipelines.leapfrog.carried import (
     sortkeys,
 )
 
-STREAM = pa.schema([("bucket", pa.int32()), ("sortkey", pa.int64()), ("order", pa.int8()), ("partition", pa.int32()),
-                    ("key", pa.binary()), ("region", pa.int32()), ("offset", pa.int64()),
-                    ("value_hash", pa.int64()), ("src", pa.int32()), ("carry", pa.binary())])
+STREAM = pa.schema(
+    [
+        ("bucket", pa.int32()),
+        ("sortkey", pa.int64()),
+        ("order", pa.int8()),
+        ("partition", pa.int32()),
+        ("key", pa.binary()),
+        ("region", pa.int32()),
+        ("offset", pa.int64()),
+        ("value_hash", pa.int64()),
+        ("src", pa.int32()),
+        ("carry", pa.binary()),
+    ]
+)
 
 
 def _carried(rows, settled=(), sortkey=None) -> pa.Table:
@@ -32,8 +43,19 @@ def _carried(rows, settled=(), sortkey=None) -> pa.Table:
     carry = [bytes([4 if key in settled else 0]) + bytes(32) for key in k]
     part, key = pa.array(p, pa.int32()), pa.array(k, pa.binary())
     sk = sortkeys(part, key) if sortkey is None else pa.array([sortkey(x) for x in k], pa.int64())
-    return pa.table([part, key, pa.array(r, pa.int32()), pa.array(o, pa.int64()), pa.nulls(len(rows), pa.int64()),
-                     pa.array(carry), pa.array(b, pa.int32()), sk], schema=CARRIED_SCHEMA)
+    return pa.table(
+        [
+            part,
+            key,
+            pa.array(r, pa.int32()),
+            pa.array(o, pa.int64()),
+            pa.nulls(len(rows), pa.int64()),
+            pa.array(carry),
+            pa.array(b, pa.int32()),
+            sk,
+        ],
+        schema=CARRIED_SCHEMA,
+    )
 
 
 @pytest.mark.spark
@@ -43,8 +65,12 @@ def test_sortkey_in_python_is_sparks(spark):
     keys = [b"", b"k", bytes(range(256)), "ключ".encode()]
     df = spark.createDataFrame([(p, k) for p in (0, 7, 2**31 - 1) for k in keys], "partition int, key binary")
     got = [r[0] for r in df.select(sortkey_column()).collect()]
-    table = pa.table({"partition": pa.array([p for p in (0, 7, 2**31 - 1) for _ in keys], pa.int32()),
-                      "key": pa.array([k for _ in range(3) for k in keys], pa.binary())})
+    table = pa.table(
+        {
+            "partition": pa.array([p for p in (0, 7, 2**31 - 1) for _ in keys], pa.int32()),
+            "key": pa.array([k for _ in range(3) for k in keys], pa.binary()),
+        }
+    )
     assert sortkeys(table.column("partition").chunk(0), table.column("key").chunk(0)).to_pylist() == got
 
 
@@ -75,8 +101,10 @@ def test_a_state_written_before_sortkeys_were_kept_reads_the_same(tmp_path):
     (tmp_path / "new").mkdir()
     (tmp_path / "old").mkdir()
     pq.write_table(t.replace_schema_metadata(buckets_tag([0])), tmp_path / "new" / "part-00000.parquet")
-    pq.write_table(t.drop_columns(["sortkey"]).replace_schema_metadata(buckets_tag([0])),
-                   tmp_path / "old" / "part-00000.parquet")
+    pq.write_table(
+        t.drop_columns(["sortkey"]).replace_schema_metadata(buckets_tag([0])),
+        tmp_path / "old" / "part-00000.parquet",
+    )
     files = {"part-00000.parquet": [0]}
     new, old = (read_carried(str(tmp_path / d), files, {0}) for d in ("new", "old"))
     assert old.schema == new.schema == CARRIED_SCHEMA
@@ -85,11 +113,21 @@ def test_a_state_written_before_sortkeys_were_kept_reads_the_same(tmp_path):
 
 def _stream_batches(rows, sizes):
     """Sorted input rows (sortkey, key, region, offset) cut into batches of the given sizes, with marks."""
-    t = pa.table({"bucket": pa.array([0] * len(rows), pa.int32()), "sortkey": pa.array([r[0] for r in rows], pa.int64()),
-                  "order": pa.array([1] * len(rows), pa.int8()), "partition": pa.array([0] * len(rows), pa.int32()),
-                  "key": pa.array([r[1] for r in rows], pa.binary()), "region": pa.array([r[2] for r in rows], pa.int32()),
-                  "offset": pa.array([r[3] for r in rows], pa.int64()), "value_hash": pa.array([7] * len(rows), pa.int64()),
-                  "src": pa.array([0] * len(rows), pa.int32()), "carry": pa.nulls(len(rows), pa.binary())}, schema=STREAM)
+    t = pa.table(
+        {
+            "bucket": pa.array([0] * len(rows), pa.int32()),
+            "sortkey": pa.array([r[0] for r in rows], pa.int64()),
+            "order": pa.array([1] * len(rows), pa.int8()),
+            "partition": pa.array([0] * len(rows), pa.int32()),
+            "key": pa.array([r[1] for r in rows], pa.binary()),
+            "region": pa.array([r[2] for r in rows], pa.int32()),
+            "offset": pa.array([r[3] for r in rows], pa.int64()),
+            "value_hash": pa.array([7] * len(rows), pa.int64()),
+            "src": pa.array([0] * len(rows), pa.int32()),
+            "carry": pa.nulls(len(rows), pa.binary()),
+        },
+        schema=STREAM,
+    )
     out, pos = [], 0
     for s in [*sizes, len(rows)]:  # the last batch takes what the sizes left
         b = t.slice(pos, s).combine_chunks().to_batches()
@@ -114,10 +152,18 @@ def test_merged_stream_is_sorted_complete_and_keeps_marks(pass_untouched, shared
         new = [(0, k) for k in keys if rng.random() < 0.6]
         old = [(0, k) for k in keys if rng.random() < 0.6]
         settled = {k for _, k in old if rng.random() < 0.5}
-        new_rows = sorted((sortkey(k), k, r, 100 + i)
-                          for i, (_, k) in enumerate(new) for r in (0, 1) if rng.random() < 0.8)
-        carried = _carried([(0, k, r, i, 0) for i, (_, k) in enumerate(old) for r in (0, 1) if rng.random() < 0.8],
-                           settled, sortkey) if old else None
+        new_rows = sorted(
+            (sortkey(k), k, r, 100 + i) for i, (_, k) in enumerate(new) for r in (0, 1) if rng.random() < 0.8
+        )
+        carried = (
+            _carried(
+                [(0, k, r, i, 0) for i, (_, k) in enumerate(old) for r in (0, 1) if rng.random() < 0.8],
+                settled,
+                sortkey,
+            )
+            if old
+            else None
+        )
         if carried is not None and carried.num_rows == 0:
             carried = None
         if carried is not None:
@@ -131,7 +177,9 @@ def test_merged_stream_is_sorted_complete_and_keeps_marks(pass_untouched, shared
         assert order == sorted(order)
         old_rows = carried.to_pylist() if carried is not None else []
         with_new = {r[1] for r in new_rows}
-        untouched = [r for r in old_rows if pass_untouched and r["key"] in settled and r["key"] not in with_new]
+        untouched = [
+            r for r in old_rows if pass_untouched and r["key"] in settled and r["key"] not in with_new
+        ]
         got = pa.Table.from_batches(passed, CARRIED_SCHEMA).to_pylist() if passed else []
         if shared_sortkeys:  # a settled row whose sortkey a new row of its batch shares joins the stream
             assert all(r in untouched for r in got)

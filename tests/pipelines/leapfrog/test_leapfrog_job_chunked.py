@@ -37,32 +37,71 @@ pytestmark = [pytest.mark.spark, pytest.mark.slow]
 
 
 def _run(spark, dirs, out, mode="heartbeat") -> tuple[int, dict, list[dict]]:
-    code = run(LeapfrogOptions(store=STORE, version=1, out=str(out), mode=mode,
-                               sources=[SourceSpec(x, d) for x, d in dirs.items()]), spark=spark)
+    code = run(
+        LeapfrogOptions(
+            store=STORE,
+            version=1,
+            out=str(out),
+            mode=mode,
+            sources=[SourceSpec(x, d) for x, d in dirs.items()],
+        ),
+        spark=spark,
+    )
     summary = json.loads((out / "summary.json").read_text())
     return code, summary, pq.read_table(out / "inconsistencies").to_pylist()
 
 
 def _comparable(findings: list[dict]) -> set[tuple]:
     """What must not depend on how values were stored (VT offsets do: chunks take offsets)."""
-    return {(r["partition"], r["region_a"], r["region_b"], r["type"], r["key"], r["key_hash"], r["a_value_hash"],
-             r["b_value_hash"], r["a_deleted"], r["b_deleted"], tuple(r["a_vector"] or ()), tuple(r["b_vector"] or ()),
-             tuple(r["a_high_watermark"] or ()), tuple(r["b_high_watermark"] or ())) for r in findings}
+    return {
+        (
+            r["partition"],
+            r["region_a"],
+            r["region_b"],
+            r["type"],
+            r["key"],
+            r["key_hash"],
+            r["a_value_hash"],
+            r["b_value_hash"],
+            r["a_deleted"],
+            r["b_deleted"],
+            tuple(r["a_vector"] or ()),
+            tuple(r["b_vector"] or ()),
+            tuple(r["a_high_watermark"] or ()),
+            tuple(r["b_high_watermark"] or ()),
+        )
+        for r in findings
+    }
 
 
 def _counters(summary: dict) -> list[tuple]:
-    return [(e["partition"], e["region_a"], e["region_b"], e["keys"], e["comparable_pairs"], e["skipped_pairs"],
-             e["pending_keys"], tuple(sorted(e["findings"].items()))) for e in summary["by_pair"]]
+    return [
+        (
+            e["partition"],
+            e["region_a"],
+            e["region_b"],
+            e["keys"],
+            e["comparable_pairs"],
+            e["skipped_pairs"],
+            e["pending_keys"],
+            tuple(sorted(e["findings"].items())),
+        )
+        for e in summary["by_pair"]
+    ]
 
 
 def _expected_rows() -> set[tuple]:
-    return {(k, t, a, b, None if va is None else value_hash(va), None if vb is None else value_hash(vb))
-            for k, t, a, b, va, vb in EXPECTED}
+    return {
+        (k, t, a, b, None if va is None else value_hash(va), None if vb is None else value_hash(vb))
+        for k, t, a, b, va, vb in EXPECTED
+    }
 
 
 def _rows(findings: list[dict]) -> set[tuple]:
-    return {(r["key"], r["type"], r["region_a"], r["region_b"], r["a_value_hash"], r["b_value_hash"])
-            for r in findings}
+    return {
+        (r["key"], r["type"], r["region_a"], r["region_b"], r["a_value_hash"], r["b_value_hash"])
+        for r in findings
+    }
 
 
 @pytest.fixture(scope="module")
@@ -80,8 +119,9 @@ def test_the_chunked_fixture_really_is_chunked(stores):
         assert vt.chunk_keys(), "no chunk records: the test would not exercise manifests"
         assert len(vt.records) > len(plain.vts[x].records) + 10
     # one chunk of BIG_DIFF differs, the others are equal
-    assert [BIG_DIFF[i:i + CHUNK] == BIG_DIFF_POISONED[i:i + CHUNK] for i in range(0, len(BIG_DIFF), CHUNK)] == \
-        [True, False, True]
+    assert [
+        BIG_DIFF[i : i + CHUNK] == BIG_DIFF_POISONED[i : i + CHUNK] for i in range(0, len(BIG_DIFF), CHUNK)
+    ] == [True, False, True]
 
 
 @pytest.mark.parametrize("mode", ["heartbeat", "footer"])
@@ -118,7 +158,9 @@ def test_mid_stream_chunked_archive(spark, tmp_path):
     dirs = s.write(tmp_path / "mid", first=starts)
     code, summary, found = _run(spark, dirs, tmp_path / "out")
     assert {r["scan_start"] for r in summary["by_region"]} == {"heartbeat"}
-    assert {r["region"]: r["first_offset"] for r in summary["by_region"]} == {x: o + 1 for x, o in starts.items()}
+    assert {r["region"]: r["first_offset"] for r in summary["by_region"]} == {
+        x: o + 1 for x, o in starts.items()
+    }
     assert summary["timings"]["fused"] is False
     assert _rows(found) == {r for r in _expected_rows() if r[1] == "VALUE_MISMATCH"}
     pending = {(e["region_a"], e["region_b"]): e["pending_keys"] for e in summary["by_pair"]}

@@ -26,8 +26,16 @@ STORE, TOPIC = "edge", "edge_v1"
 
 
 def _run(spark, dirs, out, mode="heartbeat"):
-    code = run(LeapfrogOptions(store=STORE, version=1, out=str(out), mode=mode,
-                               sources=[SourceSpec(x, d) for x, d in dirs.items()]), spark=spark)
+    code = run(
+        LeapfrogOptions(
+            store=STORE,
+            version=1,
+            out=str(out),
+            mode=mode,
+            sources=[SourceSpec(x, d) for x, d in dirs.items()],
+        ),
+        spark=spark,
+    )
     summary = json.loads((out / "summary.json").read_text())
     return code, summary, pq.read_table(out / "inconsistencies").to_pylist()
 
@@ -49,10 +57,22 @@ def _close(vt: RegionVt) -> None:
 
 
 def _envelope(footer) -> bytes:
-    return CODEC.encode({"messageType": 0, "producerMetadata": E.producer_metadata(bytes(16), 0, 7, TS, -2),
-                         "payloadUnion": (E.PUT, {"putValue": b"v", "schemaId": 1, "replicationMetadataVersionId": -1,
-                                                  "replicationMetadataPayload": b""}),
-                         "leaderMetadataFooter": footer})
+    return CODEC.encode(
+        {
+            "messageType": 0,
+            "producerMetadata": E.producer_metadata(bytes(16), 0, 7, TS, -2),
+            "payloadUnion": (
+                E.PUT,
+                {
+                    "putValue": b"v",
+                    "schemaId": 1,
+                    "replicationMetadataVersionId": -1,
+                    "replicationMetadataPayload": b"",
+                },
+            ),
+            "leaderMetadataFooter": footer,
+        }
+    )
 
 
 # ------------------------------------------------------------------------------------------- broken records
@@ -69,7 +89,7 @@ def test_broken_records_are_counted_with_their_offsets(spark, tmp_path, chunked)
             suffix = b"\x02\x00" if chunked else b""
             broken = {
                 "bad_magic": vt.raw(K.data_key(b"m" + suffix), b"\x16" + good[1:]),
-                "truncated": vt.raw(K.data_key(b"t" + suffix), good[:len(good) // 2]),
+                "truncated": vt.raw(K.data_key(b"t" + suffix), good[: len(good) // 2]),
                 "unknown_key_header": vt.raw(b"\x07xyz", good),
                 "garbage_control": vt.raw(K.control_key(bytes(16), 0, 99), b"\x17\x0e\xff\xff"),
                 "region_9": vt.put(b"o", b"x", 9, 5),
@@ -170,8 +190,21 @@ def test_truncated_archive_file_is_unreadable_input(tmp_path, capsys):
     dirs = _two_partitions(tmp_path)
     bad = _file_of(dirs[1], 1)
     _truncate(bad)
-    code = main(["leapfrog", "--store", STORE, "--version", "1", "--source", f"0={dirs[0]}",
-                 "--source", f"1={dirs[1]}", "--out", str(tmp_path / "out")])
+    code = main(
+        [
+            "leapfrog",
+            "--store",
+            STORE,
+            "--version",
+            "1",
+            "--source",
+            f"0={dirs[0]}",
+            "--source",
+            f"1={dirs[1]}",
+            "--out",
+            str(tmp_path / "out"),
+        ]
+    )
     assert code == 2
     err = capsys.readouterr().err
     assert bad in err and "1=" in err
@@ -215,14 +248,17 @@ def test_unreachable_kafka_exits_2_naming_it(tmp_path, archives, capsys):
     assert "kafka://127.0.0.1:1" in capsys.readouterr().err
 
 
-@pytest.mark.parametrize("pairs, says", [
-    ("0-0", "itself"),
-    ("0-9", "region 9"),
-    ("garbage", "garbage"),
-    ("0-1,1", "'1'"),
-    ("0-1-2", "0-1-2"),
-    ("a-b", "a-b"),
-])
+@pytest.mark.parametrize(
+    "pairs, says",
+    [
+        ("0-0", "itself"),
+        ("0-9", "region 9"),
+        ("garbage", "garbage"),
+        ("0-1,1", "'1'"),
+        ("0-1-2", "0-1-2"),
+        ("a-b", "a-b"),
+    ],
+)
 def test_bad_pairs_exit_2(tmp_path, archives, capsys, pairs, says):
     code = _cli(tmp_path, "--pairs", pairs, sources=[f"{x}={d}" for x, d in archives.items()])
     assert code == 2
@@ -241,10 +277,24 @@ def _compaction_logs(compacted: bool):
     from leapfrog.reference import HeartbeatEntry as H
     from leapfrog.reference import OtherEntry as O
 
-    r0 = [D(1, b"y", 21, 1, 8), D(2, b"x", 11, 0, 1), D(3, b"x", 12, 0, 2), D(4, b"k", 13, 0, 3),
-          D(5, b"z", 14, 0, 4), H(6, (4, 9), 0, 4), H(7, (4, 9), 1, 9)]
-    r1 = [D(1, b"y", 21, 1, 8), D(2, b"x", 11, 0, 1), D(3, b"x", 12, 0, 2), O(4), D(5, b"z", 14, 0, 4),
-          H(6, (4, 9), 0, 4), H(7, (4, 9), 1, 9)]
+    r0 = [
+        D(1, b"y", 21, 1, 8),
+        D(2, b"x", 11, 0, 1),
+        D(3, b"x", 12, 0, 2),
+        D(4, b"k", 13, 0, 3),
+        D(5, b"z", 14, 0, 4),
+        H(6, (4, 9), 0, 4),
+        H(7, (4, 9), 1, 9),
+    ]
+    r1 = [
+        D(1, b"y", 21, 1, 8),
+        D(2, b"x", 11, 0, 1),
+        D(3, b"x", 12, 0, 2),
+        O(4),
+        D(5, b"z", 14, 0, 4),
+        H(6, (4, 9), 0, 4),
+        H(7, (4, 9), 1, 9),
+    ]
     if compacted:
         r1 = [e for e in r1 if e.vt_offset != 2]
     return {0: RegionLog(r0, FromEndOfPush(0)), 1: RegionLog(r1, FromEndOfPush(0))}

@@ -47,8 +47,10 @@ def _histories():
     for h in generated(60):
         if h.n_regions != 3:
             continue
-        if all(h.start_heartbeat[x] is None and [e.vt_offset for e in h.vt[x]] == list(range(len(h.vt[x])))
-               for x in REGIONS):
+        if all(
+            h.start_heartbeat[x] is None and [e.vt_offset for e in h.vt[x]] == list(range(len(h.vt[x])))
+            for x in REGIONS
+        ):
             out.append(h)
     return out[:HISTORIES]
 
@@ -69,13 +71,26 @@ def _publish(clusters, logs: dict[int, list[RegionVt]], root, topic: str, transa
     archives = {x: write_archive(vts, root / f"dc-{x}", topic) for x, vts in logs.items()}
     for x, vts in logs.items():
         clusters[x].create_topic(topic, len(vts))
-        produce(vts, clusters[x].bootstrap_servers, topic, transactional_id=f"{topic}-{x}" if transactional else None)
+        produce(
+            vts,
+            clusters[x].bootstrap_servers,
+            topic,
+            transactional_id=f"{topic}-{x}" if transactional else None,
+        )
     return archives, {x: clusters[x].uri for x in logs}
 
 
 def _run(spark, store: str, sources: dict[int, str], out, mode: str = "heartbeat"):
-    code = run(LeapfrogOptions(store=store, version=1, out=str(out), mode=mode,
-                               sources=[SourceSpec(x, u) for x, u in sources.items()]), spark=spark)
+    code = run(
+        LeapfrogOptions(
+            store=store,
+            version=1,
+            out=str(out),
+            mode=mode,
+            sources=[SourceSpec(x, u) for x, u in sources.items()],
+        ),
+        spark=spark,
+    )
     summary = json.loads((out / "summary.json").read_text())
     return code, summary, pq.read_table(out / "inconsistencies")
 
@@ -134,17 +149,25 @@ def test_compacted_range_at_the_end_of_a_kafka_partition(spark, tmp_path, cluste
         # safe: nothing the archive run does not report, and here nothing less either
         assert found_k.to_pylist() == found_a.to_pylist()
         assert code_k == code_a
-        strip = lambda s: [{k: v for k, v in r.items() if k not in ("compacted_ranges", "latest_records_kept")}  # noqa: E731
-                           for r in s["by_region"]]
+
+        def strip(s):
+            return [
+                {k: v for k, v in r.items() if k not in ("compacted_ranges", "latest_records_kept")}
+                for r in s["by_region"]
+            ]
+
         assert strip(sum_k) == strip(sum_a)
 
 
-@pytest.mark.parametrize("policy, lag, deadline", [
-    ("delete", None, None),  # never compacted: gaps are transaction markers, no record of a key is lost
-    ("compact", "86400000", 1_000 + 86_400_000),
-    ("compact,delete", None, 1_000),  # compacted, lag not given: Kafka's default 0
-    (None, None, 1_000),  # the cluster would not say: no promise
-])
+@pytest.mark.parametrize(
+    "policy, lag, deadline",
+    [
+        ("delete", None, None),  # never compacted: gaps are transaction markers, no record of a key is lost
+        ("compact", "86400000", 1_000 + 86_400_000),
+        ("compact,delete", None, 1_000),  # compacted, lag not given: Kafka's default 0
+        (None, None, 1_000),  # the cluster would not say: no promise
+    ],
+)
 def test_compaction_deadlines(monkeypatch, policy, lag, deadline):
     from div import kafka_log
     from leapfrog.plan import RegionPartition, mark_latest_kept
@@ -155,8 +178,12 @@ def test_compaction_deadlines(monkeypatch, policy, lag, deadline):
         return {"cleanup.policy": policy, "min.compaction.lag.ms": lag}[name] if policy is not None else None
 
     monkeypatch.setattr(kafka_log, "topic_config", topic_config)
-    got = compaction_deadlines({0: "/archives/dc-0", 1: "kafka://b:9092"}, "s_v1", {1: {"security.protocol": "SSL"}},
-                               planned_ms=1_000)
+    got = compaction_deadlines(
+        {0: "/archives/dc-0", 1: "kafka://b:9092"},
+        "s_v1",
+        {1: {"security.protocol": "SSL"}},
+        planned_ms=1_000,
+    )
     assert got == ({} if deadline is None else {1: deadline})
     facts = {(x, 0): RegionPartition(x, 0) for x in (0, 1)}
     mark_latest_kept(facts, got, now_ms=1_000 + 3_600_000)  # read for an hour

@@ -28,19 +28,41 @@ from sim import run as simulate
 
 pytestmark = [pytest.mark.spark, pytest.mark.kafka, pytest.mark.slow]
 
-FAULTS = {"dropped": 2, "poisoned": 2, "failover": 1, "duplicate": 1, "gap": 1, "corrupt": 1, "compaction": 1,
-          "broker": 1}
+FAULTS = {
+    "dropped": 2,
+    "poisoned": 2,
+    "failover": 1,
+    "duplicate": 1,
+    "gap": 1,
+    "corrupt": 1,
+    "compaction": 1,
+    "broker": 1,
+}
 
 
 @pytest.fixture(scope="module")
 def simulated(tmp_path_factory):
     out = tmp_path_factory.mktemp("sim-leapfrog")
-    cfg = SimConfig(out=str(out / "sim"), seed=23, regions=3, partitions=2, records=4000, keys=1200,
-                    batch_records=300, write_rate=[1000.0], heartbeat_every_records=150, heartbeat_every_ms=400,
-                    default_lag_ms=100, lag_ms={(0, 2): 600, (1, 2): 450},  # region 2 lags
-                    quiet=[QuietPeriod(1, 0.25, 0.6, None)],  # region 1 writes nothing for a while
-                    failover_delay_ms=250, faults=dict(FAULTS), broker_down_s=0.5, step_records=1000,
-                    progress=False)
+    cfg = SimConfig(
+        out=str(out / "sim"),
+        seed=23,
+        regions=3,
+        partitions=2,
+        records=4000,
+        keys=1200,
+        batch_records=300,
+        write_rate=[1000.0],
+        heartbeat_every_records=150,
+        heartbeat_every_ms=400,
+        default_lag_ms=100,
+        lag_ms={(0, 2): 600, (1, 2): 450},  # region 2 lags
+        quiet=[QuietPeriod(1, 0.25, 0.6, None)],  # region 1 writes nothing for a while
+        failover_delay_ms=250,
+        faults=dict(FAULTS),
+        broker_down_s=0.5,
+        step_records=1000,
+        progress=False,
+    )
     result = simulate(cfg)
     result.root = out
     return result
@@ -48,11 +70,22 @@ def simulated(tmp_path_factory):
 
 def _leapfrog(spark, sim, out, mode="heartbeat", pairs=None):
     t = sim.truth["run"]
-    code = run(LeapfrogOptions(store=t["store"], version=t["version"], out=str(out), mode=mode, pairs=pairs,
-                               sources=[SourceSpec(x, d) for x, d in sorted(sim.archives.items())]), spark=spark)
+    code = run(
+        LeapfrogOptions(
+            store=t["store"],
+            version=t["version"],
+            out=str(out),
+            mode=mode,
+            pairs=pairs,
+            sources=[SourceSpec(x, d) for x, d in sorted(sim.archives.items())],
+        ),
+        spark=spark,
+    )
     summary = json.loads((out / "summary.json").read_text())
-    found = {(r["type"], r["region_a"], r["region_b"], r["partition"], r["key"].hex())
-             for r in pq.read_table(out / "inconsistencies").to_pylist()}
+    found = {
+        (r["type"], r["region_a"], r["region_b"], r["partition"], r["key"].hex())
+        for r in pq.read_table(out / "inconsistencies").to_pylist()
+    }
     return code, summary, found
 
 
@@ -62,8 +95,11 @@ def heartbeat_run(spark, simulated):
 
 
 def _expected(truth) -> set[tuple]:
-    return {(e["type"], e["region_a"], e["region_b"], e["partition"], e["key"])
-            for f in truth["faults"] for e in f["expect"]["leapfrog"]}
+    return {
+        (e["type"], e["region_a"], e["region_b"], e["partition"], e["key"])
+        for f in truth["faults"]
+        for e in f["expect"]["leapfrog"]
+    }
 
 
 def test_the_simulation_has_what_the_acceptance_needs(simulated):
@@ -105,16 +141,25 @@ def test_footer_mode_finds_a_subset_and_leaves_more_pending(spark, simulated, he
     for e in summary["by_pair"]:
         assert e["pending_keys"] >= hb_pairs[(e["partition"], e["region_a"], e["region_b"])]["pending_keys"]
     assert code == (1 if found else 0)
-    numbers = {m: {"findings": sum(t["findings"].values()), "comparable_pairs": t["comparable_pairs"],
-                   "skipped_pairs": t["skipped_pairs"], "pending_keys": t["pending_keys"], "keys": t["keys"]}
-               for m, t in (("heartbeat", hb), ("footer", ft))}
+    numbers = {
+        m: {
+            "findings": sum(t["findings"].values()),
+            "comparable_pairs": t["comparable_pairs"],
+            "skipped_pairs": t["skipped_pairs"],
+            "pending_keys": t["pending_keys"],
+            "keys": t["keys"],
+        }
+        for m, t in (("heartbeat", hb), ("footer", ft))
+    }
     numbers["expected"] = len(expected)
     print("leapfrog on the simulation:", json.dumps(numbers))
 
 
 def test_pairs_restrict_the_output(spark, simulated, heartbeat_run, tmp_path):
     _, _, hb_found = heartbeat_run
-    code, summary, found = _leapfrog(spark, simulated, tmp_path / "pair01", pairs=parse_pairs("0-1", [0, 1, 2]))
+    code, summary, found = _leapfrog(
+        spark, simulated, tmp_path / "pair01", pairs=parse_pairs("0-1", [0, 1, 2])
+    )
     assert summary["pairs"] == [[0, 1]]
     assert {(e["region_a"], e["region_b"]) for e in summary["by_pair"]} == {(0, 1)}
     assert found == {f for f in hb_found if f[1:3] == (0, 1)}

@@ -30,20 +30,47 @@ def _ref_rows(histories, mode):
     rows = set()
     for p, h in enumerate(histories):
         for f in _reference(h, mode).findings:
-            rows.add((p, f.region_a, f.region_b, f.type, f.key, spark_value_hash(f.a_value_hash),
-                      spark_value_hash(f.b_value_hash), f.a_vt_offset, f.b_vt_offset,
-                      tuple(f.a_vector) if f.a_vector else None, tuple(f.b_vector) if f.b_vector else None,
-                      tuple(f.a_high_watermark) if f.a_high_watermark else None,
-                      tuple(f.b_high_watermark) if f.b_high_watermark else None))
+            rows.add(
+                (
+                    p,
+                    f.region_a,
+                    f.region_b,
+                    f.type,
+                    f.key,
+                    spark_value_hash(f.a_value_hash),
+                    spark_value_hash(f.b_value_hash),
+                    f.a_vt_offset,
+                    f.b_vt_offset,
+                    tuple(f.a_vector) if f.a_vector else None,
+                    tuple(f.b_vector) if f.b_vector else None,
+                    tuple(f.a_high_watermark) if f.a_high_watermark else None,
+                    tuple(f.b_high_watermark) if f.b_high_watermark else None,
+                )
+            )
     return rows
 
 
 def _job_rows(out):
     t = pq.read_table(out / "inconsistencies").to_pylist()
     tup = lambda v: tuple(v) if v is not None else None  # noqa: E731
-    return {(r["partition"], r["region_a"], r["region_b"], r["type"], r["key"], r["a_value_hash"],
-             r["b_value_hash"], r["a_vt_offset"], r["b_vt_offset"], tup(r["a_vector"]), tup(r["b_vector"]),
-             tup(r["a_high_watermark"]), tup(r["b_high_watermark"])) for r in t}
+    return {
+        (
+            r["partition"],
+            r["region_a"],
+            r["region_b"],
+            r["type"],
+            r["key"],
+            r["a_value_hash"],
+            r["b_value_hash"],
+            r["a_vt_offset"],
+            r["b_vt_offset"],
+            tup(r["a_vector"]),
+            tup(r["b_vector"]),
+            tup(r["a_high_watermark"]),
+            tup(r["b_high_watermark"]),
+        )
+        for r in t
+    }
 
 
 @pytest.mark.parametrize("n_regions", [2, 3, 4])
@@ -53,8 +80,16 @@ def test_job_equals_reference(spark, tmp_path, n_regions, mode):
     assert histories, "the generator produced no history with this many regions"
     dirs = write_archives(histories, tmp_path / "archives")
     out = tmp_path / "out"
-    code = run(LeapfrogOptions(store=STORE, version=1, out=str(out), mode=mode,
-                               sources=[SourceSpec(x, d) for x, d in dirs.items()]), spark=spark)
+    code = run(
+        LeapfrogOptions(
+            store=STORE,
+            version=1,
+            out=str(out),
+            mode=mode,
+            sources=[SourceSpec(x, d) for x, d in dirs.items()],
+        ),
+        spark=spark,
+    )
     expected = _ref_rows(histories, mode)
     got = _job_rows(out)
     assert got == expected
@@ -64,7 +99,13 @@ def test_job_equals_reference(spark, tmp_path, n_regions, mode):
     for p, h in enumerate(histories):
         for (a, b), c in _reference(h, mode).pair_counters.items():
             ref_counts[(p, a, b)] = (c.keys, c.comparable_pairs, c.skipped_pairs, c.pending_keys)
-    job_counts = {(e["partition"], e["region_a"], e["region_b"]):
-                  (e["keys"], e["comparable_pairs"], e["skipped_pairs"], e["pending_keys"])
-                  for e in summary["by_pair"]}
+    job_counts = {
+        (e["partition"], e["region_a"], e["region_b"]): (
+            e["keys"],
+            e["comparable_pairs"],
+            e["skipped_pairs"],
+            e["pending_keys"],
+        )
+        for e in summary["by_pair"]
+    }
     assert job_counts == ref_counts

@@ -29,14 +29,33 @@ pytestmark = [pytest.mark.spark, pytest.mark.slow]
 
 
 def _findings(out):
-    return sorted((r["partition"], r["region_a"], r["region_b"], r["type"], r["key"], r["a_vt_offset"],
-                   r["b_vt_offset"], r["a_value_hash"], r["b_value_hash"])
-                  for r in pq.read_table(out / "inconsistencies").to_pylist())
+    return sorted(
+        (
+            r["partition"],
+            r["region_a"],
+            r["region_b"],
+            r["type"],
+            r["key"],
+            r["a_vt_offset"],
+            r["b_vt_offset"],
+            r["a_value_hash"],
+            r["b_value_hash"],
+        )
+        for r in pq.read_table(out / "inconsistencies").to_pylist()
+    )
 
 
 def _run(spark, dirs, out, state=None):
-    return run(LeapfrogOptions(store=STORE, version=1, out=str(out), state_dir=str(state) if state else None,
-                               sources=[SourceSpec(x, d) for x, d in dirs.items()]), spark=spark)
+    return run(
+        LeapfrogOptions(
+            store=STORE,
+            version=1,
+            out=str(out),
+            state_dir=str(state) if state else None,
+            sources=[SourceSpec(x, d) for x, d in dirs.items()],
+        ),
+        spark=spark,
+    )
 
 
 def _cuts(histories, rng):
@@ -80,26 +99,50 @@ def test_two_days_equal_one_rescan(spark, tmp_path):
     # day 2's counters equal the reference's resumed run over what each day's archive shows
     expected_counts = {}
     for p, h in enumerate(histories):
-        first = {x: RegionLog([e for e in log.entries if e.vt_offset <= cuts[(p, x)]], log.start, None)
-                 for x, log in h.logs.items()}
+        first = {
+            x: RegionLog([e for e in log.entries if e.vt_offset <= cuts[(p, x)]], log.start, None)
+            for x, log in h.logs.items()
+        }
         state_ref = carry_state(check_partition(first, mode="heartbeat", n_regions=h.n_regions))
-        second = {x: RegionLog([e for e in log.entries if e.vt_offset > cuts[(p, x)]], FromState(state_ref), None)
-                  for x, log in h.logs.items()}
-        for (a, b), c in check_partition(second, mode="heartbeat", n_regions=h.n_regions).pair_counters.items():
+        second = {
+            x: RegionLog([e for e in log.entries if e.vt_offset > cuts[(p, x)]], FromState(state_ref), None)
+            for x, log in h.logs.items()
+        }
+        for (a, b), c in check_partition(
+            second, mode="heartbeat", n_regions=h.n_regions
+        ).pair_counters.items():
             expected_counts[(p, a, b)] = (c.keys, c.comparable_pairs, c.skipped_pairs, c.pending_keys)
-    got_counts = {(e["partition"], e["region_a"], e["region_b"]):
-                  (e["keys"], e["comparable_pairs"], e["skipped_pairs"], e["pending_keys"]) for e in summary["by_pair"]}
+    got_counts = {
+        (e["partition"], e["region_a"], e["region_b"]): (
+            e["keys"],
+            e["comparable_pairs"],
+            e["skipped_pairs"],
+            e["pending_keys"],
+        )
+        for e in summary["by_pair"]
+    }
     assert got_counts == expected_counts
     # a state of another run is refused with a clear error
     from pipelines.core.sources import SourceError
 
     with pytest.raises(SourceError, match="built with"):
-        run(LeapfrogOptions(store=STORE, version=1, out=str(tmp_path / "o"), state_dir=str(state),
-                            sources=[SourceSpec(x, d) for x, d in list(day2.items())[:2]]), spark=spark)
+        run(
+            LeapfrogOptions(
+                store=STORE,
+                version=1,
+                out=str(tmp_path / "o"),
+                state_dir=str(state),
+                sources=[SourceSpec(x, d) for x, d in list(day2.items())[:2]],
+            ),
+            spark=spark,
+        )
 
 
-@pytest.mark.parametrize("change", [0, -1, "older-state"],
-                         ids=["tasks-read-their-own-state", "bucket-count-changed", "state-before-bucket-labels"])
+@pytest.mark.parametrize(
+    "change",
+    [0, -1, "older-state"],
+    ids=["tasks-read-their-own-state", "bucket-count-changed", "state-before-bucket-labels"],
+)
 def test_carried_records_are_read_by_each_task_or_shuffled_in(spark, tmp_path, monkeypatch, change):
     """With day 1's bucket count, day 2's reduce tasks read their carried records from their own files
     (pipelines.leapfrog.carried); with another, or from a state whose files were tagged before the buckets got
@@ -120,7 +163,9 @@ def test_carried_records_are_read_by_each_task_or_shuffled_in(spark, tmp_path, m
         (state / "state.json").write_text(json.dumps(doc))
     own = []
     original = leapfrog_job._Job._own_carried_files
-    monkeypatch.setattr(leapfrog_job._Job, "_own_carried_files", lambda self: own.append(original(self)) or own[-1])
+    monkeypatch.setattr(
+        leapfrog_job._Job, "_own_carried_files", lambda self: own.append(original(self)) or own[-1]
+    )
     spark.conf.set("spark.sql.shuffle.partitions", str(day2_buckets))
     try:
         _run(spark, day2, tmp_path / "out-day2", state)
@@ -147,7 +192,9 @@ def test_many_findings_take_the_spark_path_with_the_same_result(spark, tmp_path,
     monkeypatch.setattr(J, "FINDINGS_ON_DRIVER", 0)
     state = tmp_path / "state"
     _run(spark, day1, tmp_path / "out-day1", state)
-    assert _findings(tmp_path / "out-day1"), "day 1 found nothing: the merge of old and new findings went untested"
+    assert _findings(tmp_path / "out-day1"), (
+        "day 1 found nothing: the merge of old and new findings went untested"
+    )
     _run(spark, day2, tmp_path / "out-day2", state)
     assert _findings(tmp_path / "out-day2") == expected
     assert list((state / "findings").glob("part-*.snappy.parquet")), "the state's findings were not Spark's"
@@ -160,11 +207,27 @@ def test_a_killed_run_then_a_rerun_gives_the_same_findings(spark, tmp_path):
     _run(spark, day1, tmp_path / "out-day1", state)
     before = sorted(os.listdir(state))
     # a day-2 run in another process, killed while it works
-    args = [sys.executable, "-m", "pipelines.cli", "leapfrog", "--store", STORE, "--version", "1",
-            "--out", str(tmp_path / "out-killed"), "--state", str(state), "--master", "local[1]"]
+    args = [
+        sys.executable,
+        "-m",
+        "pipelines.cli",
+        "leapfrog",
+        "--store",
+        STORE,
+        "--version",
+        "1",
+        "--out",
+        str(tmp_path / "out-killed"),
+        "--state",
+        str(state),
+        "--master",
+        "local[1]",
+    ]
     for x, d in day2.items():
         args += ["--source", f"{x}={d}"]
-    proc = subprocess.Popen(args, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, start_new_session=True)
+    proc = subprocess.Popen(
+        args, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, start_new_session=True
+    )
     time.sleep(12)
     os.killpg(proc.pid, signal.SIGKILL)
     proc.wait()
@@ -183,23 +246,32 @@ def test_three_days_equal_one_rescan_and_untouched_settled_keys_carry_over(spark
         offsets = [e.vt_offset for e in histories[p].vt[x]]
         second[(p, x)] = rng.randint(c, max(offsets)) if offsets and max(offsets) > c else c
     full = write_archives(histories, tmp_path / "full")
-    days = [write_archives(histories, tmp_path / "day1", keep=lambda p, x, off: off <= first[(p, x)]),
-            write_archives(histories, tmp_path / "day2",
-                           keep=lambda p, x, off: first[(p, x)] < off <= second[(p, x)]),
-            write_archives(histories, tmp_path / "day3", keep=lambda p, x, off: off > second[(p, x)])]
+    days = [
+        write_archives(histories, tmp_path / "day1", keep=lambda p, x, off: off <= first[(p, x)]),
+        write_archives(
+            histories, tmp_path / "day2", keep=lambda p, x, off: first[(p, x)] < off <= second[(p, x)]
+        ),
+        write_archives(histories, tmp_path / "day3", keep=lambda p, x, off: off > second[(p, x)]),
+    ]
     _run(spark, full, tmp_path / "out-full")
     state = tmp_path / "state"
 
     def settled():
         t = pq.read_table(state / "carried")
         flags = carry_flags(t.column("carry").combine_chunks())
-        return {(r["partition"], r["key"], r["region"], r["offset"], r["carry"])
-                for r, f in zip(t.to_pylist(), flags, strict=True) if f & 4}
+        return {
+            (r["partition"], r["key"], r["region"], r["offset"], r["carry"])
+            for r, f in zip(t.to_pylist(), flags, strict=True)
+            if f & 4
+        }
 
     _run(spark, days[0], tmp_path / "out-day1", state)
     after_day1 = settled()
-    day2_keys = {(r["partition"], r["key"][1:]) for x, d in days[1].items()
-                 for r in pq.read_table(d, columns=["partition", "key"]).to_pylist()}
+    day2_keys = {
+        (r["partition"], r["key"][1:])
+        for x, d in days[1].items()
+        for r in pq.read_table(d, columns=["partition", "key"]).to_pylist()
+    }
     untouched = {row for row in after_day1 if (row[0], row[1]) not in day2_keys}
     assert untouched, "every settled key was touched on day 2: the pass-through went untested"
     _run(spark, days[1], tmp_path / "out-day2", state)
@@ -215,15 +287,36 @@ def test_first_finding_per_key_wins_as_in_a_full_rescan():
 
     def t(rows):
         cols = ["partition", "region_a", "region_b", "key", "type", "a_vt_offset", "b_vt_offset"]
-        return pa.table({c: [r[i] for r in rows] for i, c in enumerate(cols)},
-                        schema=pa.schema([("partition", pa.int32()), ("region_a", pa.int32()),
-                                          ("region_b", pa.int32()), ("key", pa.binary()), ("type", pa.string()),
-                                          ("a_vt_offset", pa.int64()), ("b_vt_offset", pa.int64())]))
+        return pa.table(
+            {c: [r[i] for r in rows] for i, c in enumerate(cols)},
+            schema=pa.schema(
+                [
+                    ("partition", pa.int32()),
+                    ("region_a", pa.int32()),
+                    ("region_b", pa.int32()),
+                    ("key", pa.binary()),
+                    ("type", pa.string()),
+                    ("a_vt_offset", pa.int64()),
+                    ("b_vt_offset", pa.int64()),
+                ]
+            ),
+        )
 
-    new = t([(0, 0, 1, b"k", "VALUE_MISMATCH", 50, 60), (0, 0, 1, b"j", "MISSING_IN_B", 7, None),
-             (1, 0, 1, b"k", "VALUE_MISMATCH", 5, 6)])
+    new = t(
+        [
+            (0, 0, 1, b"k", "VALUE_MISMATCH", 50, 60),
+            (0, 0, 1, b"j", "MISSING_IN_B", 7, None),
+            (1, 0, 1, b"k", "VALUE_MISMATCH", 5, 6),
+        ]
+    )
     old = t([(0, 0, 1, b"k", "MISSING_IN_A", None, 40), (0, 0, 2, b"k", "VALUE_MISMATCH", 1, 2)])
     got = sorted(tuple(r.values()) for r in _first_per_key(new, old).to_pylist())
-    assert got == sorted([(0, 0, 1, b"j", "MISSING_IN_B", 7, None), (0, 0, 1, b"k", "MISSING_IN_A", None, 40),
-                          (0, 0, 2, b"k", "VALUE_MISMATCH", 1, 2), (1, 0, 1, b"k", "VALUE_MISMATCH", 5, 6)])
+    assert got == sorted(
+        [
+            (0, 0, 1, b"j", "MISSING_IN_B", 7, None),
+            (0, 0, 1, b"k", "MISSING_IN_A", None, 40),
+            (0, 0, 2, b"k", "VALUE_MISMATCH", 1, 2),
+            (1, 0, 1, b"k", "VALUE_MISMATCH", 5, 6),
+        ]
+    )
     assert _first_per_key(new.slice(0, 0), old.slice(0, 0)).num_rows == 0

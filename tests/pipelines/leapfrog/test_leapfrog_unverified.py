@@ -27,9 +27,22 @@ pytestmark = [pytest.mark.spark, pytest.mark.slow]
 @pytest.fixture(scope="module")
 def world(tmp_path_factory):
     root = tmp_path_factory.mktemp("leapfrog-unverified")
-    cfg = SimConfig(out=str(root / "sim"), seed=11, regions=3, partitions=2, records=1500, keys=300,
-                    batch_records=100, heartbeat_every_records=100, heartbeat_every_ms=400, default_lag_ms=100,
-                    faults={"dropped": 1, "poisoned": 1}, step_records=1500, progress=False, workers="inline")
+    cfg = SimConfig(
+        out=str(root / "sim"),
+        seed=11,
+        regions=3,
+        partitions=2,
+        records=1500,
+        keys=300,
+        batch_records=100,
+        heartbeat_every_records=100,
+        heartbeat_every_ms=400,
+        default_lag_ms=100,
+        faults={"dropped": 1, "poisoned": 1},
+        step_records=1500,
+        progress=False,
+        workers="inline",
+    )
     sim = simulate(cfg)
     t = sim.truth["run"]
     vt = f"{t['store']}_v{t['version']}"
@@ -44,16 +57,33 @@ def world(tmp_path_factory):
         dst = root / f"dc-{region}-damaged"
         truth[region] = damage_archive(archives[region], dst, [Damage(kind, row=i, seed=i) for i in picked])
         damaged[region] = str(dst)
-    return {"root": root, "store": t["store"], "version": t["version"], "archives": archives,
-            "damaged": damaged, "truth": truth}
+    return {
+        "root": root,
+        "store": t["store"],
+        "version": t["version"],
+        "archives": archives,
+        "damaged": damaged,
+        "truth": truth,
+    }
 
 
 def _run(spark, world, archives, out, state=None):
-    code = run(LeapfrogOptions(store=world["store"], version=world["version"], out=str(out), state_dir=state,
-                               sources=[SourceSpec(r, a) for r, a in sorted(archives.items())]), spark=spark)
+    code = run(
+        LeapfrogOptions(
+            store=world["store"],
+            version=world["version"],
+            out=str(out),
+            state_dir=state,
+            sources=[SourceSpec(r, a) for r, a in sorted(archives.items())],
+        ),
+        spark=spark,
+    )
     rows = pq.read_table(out / "inconsistencies").to_pylist()
-    return code, {(f["type"], f["region_a"], f["region_b"], f["partition"], f["key"]) for f in rows}, \
-        json.loads((out / "summary.json").read_text())
+    return (
+        code,
+        {(f["type"], f["region_a"], f["region_b"], f["partition"], f["key"]) for f in rows},
+        json.loads((out / "summary.json").read_text()),
+    )
 
 
 @pytest.fixture(scope="module")
@@ -68,7 +98,9 @@ def test_damaged_values_raise_no_finding_and_are_counted(spark, world, clean):
     assert found <= found0, f"findings the undamaged input does not produce: {found - found0}"
     damaged_keys = {r.key_before[1:] for t in world["truth"].values() for r in t.records}
     assert {f for f in found0 if f[4] not in damaged_keys} <= found  # the rest is still found
-    listed = {(e["region"], e["partition"], o) for e in summary["by_region"] for o in e["undecodable_offsets"]}
+    listed = {
+        (e["region"], e["partition"], o) for e in summary["by_region"] for o in e["undecodable_offsets"]
+    }
     for region, t in world["truth"].items():
         for r in t.records:
             assert (region, r.partition, r.offset) in listed

@@ -15,24 +15,55 @@ def _data(n: int, m: int, rmd: bool, seed: int = 0) -> tuple[dict, pa.RecordBatc
         "seg": rng.integers(-1, 3, m).astype(np.int8),
         "key": pa.array([rng.bytes(int(k)) for k in rng.integers(0, 12, m)], pa.binary()),
         "offset": rng.integers(0, 2**40, m),
-        "value_hash": pa.array(rng.integers(-2**63, 2**63 - 1, m, dtype=np.int64), mask=rng.random(m) < 0.3),
+        "value_hash": pa.array(
+            rng.integers(-(2**63), 2**63 - 1, m, dtype=np.int64), mask=rng.random(m) < 0.3
+        ),
         "src": pa.array(rng.integers(0, n, m).astype(np.int32)),
         "src_offset": pa.array(rng.integers(-1, 2**50, m)),
         "hw": rng.integers(-1, 2**50, (m, n)),
-        "rmd": (pa.array([None if rng.random() < 0.2 else list(rng.integers(-1, 99, int(rng.integers(0, 4))))
-                          for _ in range(m)], pa.list_(pa.int64())) if rmd else None),
+        "rmd": (
+            pa.array(
+                [
+                    None if rng.random() < 0.2 else list(rng.integers(-1, 99, int(rng.integers(0, 4))))
+                    for _ in range(m)
+                ],
+                pa.list_(pa.int64()),
+            )
+            if rmd
+            else None
+        ),
     }
-    batch = R.data_batch(n, 7, 2, 11, cols["seg"], cols["key"], cols["offset"], cols["value_hash"], cols["src"],
-                         cols["src_offset"], cols["hw"], cols["rmd"])
+    batch = R.data_batch(
+        n,
+        7,
+        2,
+        11,
+        cols["seg"],
+        cols["key"],
+        cols["offset"],
+        cols["value_hash"],
+        cols["src"],
+        cols["src_offset"],
+        cols["hw"],
+        cols["rmd"],
+    )
     return cols, batch
 
 
 def _as_shuffled(batch: pa.RecordBatch, bucket: int = 3) -> pa.RecordBatch:
     """What `keyed` adds in Spark: the bucket and the sort key (tested equal to Spark's in test_leapfrog_carried)."""
     sortkey = sortkeys(batch.column("partition"), batch.column("key").fill_null(b""))
-    return pa.RecordBatch.from_arrays([pa.array(np.full(batch.num_rows, bucket, np.int32)), sortkey,
-                                       batch.column("key"), batch.column("region"), batch.column("offset"),
-                                       batch.column("rec")], names=R.SHUFFLE_COLUMNS)
+    return pa.RecordBatch.from_arrays(
+        [
+            pa.array(np.full(batch.num_rows, bucket, np.int32)),
+            sortkey,
+            batch.column("key"),
+            batch.column("region"),
+            batch.column("offset"),
+            batch.column("rec"),
+        ],
+        names=R.SHUFFLE_COLUMNS,
+    )
 
 
 @pytest.mark.parametrize("n,rmd", [(2, False), (3, True), (5, False)])
@@ -62,20 +93,32 @@ def test_slices_and_mixed_carried_rows():
     cols, data = _data(n, 50, False, seed=1)
     rng = np.random.default_rng(2)
     m = 40
-    carry = pack_carry_array(rng.random(m) < 0.5, rng.random(m) < 0.5, rng.integers(-1, 99, (m, n)),
-                             rng.integers(-1, 99, (m, n)), rng.random(m) < 0.5)
-    state = pa.RecordBatch.from_pydict({
-        "partition": pa.array(np.full(m, 7, np.int32)), "key": pa.array([rng.bytes(5) for _ in range(m)]),
-        "region": pa.array(np.full(m, 1, np.int32)), "offset": pa.array(rng.integers(0, 999, m)),
-        "value_hash": pa.array(rng.integers(0, 99, m), mask=rng.random(m) < 0.5), "carry": carry,
-        "bucket": pa.array(np.full(m, 4, np.int32))})
+    carry = pack_carry_array(
+        rng.random(m) < 0.5,
+        rng.random(m) < 0.5,
+        rng.integers(-1, 99, (m, n)),
+        rng.integers(-1, 99, (m, n)),
+        rng.random(m) < 0.5,
+    )
+    state = pa.RecordBatch.from_pydict(
+        {
+            "partition": pa.array(np.full(m, 7, np.int32)),
+            "key": pa.array([rng.bytes(5) for _ in range(m)]),
+            "region": pa.array(np.full(m, 1, np.int32)),
+            "offset": pa.array(rng.integers(0, 999, m)),
+            "value_hash": pa.array(rng.integers(0, 99, m), mask=rng.random(m) < 0.5),
+            "carry": carry,
+            "bucket": pa.array(np.full(m, 4, np.int32)),
+        }
+    )
     carried = next(R.carried_batches(n)(iter([state])))
     both = pa.Table.from_batches([data, carried]).combine_chunks().to_batches()[0]
     shuffled = _as_shuffled(both).slice(30, 50)  # 20 data rows, then 30 carried rows
     out = R.unpack(shuffled, n, False)
     assert out.column("carry").null_count == 20
-    assert out.column("value_hash").to_pylist() == (cols["value_hash"].to_pylist()[30:]
-                                                    + state.column("value_hash").to_pylist()[:30])
+    assert out.column("value_hash").to_pylist() == (
+        cols["value_hash"].to_pylist()[30:] + state.column("value_hash").to_pylist()[:30]
+    )
     assert out.column("split").to_pylist() == [11] * 20 + [-1] * 30
     got = unpack_carry_array(out.column("carry").slice(20), n)
     want = unpack_carry_array(carry.slice(0, 30), n)
@@ -118,6 +161,8 @@ def test_large_binary_from_spark_unpacks_alike():
     """Spark sends large_binary columns when spark.sql.execution.arrow.useLargeVarTypes is on."""
     _, batch = _data(2, 30, False, seed=4)
     shuffled = _as_shuffled(batch)
-    large = pa.RecordBatch.from_arrays([c.cast(pa.large_binary()) if pa.types.is_binary(c.type) else c
-                                        for c in shuffled.columns], names=shuffled.schema.names)
+    large = pa.RecordBatch.from_arrays(
+        [c.cast(pa.large_binary()) if pa.types.is_binary(c.type) else c for c in shuffled.columns],
+        names=shuffled.schema.names,
+    )
     assert R.unpack(large.slice(5), 2, False).to_pylist() == R.unpack(shuffled.slice(5), 2, False).to_pylist()

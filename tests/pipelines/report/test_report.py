@@ -26,12 +26,27 @@ DAY = dt.timedelta(days=1)
 T0 = dt.datetime(2026, 9, 20, 6, 0, tzinfo=dt.UTC)
 
 
-def _report(tmp_path: pathlib.Path, problems=(), *, lag=True, history=None, expectations=None, now=T0,
-            name="run", **fixture):
+def _report(
+    tmp_path: pathlib.Path,
+    problems=(),
+    *,
+    lag=True,
+    history=None,
+    expectations=None,
+    now=T0,
+    name="run",
+    **fixture,
+):
     outputs = build_outputs(tmp_path / f"in-{name}", problems, **fixture)
-    result = run_report(outputs.leapfrog, outputs.div, tmp_path / f"out-{name}",
-                        lag_dir=outputs.lag if lag else None, history_dir=history,
-                        expectations_file=expectations, now=now)
+    result = run_report(
+        outputs.leapfrog,
+        outputs.div,
+        tmp_path / f"out-{name}",
+        lag_dir=outputs.lag if lag else None,
+        history_dir=history,
+        expectations_file=expectations,
+        now=now,
+    )
     report = json.loads(result.json_path.read_text(encoding="utf-8"))
     return result, report
 
@@ -68,8 +83,10 @@ def test_failed_expectation_names_the_offending_rows_and_the_page_links_them(tmp
     result, report = _report(tmp_path, ["divergence", "lag", "fatal_div"])
     suites = {s["name"]: s for s in report["expectations"]["suites"]}
     [divergence] = suites["consistency"]["expectations"]
-    assert sorted((r["region_a"], r["region_b"], r["partition"]) for r in divergence["unexpected_rows"]) == \
-        [(0, 1, 1), (1, 2, 0)]
+    assert sorted((r["region_a"], r["region_b"], r["partition"]) for r in divergence["unexpected_rows"]) == [
+        (0, 1, 1),
+        (1, 2, 0),
+    ]
     lag_rows = [r for e in suites["lag"]["expectations"] for r in e["unexpected_rows"]]
     assert [(r["vt_region"], r["partition"], r["source_region"]) for r in lag_rows] == [(2, 1, 0)]
     # the raw GX result is kept too
@@ -133,15 +150,24 @@ def test_a_suite_in_the_expectations_file_replaces_the_default_suite(tmp_path):
     assert coverage["success"] is False and result.exit_code == 1  # the fixture skips 4 per pair
 
 
-@pytest.mark.parametrize("text, message", [
-    ("thresholds:\n  max_lag_ms: fast\n", "max_lag_ms"),
-    ("suites:\n  lag:\n    table: lag\n    expectations:\n      - type: expect_column_values_to_be_between\n"
-     "        column: time_lag_ms\n        max_value: $max_lagg_ms\n", "max_lagg_ms"),
-    ("suites:\n  lag:\n    table: lag\n    expectations:\n      - type: expect_values_to_be_nice\n"
-     "        column: time_lag_ms\n", "expect_values_to_be_nice"),
-    ("suites:\n  x:\n    table: nowhere\n    expectations: []\n", "nowhere"),
-    ("suites: [1, 2\n", "YAML"),
-])
+@pytest.mark.parametrize(
+    "text, message",
+    [
+        ("thresholds:\n  max_lag_ms: fast\n", "max_lag_ms"),
+        (
+            "suites:\n  lag:\n    table: lag\n    expectations:\n      - type: expect_column_values_to_be_between\n"
+            "        column: time_lag_ms\n        max_value: $max_lagg_ms\n",
+            "max_lagg_ms",
+        ),
+        (
+            "suites:\n  lag:\n    table: lag\n    expectations:\n      - type: expect_values_to_be_nice\n"
+            "        column: time_lag_ms\n",
+            "expect_values_to_be_nice",
+        ),
+        ("suites:\n  x:\n    table: nowhere\n    expectations: []\n", "nowhere"),
+        ("suites: [1, 2\n", "YAML"),
+    ],
+)
 def test_bad_expectations_file_is_named(tmp_path, text, message):
     bad = tmp_path / "bad.yaml"
     bad.write_text(text)
@@ -152,20 +178,25 @@ def test_bad_expectations_file_is_named(tmp_path, text, message):
 
 def test_unknown_column_in_a_suite_is_a_config_error(tmp_path):
     bad = tmp_path / "bad.yaml"
-    bad.write_text("suites:\n  coverage:\n    table: pairs\n    expectations:\n"
-                   "      - type: expect_column_values_to_not_be_null\n        column: no_such_column\n")
+    bad.write_text(
+        "suites:\n  coverage:\n    table: pairs\n    expectations:\n"
+        "      - type: expect_column_values_to_not_be_null\n        column: no_such_column\n"
+    )
     with pytest.raises(ExpectationsConfigError, match="no_such_column"):
         _report(tmp_path, expectations=bad)
 
 
 def test_history_tells_new_still_and_healed_across_three_runs(tmp_path):
     history = tmp_path / "history"
-    _, first = _report(tmp_path, history=history, now=T0, name="1", divergent_keys=[b"a", b"b"], fatal_offsets=[10])
+    _, first = _report(
+        tmp_path, history=history, now=T0, name="1", divergent_keys=[b"a", b"b"], fatal_offsets=[10]
+    )
     assert first["trends"]["previous_run_at"] is None
     assert first["verdict"]["changes"]["compared_with"] is None
 
-    result2, second = _report(tmp_path, history=history, now=T0 + DAY, name="2", divergent_keys=[b"b", b"c"],
-                              fatal_offsets=[10, 11])
+    result2, second = _report(
+        tmp_path, history=history, now=T0 + DAY, name="2", divergent_keys=[b"b", b"c"], fatal_offsets=[10, 11]
+    )
     trends = second["trends"]
     assert trends["previous_run_at"] == T0.isoformat()
     keys = {k: [d["key_hex"] for d in trends["divergences"][k]] for k in ("new", "still", "healed")}
@@ -183,7 +214,9 @@ def test_history_tells_new_still_and_healed_across_three_runs(tmp_path):
     assert [r["divergences"] for r in trends["runs"]] == [2, 2, 1]
     assert [r["fatal_div_findings"] for r in trends["runs"]] == [1, 2, 0]
     assert len(list(history.glob("run-*.parquet"))) == 3
-    assert [p.name for p in history.glob(".*")] == [".tidegauge"]  # the marker; no temporary files left behind
+    assert [p.name for p in history.glob(".*")] == [
+        ".tidegauge"
+    ]  # the marker; no temporary files left behind
 
     page = result3.html_path.read_text(encoding="utf-8")
     assert 'data-plot="trends"' in page
@@ -214,7 +247,9 @@ def test_hostile_strings_are_escaped_everywhere(tmp_path):
     assert HOSTILE.encode().hex() in page  # the hostile key, as hex
     # anchors are made of safe characters whatever the data
     ids = re.findall(r'\bid="([^"]*)"', page)
-    assert all(re.fullmatch(r"[A-Za-z0-9_.-]+", a) for a in ids), [a for a in ids if not re.fullmatch(r"[A-Za-z0-9_.-]+", a)]
+    assert all(re.fullmatch(r"[A-Za-z0-9_.-]+", a) for a in ids), [
+        a for a in ids if not re.fullmatch(r"[A-Za-z0-9_.-]+", a)
+    ]
     assert len(ids) == len(set(ids))  # no duplicate ids, also across the inline plots
     # the JSON twin keeps the data as data
     assert report["summary"]["store"].endswith(HOSTILE)
@@ -284,18 +319,51 @@ def test_an_empty_findings_directory_is_an_empty_dataset(tmp_path):
 
 def test_cli_exit_codes(tmp_path, capsys):
     clean = build_outputs(tmp_path / "clean")
-    assert cli_main(["report", "--leapfrog", str(clean.leapfrog), "--div", str(clean.div), "--lag", str(clean.lag),
-                     "--out", str(tmp_path / "o1")]) == 0
+    assert (
+        cli_main(
+            [
+                "report",
+                "--leapfrog",
+                str(clean.leapfrog),
+                "--div",
+                str(clean.div),
+                "--lag",
+                str(clean.lag),
+                "--out",
+                str(tmp_path / "o1"),
+            ]
+        )
+        == 0
+    )
     assert "PASS" in capsys.readouterr().out
     bad = build_outputs(tmp_path / "bad", ["fatal_div"])
-    assert cli_main(["report", "--leapfrog", str(bad.leapfrog), "--div", str(bad.div),
-                     "--out", str(tmp_path / "o2")]) == 1
+    assert (
+        cli_main(
+            ["report", "--leapfrog", str(bad.leapfrog), "--div", str(bad.div), "--out", str(tmp_path / "o2")]
+        )
+        == 1
+    )
     assert "DIV ERRORS" in capsys.readouterr().out
-    assert cli_main(["report", "--leapfrog", str(tmp_path / "missing"), "--div", str(bad.div),
-                     "--out", str(tmp_path / "o3")]) == 2
+    assert (
+        cli_main(
+            [
+                "report",
+                "--leapfrog",
+                str(tmp_path / "missing"),
+                "--div",
+                str(bad.div),
+                "--out",
+                str(tmp_path / "o3"),
+            ]
+        )
+        == 2
+    )
     assert "--leapfrog" in capsys.readouterr().err
     # a directory given to the wrong flag
-    assert cli_main(["report", "--leapfrog", str(bad.div), "--div", str(bad.div), "--out", str(tmp_path / "o4")]) == 2
+    assert (
+        cli_main(["report", "--leapfrog", str(bad.div), "--div", str(bad.div), "--out", str(tmp_path / "o4")])
+        == 2
+    )
     assert "div validate" in capsys.readouterr().err
     with pytest.raises(SystemExit) as info:
         cli_main(["report", "--div", str(bad.div), "--out", str(tmp_path / "o5")])
@@ -306,8 +374,16 @@ def test_cli_help_teaches_flags_exit_codes_and_an_example(capsys):
     with pytest.raises(SystemExit):
         cli_main(["report", "--help"])
     text = capsys.readouterr().out
-    for needle in ("--leapfrog DIR", "inconsistencies/", "errors/", "heartbeats/", "--history", "exit codes",
-                   "example:", "report.html"):
+    for needle in (
+        "--leapfrog DIR",
+        "inconsistencies/",
+        "errors/",
+        "heartbeats/",
+        "--history",
+        "exit codes",
+        "example:",
+        "report.html",
+    ):
         assert needle in text, needle
 
 
@@ -337,7 +413,9 @@ def test_leapfrog_failed_partitions_fail_the_heartbeat_check_of_the_right_region
     summary_path = outputs.leapfrog / "summary.json"
     summary = json.loads(summary_path.read_text())
     summary["by_region"] = [e for e in summary["by_region"] if (e["region"], e["partition"]) != (2, 1)]
-    summary["failed_partitions"] = [{"partition": 1, "regions": [2], "error": "partition 1 has no records in [2]"}]
+    summary["failed_partitions"] = [
+        {"partition": 1, "regions": [2], "error": "partition 1 has no records in [2]"}
+    ]
     summary_path.write_text(json.dumps(summary))
     result = run_report(outputs.leapfrog, outputs.div, tmp_path / "out")
     report = json.loads(result.json_path.read_text())

@@ -24,8 +24,17 @@ from pipelines.report.job import run_report
 
 pytestmark = pytest.mark.browser
 
-_FLAGS = ["--headless", "--no-sandbox", "--disable-gpu", "--disable-quic", "--no-first-run",
-          "--disable-background-networking", "--disable-component-update", "--disable-sync", "--hide-scrollbars"]
+_FLAGS = [
+    "--headless",
+    "--no-sandbox",
+    "--disable-gpu",
+    "--disable-quic",
+    "--no-first-run",
+    "--disable-background-networking",
+    "--disable-component-update",
+    "--disable-sync",
+    "--hide-scrollbars",
+]
 
 PROBE = """
 window.addEventListener('load', () => {
@@ -59,12 +68,16 @@ def chromium() -> str:
     if found:
         return found
     if os.name != "posix" or os.geteuid() != 0 or not shutil.which("apt-get"):
-        pytest.skip("headless Chromium not found and cannot be installed here (needs root and apt-get): "
-                    "install Debian's `chromium` package to run the browser check")
+        pytest.skip(
+            "headless Chromium not found and cannot be installed here (needs root and apt-get): "
+            "install Debian's `chromium` package to run the browser check"
+        )
     env = {**os.environ, "DEBIAN_FRONTEND": "noninteractive"}
-    attempts = [["apt-get", "install", "-y", "-qq", "chromium"],
-                ["apt-get", "update", "-qq"],
-                ["apt-get", "install", "-y", "-qq", "chromium"]]
+    attempts = [
+        ["apt-get", "install", "-y", "-qq", "chromium"],
+        ["apt-get", "update", "-qq"],
+        ["apt-get", "install", "-y", "-qq", "chromium"],
+    ]
     errors = []
     for cmd in attempts:
         try:
@@ -82,8 +95,9 @@ def chromium() -> str:
 def _run(chromium: str, tmp: pathlib.Path, *args: str) -> subprocess.CompletedProcess:
     profile = tmp / "chromium-profile"
     profile.mkdir(exist_ok=True)
-    return subprocess.run([chromium, *_FLAGS, f"--user-data-dir={profile}", *args], capture_output=True,
-                          text=True, timeout=180)
+    return subprocess.run(
+        [chromium, *_FLAGS, f"--user-data-dir={profile}", *args], capture_output=True, text=True, timeout=180
+    )
 
 
 def _with_probe(page: str, script: str) -> str:
@@ -100,9 +114,17 @@ def report(tmp_path_factory) -> pathlib.Path:
     when = dt.datetime(2026, 9, 20, 6, tzinfo=dt.UTC)
     first = build_outputs(tmp / "in1", ["fatal_div"], divergent_keys=[b"old"], hostile=True)
     run_report(first.leapfrog, first.div, tmp / "out1", lag_dir=first.lag, history_dir=history, now=when)
-    second = build_outputs(tmp / "in2", ["divergence", "lag", "div_warning", "missing_heartbeats"], hostile=True)
-    result = run_report(second.leapfrog, second.div, tmp / "out", lag_dir=second.lag, history_dir=history,
-                        now=when + dt.timedelta(days=1))
+    second = build_outputs(
+        tmp / "in2", ["divergence", "lag", "div_warning", "missing_heartbeats"], hostile=True
+    )
+    result = run_report(
+        second.leapfrog,
+        second.div,
+        tmp / "out",
+        lag_dir=second.lag,
+        history_dir=history,
+        now=when + dt.timedelta(days=1),
+    )
     return result.html_path
 
 

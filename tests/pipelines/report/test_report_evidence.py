@@ -16,7 +16,10 @@ from pipelines.report.job import run_report
 def _report(tmp_path, edit=None, problems=()):
     outputs = build_outputs(tmp_path / "in", problems)
     if edit is not None:
-        for job, path in (("leapfrog", outputs.leapfrog / "summary.json"), ("div", outputs.div / "summary.json")):
+        for job, path in (
+            ("leapfrog", outputs.leapfrog / "summary.json"),
+            ("div", outputs.div / "summary.json"),
+        ):
             doc = json.loads(path.read_text())
             edit(job, doc)
             path.write_text(json.dumps(doc))
@@ -29,6 +32,7 @@ def test_zero_records_read_is_never_logs_whole(tmp_path):
         if job == "div":
             doc["records_read"] = 0
             doc["partitions"] = []
+
     result, report = _report(tmp_path, empty)
     assert report["verdict"]["logs"]["status"] == "UNVERIFIED"
     assert result.exit_code != 0
@@ -38,6 +42,7 @@ def test_zero_records_read_is_never_logs_whole(tmp_path):
 def test_outputs_without_a_verdict_prove_nothing(tmp_path):
     def older(job, doc):
         doc.pop("verdict", None)
+
     result, report = _report(tmp_path, older)
     v = report["verdict"]
     assert (v["regions"]["status"], v["logs"]["status"]) == ("UNVERIFIED", "UNVERIFIED")
@@ -49,6 +54,7 @@ def test_unverified_keys_are_not_consistent(tmp_path):
         if job == "leapfrog":
             doc["verdict"] = "partial"
             doc["totals"]["unverified_keys"] = 7
+
     result, report = _report(tmp_path, unverified)
     assert report["verdict"]["regions"]["status"] == "UNVERIFIED"
     assert report["verdict"]["regions"]["unverified_keys"] == 7
@@ -57,11 +63,14 @@ def test_unverified_keys_are_not_consistent(tmp_path):
 
 
 def test_a_record_both_jobs_could_not_decode_is_counted_once(tmp_path):
-    def same_record(job, doc):  # leapfrog met the record div validate reports at region 0 partition 0 offset 77
+    def same_record(
+        job, doc
+    ):  # leapfrog met the record div validate reports at region 0 partition 0 offset 77
         if job == "leapfrog":
             e = next(e for e in doc["by_region"] if (e["region"], e["partition"]) == (0, 0))
             e["undecodable"], e["undecodable_offsets"] = 1, [77]
             doc["totals"]["undecodable"] = 1
+
     result, report = _report(tmp_path, same_record, problems=["undecodable_div"])
     d = report["summary"]["decoding"]
     assert (d["undecodable_leapfrog"], d["undecodable_div"]) == (1, 1)
@@ -75,5 +84,7 @@ def test_undecodable_records_alone_make_the_report_partial_not_failed(tmp_path):
     result, report = _report(tmp_path, problems=["undecodable_div"])
     decoding = next(s for s in report["expectations"]["suites"] if s["table"] == "decoding")
     assert decoding["success"] is False
-    assert all(s["success"] is not False for s in report["expectations"]["suites"] if s["table"] != "decoding")
+    assert all(
+        s["success"] is not False for s in report["expectations"]["suites"] if s["table"] != "decoding"
+    )
     assert result.exit_code == report["exit_code"] == 3
