@@ -70,6 +70,7 @@ from pipelines.div.validate import (
     evidence_for,
     exit_code_for,
     plan,
+    start_run,
     summarize,
     write_errors,
 )
@@ -93,30 +94,6 @@ def _error_text(exc: BaseException) -> str:
     if isinstance(exc, (SourceError, OSError)):
         return str(exc)  # as the local engine reports them
     return f"{type(exc).__name__}: {exc}"
-
-
-def start_run(
-    task: PartitionTask, opts: ValidateOptions, source: Source | None = None
-) -> tuple[PartitionRun, int | None]:
-    """A fresh run for one task (record validators built, DIV state restored with --restore-at), and the offset
-    to start from (None: the first record). Mirrors `validate.validate_partition`."""
-    run = PartitionRun(
-        task.region,
-        task.topic,
-        task.partition,
-        config=task.config,
-        fail_fast=opts.fail_fast,
-        record_validators=build_chain(opts.record_validators),
-    )
-    start = None
-    if opts.restore_at is not None:
-        from pipelines.div.restore import restore_validator
-
-        if source is None:
-            spec = next(s for s in opts.sources if s.region == task.region)
-            source = open_source(spec, opts.kafka_conf.get(task.region))
-        start = restore_validator(source, task.topic, task.partition, opts.restore_at, run)
-    return run, start
 
 
 @dataclass

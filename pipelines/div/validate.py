@@ -78,13 +78,12 @@ def plan(opts: ValidateOptions, opened: list[Source]) -> list[PartitionTask]:
     return tasks
 
 
-def validate_partition(
-    src: Source, task: PartitionTask, opts: ValidateOptions, progress: Progress | None = None
-) -> PartitionRun:
-    """Run DIV (and record validators) over one partition; returns the finished run.
-
-    With --fail-fast the run stops at its first fatal finding; `run.stopped` then says where.
-    """
+def start_run(
+    task: PartitionTask, opts: ValidateOptions, source: Source | None = None
+) -> tuple[PartitionRun, int | None]:
+    """A fresh run for one task (record validators built, DIV state restored with --restore-at), and the offset
+    to start from (None: the first record). Both engines start every partition here; `source` may be None on a
+    Spark executor, which then opens its own when it needs one to restore from."""
     from div.validators.registry import build_chain
 
     run = PartitionRun(
@@ -99,7 +98,21 @@ def validate_partition(
     if opts.restore_at is not None:
         from pipelines.div.restore import restore_validator
 
-        start = restore_validator(src, task.topic, task.partition, opts.restore_at, run)
+        if source is None:
+            spec = next(s for s in opts.sources if s.region == task.region)
+            source = open_source(spec, opts.kafka_conf.get(task.region))
+        start = restore_validator(source, task.topic, task.partition, opts.restore_at, run)
+    return run, start
+
+
+def validate_partition(
+    src: Source, task: PartitionTask, opts: ValidateOptions, progress: Progress | None = None
+) -> PartitionRun:
+    """Run DIV (and record validators) over one partition; returns the finished run.
+
+    With --fail-fast the run stops at its first fatal finding; `run.stopped` then says where.
+    """
+    run, start = start_run(task, opts, src)
     try:
         batches = src.iter_partition(task.topic, task.partition, start=start)
         for batch in progress.counted(batches) if progress is not None else batches:
