@@ -226,3 +226,17 @@ def test_command_packages_import_nothing_on_their_own():
     for command in COMMANDS:
         init = REPO / "pipelines" / command / "__init__.py"
         assert _imports(init, f"pipelines.{command}") == set(), command
+
+
+def test_a_sources_kind_is_decided_in_one_place():
+    # Issue 17: the Leap Frog reader told archives from Kafka clusters on its own, beside pipelines.core.sources.
+    # Every job asks core.sources (is_kafka, open_source, read_range); kafka_log parses the URI it is given.
+    import re
+
+    pattern = re.compile(r"""startswith\(\s*["']kafka://""")
+    deciding = sorted(
+        str(p.relative_to(REPO))
+        for p in (REPO / "pipelines").rglob("*.py")
+        if pattern.search(p.read_text(encoding="utf-8"))
+    )
+    assert deciding == ["pipelines/core/sources.py"], deciding

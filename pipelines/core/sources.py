@@ -1,7 +1,8 @@
 """Where records come from: `--source ID=URI`, an archive directory or a live Kafka cluster.
 
 Every job reads either kind through the same small interface (topics, partitions, planned bounds, ordered Arrow
-batches in the archive schema), so a job gives the same answer for the same records wherever they live.
+batches in the archive schema), so a job gives the same answer for the same records wherever they live. The kind
+is decided here only (`is_kafka`); a Spark task reads its planned range with `read_range`.
 Kafka client settings (security.protocol, sasl.*, ssl.*) come from configuration and go to librdkafka untouched;
 they are never printed.
 """
@@ -35,6 +36,42 @@ def absolute_uri(uri: str) -> str:
     return os.path.abspath(os.path.expanduser(uri))
 
 
+def is_kafka(uri: str) -> bool:
+    """The one test of a source's kind: a Kafka cluster (`kafka://host:port[,...]`) or an archive (a directory or
+    a `file://` URI). Every reader, on the driver and in Spark tasks, asks this."""
+    return isinstance(uri, str) and uri.startswith("kafka://")
+
+
+def archive_path(uri: str) -> str:
+    """The directory of an archive source."""
+    return uri[len("file://") :] if uri.startswith("file://") else uri
+
+
+def read_range(
+    uri: str,
+    kafka_conf: Mapping[str, Any] | None,
+    topic: str,
+    partition: int,
+    start: int,
+    end: int,
+    columns: list[str] | None = None,
+    batch_size: int = 65536,
+) -> Iterator[pa.RecordBatch]:
+    """Records [start, end) of one partition of a source the driver has planned, read without opening the source
+    first (no listing, no metadata request): what a Spark task runs for its split. Raises what the readers raise
+    (ArchiveError, KafkaLogError, OSError, ArrowException); the caller says which split failed."""
+    if is_kafka(uri):
+        bootstrap = kafka_log.parse_kafka_uri(uri)
+        for batch in kafka_log.iter_partition(
+            bootstrap, kafka_conf or {}, topic, partition, start, end, batch_size
+        ):
+            yield batch.select(columns) if columns else batch
+    else:
+        yield from archive.iter_partition(
+            archive_path(uri), topic, partition, start, end, columns, batch_size
+        )
+
+
 @dataclass(frozen=True)
 class SourceSpec:
     region: int
@@ -45,7 +82,7 @@ class SourceSpec:
 
     @property
     def is_kafka(self) -> bool:
-        return self.uri.startswith("kafka://")
+        return is_kafka(self.uri)
 
 
 def parse_source(text: str) -> SourceSpec:
@@ -118,7 +155,7 @@ class Source:
 
 class ArchiveSource(Source):
     def __post_init__(self) -> None:
-        path = self.uri[len("file://") :] if self.uri.startswith("file://") else self.uri
+        path = archive_path(self.uri)
         if not os.path.isdir(path):
             raise SourceError(f"source {self.region}={self.uri}: no such archive directory")
         self.path = path
@@ -145,7 +182,7 @@ class ArchiveSource(Source):
 
     def iter_partition(self, topic, partition, start=None, end=None, columns=None, batch_size=65536):
         try:
-            yield from archive.iter_partition(self.path, topic, partition, start, end, columns, batch_size)
+            yield from read_range(self.uri, None, topic, partition, start, end, columns, batch_size)
         except archive.ArchiveError as exc:
             raise SourceError(f"source {self.region}={self.uri}: {exc}") from exc
 
@@ -180,10 +217,7 @@ class KafkaSource(Source):
         end = high if end is None else min(end, high)
         if start >= end:
             return
-        for batch in kafka_log.iter_partition(
-            self.bootstrap, self.kafka_conf, topic, partition, start, end, batch_size
-        ):
-            yield batch.select(columns) if columns else batch
+        yield from read_range(self.uri, self.kafka_conf, topic, partition, start, end, columns, batch_size)
 
     def min_compaction_lag_ms(self, topic: str) -> int | None:
         compacted, lag = kafka_log.compaction(self.bootstrap, self.kafka_conf, topic)

@@ -255,16 +255,12 @@ def run(opts: LeapfrogOptions, spark: SparkSession | None = None) -> int:
         except S.StateError as exc:
             raise SourceError(str(exc)) from None
     carried = state.regions if state is not None else {}
-    try:
-        check_sources(_sources(opts), opts.topic, opts.kafka_conf, may_lack_topic={r for r, _ in carried})
-        starting = {k: v["last_offset"] + 1 for k, v in carried.items()}
-        planned_ms = int(time.time() * 1000)
-        splits = [
-            sp for sp in plan(_sources(opts), opts.topic, opts.kafka_conf, starting) if sp.end > sp.start
-        ]
-        deadlines = compaction_deadlines(_sources(opts), opts.topic, opts.kafka_conf, planned_ms)
-    except ValueError as exc:
-        raise SourceError(str(exc)) from None
+    # a source that cannot be read or lacks the topic raises SourceError (exit 2) before Spark starts
+    check_sources(_sources(opts), opts.topic, opts.kafka_conf, may_lack_topic={r for r, _ in carried})
+    starting = {k: v["last_offset"] + 1 for k, v in carried.items()}
+    planned_ms = int(time.time() * 1000)
+    splits = [sp for sp in plan(_sources(opts), opts.topic, opts.kafka_conf, starting) if sp.end > sp.start]
+    deadlines = compaction_deadlines(_sources(opts), opts.topic, opts.kafka_conf, planned_ms)
     ends: dict[tuple[int, int], int] = {}
     for sp in splits:
         ends[(sp.region, sp.partition)] = max(ends.get((sp.region, sp.partition), 0), sp.end)

@@ -18,7 +18,6 @@ as failed, and the job leaves that region's partition out and lists it as failed
 from __future__ import annotations
 
 import json
-import os
 from collections.abc import Iterator, Mapping
 from dataclasses import dataclass
 
@@ -36,6 +35,7 @@ from pyspark.sql.types import (
 )
 
 from div import archive, kafka_log
+from pipelines.core.sources import SourceError, SourceSpec, is_kafka, open_source, read_range
 from pipelines.leapfrog.scan import READ_ERROR_OFFSET
 
 SHORT_NAME = "tidegauge_vt"
@@ -72,10 +72,6 @@ class VtSplit(InputPartition):
         InputPartition.__init__(self, self.split)
 
 
-def _path(uri: str) -> str:
-    return uri[len("file://") :] if uri.startswith("file://") else uri
-
-
 def plan(
     sources: Mapping[int, str],
     topic: str,
@@ -89,21 +85,11 @@ def plan(
     starting = starting or {}
     for region in sorted(sources):
         uri = sources[region]
-        ranges: list[tuple[int, int, int]] = []
-        if uri.startswith("kafka://"):
-            conf = (kafka_conf or {}).get(region) or {}
-            with kafka_log.KafkaLog(kafka_log.parse_kafka_uri(uri), conf) as kl:
-                for p in kl.partitions(topic):
-                    low, high = kl.watermarks(topic, p)
-                    ranges.append((p, low, high))
-        else:
-            try:
-                infos = archive.describe(_path(uri))
-            except archive.ArchiveError as exc:
-                raise ValueError(f"source {region}={uri}: {exc}") from exc
-            for info in infos:
-                if info.topic == topic:
-                    ranges.append((info.partition, info.first_offset, info.last_offset + 1))
+        src = open_source(SourceSpec(region, uri), (kafka_conf or {}).get(region))
+        try:
+            ranges = [(p, *src.bounds(topic, p)) for p in src.partitions(topic)]
+        finally:
+            _close(src)
         for p, low, high in ranges:
             low = max(low, starting.get((region, p), low))
             step = max_records_per_split or max(high - low, 1)
@@ -126,20 +112,8 @@ class _Reader(DataSourceReader):
         if s.end <= s.start:
             return
         try:
-            if s.uri.startswith("kafka://"):
-                batches = kafka_log.iter_partition(
-                    kafka_log.parse_kafka_uri(s.uri),
-                    self.kafka_conf.get(s.region) or {},
-                    self.topic,
-                    s.partition,
-                    s.start,
-                    s.end,
-                )
-            else:
-                batches = archive.iter_partition(
-                    _path(s.uri), self.topic, s.partition, s.start, s.end, columns=_COLUMNS
-                )
-            for b in batches:
+            conf = self.kafka_conf.get(s.region)
+            for b in read_range(s.uri, conf, self.topic, s.partition, s.start, s.end, columns=_COLUMNS):
                 n = b.num_rows
                 yield pa.RecordBatch.from_arrays(
                     [
@@ -226,20 +200,10 @@ def chunked_version(
     for s in firsts.values():
         end = min(s.end, s.start + probe)
         try:
-            if s.uri.startswith("kafka://"):
-                batches = kafka_log.iter_partition(
-                    kafka_log.parse_kafka_uri(s.uri),
-                    (kafka_conf or {}).get(s.region) or {},
-                    topic,
-                    s.partition,
-                    s.start,
-                    end,
-                )
-            else:
-                batches = archive.iter_partition(
-                    _path(s.uri), topic, s.partition, s.start, end, columns=["key", "value", "headers"]
-                )
-            for b in batches:
+            conf = (kafka_conf or {}).get(s.region)
+            for b in read_range(
+                s.uri, conf, topic, s.partition, s.start, end, columns=["key", "value", "headers"]
+            ):
                 for rec in iter_records(b, codec):
                     if rec.kind == Kind.START_OF_PUSH and E.control_body(rec.env).get("chunked"):
                         return True
@@ -263,7 +227,7 @@ def compaction_deadlines(
     """
     out: dict[int, int] = {}
     for region, uri in sorted(sources.items()):
-        if not uri.startswith("kafka://"):
+        if not is_kafka(uri):
             continue
         compacted, lag = kafka_log.compaction(uri, (kafka_conf or {}).get(region) or {}, topic)
         if compacted is not False:
@@ -277,24 +241,19 @@ def check_sources(
     kafka_conf: Mapping[int, Mapping] | None = None,
     may_lack_topic: set[int] | frozenset = frozenset(),
 ) -> None:
-    """Raise ValueError naming the first source that cannot be read or lacks the topic (regions in
+    """Raise SourceError naming the first source that cannot be read or lacks the topic (regions in
     `may_lack_topic` may: an incremental run over a region with nothing new)."""
     for region, uri in sorted(sources.items()):
-        if uri.startswith("kafka://"):
-            try:
-                topics = kafka_log.list_topics(
-                    kafka_log.parse_kafka_uri(uri), (kafka_conf or {}).get(region) or {}
-                )
-            except kafka_log.KafkaLogError as exc:
-                raise ValueError(f"source {region}={uri}: {exc}") from exc
-        else:
-            if not os.path.isdir(_path(uri)):
-                raise ValueError(f"source {region}={uri}: no such archive directory")
-            try:
-                topics = archive.topics(_path(uri))
-            except archive.ArchiveError as exc:
-                raise ValueError(f"source {region}={uri}: {exc}") from exc
+        src = open_source(SourceSpec(region, uri), (kafka_conf or {}).get(region))
+        topics = src.topics()
+        _close(src)
         if topic not in topics and region not in may_lack_topic:
-            raise ValueError(
+            raise SourceError(
                 f"source {region}={uri}: no topic {topic!r} (it has {', '.join(topics) or 'none'})"
             )
+
+
+def _close(src) -> None:
+    close = getattr(src, "close", None)  # a Kafka source holds a client; an archive holds nothing
+    if close is not None:
+        close()
