@@ -1,4 +1,4 @@
-"""LagMonitor and `tidegauge lag`: a quiet region keeps a small time lag and no offset lag (heartbeats still
+"""`tidegauge lag` (its LagMonitor alone: tests/heartbeat/test_lag_monitor.py): a quiet region keeps a small time lag and no offset lag (heartbeats still
 arrive); a stuck region shows a large time lag and an offset lag."""
 
 from __future__ import annotations
@@ -12,13 +12,11 @@ import pyarrow.parquet as pq
 import pytest
 from heartbeat_fixtures import FakeProducer, LoopResult, RtIn, feed_one
 
-from div import envelope as E
 from div import keys
 from div.archive import ArchiveWriter
-from div.records import footer_source
 from div.writer import SegmentWriter
-from heartbeat import HeartbeatLeader, LagMonitor
-from heartbeat.records import rt_heartbeat, vt_heartbeat
+from heartbeat import HeartbeatLeader
+from heartbeat.records import rt_heartbeat
 from pipelines.cli import main
 
 NOW = 1_750_000_000_000
@@ -211,24 +209,6 @@ def test_several_stores_need_a_choice(tmp_path, capsys):
     assert "one_v1, two_v3" in capsys.readouterr().err
 
 
-def test_monitor_reads_plain_venice_heartbeats_from_footers():
-    codec = E.EnvelopeCodec()
-    mon = LagMonitor(vt_region=2, partition=3)
-    w = SegmentWriter(b"L" * 16, host_name="l", clock=lambda: NOW)
-    for off, rec in enumerate(w.put(3, b"k", b"v", footer=E.leader_footer("l", 77, 1))):
-        mon.feed(rec.key, codec.decode(rec.value), rec.headers, off, NOW)
-    hb = vt_heartbeat("l", origin_region=0, origin_rt_offset=12, timestamp_ms=NOW - 5_000, partition=3)
-    seen = mon.feed(hb.key, codec.decode(hb.value), hb.headers, 2, NOW - 4_000)
-    assert seen.delay_ms == 1_000 and seen.watermarks is None
-    rows = {r.source_region: r for r in mon.rows(NOW, {0: 20, 1: 78})}
-    assert (rows[0].watermark, rows[0].offset_lag, rows[0].time_lag_ms) == (12, 7, 5_000)
-    assert (rows[1].watermark, rows[1].offset_lag, rows[1].time_lag_ms) == (77, 0, None)
-    assert rows[1].heartbeats == 0 and rows[0].last_heartbeat_vt_offset == 2
-    bad = [(k, v[:-2] if k == "hbw" else v) for k, v in hb.headers] + [("hbw", b"\x48\x01")]
-    mon.feed(hb.key, codec.decode(hb.value), bad, 3, NOW)
-    assert mon.bad_headers == 1 and mon.sources[0].heartbeats == 2
-
-
 @pytest.mark.kafka
 def test_lag_on_a_live_cluster_reads_rt_ends_from_the_same_cluster(embedded_kafka, tmp_path):
     from confluent_kafka import Producer
@@ -273,28 +253,6 @@ def test_lag_on_a_live_cluster_reads_rt_ends_from_the_same_cluster(embedded_kafk
     assert rows[(0, 0, 0)]["rt_end_offset"] == len(streams[0]) and rows[(0, 0, 0)]["offset_lag"] == 0
     assert rows[(0, 0, 1)]["time_lag_ms"] == 1_500
     assert rows[(0, 0, 2)]["rt_end_offset"] is None  # no_rt holds no RT topic
-
-
-def test_lag_reads_a_footers_position_as_every_other_reader_does():
-    # Issue 17: heartbeat/lag.py read the raw upstreamOffset long while every other reader applies Venice's
-    # position fallback (div.records.footer_source). A footer whose long is the -1 sentinel but whose position blob
-    # says 41 reflects RT offset 41.
-    from div import envelope as E
-    from div import keys
-    from heartbeat.lag import LagMonitor
-
-    footer = E.leader_footer("leader-1", 41, 2)
-    footer[1]["upstreamOffset"] = -1
-    env = {
-        "messageType": 0,
-        "producerMetadata": {},
-        "payloadUnion": (E.PUT, {}),
-        "leaderMetadataFooter": footer,
-    }
-    mon = LagMonitor(vt_region=0, partition=0, n_regions=3)
-    mon.feed(bytes([keys.HEADER_PUT_OR_DELETE]) + b"k", env, None, 7, None)
-    assert mon.sources[2].footer_offset == 41
-    assert footer_source(env) == (2, 41)
 
 
 def test_lag_counts_a_record_without_a_venice_key_as_undecodable(tmp_path):
