@@ -326,18 +326,7 @@ def run(opts: LeapfrogOptions, spark: SparkSession | None = None) -> int:
         for k, n_settled in old_settled.items():  # settled keys this run did not visit still count as keys
             r = by_pair.get(k)
             if r is None:
-                r = by_pair[k] = {
-                    "partition": k[0],
-                    "region_a": k[1],
-                    "region_b": k[2],
-                    "keys": 0,
-                    "comparable_pairs": 0,
-                    "skipped_pairs": 0,
-                    "pending_keys": 0,
-                    "new_findings": 0,
-                    "settled_touched": 0,
-                    "settled_new": 0,
-                }
+                r = by_pair[k] = _pair_counters(k)
                 counter_rows.append(r)
             r["keys"] += n_settled - r["settled_touched"]
         unverified, overflow = _unverified(facts)
@@ -576,29 +565,8 @@ def _counters(result: DataFrame) -> tuple[list[dict], dict | None, dict[tuple[in
                     facts[(rp.region, rp.partition)] = rp
             continue
         k = (r["partition"], r["region_a"], r["region_b"])
-        acc = sums.setdefault(
-            k,
-            {
-                "partition": k[0],
-                "region_a": k[1],
-                "region_b": k[2],
-                "keys": 0,
-                "comparable_pairs": 0,
-                "skipped_pairs": 0,
-                "pending_keys": 0,
-                "new_findings": 0,
-                "settled_touched": 0,
-                "settled_new": 0,
-            },
-        )
-        for c in (
-            "keys",
-            "comparable_pairs",
-            "skipped_pairs",
-            "pending_keys",
-            "settled_touched",
-            "settled_new",
-        ):
+        acc = sums.setdefault(k, _pair_counters(k))
+        for c in _SUMMED_COUNTERS:
             acc[c] += r[c] or 0
         acc["new_findings"] += r["value_mismatch"] + r["missing_in_a"] + r["missing_in_b"]
     return list(sums.values()), facts, read_errors
@@ -939,3 +907,21 @@ def _summary(
         "by_region": by_region,
         "failed_partitions": failed,
     }
+
+
+# the per-pair coverage counters of summary.json, in its key order; all but new_findings are summed as they are
+_COUNTERS = (
+    "keys",
+    "comparable_pairs",
+    "skipped_pairs",
+    "pending_keys",
+    "new_findings",
+    "settled_touched",
+    "settled_new",
+)
+_SUMMED_COUNTERS = tuple(c for c in _COUNTERS if c != "new_findings")
+
+
+def _pair_counters(k: tuple[int, int, int]) -> dict[str, int]:
+    """The zeroed counters of one (partition, region A, region B)."""
+    return {"partition": k[0], "region_a": k[1], "region_b": k[2], **dict.fromkeys(_COUNTERS, 0)}
