@@ -221,22 +221,12 @@ def iter_records(batch: pa.RecordBatch | pa.Table, codec: E.EnvelopeCodec) -> It
     ts_col = timestamps_ms(batch) if "timestamp" in names else repeat(None, n)
     topic_col = _constant_or_column(batch, names, "topic", n)
     part_col = _constant_or_column(batch, names, "partition", n)
-    decode = codec.decode
-    known = keys.KNOWN_HEADERS
-    undecodable = E.UndecodableError
     record = _as_record
     for key, value, offset, ms, headers, topic, partition in zip(
         key_col, val_col, off_col, ts_col, hdr_col, topic_col, part_col, strict=True
     ):
-        if not key or key[0] not in known:
-            yield record((offset, key, value, headers, ms, None, key_problem(key), topic, partition))
-            continue
-        try:
-            env = decode(value, headers)
-        except undecodable as exc:
-            yield record((offset, key, value, headers, ms, None, str(exc), topic, partition))
-            continue
-        yield record((offset, key, value, headers, ms, env, None, topic, partition))
+        env, error = decode_record(codec, key, value, headers)
+        yield record((offset, key, value, headers, ms, env, error, topic, partition))
 
 
 # a Record from a tuple without NamedTuple's Python-level constructor
