@@ -15,14 +15,16 @@ invisible: the writer creates `.<name>.<random>.tmp`, fsyncs it and renames it i
 from __future__ import annotations
 
 import os
+import posixpath
 import uuid
 from collections import defaultdict
 from collections.abc import Iterable, Iterator, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 import numpy as np
 import pyarrow as pa
 import pyarrow.compute as pc
+import pyarrow.fs as pafs
 import pyarrow.parquet as pq
 
 HEADER_TYPE = pa.struct([pa.field("key", pa.string()), pa.field("value", pa.binary())])
@@ -374,32 +376,32 @@ class _Chunk:
     rows: int
     mixed: bool  # the row group also holds other partitions: rows must be filtered
     trusted: bool  # written by ArchiveWriter: sorted, unique
+    fs: pafs.FileSystem = field(default=None, compare=False)  # where `path` is (None: local disk)
 
 
-def _list_files(directory: str) -> list[str]:
-    if not os.path.isdir(directory):
-        raise ArchiveError(f"archive {directory}: no such directory")
-    out = []
+def _list_files(directory: str, fs: pafs.FileSystem) -> list[pafs.FileInfo]:
+    """The archive's Parquet files, sorted by path; names starting with '.' or '_' (and what they hold) skipped."""
     try:
-        for root, dirs, files in os.walk(directory, onerror=_raise_walk_error):
-            dirs[:] = sorted(d for d in dirs if not d.startswith((".", "_")))
-            out.extend(
-                os.path.join(root, f)
-                for f in sorted(files)
-                if f.endswith(_SUFFIX) and not f.startswith((".", "_"))
-            )
+        if fs.get_file_info(directory).type != pafs.FileType.Directory:
+            raise ArchiveError(f"archive {directory}: no such directory")
+        infos = fs.get_file_info(pafs.FileSelector(directory, recursive=True))
     except OSError as e:
         raise ArchiveError(f"archive {directory}: cannot list: {e}") from e
-    return out
+    out = []
+    for i in infos:
+        rel = posixpath.relpath(i.path, directory)
+        if (
+            i.type == pafs.FileType.File
+            and i.path.endswith(_SUFFIX)
+            and not any(part.startswith((".", "_")) for part in rel.split("/"))
+        ):
+            out.append(i)
+    return sorted(out, key=lambda i: i.path)
 
 
-def _raise_walk_error(e: OSError) -> None:
-    raise e
-
-
-def _open(path: str) -> pq.ParquetFile:
+def _open(path: str, fs: pafs.FileSystem | None) -> pq.ParquetFile:
     try:
-        return pq.ParquetFile(path, coerce_int96_timestamp_unit="us")
+        return pq.ParquetFile(path, filesystem=fs, coerce_int96_timestamp_unit="us")
     except (OSError, pa.ArrowException) as e:
         raise ArchiveError(f"{path}: unreadable Parquet file: {e}") from e
 
@@ -411,8 +413,8 @@ def _stat(rg: pq.RowGroupMetaData, idx: int) -> tuple[object, object] | None:
     return st.min, st.max
 
 
-def _index_file(path: str) -> list[_Chunk]:
-    pf = _open(path)
+def _index_file(path: str, fs: pafs.FileSystem) -> list[_Chunk]:
+    pf = _open(path, fs)
     md = pf.metadata
     names = pf.schema_arrow.names
     for required in ("topic", "partition", "offset"):
@@ -449,6 +451,7 @@ def _index_file(path: str) -> list[_Chunk]:
                     rg.num_rows,
                     mixed=False,
                     trusted=trusted,
+                    fs=fs,
                 )
             )
             continue
@@ -475,36 +478,40 @@ def _index_file(path: str) -> list[_Chunk]:
                     int(row["offset_count"]),
                     mixed=True,
                     trusted=False,
+                    fs=fs,
                 )
             )
     return chunks
 
 
-# Footers parsed before, by (path, size, mtime): reading one partition of a long archive must not re-read the
-# footers of every file each time. Files are never rewritten in place, so a changed file gets a new key.
-_FOOTER_CACHE: dict[tuple[str, int, int], list[_Chunk]] = {}
+# Footers parsed before, by (filesystem, path, size, mtime): reading one partition of a long archive must not
+# re-read the footers of every file each time. Files are never rewritten in place, so a changed file gets a new key.
+_FOOTER_CACHE: dict[tuple[str, str, int, int | None], list[_Chunk]] = {}
 _FOOTER_CACHE_MAX = 20000
+_LOCAL = pafs.LocalFileSystem()
 
 
-def _index_file_cached(path: str) -> list[_Chunk]:
-    try:
-        st = os.stat(path)
-    except OSError as e:
-        raise ArchiveError(f"{path}: cannot stat: {e}") from e
-    key = (path, st.st_size, st.st_mtime_ns)
+def _index_file_cached(info: pafs.FileInfo, fs: pafs.FileSystem) -> list[_Chunk]:
+    key = (fs.type_name, info.path, info.size, info.mtime_ns)
     chunks = _FOOTER_CACHE.get(key)
     if chunks is None:
-        chunks = _index_file(path)
+        chunks = _index_file(info.path, fs)
         if len(_FOOTER_CACHE) >= _FOOTER_CACHE_MAX:
             _FOOTER_CACHE.clear()
         _FOOTER_CACHE[key] = chunks
     return chunks
 
 
-def _index(directory: str | os.PathLike) -> dict[tuple[str, int], list[_Chunk]]:
+def _index(
+    directory: str | os.PathLike, filesystem: pafs.FileSystem | None
+) -> dict[tuple[str, int], list[_Chunk]]:
+    fs = filesystem or _LOCAL
+    where = os.fspath(directory)
+    if filesystem is None:
+        where = os.path.abspath(where)
     by_tp: dict[tuple[str, int], list[_Chunk]] = defaultdict(list)
-    for path in _list_files(os.fspath(directory)):
-        for c in _index_file_cached(path):
+    for info in _list_files(where, fs):
+        for c in _index_file_cached(info, fs):
             by_tp[(c.topic, c.partition)].append(c)
     for chunks in by_tp.values():
         chunks.sort(key=lambda c: (c.min_offset, c.max_offset, c.path, c.row_group))
@@ -518,16 +525,16 @@ def _clean(chunks: list[_Chunk]) -> bool:
     return all(a.max_offset < b.min_offset for a, b in zip(chunks, chunks[1:], strict=False))
 
 
-def topics(directory: str | os.PathLike) -> list[str]:
-    """The topics an archive holds, sorted."""
-    return sorted({t for t, _ in _index(directory)})
+def topics(directory: str | os.PathLike, filesystem: pafs.FileSystem | None = None) -> list[str]:
+    """The topics an archive holds, sorted. `filesystem`: where `directory` is (pyarrow's; default local disk)."""
+    return sorted({t for t, _ in _index(directory, filesystem)})
 
 
-def describe(directory: str | os.PathLike) -> list[PartitionInfo]:
+def describe(directory: str | os.PathLike, filesystem: pafs.FileSystem | None = None) -> list[PartitionInfo]:
     """One PartitionInfo per (topic, partition) in the archive, sorted. Uses Parquet statistics when the files
     allow it; otherwise reads the offset column to count distinct offsets."""
     out = []
-    for (topic, partition), chunks in sorted(_index(directory).items()):
+    for (topic, partition), chunks in sorted(_index(directory, filesystem).items()):
         if _clean(chunks):
             out.append(
                 PartitionInfo(
@@ -591,6 +598,7 @@ def iter_partition(
     end: int | None = None,
     columns: Sequence[str] | None = None,
     batch_size: int = 65536,
+    filesystem: pafs.FileSystem | None = None,
 ) -> Iterator[pa.RecordBatch]:
     """Yield one partition's records with offsets in [start, end) in offset order, each offset once, in
     batches of at most `batch_size` rows in KAFKA_ARROW_SCHEMA (or only `columns` of it)."""
@@ -600,7 +608,7 @@ def iter_partition(
             raise ValueError(f"unknown archive columns {unknown}; the archive has {list(COLUMNS)}")
     if batch_size < 1:
         raise ValueError(f"batch_size must be positive, got {batch_size}")
-    chunks = _index(directory).get((topic, int(partition)), [])
+    chunks = _index(directory, filesystem).get((topic, int(partition)), [])
     chunks = [
         c for c in chunks if (start is None or c.max_offset >= start) and (end is None or c.min_offset < end)
     ]
@@ -658,7 +666,7 @@ def _read_chunk(
 ) -> pa.Table:
     pf = files.get(c.path)
     if pf is None:
-        pf = files[c.path] = _open(c.path)
+        pf = files[c.path] = _open(c.path, c.fs)
     need_filter = (
         c.mixed or (start is not None and c.min_offset < start) or (end is not None and c.max_offset >= end)
     )
@@ -736,11 +744,17 @@ def iter_archive(
     topic_names: Iterable[str] | None = None,
     columns: Sequence[str] | None = None,
     batch_size: int = 65536,
+    filesystem: pafs.FileSystem | None = None,
 ) -> Iterator[pa.RecordBatch]:
     """Every partition of the given topics (default: all), partition by partition, each in offset order."""
     wanted = None if topic_names is None else set(topic_names)
-    for info in describe(directory):
+    for info in describe(directory, filesystem):
         if wanted is None or info.topic in wanted:
             yield from iter_partition(
-                directory, info.topic, info.partition, columns=columns, batch_size=batch_size
+                directory,
+                info.topic,
+                info.partition,
+                columns=columns,
+                batch_size=batch_size,
+                filesystem=filesystem,
             )

@@ -2,7 +2,8 @@
 
 Jobs take either an archive or a live cluster and must give the same answer for the same records; this reader
 and `pipelines.core.kafka_source.read_kafka` return DataFrames with the same schema and the same rows for the same
-records. Spark, like `div.archive`, ignores files whose names start with '.' or '_', so the writer's
+records. The archive may be any path or URI `pipelines.core.storage` serves; each task reads one file through it
+(`pipelines.core.spark_files`), skipping names that start with '.' or '_' as `div.archive` does, so the writer's
 temporary files never show up here.
 """
 
@@ -13,8 +14,10 @@ import os
 from pyspark.sql import DataFrame, SparkSession
 from pyspark.sql import functions as F
 
-from div.archive import ArchiveError
+from div.archive import KAFKA_ARROW_SCHEMA, ArchiveError, conform
 from pipelines.core.kafka_source import KAFKA_SPARK_SCHEMA
+from pipelines.core.spark_files import read_parquet
+from pipelines.core.storage import locate
 
 
 def read_archive(
@@ -25,10 +28,12 @@ def read_archive(
     Rows come in no particular order (sort by topic, partition, offset when order matters). Records an archive
     holds twice (possible only in archives written by other tools) are returned twice.
     """
-    path = os.fspath(directory)
-    if not os.path.isdir(path):
-        raise ArchiveError(f"archive {path}: no such directory")
-    df = spark.read.schema(KAFKA_SPARK_SCHEMA).parquet(path)
+    where = locate(directory)
+    if not where.is_dir():
+        raise ArchiveError(f"archive {where}: no such directory")
+    df = read_parquet(spark, where, KAFKA_ARROW_SCHEMA, convert=conform)
+    if df is None:
+        df = spark.createDataFrame([], KAFKA_SPARK_SCHEMA)
     if topics is not None:
         wanted = [t.strip() for t in topics.split(",")] if isinstance(topics, str) else list(topics)
         df = df.where(F.col("topic").isin(wanted))

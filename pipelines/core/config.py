@@ -14,7 +14,6 @@ usage error naming the file, the key and the closest valid one. Kafka and Spark 
 from __future__ import annotations
 
 import difflib
-import os
 from pathlib import Path
 from typing import Any, Literal
 
@@ -23,6 +22,7 @@ from pydantic import BaseModel, ConfigDict, ValidationError
 
 from pipelines.core.errors import UsageError
 from pipelines.core.sources import SourceSpec, check_unique, parse_source
+from pipelines.core.storage import locate
 
 DEFAULT_CONF = Path("conf/tidegauge.yaml")
 
@@ -87,11 +87,13 @@ def load(path: str | None) -> dict[str, Any]:
         if not DEFAULT_CONF.exists():
             return {}
         path = str(DEFAULT_CONF)
-    if not os.path.exists(path):
-        raise UsageError(f"--conf {path}: no such file")
     try:
-        with open(path) as f:
-            data = yaml.safe_load(f) or {}
+        where = locate(path)  # a local file or any URI the filesystem layer serves
+        if not where.is_file():
+            raise UsageError(f"--conf {path}: no such file")
+        data = yaml.safe_load(where.read_text()) or {}
+    except OSError as exc:
+        raise UsageError(f"--conf {path}: cannot read: {exc}") from None
     except yaml.YAMLError as exc:
         raise UsageError(f"--conf {path}: not valid YAML: {exc}") from None
     if not isinstance(data, dict):

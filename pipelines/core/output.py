@@ -1,4 +1,4 @@
-"""Job output directories: never destroy what tidegauge did not write, and swap results in atomically.
+"""Job output directories: never destroy what tidegauge did not write, and publish results whole.
 
 A user points `--out` at the wrong place sooner or later: at the archive the job just read, at a simulation, at a
 home directory. So a job writes only into a place that is absent, an empty directory, or an earlier output of the
@@ -6,9 +6,10 @@ same command — marked by a small `.tidegauge` file naming the command and vers
 into or around its inputs (`check_disjoint`). Everything is checked before any work starts; a refusal is a usage
 error (exit 2) naming the path, and nothing is touched.
 
-Writing itself is atomic: everything is built in a staging directory beside the output, then swapped in. A job
-killed midway leaves the previous output untouched (and at most a marked staging directory, which the next run
-removes); re-running gives the same result.
+Outputs may live on any filesystem `pipelines.core.storage` serves. Writing is published whole
+(`pipelines.core.publish`): everything is built in a staging directory, then swapped in by renames (local disk,
+HDFS) or published by one pointer object (object stores). A job killed midway leaves the previous output as it
+was; re-running gives the same result.
 """
 
 from __future__ import annotations
@@ -17,16 +18,19 @@ import datetime as dt
 import json
 import os
 import platform
-import shutil
 import sys
 import time
+import uuid
 from pathlib import Path
 from typing import Any
 
-from div.checkpoint import atomic_write
-from pipelines.core.errors import UsageError
+import pyarrow as pa
+import pyarrow.fs as pafs
+import pyarrow.parquet as pq
 
-MARKER = ".tidegauge"
+from pipelines.core.errors import UsageError
+from pipelines.core.publish import MARKER, Publication, current, recover
+from pipelines.core.storage import Location, StorageError, is_local, locate, scheme
 
 # What each command's outputs held before outputs were marked: an unmarked directory holding only these names
 # (and at least the first) is taken for an earlier output of that command, so upgrading does not lock users out.
@@ -45,35 +49,38 @@ class OutputRefused(UsageError):
 
 
 def local_path(uri: str | os.PathLike) -> Path | None:
-    """The absolute local path of a plain path or `file://` URI; None for other schemes (not checked here)."""
-    text = os.fspath(uri)
-    if text.startswith("file://"):
-        text = text[len("file://") :]
-    elif "://" in text:
-        return None
-    return Path(os.path.abspath(os.path.expanduser(text)))
+    """The absolute local path of a plain path or `file://` URI; None for other schemes."""
+    return locate(uri).local if is_local(uri) else None
 
 
-def marker_of(path: Path) -> dict[str, Any] | None:
-    """The `.tidegauge` marker of a directory, or None when it has none (or an unreadable one)."""
+def _locate(path: str | os.PathLike, flag: str) -> Location:
     try:
-        doc = json.loads((path / MARKER).read_text())
+        return locate(path)
+    except StorageError as exc:
+        raise OutputRefused(f"{flag} {exc}") from None
+
+
+def marker_of(path: Location | str | os.PathLike) -> dict[str, Any] | None:
+    """The `.tidegauge` marker of a directory, or None when it has none (or an unreadable one)."""
+    loc = path if isinstance(path, Location) else locate(path)
+    try:
+        doc = json.loads((loc / MARKER).read_bytes())
     except (OSError, ValueError):
         return None
     return doc if isinstance(doc, dict) else None
 
 
-def _is_legacy_output(path: Path, command: str) -> bool:
+def _is_legacy_output(loc: Location, command: str) -> bool:
     known = _LEGACY_OUTPUTS.get(command)
     if not known:
         return False
-    names = {p.name for p in path.iterdir() if not p.name.startswith(".")}
+    names = {c.name for c in loc.children() if not c.name.startswith(".")}
     return known[0] in names and names <= set(known)
 
 
 def _check_writable(p: Path, flag: str) -> None:
-    """Refuse before any work when the output cannot be created: it is staged beside itself, in its parent (or
-    the nearest parent that exists, where the missing ones will be made)."""
+    """Refuse before any work when a local output cannot be created: it is staged beside itself, in its parent
+    (or the nearest parent that exists, where the missing ones will be made)."""
     where = p.absolute().parent
     while not where.exists() and where != where.parent:
         where = where.parent
@@ -89,26 +96,30 @@ def _check_writable(p: Path, flag: str) -> None:
 
 def check_output(path: str | os.PathLike, command: str, flag: str = "--out") -> None:
     """Refuse (OutputRefused) unless `path` is absent, an empty directory, or an earlier output of `command`."""
-    p = local_path(path)
-    if p is None:
-        return
-    if p.is_symlink() and not p.exists():
-        raise OutputRefused(f"{flag} {path}: is a dangling symbolic link")
-    _check_writable(p, flag)
-    if not p.exists():
-        return
-    if not p.is_dir():
-        raise OutputRefused(
-            f"{flag} {path}: exists and is not a directory (tidegauge writes a directory there; "
-            "choose a new path)"
-        )
+    loc = _locate(path, flag)
+    p = loc.local
+    if p is not None:
+        if p.is_symlink() and not p.exists():
+            raise OutputRefused(f"{flag} {path}: is a dangling symbolic link")
+        _check_writable(p, flag)
+        recover(loc)
     try:
-        empty = not any(p.iterdir())
+        kind = loc.info().type
+        if kind == pafs.FileType.NotFound:
+            return
+        if kind != pafs.FileType.Directory:
+            raise OutputRefused(
+                f"{flag} {path}: exists and is not a directory (tidegauge writes a directory there; "
+                "choose a new path)"
+            )
+        empty = not loc.children()
     except OSError as exc:
-        raise OutputRefused(f"{flag} {path}: cannot be listed: {exc.strerror}") from None
+        raise OutputRefused(
+            f"{flag} {path}: cannot be listed: {getattr(exc, 'strerror', None) or exc}"
+        ) from None
     if empty:
         return
-    mark = marker_of(p)
+    mark = marker_of(loc)
     if mark is not None:
         if mark.get("command") != command:
             raise OutputRefused(
@@ -116,7 +127,7 @@ def check_output(path: str | os.PathLike, command: str, flag: str = "--out") -> 
                 f"`tidegauge {command}`; choose another directory"
             )
         return
-    if _is_legacy_output(p, command):
+    if _is_legacy_output(loc, command):
         return
     raise OutputRefused(
         f"{flag} {path}: the directory is not empty and is not an earlier output of `tidegauge "
@@ -125,51 +136,62 @@ def check_output(path: str | os.PathLike, command: str, flag: str = "--out") -> 
     )
 
 
+def _comparable(path: str | os.PathLike) -> str:
+    """A path as a string that nests like the place it names: the real path on local disk, else the URI with
+    Hadoop's scheme aliases (s3a://) spelled as pyarrow's."""
+    text = os.fspath(path)
+    if is_local(text):
+        return os.path.realpath(locate(text).path).rstrip("/") + "/"
+    return f"{scheme(text)}://{text.split('://', 1)[1]}".rstrip("/") + "/"
+
+
 def check_disjoint(
     outputs: dict[str, str | os.PathLike | None], inputs: dict[str, str | os.PathLike | None]
 ) -> None:
     """Refuse an output equal to or inside an input, an input inside an output, and two outputs that nest.
 
-    Keys are the labels the message uses (`--out`, `--source 1`); None values are ignored."""
-    outs = {k: local_path(v) for k, v in outputs.items() if v is not None}
-    ins = {k: local_path(v) for k, v in inputs.items() if v is not None}
-    outs = {k: v for k, v in outs.items() if v is not None}
-    ins = {k: v for k, v in ins.items() if v is not None}
+    Keys are the labels the message uses (`--out`, `--source 1`); None values and Kafka sources are ignored."""
+    outs = {k: _comparable(v) for k, v in outputs.items() if v is not None}
+    ins = {
+        k: _comparable(v)
+        for k, v in inputs.items()
+        if v is not None and not os.fspath(v).startswith("kafka://")
+    }
     for ok, o in outs.items():
-        o_real = Path(os.path.realpath(o))
         for ik, i in ins.items():
-            i_real = Path(os.path.realpath(i))
-            if o_real == i_real or o_real.is_relative_to(i_real):
+            if o.startswith(i):
                 raise OutputRefused(
                     f"{ok} {outputs[ok]}: is inside {ik} ({inputs[ik]}), which this job reads; "
                     "write the output somewhere else"
                 )
-            if i_real.is_relative_to(o_real):
+            if i.startswith(o):
                 raise OutputRefused(
                     f"{ok} {outputs[ok]}: contains {ik} ({inputs[ik]}), which this job reads; "
                     "write the output somewhere else"
                 )
         for ok2, o2 in outs.items():
-            if ok2 != ok and Path(os.path.realpath(o2)).is_relative_to(o_real):
+            if ok2 != ok and o2.startswith(o):
                 raise OutputRefused(
                     f"{ok} {outputs[ok]} and {ok2} {outputs[ok2]} overlap; give them separate directories"
                 )
 
 
-def write_marker(directory: Path, command: str) -> None:
-    atomic_write(
-        directory / MARKER,
-        (
-            json.dumps(
-                {
-                    "command": command,
-                    "tidegauge_version": tidegauge_version(),
-                    "written_at": dt.datetime.now(dt.UTC).isoformat(timespec="seconds"),
-                }
-            )
-            + "\n"
-        ).encode(),
+def marker_text(command: str) -> str:
+    return (
+        json.dumps(
+            {
+                "command": command,
+                "tidegauge_version": tidegauge_version(),
+                "written_at": dt.datetime.now(dt.UTC).isoformat(timespec="seconds"),
+            }
+        )
+        + "\n"
     )
+
+
+def write_marker(directory: Location | Path | str, command: str) -> None:
+    loc = directory if isinstance(directory, Location) else locate(directory)
+    (loc / MARKER).write_text(marker_text(command))
 
 
 def tidegauge_version() -> str:
@@ -182,59 +204,63 @@ def tidegauge_version() -> str:
 
 
 class OutputDir:
-    """`with OutputDir(path, command) as out:` write under `out.staging`; on success the staging dir, marked as
-    `command`'s output, replaces `path`. Entering refuses (OutputRefused) a path `check_output` refuses."""
+    """`with OutputDir(path, command) as out:` write under `out.staging` (a Location: `out.file(name)`,
+    `out.write_json`, `out.write_table`); on success the staging directory, marked as `command`'s output, is
+    published as `path`. Entering refuses (OutputRefused) a path `check_output` refuses."""
 
     def __init__(self, path: str | os.PathLike, command: str) -> None:
-        local = local_path(path)
-        if local is None:
-            raise OutputRefused(f"--out {path}: only local paths and file:// URIs can be written so far")
-        self.path = local
+        self.target = _locate(path, "--out")
+        self.path = self.target.uri
         self.command = command
-        self.staging = self.path.with_name(f".{self.path.name}.staging-{os.getpid()}")
+        self.publication = Publication(self.target, command)
+        self.staging: Location | None = None
         self.started = time.time()
         self.started_at = dt.datetime.now(dt.UTC).isoformat(timespec="seconds")
 
     def __enter__(self) -> OutputDir:
         check_output(self.path, self.command)
         try:
-            self.path.parent.mkdir(parents=True, exist_ok=True)
-            for old in self.path.parent.glob(f".{self.path.name}.staging-*"):
-                if (old / MARKER).exists():  # only staging directories an earlier run of ours left
-                    shutil.rmtree(old, ignore_errors=True)
-            self.staging.mkdir()
+            self.staging = self.publication.stage()
             write_marker(self.staging, self.command)
         except OSError as exc:  # before any work: say where, not which staging file
-            shutil.rmtree(self.staging, ignore_errors=True)
-            raise OutputRefused(f"--out {self.path}: cannot write there: {exc.strerror or exc}") from None
+            self.publication.abandon()
+            raise OutputRefused(
+                f"--out {self.path}: cannot write there: {getattr(exc, 'strerror', None) or exc}"
+            ) from None
         return self
 
     def __exit__(self, exc_type, exc, tb) -> None:
         if exc_type is not None:
-            shutil.rmtree(self.staging, ignore_errors=True)
+            self.publication.abandon()
             return
         self.commit()
 
     def commit(self) -> None:
-        if not self.staging.exists():
+        if self.staging is None or not self.staging.exists():
             return
-        old = None
-        if self.path.exists():  # checked on entry: empty, or an earlier output of this command
-            old = self.path.with_name(f".{self.path.name}.old-{os.getpid()}")
-            os.replace(self.path, old)
-        os.replace(self.staging, self.path)
-        if old is not None:
-            shutil.rmtree(old, ignore_errors=True)
+        self.publication.publish()
+        self.staging = None
 
-    def file(self, name: str) -> Path:
+    @property
+    def published(self) -> Location:
+        """Where readers find the published output (`--out` itself, or the run its pointer names)."""
+        return current(self.target)
+
+    def file(self, name: str) -> Location:
+        assert self.staging is not None
         return self.staging / name
 
-    def write_json(self, name: str, data: Any) -> Path:
+    def write_json(self, name: str, data: Any) -> Location:
         path = self.file(name)
-        atomic_write(
-            path, (json.dumps(data, indent=2, sort_keys=False, default=_json_default) + "\n").encode()
-        )
+        path.write_text(json.dumps(data, indent=2, sort_keys=False, default=_json_default) + "\n")
         return path
+
+    def write_table(self, name: str, table: pa.Table) -> Location:
+        """A one-file Parquet dataset `name/part-00000.parquet`."""
+        d = self.file(name)
+        d.makedirs()
+        write_parquet_file(table, d / "part-00000.parquet")
+        return d
 
     def common_fields(
         self, job: str, exit_code: int, sources: dict[int, str] | None = None
@@ -247,6 +273,42 @@ class OutputDir:
             "exit_code": exit_code,
             "sources": {str(k): v for k, v in (sources or {}).items()},
         }
+
+
+class ParquetFileWriter:
+    """A Parquet file written in pieces that appears whole or not at all: one upload, completed on `close`, on
+    an object store; a temporary name renamed on `close` elsewhere. Opened at the first write, so a writer that
+    gets no rows leaves nothing."""
+
+    def __init__(self, target: Location, schema: pa.Schema, **options: Any) -> None:
+        self.target, self.schema, self.options = target, schema, options
+        self.tmp: Location | None = None
+        self.writer: pq.ParquetWriter | None = None
+
+    def write(self, data: pa.Table | pa.RecordBatch) -> None:
+        if self.writer is None:
+            t = self.target
+            self.tmp = t if t.is_object_store else t.parent / f".{t.name}.{uuid.uuid4().hex[:8]}.tmp"
+            self.writer = pq.ParquetWriter(self.tmp.path, self.schema, filesystem=t.fs, **self.options)
+        if isinstance(data, pa.RecordBatch):
+            self.writer.write_batch(data)
+        else:
+            self.writer.write_table(data)
+
+    def close(self) -> None:
+        if self.writer is None:
+            return
+        self.writer.close()
+        self.writer = None
+        if self.tmp != self.target:
+            self.tmp.move_to(self.target)
+
+
+def write_parquet_file(table: pa.Table, target: Location, **options: Any) -> None:
+    """One Parquet file holding `table` (its schema even when empty), appearing whole."""
+    w = ParquetFileWriter(target, table.schema, **options)
+    w.write(table)
+    w.close()
 
 
 def versions() -> dict[str, str]:
@@ -270,17 +332,20 @@ def _json_default(o: Any) -> Any:
 
 def check_history(path: str | os.PathLike | None) -> None:
     """`report --history`: absent, empty, or holding only the run files the report appends (`run-*.parquet`)."""
-    p = local_path(path) if path is not None else None
-    if p is None or not p.exists():
+    if path is None:
         return
-    if not p.is_dir():
+    loc = _locate(path, "--history")
+    kind = loc.info().type
+    if kind == pafs.FileType.NotFound:
+        return
+    if kind != pafs.FileType.Directory:
         raise OutputRefused(f"--history {path}: exists and is not a directory")
-    mark = marker_of(p)
+    mark = marker_of(loc)
     if mark is not None and mark.get("command") == "report history":
         return
     strangers = [
         c.name
-        for c in p.iterdir()
+        for c in loc.children()
         if not c.name.startswith(".") and not (c.name.startswith("run-") and c.name.endswith(".parquet"))
     ]
     if strangers:
@@ -294,14 +359,15 @@ def guard(
     command: str, outputs: dict[str, str | os.PathLike | None], inputs: dict[str, str | os.PathLike | None]
 ) -> None:
     """Every check a job makes of its outputs before any work: each output absent, empty or its own earlier
-    output, none inside or around an input. Raises OutputRefused naming the path."""
+    output, none inside or around an input. Raises OutputRefused naming the path. `--state` and `--history` are
+    directories a run adds to, not outputs it replaces: their loaders check their content (`check_history`)."""
     check_disjoint(outputs, inputs)  # first: "it is your input" says more than "it is not empty"
     for flag, path in outputs.items():
         if path is None:
             continue
-        if flag != "--state":
+        if flag not in ("--state", "--history"):
             check_output(path, command, flag)
-        elif (local := local_path(path)) is not None:  # a state directory's content is checked by its loader
+        elif (local := local_path(path)) is not None:
             _check_writable(local, flag)
 
 

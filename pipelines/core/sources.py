@@ -9,7 +9,6 @@ they are never printed.
 
 from __future__ import annotations
 
-import os
 import re
 from collections.abc import Iterator, Mapping
 from dataclasses import dataclass, field
@@ -18,33 +17,17 @@ from typing import Any
 import pyarrow as pa
 
 from div import archive, kafka_log
+from pipelines.core.storage import absolute, locate
 
 
 class SourceError(Exception):
     """A source that cannot be parsed or read; the message names it (exit code 2)."""
 
 
-def absolute_uri(uri: str) -> str:
-    """A local path or `file://` URI made absolute on the driver (executors resolve a relative path in their own
-    working directory, and would read nothing or something else); other URIs are returned unchanged."""
-    if not isinstance(uri, str):
-        return uri  # not a path: the opener names what is wrong with it
-    if uri.startswith("file://"):
-        return "file://" + os.path.abspath(os.path.expanduser(uri[len("file://") :]))
-    if "://" in uri:
-        return uri
-    return os.path.abspath(os.path.expanduser(uri))
-
-
 def is_kafka(uri: str) -> bool:
-    """The one test of a source's kind: a Kafka cluster (`kafka://host:port[,...]`) or an archive (a directory or
-    a `file://` URI). Every reader, on the driver and in Spark tasks, asks this."""
+    """The one test of a source's kind: a Kafka cluster (`kafka://host:port[,...]`) or an archive (a directory,
+    or any URI `pipelines.core.storage` serves). Every reader, on the driver and in Spark tasks, asks this."""
     return isinstance(uri, str) and uri.startswith("kafka://")
-
-
-def archive_path(uri: str) -> str:
-    """The directory of an archive source."""
-    return uri[len("file://") :] if uri.startswith("file://") else uri
 
 
 def read_range(
@@ -67,8 +50,9 @@ def read_range(
         ):
             yield batch.select(columns) if columns else batch
     else:
+        where = locate(uri)
         yield from archive.iter_partition(
-            archive_path(uri), topic, partition, start, end, columns, batch_size
+            where.path, topic, partition, start, end, columns, batch_size, filesystem=where.fs
         )
 
 
@@ -78,7 +62,9 @@ class SourceSpec:
     uri: str
 
     def __post_init__(self) -> None:
-        object.__setattr__(self, "uri", absolute_uri(self.uri))
+        # made absolute on the driver: executors resolve a relative path in their own working directory
+        if isinstance(self.uri, str) and not is_kafka(self.uri):
+            object.__setattr__(self, "uri", absolute(self.uri))
 
     @property
     def is_kafka(self) -> bool:
@@ -155,14 +141,15 @@ class Source:
 
 class ArchiveSource(Source):
     def __post_init__(self) -> None:
-        path = archive_path(self.uri)
-        if not os.path.isdir(path):
-            raise SourceError(f"source {self.region}={self.uri}: no such archive directory")
-        self.path = path
         try:
-            self._info = {(i.topic, i.partition): i for i in archive.describe(path)}
+            where = locate(self.uri)
+            if not where.is_dir():
+                raise SourceError(f"source {self.region}={self.uri}: no such archive directory")
+            self._info = {(i.topic, i.partition): i for i in archive.describe(where.path, where.fs)}
         except archive.ArchiveError as exc:
             raise SourceError(f"source {self.region}={self.uri}: {exc}") from exc
+        except OSError as exc:  # the store itself: unreachable, no credentials, no such bucket
+            raise SourceError(f"source {self.region}={self.uri}: cannot read: {exc}") from exc
 
     def topics(self) -> list[str]:
         return sorted({t for t, _ in self._info})

@@ -92,3 +92,21 @@ def get_session(
     # `tidegauge -v` shows Spark's warnings too
     spark.sparkContext.setLogLevel("WARN" if logging.getLogger().isEnabledFor(logging.DEBUG) else "ERROR")
     return spark
+
+
+def warn_local_paths(spark: SparkSession, paths: dict[str, str | None]) -> None:
+    """On a cluster, say which inputs and outputs are local paths: executors read and write them on their own
+    disks, so they must be a mount every node shares (an object store or HDFS URI needs nothing shared)."""
+    from pipelines.core.storage import is_local
+
+    master = spark.sparkContext.master
+    if master.startswith("local"):
+        return
+    local = [f"{flag} {path}" for flag, path in paths.items() if path is not None and is_local(path)]
+    if local:
+        logging.getLogger("tidegauge").warning(
+            "on %s, executors open %s on their own disks: every node must see them at the same place (a shared "
+            "mount), or give URIs such as s3://bucket/path (docs/spark.md, Storage)",
+            master,
+            ", ".join(local),
+        )

@@ -544,7 +544,9 @@ def run_demo(opts: DemoOptions, emit: Callable[[str], None] | None = None, spark
     """Run the demo; `emit` receives every line meant for the user (default: print). `spark`: a session to use
     (the tests pass theirs); otherwise one is started. Raises DemoError when the demo cannot start."""
     emit = emit or (lambda line: print(line, flush=True))
-    out = Path(opts.out).resolve()
+    if "://" in str(opts.out) and not str(opts.out).startswith("file://"):
+        raise DemoError(f"--out {opts.out}: the demo writes to local disk; give a directory")
+    out = Path(str(opts.out).removeprefix("file://")).resolve()
     prepare_out(out)
     from pipelines.core.spark_session import JavaMissingError, check_java
 
@@ -676,7 +678,7 @@ def _run_jobs(
             f"{v['overall']}: {v['checks_failed']} of {v['checks_evaluated']} checks failed; regions "
             f"{v['regions']['status']}, logs {v['logs']['status']}"
         )
-        result.report_html = report.html_path.resolve()
+        result.report_html = report.html_path.local
 
     result.checks = check_faults(
         truth, read_leapfrog_findings(out / "leapfrog"), read_div_findings(out / "div")

@@ -98,7 +98,7 @@ def register(sub) -> None:
         "--out",
         required=True,
         metavar="DIR",
-        help="output directory (replaced atomically): errors/ Parquet and summary.json",
+        help="output directory or URI (published whole): errors/ Parquet and summary.json",
     )
     v.add_argument(
         "--min-compaction-lag-ms",
@@ -237,7 +237,7 @@ def _register_restore(div_sub) -> None:
         "--out",
         required=True,
         metavar="DIR",
-        help="output directory (replaced atomically): partition_state.bin, state.json, summary.json",
+        help="output directory or URI (published whole): partition_state.bin, state.json, summary.json",
     )
     p.add_argument("--vt-topic", metavar="NAME", help="VT name when it is not S_vN")
     p.add_argument("--rt-topic", metavar="NAME", help="RT name when it is not S_rt (e.g. S_rt_v3)")

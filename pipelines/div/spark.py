@@ -44,13 +44,11 @@ import base64
 import dataclasses
 import json
 import logging
-import os
 import time
 from collections import Counter
 from collections.abc import Iterator
 from dataclasses import dataclass
 from functools import reduce
-from pathlib import Path
 from typing import Any
 
 import numpy as np
@@ -64,6 +62,8 @@ from pipelines.core.errors import UsageError
 from pipelines.core.output import OutputDir, guard, source_inputs
 from pipelines.core.progress import Progress, duration
 from pipelines.core.sources import Source, SourceError, SourceSpec, open_source
+from pipelines.core.spark_files import write_parquet
+from pipelines.core.storage import locate
 from pipelines.div.validate import (
     PartitionTask,
     ValidateOptions,
@@ -377,7 +377,7 @@ def _read_source(
     else:
         from pipelines.core.archive_source import read_archive
 
-        df = read_archive(spark, _archive_path(spec), topics)
+        df = read_archive(spark, spec.uri, topics)
         if only is not None:
             df = df.where(F.col("partition") == only[1])
     return df.where(F.col("offset").isNotNull()).select(
@@ -539,33 +539,25 @@ def _write_errors(out: OutputDir, frames: list, keep: list[int]) -> None:
         errors = errors.where(F.col("summary").isNull() & F.col("task").isin(keep)).select(
             *[name for name, _ in ERROR_COLUMNS]
         )
-        errors.write.mode("overwrite").parquet(str(path))
-    if not any(Path(path).glob("*.parquet")):  # no rows: still a readable dataset with the schema
-        write_errors(out, rows_to_table([]))
+        if write_parquet(errors, path):
+            return
+    write_errors(out, rows_to_table([]))  # no rows: still a readable dataset with the schema
 
 
-def _archive_path(spec: SourceSpec) -> str:
-    return spec.uri[len("file://") :] if spec.uri.startswith("file://") else spec.uri
-
-
-def archive_is_tidy(directory: str) -> bool:
+def archive_is_tidy(uri: str) -> bool:
     """True when every row group of the archive holds a single (topic, partition), by its Parquet statistics:
     then a task reading one partition reads only that partition's row groups (the direct plan is cheap)."""
-    for root, dirs, files in os.walk(directory):
-        dirs[:] = [d for d in dirs if not d.startswith((".", "_"))]
-        for name in files:
-            if name.startswith((".", "_")) or not name.endswith(".parquet"):
-                continue
-            md = pq.ParquetFile(os.path.join(root, name)).metadata
-            cols = {md.schema.column(i).path: i for i in range(md.num_columns)}
-            if "topic" not in cols or "partition" not in cols:
-                return False
-            for r in range(md.num_row_groups):
-                rg = md.row_group(r)
-                for c in ("topic", "partition"):
-                    st = rg.column(cols[c]).statistics
-                    if st is None or not st.has_min_max or st.min != st.max or st.null_count:
-                        return False
+    for f in locate(uri).files(".parquet"):
+        md = pq.ParquetFile(f.path, filesystem=f.fs).metadata
+        cols = {md.schema.column(i).path: i for i in range(md.num_columns)}
+        if "topic" not in cols or "partition" not in cols:
+            return False
+        for r in range(md.num_row_groups):
+            rg = md.row_group(r)
+            for c in ("topic", "partition"):
+                st = rg.column(cols[c]).statistics
+                if st is None or not st.has_min_max or st.min != st.max or st.null_count:
+                    return False
     return True
 
 
@@ -597,19 +589,20 @@ def run_spark(
     """
     guard("div validate", {"--out": opts.out}, source_inputs(opts.sources))
     build_chain(opts.record_validators)  # a bad validator entry fails before Spark starts
-    from pipelines.core.spark_session import get_session
+    from pipelines.core.spark_session import get_session, warn_local_paths
 
     opened = [open_source(s, opts.kafka_conf.get(s.region)) for s in opts.sources]
     by_region = {s.region: s for s in opened}
     tasks, sizes, partitions_of = plan_tasks(opts, opened)
     spark = get_session(master, conf=spark_conf)
+    warn_local_paths(spark, {**source_inputs(opts.sources), "--out": opts.out})
     read = read or spark.conf.get(READ_SETTING, READ_AUTO)
     if read not in (READ_AUTO, READ_SHUFFLE, READ_DIRECT):
         raise UsageError(
             f"{READ_SETTING}={read!r}: expected {READ_AUTO!r}, {READ_SHUFFLE!r} or {READ_DIRECT!r}"
         )
     if read == READ_AUTO:
-        mixed = [s.uri for s in opts.sources if not s.is_kafka and not archive_is_tidy(_archive_path(s))]
+        mixed = [s.uri for s in opts.sources if not s.is_kafka and not archive_is_tidy(s.uri)]
         read = READ_SHUFFLE if mixed else READ_DIRECT
         log.info("reading with the %s plan%s", read, f" ({', '.join(mixed)} mix partitions)" if mixed else "")
     t0 = time.time()

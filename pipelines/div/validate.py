@@ -13,7 +13,6 @@ from dataclasses import dataclass, field
 from typing import Any
 
 import pyarrow as pa
-import pyarrow.parquet as pq
 
 from div.batch import PartitionRun, PartitionSummary, StopRun, is_realtime_topic, rows_to_table
 from div.validator import ValidatorConfig
@@ -201,9 +200,7 @@ def exit_code_for(
 
 
 def write_errors(out: OutputDir, table: pa.Table) -> None:
-    d = out.file("errors")
-    d.mkdir(exist_ok=True)
-    pq.write_table(table, d / "part-00000.parquet")
+    out.write_table("errors", table)
 
 
 def run_local(opts: ValidateOptions) -> int:

@@ -71,7 +71,9 @@ def register(sub) -> None:
         "(default: now)",
     )
     p.add_argument(
-        "--out", metavar="DIR", help="output directory (replaced atomically): lag/, heartbeats/ and lag.json"
+        "--out",
+        metavar="DIR",
+        help="output directory or URI (published whole): lag/, heartbeats/ and lag.json",
     )
     p.add_argument(
         "--conf",

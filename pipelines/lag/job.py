@@ -15,7 +15,6 @@ from dataclasses import dataclass, field
 from typing import Any
 
 import pyarrow as pa
-import pyarrow.parquet as pq
 
 from div import envelope as E
 from div.batch import is_realtime_topic
@@ -209,9 +208,7 @@ def heartbeat_table(monitors: list[LagMonitor]) -> pa.Table:
 
 
 def _write_dataset(out: OutputDir, name: str, table: pa.Table) -> None:
-    d = out.file(name)
-    d.mkdir(exist_ok=True)
-    pq.write_table(table, d / "part-00000.parquet")
+    out.write_table(name, table)
 
 
 # -- the command -----------------------------------------------------------------------------------------

@@ -11,7 +11,6 @@ instead (`job._Job._carried_rows`).
 
 from __future__ import annotations
 
-import os
 import zlib
 from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
 
@@ -19,6 +18,8 @@ import numpy as np
 import pyarrow as pa
 import pyarrow.compute as pc
 import pyarrow.parquet as pq
+
+from pipelines.core.storage import locate
 
 BUCKETS_KEY = b"tidegauge.buckets"  # Parquet schema metadata: the reduce buckets a carried file holds
 # A record carried to the next run, as the state keeps it (pipelines.leapfrog.state.pack_carry_array packs carry).
@@ -52,8 +53,10 @@ def buckets_tag(buckets: Iterable[int]) -> dict[bytes, bytes]:
 
 
 def file_buckets(path: str) -> list[int] | None:
-    """The buckets a carried file holds (None: written without them, by the two-phase path or an older run)."""
-    meta = pq.read_schema(path).metadata or {}
+    """The buckets a carried file (a path or URI) holds (None: written without them, by the two-phase path or an
+    older run)."""
+    loc = locate(path)
+    meta = pq.read_schema(loc.path, filesystem=loc.fs).metadata or {}
     tag = meta.get(BUCKETS_KEY)
     return None if tag is None else [int(b) for b in tag.decode().split(",") if b]
 
@@ -61,7 +64,7 @@ def file_buckets(path: str) -> list[int] | None:
 def read_carried(
     directory: str, files: Mapping[str, Sequence[int]], buckets: Iterable[int]
 ) -> pa.Table | None:
-    """The carried records of `buckets`, sorted as the reduce input is: the files (name → buckets) that hold any
+    """The carried records (`directory` a path or URI) of `buckets`, sorted as the reduce input is: the files (name → buckets) that hold any
     of them, filtered when a file also holds buckets of another task. None when there are none."""
     want = set(buckets)
     tables = []
@@ -69,7 +72,8 @@ def read_carried(
         held = set(held)
         if not held & want:
             continue
-        t = pq.read_table(os.path.join(directory, name))
+        f = locate(directory) / name
+        t = pq.read_table(f.path, filesystem=f.fs)
         if not held <= want:
             t = t.filter(pc.is_in(t.column("bucket"), pa.array(sorted(want), pa.int32())))
         if "sortkey" not in t.schema.names:

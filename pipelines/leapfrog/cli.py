@@ -55,10 +55,15 @@ def register(sub) -> None:
         action="append",
         metavar="ID=URI",
         default=[],
-        help="region id and its VT: an archive directory or kafka://host:port[,...]; one per region, "
-        "two or more",
+        help="region id and its VT: an archive (a directory, or a URI such as s3://bucket/archive/dc-0) or "
+        "kafka://host:port[,...]; one per region, two or more",
     )
-    p.add_argument("--out", required=True, metavar="DIR", help="output directory (replaced atomically)")
+    p.add_argument(
+        "--out",
+        required=True,
+        metavar="DIR",
+        help="output directory or URI (published whole: renamed in, or a pointer on object stores)",
+    )
     p.add_argument(
         "--pairs", default="all", metavar="all|A-B,...", help="region pairs to compare (default all)"
     )
@@ -68,8 +73,8 @@ def register(sub) -> None:
     p.add_argument(
         "--state",
         metavar="DIR",
-        help="incremental runs: read the state the previous run left here, process only newer records, "
-        "commit the new state atomically (findings equal a full rescan)",
+        help="incremental runs: read the state the previous run left here (a directory or URI), process "
+        "only newer records, publish the new state whole (findings equal a full rescan)",
     )
     p.add_argument(
         "--master", metavar="URL", help="Spark master (default local[*], or what spark-submit set)"

@@ -22,8 +22,6 @@ from __future__ import annotations
 
 import json
 import logging
-import os
-import shutil
 import time
 from collections import defaultdict
 from dataclasses import dataclass, field
@@ -39,9 +37,11 @@ from pyspark.sql import functions as F
 
 from leapfrog.plan import RegionPartition, failed_reads, mark_latest_kept, plan_marks, views
 from pipelines.core.evidence import PartitionEvidence, describe_short, summary_fields
-from pipelines.core.output import OutputDir, guard, local_path, source_inputs, versions
+from pipelines.core.output import OutputDir, guard, source_inputs, versions, write_parquet_file
 from pipelines.core.progress import Progress
 from pipelines.core.sources import SourceError, SourceSpec
+from pipelines.core.spark_files import read_parquet, write_parquet
+from pipelines.core.storage import absolute
 from pipelines.leapfrog import decode as V
 from pipelines.leapfrog.carried import file_buckets
 from pipelines.leapfrog.keys import OUT_DDL, ROW_COLUMNS, SORT_COLUMNS, CompareContext, ScanReduce, stage_for
@@ -86,12 +86,7 @@ class LeapfrogOptions:
     def __post_init__(self) -> None:
         # executors read the state's carried files: a relative path would resolve in their working directory
         if self.state_dir is not None:
-            local = local_path(self.state_dir)
-            if local is None:
-                raise SourceError(
-                    f"--state {self.state_dir}: only local paths and file:// URIs are supported so far"
-                )
-            self.state_dir = str(local)
+            self.state_dir = absolute(self.state_dir)
 
     @property
     def topic(self) -> str:
@@ -225,7 +220,7 @@ def parse_pairs(text: str | None, regions: list[int]) -> list[tuple[int, int]]:
 
 def run(opts: LeapfrogOptions, spark: SparkSession | None = None) -> int:
     """Run the job; writes OUT/inconsistencies and OUT/summary.json (and the next --state); returns the exit code."""
-    from pipelines.core.spark_session import get_session
+    from pipelines.core.spark_session import get_session, warn_local_paths
     from pipelines.leapfrog import state as S
     from pipelines.leapfrog.source import check_sources, chunked_version, compaction_deadlines, plan
 
@@ -265,11 +260,13 @@ def run(opts: LeapfrogOptions, spark: SparkSession | None = None) -> int:
     for sp in splits:
         ends[(sp.region, sp.partition)] = max(ends.get((sp.region, sp.partition), 0), sp.end)
     spark = spark or get_session(opts.master, conf=opts.spark_conf)
+    warn_local_paths(spark, {**source_inputs(opts.sources), "--state": opts.state_dir, "--out": opts.out})
     buckets = int(spark.conf.get("spark.sql.shuffle.partitions"))
-    stage = None
+    stage = next_state = None
     if opts.state_dir is not None:  # the reduce tasks write the next state's carried records here
-        stage = S.staging_dir(opts.state_dir)
-        (stage / "carried").mkdir()
+        next_state = S.stage(opts.state_dir)
+        stage = next_state.stage()
+        (stage / "carried").makedirs()
     progress = Progress("leapfrog", spark=spark)
     job = _Job(
         spark,
@@ -281,7 +278,7 @@ def run(opts: LeapfrogOptions, spark: SparkSession | None = None) -> int:
         buckets,
         carried,
         state,
-        str(stage / "carried") if stage is not None else None,
+        (stage / "carried").uri if stage is not None else None,
         deadlines,
         progress,
     )
@@ -298,8 +295,8 @@ def run(opts: LeapfrogOptions, spark: SparkSession | None = None) -> int:
                 result.unpersist()
                 fused = False
                 if stage is not None:  # the two-phase run writes the carried records again, with other names
-                    shutil.rmtree(stage / "carried")
-                    (stage / "carried").mkdir()
+                    (stage / "carried").remove()
+                    (stage / "carried").makedirs()
         if not fused:
             result, facts = job.two_phase()
             counter_rows, _, _ = _counters(result)
@@ -359,6 +356,7 @@ def run(opts: LeapfrogOptions, spark: SparkSession | None = None) -> int:
                 old_settled,
                 buckets if fused else None,
             )
+            next_state.publish()
         timings["output_s"] = round(time.time() - t0 - sum(timings.values()), 3)
         timings["fused"] = fused
         if findings is not None:
@@ -389,7 +387,7 @@ def run(opts: LeapfrogOptions, spark: SparkSession | None = None) -> int:
         total_findings,
         len(pairs),
         len(all_partitions),
-        os.path.join(opts.out, "summary.json"),
+        out.published / "summary.json",
     )
     return code
 
@@ -423,7 +421,7 @@ class _Job:
 
     def _state_carries(self) -> bool:
         """Whether the previous run left carried records."""
-        return self.state is not None and any(self.state.carried_dir.glob("*.parquet"))
+        return self.state is not None and bool(self.state.carried_dir.files(".parquet"))
 
     def _carried_rows(self) -> DataFrame | None:
         """The two-phase job: records the previous run carried, as rows that meet the new ones in the shuffle.
@@ -432,7 +430,7 @@ class _Job:
         new keys first."""
         if not self._state_carries():
             return None
-        df = self.spark.read.parquet(str(self.state.carried_dir))
+        df = read_parquet(self.spark, self.state.carried_dir)
         cols = {
             "partition": F.col("partition"),
             "key": F.col("key"),
@@ -457,12 +455,12 @@ class _Job:
         if state is None or not self.splits or state.meta.get("reduce_buckets") != self.buckets:
             return None
         files = {}
-        for f in sorted(state.carried_dir.glob("*.parquet")):
-            held = file_buckets(str(f))
+        for f in state.carried_dir.files(".parquet"):
+            held = file_buckets(f.uri)
             if held is None:
                 return None
             files[f.name] = held
-        return str(state.carried_dir), files
+        return state.carried_dir.uri, files
 
     def fused(self):
         """One Spark job: scan → shuffle by key → per-key stage; each reduce task plans from the summaries it gets."""
@@ -478,7 +476,7 @@ class _Job:
         if own is None and self._state_carries():
             # the previous run's carried records join the shuffle (keys.pass_untouched passes the
             # settled keys no new record touches straight on)
-            old = self.spark.read.parquet(str(self.state.carried_dir)).mapInArrow(
+            old = read_parquet(self.spark, self.state.carried_dir).mapInArrow(
                 R.carried_batches(self.n), R.SCAN_DDL
             )
             rows = rows.unionByName(R.keyed(old, self.buckets))
@@ -633,7 +631,7 @@ def _findings(
         F.lit(opts.version).cast("int").alias("version"),
         *FINDING_COLUMNS[2:],
     )
-    old_dir = state.findings_dir if state is not None and state.findings_dir.exists() else None
+    old_dir = state.findings_dir if state is not None and state.findings_dir.files(".parquet") else None
     n_new = sum(r["new_findings"] for r in counter_rows)
     if n_new + _parquet_rows(old_dir) <= FINDINGS_ON_DRIVER:
         table = new.toArrow()
@@ -641,14 +639,12 @@ def _findings(
             table = _first_per_key(table, _read_findings(old_dir, table.schema))
         before = table.num_rows
         table = _withhold(table, unverified, overflow).sort_by(_ORDER)
-        path = out.file("inconsistencies")
-        path.mkdir(parents=True, exist_ok=True)
-        pq.write_table(table, path / "part-00000.parquet")
+        out.write_table("inconsistencies", table)
         return None, table, before - table.num_rows
     if old_dir is not None:
         from pyspark.sql import Window
 
-        old = result.sparkSession.read.parquet(str(old_dir)).select(*FINDING_COLUMNS)
+        old = read_parquet(result.sparkSession, old_dir).select(*FINDING_COLUMNS)
         w = Window.partitionBy("partition", "region_a", "region_b", "key").orderBy(
             F.coalesce("b_vt_offset", F.lit(-1)), F.coalesce("a_vt_offset", F.lit(-1))
         )
@@ -669,21 +665,23 @@ def _findings(
         before = new.count()
         new = new.mapInArrow(keep, schema)
     new = new.persist(StorageLevel.MEMORY_AND_DISK)
-    new.write.mode("overwrite").parquet(str(out.file("inconsistencies")))
+    write_parquet(new, out.file("inconsistencies"))
     return new, None, (before - new.count()) if before is not None else 0
 
 
 def _parquet_rows(path) -> int:
     if path is None:
         return 0
-    return sum(pq.ParquetFile(f).metadata.num_rows for f in sorted(path.glob("*.parquet")))
+    return sum(pq.ParquetFile(f.path, filesystem=f.fs).metadata.num_rows for f in path.files(".parquet"))
 
 
 def _read_findings(path, schema: pa.Schema) -> pa.Table:
-    files = sorted(path.glob("*.parquet"))
+    files = path.files(".parquet")
     if not files:
         return schema.empty_table()
-    return pa.concat_tables([pq.read_table(f).select(schema.names).cast(schema) for f in files])
+    return pa.concat_tables(
+        [pq.read_table(f.path, filesystem=f.fs).select(schema.names).cast(schema) for f in files]
+    )
 
 
 def _first_per_key(new: pa.Table, old: pa.Table) -> pa.Table:
@@ -735,10 +733,10 @@ def _commit_state(
     from pipelines.leapfrog import state as S
 
     if findings_table is not None:
-        (stage / "findings").mkdir()
-        pq.write_table(findings_table, stage / "findings" / "part-00000.parquet")
+        (stage / "findings").makedirs()
+        write_parquet_file(findings_table, stage / "findings" / "part-00000.parquet")
     else:
-        findings.write.mode("overwrite").parquet(str(stage / "findings"))
+        write_parquet(findings, stage / "findings")
     region_rows = []
     for (region, partition), rp in sorted(facts.items()):
         end = ends.get((region, partition))
@@ -787,7 +785,6 @@ def _commit_state(
         "reduce_buckets": buckets,
     }
     S.write_meta(stage, meta, region_rows)
-    S.commit(opts.state_dir, stage)
 
 
 def _evidence(

@@ -14,8 +14,9 @@ still take part in a comparison; and every finding so far. Layout:
                      per reduce task, written by the task itself.
     DIR/findings/    Parquet: the findings so far, in the output's columns
 
-A run writes the next state beside DIR and swaps it in with renames, so a run killed at any moment leaves the
-previous state, and running again gives the same result.
+DIR is any path or URI the filesystem layer serves. A run builds the next state in a staging directory and publishes
+it whole (`pipelines.core.publish`: renames on local disk and HDFS, a pointer object on object stores), so a run
+killed at any moment leaves the previous state, and running again gives the same result.
 """
 
 from __future__ import annotations
@@ -23,12 +24,13 @@ from __future__ import annotations
 import json
 import logging
 import os
-import shutil
 from dataclasses import dataclass
-from pathlib import Path
 from typing import Any
 
 import numpy as np
+
+from pipelines.core.publish import MARKER, Publication, current, recover
+from pipelines.core.storage import Location, locate
 
 log = logging.getLogger("tidegauge.leapfrog")
 VERSION = 2  # 2: carried records in one directory, written by the reduce tasks
@@ -105,18 +107,18 @@ def carry_flags(col) -> np.ndarray:
 
 @dataclass
 class State:
-    path: Path
+    path: Location  # where the published state's files are
     meta: dict[str, Any]
     regions: dict[
         tuple[int, int], dict[str, Any]
     ]  # (region, partition) → last_offset, final_hw, baseline, ...
 
     @property
-    def carried_dir(self) -> Path:
+    def carried_dir(self) -> Location:
         return self.path / "carried"
 
     @property
-    def findings_dir(self) -> Path:
+    def findings_dir(self) -> Location:
         return self.path / "findings"
 
     def settled_keys(self) -> dict[tuple[int, int, int], int]:
@@ -136,19 +138,22 @@ def load(
     pairs: list[tuple[int, int]],
     regions: list[int],
 ) -> State | None:
-    """The state in `path`, or None when there is none yet. Raises StateError when it belongs to another run."""
-    path = Path(path)
-    meta_file = path / "state.json"
-    if not path.exists():
-        _recover_interrupted_commit(path)
-    if not meta_file.exists():
-        if path.exists() and any(path.iterdir()):
-            raise StateError(
-                f"--state {path}: not empty but has no state.json (not a tidegauge state directory)"
-            )
-        return None
+    """The state in `path`, or None when there is none yet. Raises StateError when it belongs to another run or
+    cannot be read."""
     try:
-        doc = json.loads(meta_file.read_text())
+        target = locate(path)
+        if recover(target):
+            log.warning("--state %s: restored the previous state (a run was killed while committing)", target)
+        where = current(target)
+        meta_file = where / "state.json"
+        if not meta_file.is_file():
+            strangers = [c for c in target.children() if c.name != MARKER]
+            if strangers:
+                raise StateError(
+                    f"--state {target}: not empty but has no state.json (not a tidegauge state directory)"
+                )
+            return None
+        doc = json.loads(meta_file.read_bytes())
     except (OSError, json.JSONDecodeError) as exc:
         raise StateError(f"--state {path}: state.json is unreadable: {exc}") from None
     meta = doc.get("meta", {})
@@ -168,49 +173,15 @@ def load(
     if doc.get("format") != VERSION:
         raise StateError(f"--state {path}: state format {doc.get('format')!r} is not {VERSION}")
     regions_state = {(r["region"], r["partition"]): r for r in doc.get("regions", [])}
-    return State(path, meta, regions_state)
+    return State(where, meta, regions_state)
 
 
-def _recover_interrupted_commit(path: Path) -> None:
-    """A run killed between the two renames of `commit` left the previous state aside as `.NAME.old-PID`; its
-    output was not committed either, so that state is the one to continue from: put it back."""
-    for old in sorted(path.parent.glob(f".{path.name}.old-*")):
-        if (old / "state.json").exists():
-            os.replace(old, path)
-            log.warning(
-                "--state %s: restored the previous state from %s (a run was killed while committing)",
-                path,
-                old.name,
-            )
-            return
+def stage(path: str | os.PathLike) -> Publication:
+    """The next state's publication: `.stage()` gives the directory to build it in, `.publish()` commits it."""
+    return Publication(locate(path), "leapfrog state")
 
 
-def staging_dir(path: str | os.PathLike) -> Path:
-    path = Path(path)
-    stage = path.with_name(f".{path.name}.next-{os.getpid()}")
-    shutil.rmtree(stage, ignore_errors=True)
-    for old in path.parent.glob(f".{path.name}.next-*"):
-        shutil.rmtree(old, ignore_errors=True)
-    stage.mkdir(parents=True)
-    return stage
-
-
-def write_meta(stage: Path, meta: dict[str, Any], regions: list[dict[str, Any]]) -> None:
-    from div.checkpoint import atomic_write
-
-    atomic_write(
-        stage / "state.json",
-        (json.dumps({"format": VERSION, "meta": meta, "regions": regions}, indent=1) + "\n").encode(),
+def write_meta(stage: Location, meta: dict[str, Any], regions: list[dict[str, Any]]) -> None:
+    (stage / "state.json").write_text(
+        json.dumps({"format": VERSION, "meta": meta, "regions": regions}, indent=1) + "\n"
     )
-
-
-def commit(path: str | os.PathLike, stage: Path) -> None:
-    """Swap the staged state in (rename the old one away first, then the new one in)."""
-    path = Path(path)
-    old = None
-    if path.exists():
-        old = path.with_name(f".{path.name}.old-{os.getpid()}")
-        os.replace(path, old)
-    os.replace(stage, path)
-    if old is not None:
-        shutil.rmtree(old, ignore_errors=True)

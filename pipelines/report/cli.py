@@ -7,7 +7,6 @@ only when a report is actually made.
 from __future__ import annotations
 
 import argparse
-import pathlib
 
 from pipelines.core.errors import EXIT_USAGE, UsageError, exit_codes
 from pipelines.core.progress import duration
@@ -75,17 +74,26 @@ def register(subparsers: argparse._SubParsersAction) -> None:
     parser.set_defaults(func=run)
 
 
-def _check_dir(flag: str, value: str | None) -> None:
-    if value is not None and not pathlib.Path(value).is_dir():
-        raise UsageError(f"{flag} {value}: no such directory")
+def _exists(flag: str, value: str | None, directory: bool) -> None:
+    """A named input exists (a local path or any URI the filesystem layer serves), before GX is imported."""
+    if value is None:
+        return
+    from pipelines.core.storage import locate
+
+    try:
+        where = locate(value)
+        found = where.is_dir() if directory else where.is_file()
+    except OSError as exc:
+        raise UsageError(f"{flag} {value}: cannot read: {exc}") from None
+    if not found:
+        raise UsageError(f"{flag} {value}: no such {'directory' if directory else 'file'}")
 
 
 @exit_codes(InputError, ExpectationsConfigError)
 def run(args: argparse.Namespace) -> int:
     for flag, value in (("--leapfrog", args.leapfrog), ("--div", args.div), ("--lag", args.lag)):
-        _check_dir(flag, value)
-    if args.expectations is not None and not pathlib.Path(args.expectations).is_file():
-        raise UsageError(f"--expectations {args.expectations}: no such file")
+        _exists(flag, value, directory=True)
+    _exists("--expectations", args.expectations, directory=False)
     from pipelines.core.output import check_history, guard
 
     guard(

@@ -24,6 +24,7 @@ from typing import Any
 import pandas as pd
 import yaml
 
+from pipelines.core.storage import locate
 from pipelines.report.errors import ExpectationsConfigError
 from pipelines.report.tables import ID_COLUMNS, TABLES
 
@@ -112,14 +113,19 @@ class ValidationRun:
 # ---------------------------------------------------------------------------------------------------- config
 
 
-def _read_yaml(path: pathlib.Path) -> dict[str, Any]:
-    if not path.is_file():
+def _read_yaml(path: pathlib.Path | str) -> dict[str, Any]:
+    try:
+        where = locate(path)  # a local file or any URI the filesystem layer serves
+        found = where.is_file()
+    except OSError as exc:
+        raise ExpectationsConfigError(f"expectations file {path}: cannot read: {exc}") from exc
+    if not found:
         hint = (
             " (it ships inside the tidegauge package: reinstall it)" if path == DEFAULT_EXPECTATIONS else ""
         )
         raise ExpectationsConfigError(f"expectations file {path} not found{hint}")
     try:
-        data = yaml.safe_load(path.read_text(encoding="utf-8"))
+        data = yaml.safe_load(where.read_text())
     except (OSError, UnicodeDecodeError, yaml.YAMLError) as exc:
         raise ExpectationsConfigError(f"expectations file {path} is not readable YAML: {exc}") from exc
     if data is None:
@@ -193,11 +199,13 @@ def load_expectations(
     typo fails here, naming the file and the entry, not halfway through a nightly run.
     """
     default = pathlib.Path(default)
-    files = [default] + ([pathlib.Path(override)] if override is not None else [])
+    files = [default] + (
+        [override if "://" in str(override) else pathlib.Path(override)] if override is not None else []
+    )
     thresholds: dict[str, float] = {}
     suites: dict[str, SuiteSpec] = {}
-    suite_file: dict[str, pathlib.Path] = {}
-    overridden: dict[str, pathlib.Path] = {}
+    suite_file: dict[str, pathlib.Path | str] = {}
+    overridden: dict[str, pathlib.Path | str] = {}
     for path in files:
         data = _read_yaml(path)
         given = _parse_thresholds(data.get("thresholds"), path)

@@ -11,7 +11,6 @@ from __future__ import annotations
 
 import datetime as dt
 import os
-import pathlib
 import uuid
 from dataclasses import dataclass, field
 from typing import Any
@@ -19,6 +18,8 @@ from typing import Any
 import pandas as pd
 import pyarrow as pa
 import pyarrow.parquet as pq
+
+from pipelines.core.storage import Location, locate
 
 DIVERGENCE_ID = ("store", "version", "partition", "region_a", "region_b", "type", "key_hex")
 DIV_FINDING_ID = ("region", "topic", "partition", "offset", "type")
@@ -143,7 +144,7 @@ def div_finding_ids(rows: pd.DataFrame) -> list[tuple]:
     ]
 
 
-def _to_record(row: dict[str, Any], path: pathlib.Path) -> RunRecord:
+def _to_record(row: dict[str, Any], path: Location) -> RunRecord:
     run_at = row["run_at"]
     if run_at.tzinfo is None:
         run_at = run_at.replace(tzinfo=dt.UTC)
@@ -168,19 +169,21 @@ def _to_record(row: dict[str, Any], path: pathlib.Path) -> RunRecord:
     )
 
 
-def read_history(directory: str | pathlib.Path) -> tuple[list[RunRecord], list[str]]:
+def read_history(directory: str | os.PathLike) -> tuple[list[RunRecord], list[str]]:
     """Every run recorded in `directory`, oldest first, and a warning for each file that could not be read.
 
     An unreadable history file must not stop this morning's report (today's findings do not depend on it),
     so it is skipped and named on the page instead.
     """
-    directory = pathlib.Path(directory)
+    directory = locate(directory)
     runs, problems = [], []
     if not directory.is_dir():
         return runs, problems
-    for path in sorted(directory.glob("run-*.parquet")):
+    for path in directory.children():
+        if not (path.name.startswith("run-") and path.name.endswith(".parquet")):
+            continue
         try:
-            rows = pq.read_table(path).to_pylist()
+            rows = pq.read_table(path.path, filesystem=path.fs).to_pylist()
             runs.extend(_to_record(row, path) for row in rows)
         except Exception as exc:  # any damage to one file: report it, keep the others
             problems.append(f"history file {path} skipped: {type(exc).__name__}: {exc}")
@@ -188,11 +191,11 @@ def read_history(directory: str | pathlib.Path) -> tuple[list[RunRecord], list[s
     return runs, problems
 
 
-def append_run(directory: str | pathlib.Path, record: RunRecord) -> pathlib.Path:
-    """Write `record` as a new Parquet file in `directory` (created if needed); returns its path."""
-    directory = pathlib.Path(directory)
-    directory.mkdir(parents=True, exist_ok=True)
-    from pipelines.core.output import MARKER, write_marker
+def append_run(directory: str | os.PathLike, record: RunRecord) -> Location:
+    """Write `record` as a new Parquet file in `directory` (created if needed); returns where."""
+    directory = locate(directory)
+    directory.makedirs()
+    from pipelines.core.output import MARKER, write_marker, write_parquet_file
 
     if not (directory / MARKER).exists():
         write_marker(directory, "report history")
@@ -208,12 +211,7 @@ def append_run(directory: str | pathlib.Path, record: RunRecord) -> pathlib.Path
     table = pa.Table.from_pylist([row], schema=SCHEMA)
     stamp = record.run_at.astimezone(dt.UTC).strftime("%Y%m%dT%H%M%S%fZ")
     final = directory / f"run-{stamp}-{uuid.uuid4().hex[:8]}.parquet"
-    temporary = directory / f".{final.name}.tmp"
-    try:
-        pq.write_table(table, temporary)
-        os.replace(temporary, final)
-    finally:
-        temporary.unlink(missing_ok=True)
+    write_parquet_file(table, final)
     return final
 
 

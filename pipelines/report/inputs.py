@@ -9,7 +9,7 @@ trace from deep inside pandas.
 from __future__ import annotations
 
 import json
-import pathlib
+import os
 from dataclasses import dataclass
 from typing import Any
 
@@ -17,6 +17,8 @@ import pandas as pd
 import pyarrow as pa
 import pyarrow.parquet as pq
 
+from pipelines.core.publish import current
+from pipelines.core.storage import Location, locate
 from pipelines.report.errors import InputError
 
 # Columns the report needs from each Parquet dataset (docs/outputs.md pins more; extra ones are kept).
@@ -78,7 +80,7 @@ HEARTBEAT_COLUMNS = {
 
 @dataclass
 class LeapfrogOutput:
-    path: pathlib.Path
+    path: Location
     summary: dict[str, Any]
     inconsistencies: pd.DataFrame
 
@@ -97,14 +99,14 @@ class LeapfrogOutput:
 
 @dataclass
 class DivOutput:
-    path: pathlib.Path
+    path: Location
     summary: dict[str, Any]
     errors: pd.DataFrame
 
 
 @dataclass
 class LagOutput:
-    path: pathlib.Path
+    path: Location
     summary: dict[str, Any]
     lag: pd.DataFrame
     heartbeats: pd.DataFrame
@@ -118,11 +120,11 @@ class Inputs:
     lag: LagOutput | None = None
 
 
-def _read_json(path: pathlib.Path, what: str) -> dict[str, Any]:
+def _read_json(path: Location, what: str) -> dict[str, Any]:
     if not path.is_file():
         raise InputError(f"{what}: {path} not found (every job output holds it; see docs/outputs.md)")
     try:
-        data = json.loads(path.read_text(encoding="utf-8"))
+        data = json.loads(path.read_text())
     except (OSError, UnicodeDecodeError, json.JSONDecodeError) as exc:
         raise InputError(f"{what}: {path} is not readable JSON: {exc}") from exc
     if not isinstance(data, dict):
@@ -130,13 +132,13 @@ def _read_json(path: pathlib.Path, what: str) -> dict[str, Any]:
     return data
 
 
-def _require_fields(data: dict[str, Any], fields: list[str], path: pathlib.Path, what: str) -> None:
+def _require_fields(data: dict[str, Any], fields: list[str], path: Location, what: str) -> None:
     missing = [f for f in fields if f not in data]
     if missing:
         raise InputError(f"{what}: {path} lacks the field(s) {', '.join(missing)} (see docs/outputs.md)")
 
 
-def _check_job(data: dict[str, Any], expected: str, path: pathlib.Path, flag: str) -> None:
+def _check_job(data: dict[str, Any], expected: str, path: Location, flag: str) -> None:
     job = data.get("job")
     if job is not None and job != expected:
         raise InputError(
@@ -144,7 +146,7 @@ def _check_job(data: dict[str, Any], expected: str, path: pathlib.Path, flag: st
         )
 
 
-def _read_dataset(path: pathlib.Path, columns: dict[str, pa.DataType], what: str) -> pd.DataFrame:
+def _read_dataset(path: Location, columns: dict[str, pa.DataType], what: str) -> pd.DataFrame:
     """Read a Parquet dataset directory (as Spark or pyarrow write it) into pandas.
 
     Integer columns that may hold nulls stay Python ints and None (not floats), so offsets print exactly.
@@ -154,13 +156,13 @@ def _read_dataset(path: pathlib.Path, columns: dict[str, pa.DataType], what: str
         raise InputError(
             f"{what}: {path} not found (expected a directory of Parquet files; see docs/outputs.md)"
         )
-    files = sorted(p for p in path.rglob("*.parquet") if not p.name.startswith(("_", ".")))
+    files = path.files(".parquet")
     if not files:
         return pa.schema(list(columns.items())).empty_table().to_pandas(integer_object_nulls=True)
     tables = []
     for file in files:
         try:
-            tables.append(pq.read_table(file))
+            tables.append(pq.read_table(file.path, filesystem=file.fs))
         except (OSError, pa.ArrowException) as exc:
             raise InputError(f"{what}: {file} is not a readable Parquet file: {exc}") from exc
     try:
@@ -181,12 +183,21 @@ def _read_dataset(path: pathlib.Path, columns: dict[str, pa.DataType], what: str
     return table.to_pandas(integer_object_nulls=True)
 
 
-def load_leapfrog(path: str | pathlib.Path) -> LeapfrogOutput:
+def _output(path: str | os.PathLike, what: str) -> Location:
+    """Where a job output's published files are (any path or URI; on object stores the run its pointer names)."""
+    try:
+        where = locate(path)
+        if not where.is_dir():
+            raise InputError(f"{what}: {where} is not a directory")
+        return current(where)
+    except OSError as exc:
+        raise InputError(f"{what}: {path}: cannot read: {exc}") from None
+
+
+def load_leapfrog(path: str | os.PathLike) -> LeapfrogOutput:
     """Read `tidegauge leapfrog --out DIR`: summary.json and inconsistencies/."""
-    path = pathlib.Path(path)
     what = "--leapfrog"
-    if not path.is_dir():
-        raise InputError(f"{what}: {path} is not a directory")
+    path = _output(path, what)
     summary = _read_json(path / "summary.json", what)
     _check_job(summary, "leapfrog", path / "summary.json", what)
     _require_fields(
@@ -196,12 +207,10 @@ def load_leapfrog(path: str | pathlib.Path) -> LeapfrogOutput:
     return LeapfrogOutput(path=path, summary=summary, inconsistencies=rows)
 
 
-def load_div(path: str | pathlib.Path) -> DivOutput:
+def load_div(path: str | os.PathLike) -> DivOutput:
     """Read `tidegauge div validate --out DIR`: summary.json and errors/."""
-    path = pathlib.Path(path)
     what = "--div"
-    if not path.is_dir():
-        raise InputError(f"{what}: {path} is not a directory")
+    path = _output(path, what)
     summary = _read_json(path / "summary.json", what)
     _check_job(summary, "div validate", path / "summary.json", what)
     _require_fields(summary, ["partitions"], path / "summary.json", what)
@@ -209,12 +218,10 @@ def load_div(path: str | pathlib.Path) -> DivOutput:
     return DivOutput(path=path, summary=summary, errors=rows)
 
 
-def load_lag(path: str | pathlib.Path) -> LagOutput:
+def load_lag(path: str | os.PathLike) -> LagOutput:
     """Read `tidegauge lag --out DIR`: lag.json (for when lag was measured), lag/ and heartbeats/."""
-    path = pathlib.Path(path)
     what = "--lag"
-    if not path.is_dir():
-        raise InputError(f"{what}: {path} is not a directory")
+    path = _output(path, what)
     summary = _read_json(path / "lag.json", what)
     _check_job(summary, "lag", path / "lag.json", what)
     lag = _read_dataset(path / "lag", LAG_COLUMNS, what)
@@ -230,9 +237,9 @@ def load_lag(path: str | pathlib.Path) -> LagOutput:
 
 
 def load_inputs(
-    leapfrog_dir: str | pathlib.Path,
-    div_dir: str | pathlib.Path,
-    lag_dir: str | pathlib.Path | None = None,
+    leapfrog_dir: str | os.PathLike,
+    div_dir: str | os.PathLike,
+    lag_dir: str | os.PathLike | None = None,
 ) -> Inputs:
     """Read every job output the report was given; raises `InputError` naming the first bad one."""
     return Inputs(

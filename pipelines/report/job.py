@@ -8,11 +8,11 @@ from __future__ import annotations
 import datetime as dt
 import json
 import os
-import pathlib
 import time
 from dataclasses import dataclass, field
 from typing import Any
 
+from pipelines.core.storage import Location, locate
 from pipelines.report.expectations import (
     ExpectationsConfigError,
     ValidationRun,
@@ -40,9 +40,9 @@ OVERALL = {EXIT_CLEAN: "PASS", EXIT_FAILED: "FAIL", EXIT_PARTIAL: "PARTIAL"}
 class ReportResult:
     verdict: dict[str, Any]
     exit_code: int
-    html_path: pathlib.Path
-    json_path: pathlib.Path
-    history_path: pathlib.Path | None
+    html_path: Location
+    json_path: Location
+    history_path: Location | None
     counts: dict[str, Any]
     failed_checks: list[str] = field(default_factory=list)
     timings: dict[str, float] = field(default_factory=dict)
@@ -147,12 +147,6 @@ def compute_verdict(
         },
         "changes": changes,
     }
-
-
-def _write_atomic(path: pathlib.Path, text: str) -> None:
-    temporary = path.with_name(f".{path.name}.tmp")
-    temporary.write_text(text, encoding="utf-8")
-    os.replace(temporary, path)
 
 
 def _record(
@@ -292,10 +286,10 @@ def run_report(
     trend = compare(history_runs, record, history_warnings) if history_dir is not None else None
     verdict = compute_verdict(numbers, validation, config.thresholds, trend)
 
-    out = pathlib.Path(out_dir)
-    out.mkdir(parents=True, exist_ok=True)
     from pipelines.core.output import MARKER, write_marker
 
+    out = locate(out_dir)
+    out.makedirs()
     if not (out / MARKER).exists():
         write_marker(out, "report")
     exit_code = exit_code_for(validation, verdict)
@@ -320,7 +314,7 @@ def run_report(
         layout=html.finding_layout(inputs, trend),
     )
     html_path = out / "report.html"
-    _write_atomic(html_path, html.render(page))
+    html_path.write_text(html.render(page))  # each file appears whole (pipelines.core.storage)
     timings["render_s"] = time.perf_counter() - t
 
     history_path = append_run(history_dir, record) if history_dir is not None else None
@@ -368,7 +362,7 @@ def run_report(
         "timings": {k: round(v, 4) for k, v in timings.items()},
     }
     json_path = out / "report.json"
-    _write_atomic(json_path, json.dumps(report, indent=2, default=str, ensure_ascii=False) + "\n")
+    json_path.write_text(json.dumps(report, indent=2, default=str, ensure_ascii=False) + "\n")
     return ReportResult(
         verdict=verdict,
         exit_code=exit_code,

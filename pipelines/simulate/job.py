@@ -3,6 +3,7 @@ command's typed options; `cli` builds it from --conf and flags)."""
 
 from __future__ import annotations
 
+import dataclasses
 import os
 import sys
 from pathlib import Path
@@ -30,11 +31,17 @@ def _check_clusters(cfg) -> None:
 
 def run(cfg: SimConfig) -> int:
     from pipelines.core.output import MARKER, check_output, write_marker
+    from pipelines.core.storage import is_local
     from sim import run
     from sim.cluster import ClusterError
     from sim.runner import SimulationError
     from sim.worker import WorkerError
 
+    if not is_local(cfg.out):  # the simulator's writers (archives, checkpoints) are local-disk ones
+        raise UsageError(
+            f"--out {cfg.out}: simulate writes to local disk; copy its archive/ to the store afterwards"
+        )
+    cfg = dataclasses.replace(cfg, out=str(cfg.out).removeprefix("file://"))
     check_output(cfg.out, "simulate")
     _check_clusters(cfg)
     out = Path(cfg.out)

@@ -12,10 +12,12 @@ IDENTITY = {"store": "s", "version": 1, "mode": "heartbeat", "pairs": [(0, 1)], 
 
 
 def _stage(path, marker: str):
-    stage = S.staging_dir(path)
+    """The next state, complete in its staging directory; `.publish()` commits it."""
+    publication = S.stage(path)
+    stage = publication.stage()
     meta = {"store": "s", "version": 1, "mode": "heartbeat", "pairs": [[0, 1]], "regions": [0, 1]}
     S.write_meta(stage, meta, [{"region": 0, "partition": 0, "last_offset": 5, "marker": marker}])
-    return stage
+    return publication
 
 
 def _marker(state) -> str:
@@ -25,15 +27,15 @@ def _marker(state) -> str:
 def test_commit_swaps_the_new_state_in(tmp_path):
     path = tmp_path / "state"
     assert S.load(path, **IDENTITY) is None
-    S.commit(path, _stage(path, "day1"))
-    S.commit(path, _stage(path, "day2"))
+    _stage(path, "day1").publish()
+    _stage(path, "day2").publish()
     assert _marker(S.load(path, **IDENTITY)) == "day2"
     assert sorted(p.name for p in tmp_path.iterdir()) == ["state"]
 
 
 def test_a_kill_between_the_two_renames_restores_the_previous_state(tmp_path):
     path = tmp_path / "state"
-    S.commit(path, _stage(path, "day1"))
+    _stage(path, "day1").publish()
     _stage(path, "day2")  # the next state, complete in its staging directory...
     os.replace(path, tmp_path / f".state.old-{os.getpid()}")  # ...and the kill came after the first rename
     state = S.load(path, **IDENTITY)
@@ -43,6 +45,6 @@ def test_a_kill_between_the_two_renames_restores_the_previous_state(tmp_path):
 
 def test_another_runs_state_is_refused(tmp_path):
     path = tmp_path / "state"
-    S.commit(path, _stage(path, "day1"))
+    _stage(path, "day1").publish()
     with pytest.raises(S.StateError, match="built with"):
         S.load(path, **{**IDENTITY, "store": "other"})

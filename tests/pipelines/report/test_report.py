@@ -423,3 +423,14 @@ def test_leapfrog_failed_partitions_fail_the_heartbeat_check_of_the_right_region
     [exp] = next(s for s in report["expectations"]["suites"] if s["name"] == "heartbeats")["expectations"]
     assert [(r["region"], r["partition"]) for r in exp["unexpected_rows"]] == [(2, 1)]
     assert "has no records in [2]" in result.html_path.read_text(encoding="utf-8")
+
+
+def test_the_nightly_report_appends_to_the_same_history_night_after_night(tmp_path, capsys):
+    """Found by the object-store tests: the second `report --history H` was refused (exit 2) because the history
+    was checked as if it were an output to replace."""
+    outputs = build_outputs(tmp_path / "in", ["divergence"])
+    argv = ["report", "--leapfrog", str(outputs.leapfrog), "--div", str(outputs.div)]
+    history = tmp_path / "history"
+    codes = [cli_main([*argv, "--out", str(tmp_path / f"night-{n}"), "--history", str(history)]) for n in (1, 2)]
+    assert codes[0] == codes[1] == 1, capsys.readouterr().err
+    assert len(list(history.glob("run-*.parquet"))) == 2
