@@ -151,6 +151,8 @@ class _TaskRun:
             keep[0] = True
         if self.start is not None:
             keep &= offsets >= self.start
+        if self.task.end is not None:  # the shuffle plan's scan fixed its own (later) end offsets
+            keep &= offsets < self.task.end
         self.last_offset = int(offsets[-1])
         return batch if keep.all() else batch.filter(pa.array(keep))
 
@@ -296,7 +298,9 @@ class ReadAndValidate:
                 current = _TaskRun(tid, task, self.opts, source)
                 try:
                     if not current.done:
-                        for records in source.iter_partition(task.topic, task.partition, start=current.start):
+                        for records in source.iter_partition(
+                            task.topic, task.partition, start=current.start, end=task.end
+                        ):
                             if self.records is not None:
                                 self.records.add(records.num_rows)
                             yield from current.feed(records)
@@ -569,8 +573,10 @@ def plan_tasks(
     tasks = plan(opts, opened)
     sizes: list[int] = []
     partitions_of: dict[tuple[int, str], list[int]] = {}
-    for t in tasks:
+    for i, t in enumerate(tasks):
         first, end = by_region[t.region].bounds(t.topic, t.partition)
+        # a Spark task opens its own source, whose bounds are its own: it must read up to the plan's end
+        tasks[i] = dataclasses.replace(t, end=end)
         sizes.append(max(end - first, 0))
         partitions_of.setdefault((t.region, t.topic), []).append(t.partition)
     return tasks, sizes, partitions_of

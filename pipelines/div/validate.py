@@ -41,12 +41,15 @@ class ValidateOptions:
 
 @dataclass
 class PartitionTask:
-    """One (source, topic, partition) to validate, with the tolerances that apply to it."""
+    """One (source, topic, partition) to validate, with the tolerances that apply to it. `end`: the end offset
+    (exclusive) the driver planned, for a reader that is not the driver's opened source (a Spark task); None: the
+    source's own planned bound."""
 
     region: int
     topic: str
     partition: int
     config: ValidatorConfig
+    end: int | None = None
 
 
 def plan(opts: ValidateOptions, opened: list[Source]) -> list[PartitionTask]:

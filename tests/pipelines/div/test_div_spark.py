@@ -401,6 +401,43 @@ def test_same_on_a_live_cluster_with_an_empty_partition(spark, embedded_kafka, t
     assert any(e["partition"] == 2 and e["type"] == "UNDECODABLE" for e in errors)
 
 
+@pytest.mark.kafka
+@pytest.mark.parametrize("read", ["shuffle", "direct"])
+def test_records_written_after_planning_are_not_read(spark, embedded_kafka, tmp_path, read, monkeypatch):
+    """Each task reads the offsets the driver planned: records a producer writes once the job is planned (here
+    while the session starts; on a cluster, before an executor opens the topic) are not validated, as the local
+    engine, run before they were written, is the reference. (Found on a standalone cluster: the direct plan's
+    tasks read up to their executor's own high watermark, the shuffle plan's scan up to its own.)"""
+    from confluent_kafka import Producer
+
+    import pipelines.core.spark_session as session
+
+    a = _traffic(seed=22, partitions=2, records=300, start_ms=START_MS)
+    topic = f"div-planned-{read}-{random.Random().randrange(1 << 30):08x}"
+    embedded_kafka.create_topic(topic, 2)
+    producer = Producer({"bootstrap.servers": embedded_kafka.bootstrap_servers, "linger.ms": 5})
+    for p, recs in a.items():
+        for key, value, headers, ts in recs:
+            producer.produce(topic, key=key, value=value, partition=p, headers=headers, timestamp=ts)
+    assert producer.flush(30) == 0
+    kw = dict(sources=[SourceSpec(0, embedded_kafka.uri)], topics=[topic])
+    local_out, spark_out = str(tmp_path / "local"), str(tmp_path / "spark")
+    code = run_local(_opts((None, None), local_out, **kw))
+    get_session = session.get_session
+
+    def written_after_planning(*args, **kwargs):
+        for p in a:
+            producer.produce(topic, key=b"\x00late", value=b"written after planning", partition=p)
+        assert producer.flush(30) == 0
+        return get_session(*args, **kwargs)
+
+    monkeypatch.setattr(session, "get_session", written_after_planning)
+    assert run_spark(_opts((None, None), spark_out, **kw), read=read) == code
+    assert _summary(spark_out) == _summary(local_out)
+    assert _errors(spark_out) == _errors(local_out)
+    assert [p["records"] for p in _summary(spark_out)["partitions"]] == [len(a[0]), len(a[1])]
+
+
 def test_cli_engine_spark(spark, archives, tmp_path):
     from pipelines.cli import main
 
