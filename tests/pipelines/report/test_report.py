@@ -431,6 +431,8 @@ def test_the_nightly_report_appends_to_the_same_history_night_after_night(tmp_pa
     outputs = build_outputs(tmp_path / "in", ["divergence"])
     argv = ["report", "--leapfrog", str(outputs.leapfrog), "--div", str(outputs.div)]
     history = tmp_path / "history"
-    codes = [cli_main([*argv, "--out", str(tmp_path / f"night-{n}"), "--history", str(history)]) for n in (1, 2)]
+    codes = [
+        cli_main([*argv, "--out", str(tmp_path / f"night-{n}"), "--history", str(history)]) for n in (1, 2)
+    ]
     assert codes[0] == codes[1] == 1, capsys.readouterr().err
     assert len(list(history.glob("run-*.parquet"))) == 2
