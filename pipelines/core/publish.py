@@ -97,6 +97,9 @@ class Publication:
         recover(self.target)
         self._remove_abandoned()
         if self.target.is_object_store:
+            # marked first: what a killed run leaves under the target (an unpublished run) is recognisably ours
+            if not (self.target / MARKER).is_file():
+                (self.target / MARKER).write_text(_marker(self.label))
             self.staging = self.target / RUNS / self.run_id
         else:
             self.staging = self.target.parent / f".{self.target.name}.staging-{os.getpid()}"
@@ -108,7 +111,6 @@ class Publication:
     def publish(self) -> None:
         assert self.staging is not None
         if self.target.is_object_store:
-            (self.target / MARKER).write_text(_marker(self.label))
             (self.target / POINTER).write_text(
                 json.dumps({"run": self.run_id, "published_at": dt.datetime.now(dt.UTC).isoformat()}) + "\n"
             )

@@ -29,7 +29,7 @@ from typing import Any
 
 import numpy as np
 
-from pipelines.core.publish import MARKER, Publication, current, recover
+from pipelines.core.publish import MARKER, RUNS, Publication, current, recover
 from pipelines.core.storage import Location, locate
 
 log = logging.getLogger("tidegauge.leapfrog")
@@ -147,7 +147,7 @@ def load(
         where = current(target)
         meta_file = where / "state.json"
         if not meta_file.is_file():
-            strangers = [c for c in target.children() if c.name != MARKER]
+            strangers = [c for c in target.children() if c.name not in (MARKER, RUNS)]  # RUNS: unpublished
             if strangers:
                 raise StateError(
                     f"--state {target}: not empty but has no state.json (not a tidegauge state directory)"

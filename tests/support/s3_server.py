@@ -7,10 +7,11 @@ from __future__ import annotations
 
 import contextlib
 import os
-import socket
 import uuid
 from collections.abc import Iterator
 from dataclasses import dataclass
+
+from standalone_cluster import free_port
 
 ENV_KEYS = (
     "AWS_ENDPOINT_URL",
@@ -19,12 +20,6 @@ ENV_KEYS = (
     "AWS_REGION",
     "AWS_DEFAULT_REGION",
 )
-
-
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
 
 
 @dataclass
@@ -64,7 +59,7 @@ def s3_server() -> Iterator[S3Server]:
     """Start the server and point this process's environment at it (restored afterwards)."""
     from moto.server import ThreadedMotoServer
 
-    port = _free_port()
+    port = free_port()
     server = ThreadedMotoServer(ip_address="127.0.0.1", port=port, verbose=False)
     server.start()
     endpoint = f"http://127.0.0.1:{port}"

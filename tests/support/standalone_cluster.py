@@ -24,7 +24,7 @@ from pathlib import Path
 import pyspark
 
 
-def _free_port() -> int:
+def free_port() -> int:
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))
         return s.getsockname()[1]
@@ -74,7 +74,7 @@ def standalone_cluster(
     root.mkdir(parents=True, exist_ok=True)
     spark_class = os.path.join(os.path.dirname(pyspark.__file__), "bin", "spark-class")
     env = _spark_env(root)
-    port, ui = _free_port(), _free_port()
+    port, ui = free_port(), free_port()
     procs: list[subprocess.Popen] = []
     logs = []
 
@@ -122,7 +122,7 @@ def standalone_cluster(
                     "--work-dir",
                     str(work),
                     "--webui-port",
-                    str(_free_port()),
+                    str(free_port()),
                 ],
                 f"worker-{i}",
             )

@@ -10,6 +10,7 @@ from __future__ import annotations
 import json
 
 import pytest
+from kill_points import Killed, kill_at
 from s3_server import s3_server
 
 from pipelines.core import publish
@@ -84,31 +85,11 @@ def _publish(target: Location, generation: int) -> None:
     p.publish()
 
 
-class _Killed(BaseException):
-    """A run dying mid-step (BaseException: nothing in the product may swallow it)."""
-
-
-def _kill_at(monkeypatch, step: int) -> list[int]:
-    """Make the `step`-th storage mutation die; returns the counter."""
-    calls = [0]
-    for name in ("write_bytes", "remove", "move_to", "makedirs"):
-        original = getattr(Location, name)
-
-        def wrapped(self, *args, _original=original, **kwargs):
-            calls[0] += 1
-            if calls[0] == step:
-                raise _Killed()
-            return _original(self, *args, **kwargs)
-
-        monkeypatch.setattr(Location, name, wrapped)
-    return calls
-
-
 def test_a_publication_killed_at_any_step_leaves_the_old_or_the_new_content(root, monkeypatch):
     old = {n: f"{n}-1" for n in ("one", "two", "three")}
     new = {n: f"{n}-2" for n in ("one", "two", "three")}
     with monkeypatch.context() as m:
-        counter = _kill_at(m, step=-1)
+        counter = kill_at(m, step=-1)
         target = root / "pub"
         _publish(target, 1)
         first = counter[0]
@@ -119,8 +100,8 @@ def test_a_publication_killed_at_any_step_leaves_the_old_or_the_new_content(root
         target = root / f"t{step}"
         _publish(target, 1)
         with monkeypatch.context() as m:
-            _kill_at(m, step)
-            with pytest.raises(_Killed):
+            kill_at(m, step)
+            with pytest.raises(Killed):
                 _publish(target, 2)
         assert _content(target) in (old, new), f"killed at step {step}: a reader sees {_content(target)}"
         _publish(target, 2)  # the re-run
@@ -179,3 +160,27 @@ def test_a_store_error_names_the_path_and_never_the_secret(s3, tmp_path):
     text = str(info.value)
     assert "s3://no-such-bucket-tg/archive" in text
     assert s3.env["AWS_SECRET_ACCESS_KEY"] not in text and s3.env["AWS_ACCESS_KEY_ID"] not in text
+
+
+def test_a_first_run_killed_at_any_step_leaves_a_place_the_next_run_accepts(root, monkeypatch):
+    """Found by the job-level kill test on S3: a first run killed before publishing left `_runs/` under the
+    target, and the re-run refused the directory as "not ours"."""
+
+    def run(target: Location) -> None:
+        with OutputDir(str(target), "leapfrog") as out:
+            out.write_json("summary.json", {"n": 1})
+            out.write_json("more.json", {"n": 2})
+
+    with monkeypatch.context() as m:
+        counter = kill_at(m, step=-1)
+        run(root / "count")
+        steps = counter[0]
+    for step in range(1, steps + 1):
+        target = root / f"first{step}"
+        with monkeypatch.context() as m:
+            kill_at(m, step)
+            with pytest.raises(Killed):
+                run(target)
+        check_output(str(target), "leapfrog")
+        run(target)
+        assert json.loads((publish.current(target) / "more.json").read_text()) == {"n": 2}
