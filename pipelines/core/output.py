@@ -29,7 +29,7 @@ import pyarrow.fs as pafs
 import pyarrow.parquet as pq
 
 from pipelines.core.errors import UsageError
-from pipelines.core.publish import MARKER, Publication, current, recover
+from pipelines.core.publish import MARKER, POINTER, RUNS, Publication, current, recover
 from pipelines.core.storage import Location, StorageError, is_local, locate, scheme
 
 # What each command's outputs held before outputs were marked: an unmarked directory holding only these names
@@ -76,6 +76,15 @@ def _is_legacy_output(loc: Location, command: str) -> bool:
         return False
     names = {c.name for c in loc.children() if not c.name.startswith(".")}
     return known[0] in names and names <= set(known)
+
+
+def _is_unpublished_run(loc: Location, command: str) -> bool:
+    """An object-store target holding only runs of `command` that were never published (killed first runs)."""
+    names = {c.name for c in loc.children()}
+    if not loc.is_object_store or not names <= {MARKER, POINTER, RUNS}:
+        return False
+    runs = (loc / RUNS).children()
+    return bool(runs) and all((marker_of(r) or {}).get("command") == command for r in runs)
 
 
 def _check_writable(p: Path, flag: str) -> None:
@@ -127,7 +136,7 @@ def check_output(path: str | os.PathLike, command: str, flag: str = "--out") -> 
                 f"`tidegauge {command}`; choose another directory"
             )
         return
-    if _is_legacy_output(loc, command):
+    if _is_legacy_output(loc, command) or _is_unpublished_run(loc, command):
         return
     raise OutputRefused(
         f"{flag} {path}: the directory is not empty and is not an earlier output of `tidegauge "

@@ -184,3 +184,13 @@ def test_a_first_run_killed_at_any_step_leaves_a_place_the_next_run_accepts(root
         check_output(str(target), "leapfrog")
         run(target)
         assert json.loads((publish.current(target) / "more.json").read_text()) == {"n": 2}
+
+
+def test_runs_a_killed_first_run_left_without_a_target_marker_are_recognised(s3):
+    target = locate(f"s3://{s3.bucket()}/out")
+    run = target / publish.RUNS / "20261126T000000Z-deadbeef"
+    (run / publish.MARKER).write_text(json.dumps({"command": "leapfrog"}))
+    (run / "summary.json").write_text("{}")
+    check_output(str(target), "leapfrog")
+    with pytest.raises(OutputRefused, match="not empty"):
+        check_output(str(target), "lag")
