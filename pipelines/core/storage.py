@@ -171,8 +171,8 @@ class Location:
         with self.fs.open_input_stream(self.path) as f:
             return f.read()
 
-    def read_text(self) -> str:
-        return self.read_bytes().decode("utf-8")
+    def read_text(self, encoding: str = "utf-8") -> str:
+        return self.read_bytes().decode(encoding)
 
     def write_bytes(self, data: bytes) -> None:
         """Readers see the old content or all of the new, never part: on an object store one upload is
@@ -191,8 +191,8 @@ class Location:
             f.write(data)
         tmp.move_to(self)
 
-    def write_text(self, text: str) -> None:
-        self.write_bytes(text.encode("utf-8"))
+    def write_text(self, text: str, encoding: str = "utf-8") -> None:
+        self.write_bytes(text.encode(encoding))
 
     def move_to(self, other: Location) -> None:
         """Rename (same filesystem; atomic on local disk and HDFS, not on object stores)."""
