@@ -30,6 +30,7 @@ import pyarrow.parquet as pq
 
 from pipelines.core.errors import UsageError
 from pipelines.core.publish import MARKER, POINTER, RUNS, Publication, current, recover
+from pipelines.core.sources import is_kafka
 from pipelines.core.storage import Location, StorageError, is_local, locate, scheme
 
 # What each command's outputs held before outputs were marked: an unmarked directory holding only these names
@@ -161,11 +162,7 @@ def check_disjoint(
 
     Keys are the labels the message uses (`--out`, `--source 1`); None values and Kafka sources are ignored."""
     outs = {k: _comparable(v) for k, v in outputs.items() if v is not None}
-    ins = {
-        k: _comparable(v)
-        for k, v in inputs.items()
-        if v is not None and not os.fspath(v).startswith("kafka://")
-    }
+    ins = {k: _comparable(v) for k, v in inputs.items() if v is not None and not is_kafka(os.fspath(v))}
     for ok, o in outs.items():
         for ik, i in ins.items():
             if o.startswith(i):

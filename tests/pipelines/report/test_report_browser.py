@@ -125,7 +125,7 @@ def report(tmp_path_factory) -> pathlib.Path:
         history_dir=history,
         now=when + dt.timedelta(days=1),
     )
-    return result.html_path
+    return result.html_path.local  # a Location; the report was written to local disk
 
 
 def test_verdict_plots_and_tables_render(chromium, report, tmp_path):
