@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import os
 
+import pyarrow.compute as pc
 from pyspark.sql import DataFrame, SparkSession
 from pyspark.sql import functions as F
 
@@ -21,9 +22,13 @@ from pipelines.core.storage import locate
 
 
 def read_archive(
-    spark: SparkSession, directory: str | os.PathLike, topics: str | list[str] | None = None
+    spark: SparkSession,
+    directory: str | os.PathLike,
+    topics: str | list[str] | None = None,
+    partition: int | None = None,
 ) -> DataFrame:
-    """The archive's records in Spark's Kafka schema, optionally only those of `topics` (a list or comma list).
+    """The archive's records in Spark's Kafka schema, optionally only those of `topics` (a list or comma list)
+    and of one `partition` (filtered in the reader: row groups of other partitions are not read).
 
     Rows come in no particular order (sort by topic, partition, offset when order matters). Records an archive
     holds twice (possible only in archives written by other tools) are returned twice.
@@ -31,10 +36,20 @@ def read_archive(
     where = locate(directory)
     if not where.is_dir():
         raise ArchiveError(f"archive {where}: no such directory")
-    df = read_parquet(spark, where, KAFKA_ARROW_SCHEMA, convert=conform)
-    if df is None:
-        df = spark.createDataFrame([], KAFKA_SPARK_SCHEMA)
+    wanted = None
     if topics is not None:
         wanted = [t.strip() for t in topics.split(",")] if isinstance(topics, str) else list(topics)
+    keep = None
+    if wanted is not None:
+        keep = pc.field("topic").isin(wanted)
+    if partition is not None:
+        same = pc.field("partition") == partition
+        keep = same if keep is None else keep & same
+    df = read_parquet(spark, where, KAFKA_ARROW_SCHEMA, convert=conform, where=keep)
+    if df is None:
+        df = spark.createDataFrame([], KAFKA_SPARK_SCHEMA)
+    if wanted is not None:
         df = df.where(F.col("topic").isin(wanted))
+    if partition is not None:
+        df = df.where(F.col("partition") == partition)
     return df

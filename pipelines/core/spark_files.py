@@ -14,6 +14,8 @@ from __future__ import annotations
 from collections.abc import Callable, Iterator
 
 import pyarrow as pa
+import pyarrow.compute as pc
+import pyarrow.dataset as ds
 import pyarrow.parquet as pq
 from pyspark.sql import DataFrame, SparkSession
 from pyspark.sql.pandas.types import from_arrow_schema, to_arrow_schema
@@ -23,19 +25,32 @@ from pipelines.core.storage import Location, locate
 
 
 class _ReadFiles:
-    """`mapInArrow` over ids: task i reads file i, in batches, as `schema` (after `convert`)."""
+    """`mapInArrow` over ids: task i reads file i, in batches, as `schema` (after `convert`); with `where`, only
+    the rows it keeps, skipping the row groups whose statistics rule them out unread."""
 
     def __init__(
-        self, uris: list[str], schema: pa.Schema, convert: Callable[[pa.Table], pa.Table] | None
+        self,
+        uris: list[str],
+        schema: pa.Schema,
+        convert: Callable[[pa.Table], pa.Table] | None,
+        where: pc.Expression | None,
     ) -> None:
-        self.uris, self.schema, self.convert = uris, schema, convert
+        self.uris, self.schema, self.convert, self.where = uris, schema, convert, where
+
+    def _batches(self, f: Location) -> Iterator[pa.RecordBatch]:
+        if self.where is None:
+            pf = pq.ParquetFile(f.path, filesystem=f.fs, coerce_int96_timestamp_unit="us")
+            yield from pf.iter_batches(batch_size=65536)
+            return
+        fmt = ds.ParquetFileFormat(read_options=ds.ParquetReadOptions(coerce_int96_timestamp_unit="us"))
+        yield from ds.dataset(f.path, filesystem=f.fs, format=fmt).to_batches(
+            filter=self.where, batch_size=65536
+        )
 
     def __call__(self, ids: Iterator[pa.RecordBatch]) -> Iterator[pa.RecordBatch]:
         for b in ids:
             for i in b.column(0).to_pylist():
-                f = locate(self.uris[i])
-                pf = pq.ParquetFile(f.path, filesystem=f.fs, coerce_int96_timestamp_unit="us")
-                for batch in pf.iter_batches(batch_size=65536):
+                for batch in self._batches(locate(self.uris[i])):
                     t = pa.Table.from_batches([batch])
                     t = self.convert(t) if self.convert is not None else t.select(self.schema.names)
                     yield from t.cast(self.schema).to_batches()
@@ -46,10 +61,13 @@ def read_parquet(
     directory: Location,
     schema: pa.Schema | None = None,
     convert: Callable[[pa.Table], pa.Table] | None = None,
+    where: pc.Expression | None = None,
 ) -> DataFrame | None:
     """The Parquet files under `directory` (names starting with '.' or '_' skipped) as a DataFrame, one task per
     file; None when there are none. `schema`: the columns and types wanted (default: the first file's);
-    `convert`: applied to each batch before the cast (e.g. `div.archive.conform` for foreign archives)."""
+    `convert`: applied to each batch before the cast (e.g. `div.archive.conform` for foreign archives); `where`:
+    a filter on the files' own columns, pushed down to their row-group statistics (so a damaged row group of
+    rows not wanted is never read, as with Spark's own reader)."""
     files = directory.files(".parquet")
     if not files:
         return None
@@ -57,7 +75,7 @@ def read_parquet(
         schema = pq.read_schema(files[0].path, filesystem=files[0].fs).remove_metadata()
     n = len(files)
     return spark.range(0, n, 1, n).mapInArrow(
-        _ReadFiles([f.uri for f in files], schema, convert), from_arrow_schema(schema)
+        _ReadFiles([f.uri for f in files], schema, convert, where), from_arrow_schema(schema)
     )
 
 

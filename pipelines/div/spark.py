@@ -381,9 +381,7 @@ def _read_source(
     else:
         from pipelines.core.archive_source import read_archive
 
-        df = read_archive(spark, spec.uri, topics)
-        if only is not None:
-            df = df.where(F.col("partition") == only[1])
+        df = read_archive(spark, spec.uri, topics, partition=only[1] if only is not None else None)
     return df.where(F.col("offset").isNotNull()).select(
         F.lit(spec.region).cast("int").alias("region"),
         "topic",
