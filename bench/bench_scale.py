@@ -501,12 +501,12 @@ class Sampler:
         self.samples += 1
 
 
-def memory_child(root_dirs: list[str], out: str) -> None:
+def memory_child(out: str, store: str, root_dirs: list[str]) -> None:
     """Run in a fresh process (`--memory-child`): one job under the sampler; prints the peaks as JSON."""
     spark = session()
     dirs = dict(enumerate(root_dirs))
     with Sampler() as sampler:
-        r = run_job(spark, dirs, Path(out))
+        r = run_job(spark, dirs, Path(out), store)
     execs = _rest(spark, "allexecutors")
     peak = next((e.get("peakMemoryMetrics") or {} for e in execs if e["id"] == "driver"), {})
     workers = [v for pid, v in sampler.py_hwm.items() if sampler.py_kind[pid] == "worker"]
@@ -530,49 +530,88 @@ def memory_child(root_dirs: list[str], out: str) -> None:
     print(json.dumps(result))
 
 
+_PEAKS = (
+    "python_worker_peak_rss_mib",
+    "python_total_peak_pss_mib",
+    "jvm_peak_rss_mib",
+    "jvm_peak_heap_used_mib",
+)
+
+
+def _memory_run(work: Path, dirs: dict[int, str], store: str = "bench") -> dict:
+    cmd = [sys.executable, __file__, "--memory-child", str(work / "out" / "memory"), store, *dirs.values()]
+    proc = subprocess.run(cmd, cwd=REPO, capture_output=True, text=True)
+    if proc.returncode != 0:
+        raise SystemExit(f"memory run over {dirs} failed:\n{proc.stderr[-3000:]}")
+    return json.loads(proc.stdout.strip().splitlines()[-1])
+
+
+def _ratios(small: dict, large: dict, into: dict) -> None:
+    for k in _PEAKS:
+        if small.get(k) and large.get(k) is not None:
+            into[k.replace("_mib", "_ratio")] = round(large[k] / small[k], 3)
+
+
 def memory_section(args, work: Path) -> dict:
+    """Peaks at two record counts (the goal), and two views of what can still grow: chunked values (records of
+    ~1 MiB: a partition of them can fit in one read batch) and a hot key (the per-key stage holds one key's
+    history at a time)."""
     out = {"sizes": {}, "driver_memory": DRIVER_MEMORY, "flat_limit": MEMORY_FLAT}
     for n in args.memory_sizes:
         dirs, _ = workload(work, Workload(vt_records=n, keys=_keys(args, n)))
-        cmd = [sys.executable, __file__, "--memory-child", str(work / "out" / "memory"), *dirs.values()]
-        proc = subprocess.run(cmd, cwd=REPO, capture_output=True, text=True)
-        if proc.returncode != 0:
-            raise SystemExit(f"memory run at {n} failed:\n{proc.stderr[-3000:]}")
-        out["sizes"][_label(n)] = json.loads(proc.stdout.strip().splitlines()[-1])
+        out["sizes"][_label(n)] = _memory_run(work, dirs)
     small, large = (out["sizes"][_label(n)] for n in (args.memory_sizes[0], args.memory_sizes[-1]))
-    for k in (
-        "python_worker_peak_rss_mib",
-        "python_total_peak_pss_mib",
-        "jvm_peak_rss_mib",
-        "jvm_peak_heap_used_mib",
-    ):
-        if small.get(k) and large.get(k) is not None:
-            out[k.replace("_mib", "_ratio")] = round(large[k] / small[k], 3)
+    _ratios(small, large, out)
     out["records_ratio"] = round(large["vt_records_per_region"] / small["vt_records_per_region"], 3)
+    if args.memory_chunked_values:
+        chunked: dict = {}
+        for v in args.memory_chunked_values:
+            dirs, facts = chunked_workload(work, v)
+            chunked[f"{v}v"] = {
+                **_memory_run(work, dirs, STORE_CHUNKED),
+                "value_mib_per_partition": round(facts["value_bytes"] / facts["partitions"] / MIB, 1),
+            }
+        a, b = (chunked[f"{v}v"] for v in (args.memory_chunked_values[0], args.memory_chunked_values[-1]))
+        _ratios(a, b, chunked)
+        chunked["value_bytes_ratio"] = round(b["value_mib_per_partition"] / a["value_mib_per_partition"], 3)
+        out["chunked"] = chunked
+    if args.memory_hot_key:
+        n = args.hot_records
+        base = {"vt_records": n, "keys": _keys(args, n)}
+        hot: dict = {"vt_records_per_region_planned": n}
+        hot["control"] = _memory_run(work, workload(work, Workload(**base))[0])
+        hot_w = Workload(**base, hot_keys=1, hot_share=args.hot_rt_share_for_vt10, hot_partitions=1)
+        hot["hot_vt10"] = _memory_run(work, workload(work, hot_w)[0])
+        _ratios(hot["control"], hot["hot_vt10"], hot)
+        out["hot_key"] = hot
     return out
 
 
 # -- cluster: one worker vs two ------------------------------------------------------------------------------
 def _event_log(d: Path) -> dict:
-    """From a finished application's event log: time to the executors, Spark job time, the executors' CPU."""
+    """From a finished application's event log: time to the executors, before the first and after the last Spark
+    job, in Spark jobs, and the tasks' run and JVM CPU time (Python workers' CPU is not in the latter)."""
     files = [f for f in d.rglob("*") if f.is_file() and f.name.startswith(("app-", "events_"))]
     events = [json.loads(line) for f in files for line in f.read_text().splitlines() if line]
-    first = lambda name, field: min(e[field] for e in events if e["Event"] == name)  # noqa: E731
-    last = lambda name, field: max(e[field] for e in events if e["Event"] == name)  # noqa: E731
-    app = first("SparkListenerApplicationStart", "Timestamp")
+
+    def times(name: str, field: str) -> list[int]:
+        return [e[field] for e in events if e["Event"] == name]
+
+    app = min(times("SparkListenerApplicationStart", "Timestamp"))
+    app_end = max(times("SparkListenerApplicationEnd", "Timestamp"))
+    jobs_start = min(times("SparkListenerJobStart", "Submission Time"))
+    jobs_end = max(times("SparkListenerJobEnd", "Completion Time"))
     tasks = [e for e in events if e["Event"] == "SparkListenerTaskEnd" and e.get("Task Metrics")]
     return {
-        "executors_added_after_s": round((last("SparkListenerExecutorAdded", "Timestamp") - app) / 1000, 2),
-        "spark_jobs_s": round(
-            (
-                last("SparkListenerJobEnd", "Completion Time")
-                - first("SparkListenerJobStart", "Submission Time")
-            )
-            / 1000,
-            2,
+        "executors_added_after_s": round(
+            (max(times("SparkListenerExecutorAdded", "Timestamp")) - app) / 1000, 2
         ),
+        "before_first_spark_job_s": round((jobs_start - app) / 1000, 2),
+        "spark_jobs_s": round((jobs_end - jobs_start) / 1000, 2),
+        "after_last_spark_job_s": round((app_end - jobs_end) / 1000, 2),
+        "spark_jobs": len(times("SparkListenerJobStart", "Submission Time")),
         "task_run_s": round(sum(t["Task Metrics"]["Executor Run Time"] for t in tasks) / 1000, 1),
-        "task_cpu_s": round(sum(t["Task Metrics"]["Executor CPU Time"] for t in tasks) / 1e9, 1),
+        "task_jvm_cpu_s": round(sum(t["Task Metrics"]["Executor CPU Time"] for t in tasks) / 1e9, 1),
         "tasks": len(tasks),
         "executors": len({t["Task Info"]["Executor ID"] for t in tasks}),
     }
@@ -665,6 +704,14 @@ def goals(result: dict) -> dict:
         m = result["memory"]
         add("memory.python_worker_peak_rss_ratio", m.get("python_worker_peak_rss_ratio"), "<=", MEMORY_FLAT)
         add("memory.jvm_peak_rss_ratio", m.get("jvm_peak_rss_ratio"), "<=", MEMORY_FLAT)
+        c = m.get("chunked", {})
+        add(
+            "memory.chunked.python_worker_peak_rss_ratio",
+            c.get("python_worker_peak_rss_ratio"),
+            "<=",
+            MEMORY_FLAT,
+        )
+        add("memory.chunked.jvm_peak_rss_ratio", c.get("jvm_peak_rss_ratio"), "<=", MEMORY_FLAT)
     if "cluster" in result:
         add("cluster.speedup", result["cluster"]["speedup"], ">=", 1.7)
     return g
@@ -695,6 +742,18 @@ def main() -> None:
     )
     ap.add_argument("--chunked-values", type=int, default=100, help="values per partition (2 partitions)")
     ap.add_argument("--memory-sizes", type=_ints, default=[1_000_000, 4_000_000])
+    ap.add_argument(
+        "--memory-chunked-values",
+        type=_ints,
+        default=[25, 100],
+        help="memory of chunked runs at these values per partition (default 25,100; empty: skip)",
+    )
+    ap.add_argument(
+        "--memory-hot-key",
+        action=argparse.BooleanOptionalAction,
+        default=True,
+        help="memory of the hot_key section's vt10 workload against its control (default on)",
+    )
     ap.add_argument("--cluster-records", type=int, default=1_000_000, help="VT records per region")
     ap.add_argument("--repeat", type=int, default=2, help="timed runs per measurement (best of; default 2)")
     ap.add_argument("--warmup", type=int, default=1, help="untimed runs before each section (default 1)")
@@ -703,11 +762,12 @@ def main() -> None:
     ap.add_argument("--memory-child", nargs="+", help=argparse.SUPPRESS)
     args = ap.parse_args()
     if args.memory_child:
-        memory_child(args.memory_child[1:], args.memory_child[0])
+        memory_child(args.memory_child[0], args.memory_child[1], args.memory_child[2:])
         return
     if args.quick:
         args.sizes, args.regions_records, args.hot_records = [20_000, 40_000, 80_000], 20_000, 40_000
         args.chunked_values, args.memory_sizes, args.cluster_records = 3, [20_000, 80_000], 20_000
+        args.memory_chunked_values = [2, 3]
         args.repeat, args.warmup = 1, 0
     sections = [s for s in args.sections.split(",") if s]
     unknown = set(sections) - set(SECTIONS)
