@@ -164,14 +164,14 @@ def chunked_workload(work: Path, values_per_partition: int, partitions: int = 2,
 
 
 # -- running the job in this process -----------------------------------------------------------------------------
-def session():
+def session(driver_memory: str = DRIVER_MEMORY):
     from pipelines.core.spark_session import get_session
 
     return get_session(
         "local[2]",
         conf={
             "spark.sql.shuffle.partitions": SHUFFLE_PARTITIONS,
-            "spark.driver.memory": DRIVER_MEMORY,
+            "spark.driver.memory": driver_memory,
             # the UI's REST API gives the reduce stage's task durations (hot_key) and the executor's peak heap
             "spark.ui.enabled": "true",
             "spark.executor.metrics.pollingInterval": "200ms",
@@ -501,9 +501,9 @@ class Sampler:
         self.samples += 1
 
 
-def memory_child(out: str, store: str, root_dirs: list[str]) -> None:
+def memory_child(out: str, store: str, root_dirs: list[str], driver_memory: str) -> None:
     """Run in a fresh process (`--memory-child`): one job under the sampler; prints the peaks as JSON."""
-    spark = session()
+    spark = session(driver_memory)
     dirs = dict(enumerate(root_dirs))
     with Sampler() as sampler:
         r = run_job(spark, dirs, Path(out), store)
@@ -538,8 +538,9 @@ _PEAKS = (
 )
 
 
-def _memory_run(work: Path, dirs: dict[int, str], store: str = "bench") -> dict:
-    cmd = [sys.executable, __file__, "--memory-child", str(work / "out" / "memory"), store, *dirs.values()]
+def _memory_run(work: Path, dirs: dict[int, str], driver_memory: str, store: str = "bench") -> dict:
+    cmd = [sys.executable, __file__, "--driver-memory", driver_memory]
+    cmd += ["--memory-child", str(work / "out" / "memory"), store, *dirs.values()]
     proc = subprocess.run(cmd, cwd=REPO, capture_output=True, text=True)
     if proc.returncode != 0:
         raise SystemExit(f"memory run over {dirs} failed:\n{proc.stderr[-3000:]}")
@@ -556,10 +557,10 @@ def memory_section(args, work: Path) -> dict:
     """Peaks at two record counts (the goal), and two views of what can still grow: chunked values (records of
     ~1 MiB: a partition of them can fit in one read batch) and a hot key (the per-key stage holds one key's
     history at a time)."""
-    out = {"sizes": {}, "driver_memory": DRIVER_MEMORY, "flat_limit": MEMORY_FLAT}
+    out = {"sizes": {}, "driver_memory": args.driver_memory, "flat_limit": MEMORY_FLAT}
     for n in args.memory_sizes:
         dirs, _ = workload(work, Workload(vt_records=n, keys=_keys(args, n)))
-        out["sizes"][_label(n)] = _memory_run(work, dirs)
+        out["sizes"][_label(n)] = _memory_run(work, dirs, args.driver_memory)
     small, large = (out["sizes"][_label(n)] for n in (args.memory_sizes[0], args.memory_sizes[-1]))
     _ratios(small, large, out)
     out["records_ratio"] = round(large["vt_records_per_region"] / small["vt_records_per_region"], 3)
@@ -568,7 +569,7 @@ def memory_section(args, work: Path) -> dict:
         for v in args.memory_chunked_values:
             dirs, facts = chunked_workload(work, v)
             chunked[f"{v}v"] = {
-                **_memory_run(work, dirs, STORE_CHUNKED),
+                **_memory_run(work, dirs, args.driver_memory, STORE_CHUNKED),
                 "value_mib_per_partition": round(facts["value_bytes"] / facts["partitions"] / MIB, 1),
             }
         a, b = (chunked[f"{v}v"] for v in (args.memory_chunked_values[0], args.memory_chunked_values[-1]))
@@ -579,9 +580,9 @@ def memory_section(args, work: Path) -> dict:
         n = args.hot_records
         base = {"vt_records": n, "keys": _keys(args, n)}
         hot: dict = {"vt_records_per_region_planned": n}
-        hot["control"] = _memory_run(work, workload(work, Workload(**base))[0])
+        hot["control"] = _memory_run(work, workload(work, Workload(**base))[0], args.driver_memory)
         hot_w = Workload(**base, hot_keys=1, hot_share=args.hot_rt_share_for_vt10, hot_partitions=1)
-        hot["hot_vt10"] = _memory_run(work, workload(work, hot_w)[0])
+        hot["hot_vt10"] = _memory_run(work, workload(work, hot_w)[0], args.driver_memory)
         _ratios(hot["control"], hot["hot_vt10"], hot)
         out["hot_key"] = hot
     return out
@@ -723,7 +724,8 @@ def _done(section: str, figures: dict) -> None:
 
 
 def _ints(text: str) -> list[int]:
-    return [int(float(x)) for x in text.split(",") if x]
+    """Comma-separated counts (1e6 and 1000000 alike); `none` or nothing: none."""
+    return [] if text.strip() in ("", "none") else [int(float(x)) for x in text.split(",") if x]
 
 
 def main() -> None:
@@ -746,7 +748,7 @@ def main() -> None:
         "--memory-chunked-values",
         type=_ints,
         default=[25, 100],
-        help="memory of chunked runs at these values per partition (default 25,100; empty: skip)",
+        help="memory of chunked runs at these values per partition (default 25,100; none: skip)",
     )
     ap.add_argument(
         "--memory-hot-key",
@@ -758,11 +760,16 @@ def main() -> None:
     ap.add_argument("--repeat", type=int, default=2, help="timed runs per measurement (best of; default 2)")
     ap.add_argument("--warmup", type=int, default=1, help="untimed runs before each section (default 1)")
     ap.add_argument("--work", default="/tmp/tidegauge-bench-scale", help="workload cache and outputs")
+    ap.add_argument(
+        "--driver-memory",
+        default=DRIVER_MEMORY,
+        help=f"spark.driver.memory of the local sessions (driver and executor in one JVM; default {DRIVER_MEMORY})",
+    )
     ap.add_argument("--quick", action="store_true", help="tiny sizes: a smoke run")
     ap.add_argument("--memory-child", nargs="+", help=argparse.SUPPRESS)
     args = ap.parse_args()
     if args.memory_child:
-        memory_child(args.memory_child[0], args.memory_child[1], args.memory_child[2:])
+        memory_child(args.memory_child[0], args.memory_child[1], args.memory_child[2:], args.driver_memory)
         return
     if args.quick:
         args.sizes, args.regions_records, args.hot_records = [20_000, 40_000, 80_000], 20_000, 40_000
@@ -786,7 +793,7 @@ def main() -> None:
         "config": {
             "master": "local[2]",
             "shuffle_partitions": int(SHUFFLE_PARTITIONS),
-            "driver_memory": DRIVER_MEMORY,
+            "driver_memory": args.driver_memory,
             "repeat": args.repeat,
             "warmup": args.warmup,
             "quick": args.quick,
@@ -795,7 +802,7 @@ def main() -> None:
     }
     in_process = [s for s in sections if s in ("records", "regions", "hot_key", "chunked")]
     if in_process:
-        spark = session()
+        spark = session(args.driver_memory)
         fns = {
             "records": records_section,
             "regions": regions_section,
