@@ -28,6 +28,13 @@ class Workload:
     lag: int = 200  # RT records a leader trails a remote region by
     seed: int = 1
     store: str = "bench"
+    # skew: `hot_share` of all online writes go to `hot_keys` keys. By default every partition has its own hot
+    # set (10 % of its writes on 100 keys); with `hot_partitions` = h only the first h partitions have one, and
+    # they receive the hot writes of the whole store on top of their share of the others (hot_keys=1,
+    # hot_partitions=1: one key holds hot_share of all writes)
+    hot_keys: int = 100
+    hot_share: float = 0.1
+    hot_partitions: int | None = None
 
 
 def generate(w: Workload, root: str, split: bool = False) -> dict[str, dict[int, str]]:
@@ -43,14 +50,15 @@ def generate(w: Workload, root: str, split: bool = False) -> dict[str, dict[int,
     values = [rng.randbytes(w.value_size) for _ in range(256)]
     writes_per_partition = int(w.vt_records / w.partitions * 1.15)
     for p in range(w.partitions):
+        writes, hot = _partition_writes(w, writes_per_partition, p)
         # RT logs of every region for this partition: (key, value index or None, timestamp)
         rts = [[] for _ in range(w.regions)]
         ts = 0
-        for _ in range(writes_per_partition):
+        for _ in range(writes):
             ts += 1
             r = rng.randrange(w.regions)
-            # mostly uniform over the key space, 10% on a hot set of 100 keys (skew)
-            k = rng.randrange(100) if rng.random() < 0.1 else rng.randrange(w.keys)
+            # mostly uniform over the key space, a share on a hot set of keys (skew)
+            k = rng.randrange(w.hot_keys) if rng.random() < hot else rng.randrange(w.keys)
             rts[r].append((b"key-%d" % k, None if rng.random() < 0.05 else rng.randrange(256), ts))
         for x in range(w.regions):
             state: dict[bytes, tuple] = {}
@@ -148,3 +156,12 @@ def generate(w: Workload, root: str, split: bool = False) -> dict[str, dict[int,
         for wr in m.values():
             wr.close()
     return dirs
+
+
+def _partition_writes(w: Workload, per_partition: int, p: int) -> tuple[int, float]:
+    """(online writes, share of them on the hot set) of partition p."""
+    if w.hot_partitions is None:
+        return per_partition, w.hot_share
+    cold = per_partition * (1 - w.hot_share)
+    hot = per_partition * w.hot_share * w.partitions / w.hot_partitions if p < w.hot_partitions else 0
+    return int(cold + hot), hot / (cold + hot)
