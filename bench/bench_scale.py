@@ -618,6 +618,63 @@ def _event_log(d: Path) -> dict:
     }
 
 
+_TICK = os.sysconf("SC_CLK_TCK")
+
+
+def _cpu_ticks(pid: int) -> int:
+    with open(f"/proc/{pid}/stat", "rb") as f:
+        stat = f.read()
+    rest = stat[stat.rfind(b")") + 2 :].split()
+    return int(rest[11]) + int(rest[12])  # utime + stime
+
+
+class TreeCpu:
+    """CPU seconds used by the processes below given roots (sampled every 0.5 s; each process's last reading):
+    here the executors (below the cluster's Worker daemons: the executor JVM and its Python workers) and the
+    driver (below the driver process). A process that lives less than a sample is missed."""
+
+    def __init__(self, roots) -> None:
+        self.roots = roots  # callable: () -> {name: [root pids]}
+        self.ticks: dict[str, dict[int, int]] = {}
+        self._stop = threading.Event()
+        self._thread = threading.Thread(target=self._loop, daemon=True)
+
+    def __enter__(self) -> TreeCpu:
+        self._thread.start()
+        return self
+
+    def __exit__(self, *exc) -> None:
+        self._stop.set()
+        self._thread.join()
+
+    def _loop(self) -> None:
+        while not self._stop.wait(0.5):
+            kids = _children()
+            for name, roots in self.roots().items():
+                seen = self.ticks.setdefault(name, {})
+                stack = [c for r in roots for c in kids.get(r, [])]  # below the roots, not the roots
+                while stack:
+                    pid = stack.pop()
+                    with contextlib.suppress(OSError, IndexError, ValueError):
+                        seen[pid] = _cpu_ticks(pid)
+                    stack += kids.get(pid, [])
+
+    def seconds(self) -> dict[str, float]:
+        return {name: round(sum(t.values()) / _TICK, 1) for name, t in self.ticks.items()}
+
+
+def _worker_daemons(root: Path) -> list[int]:
+    """Pids of the standalone Worker JVMs whose work directory lies under root."""
+    out = []
+    for d in os.listdir("/proc"):
+        if d.isdigit():
+            with contextlib.suppress(OSError):
+                cmd = _cmdline(int(d))
+                if "org.apache.spark.deploy.worker.Worker" in cmd and any(str(root) in a for a in cmd):
+                    out.append(int(d))
+    return out
+
+
 def cluster_run(cluster, dirs: dict[int, str], work: Path, tag: str) -> dict:
     logs = work / "eventlog" / tag
     shutil.rmtree(logs, ignore_errors=True)
@@ -641,18 +698,28 @@ def cluster_run(cluster, dirs: dict[int, str], work: Path, tag: str) -> dict:
     cmd += ["--store", "bench", "--version", "1", "--out", str(out), "--conf", str(conf)]
     for x, d in dirs.items():
         cmd += ["--source", f"{x}={d}"]
+    workers = _worker_daemons(cluster.root)
     t = time.perf_counter()
-    proc = subprocess.run(cmd, cwd=REPO, env=cluster.env(), capture_output=True, text=True)
+    driver = subprocess.Popen(
+        cmd, cwd=REPO, env=cluster.env(), stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True
+    )
+    with TreeCpu(lambda: {"executors": workers, "driver": [driver.pid]}) as cpu:
+        _, stderr = driver.communicate()
     wall = time.perf_counter() - t
-    if proc.returncode not in (0, 1):
-        raise SystemExit(f"cluster run {tag} exited {proc.returncode}:\n{proc.stderr[-3000:]}")
+    if driver.returncode not in (0, 1):
+        raise SystemExit(f"cluster run {tag} exited {driver.returncode}:\n{stderr[-3000:]}")
+    cpu_s = cpu.seconds()
     summary = json.loads((out / "summary.json").read_text())
     return {
         "wall_s": round(wall, 2),
         "job_s": summary["timings"]["total_s"],
-        "code": proc.returncode,
+        "code": driver.returncode,
         "records": summary["totals"]["records"],
         **_event_log(logs),
+        # CPU of the executor JVMs and their Python workers, and of the driver's JVM and Python workers (its own
+        # Python process not included); cpus_busy: executor CPU seconds per second of Spark jobs
+        "executor_cpu_s": cpu_s.get("executors"),
+        "driver_children_cpu_s": cpu_s.get("driver"),
     }
 
 
@@ -674,6 +741,9 @@ def cluster_section(args, work: Path) -> dict:
             for w, c in clusters.items():
                 runs[w].append(cluster_run(c, dirs, work, f"{w}w-{i}"))
     best = {w: min(rs, key=lambda r: r["job_s"]) for w, rs in runs.items()}
+    for r in best.values():
+        if r["executor_cpu_s"] is not None:
+            r["executor_cpus_busy"] = round(r["executor_cpu_s"] / r["spark_jobs_s"], 2)
     return {
         "vt_records_per_region": round(best[1]["records"] / 2),
         "cores_per_worker": 1,
