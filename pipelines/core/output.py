@@ -29,7 +29,16 @@ import pyarrow.fs as pafs
 import pyarrow.parquet as pq
 
 from pipelines.core.errors import UsageError
-from pipelines.core.publish import MARKER, POINTER, RUNS, Publication, current, recover
+from pipelines.core.publish import (
+    MARKER,
+    POINTER,
+    RUNS,
+    Publication,
+    current,
+    marker_text,
+    recover,
+    tidegauge_version,
+)
 from pipelines.core.sources import is_kafka
 from pipelines.core.storage import Location, StorageError, is_local, locate, scheme
 
@@ -182,31 +191,9 @@ def check_disjoint(
                 )
 
 
-def marker_text(command: str) -> str:
-    return (
-        json.dumps(
-            {
-                "command": command,
-                "tidegauge_version": tidegauge_version(),
-                "written_at": dt.datetime.now(dt.UTC).isoformat(timespec="seconds"),
-            }
-        )
-        + "\n"
-    )
-
-
 def write_marker(directory: Location | Path | str, command: str) -> None:
     loc = directory if isinstance(directory, Location) else locate(directory)
     (loc / MARKER).write_text(marker_text(command))
-
-
-def tidegauge_version() -> str:
-    try:
-        from importlib.metadata import version
-
-        return version("tidegauge")
-    except Exception:
-        return "0+unknown"
 
 
 class OutputDir:
@@ -226,8 +213,7 @@ class OutputDir:
     def __enter__(self) -> OutputDir:
         check_output(self.path, self.command)
         try:
-            self.staging = self.publication.stage()
-            write_marker(self.staging, self.command)
+            self.staging = self.publication.stage()  # marked as `command`'s from its first moment
         except OSError as exc:  # before any work: say where, not which staging file
             self.publication.abandon()
             raise OutputRefused(

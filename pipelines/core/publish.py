@@ -50,9 +50,20 @@ def current(target: Location) -> Location:
     return target / RUNS / str(doc["run"])
 
 
-def _marker(label: str) -> str:
+def tidegauge_version() -> str:
+    try:
+        from importlib.metadata import version
+
+        return version("tidegauge")
+    except Exception:
+        return "0+unknown"
+
+
+def marker_text(command: str) -> str:
+    """The `.tidegauge` marker: which command (and version) wrote a directory, so nothing else is replaced."""
+    written = dt.datetime.now(dt.UTC).isoformat(timespec="seconds")
     return (
-        json.dumps({"command": label, "written_at": dt.datetime.now(dt.UTC).isoformat(timespec="seconds")})
+        json.dumps({"command": command, "tidegauge_version": tidegauge_version(), "written_at": written})
         + "\n"
     )
 
@@ -99,13 +110,13 @@ class Publication:
         if self.target.is_object_store:
             # marked first: what a killed run leaves under the target (an unpublished run) is recognisably ours
             if not (self.target / MARKER).is_file():
-                (self.target / MARKER).write_text(_marker(self.label))
+                (self.target / MARKER).write_text(marker_text(self.label))
             self.staging = self.target / RUNS / self.run_id
         else:
             self.staging = self.target.parent / f".{self.target.name}.staging-{os.getpid()}"
             self.staging.remove()
         self.staging.makedirs()
-        (self.staging / MARKER).write_text(_marker(self.label))
+        (self.staging / MARKER).write_text(marker_text(self.label))
         return self.staging
 
     def publish(self) -> None:

@@ -89,7 +89,13 @@ def locate(uri: str | os.PathLike | Location) -> Location:
     authority = rest.split("/", 1)[0]
     try:
         fs = _filesystem(f"{s}://{authority}/")
-        _, path = pafs.FileSystem.from_uri(normal)
+        if s in (
+            "s3",
+            "gs",
+        ):  # bucket/key: no second client built just to parse the path (tasks call this per file)
+            path = rest.split("?", 1)[0]
+        else:
+            _, path = pafs.FileSystem.from_uri(normal)
     except (OSError, ValueError, ImportError) as exc:
         first = str(exc).strip().splitlines()[0] if str(exc).strip() else type(exc).__name__
         hint = ""

@@ -544,7 +544,9 @@ def run_demo(opts: DemoOptions, emit: Callable[[str], None] | None = None, spark
     """Run the demo; `emit` receives every line meant for the user (default: print). `spark`: a session to use
     (the tests pass theirs); otherwise one is started. Raises DemoError when the demo cannot start."""
     emit = emit or (lambda line: print(line, flush=True))
-    if "://" in str(opts.out) and not str(opts.out).startswith("file://"):
+    from pipelines.core.storage import is_local
+
+    if not is_local(opts.out):
         raise DemoError(f"--out {opts.out}: the demo writes to local disk; give a directory")
     out = Path(str(opts.out).removeprefix("file://")).resolve()
     prepare_out(out)
