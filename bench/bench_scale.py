@@ -14,16 +14,19 @@ Sections (`--sections`, default all), each a key of the JSON object printed at t
 - `chunked`: values of 1–4 MiB written as Venice writes them (chunks of at most 950 KiB, Venice's default
   `max.size.for.user.payload.per.message.in.bytes`, then a manifest; a replaced value's chunks deleted), built
   with tests/support/vt_builder.py; job seconds and MiB of values per second.
-- `memory`: peak memory of a job run in a fresh driver process (local mode: one JVM is driver and executor) at
-  two sizes (`--memory-sizes`): the JVM, and the Python processes the JVM starts (pyspark.daemon and the workers
-  it forks), sampled from /proc every 0.2 s (VmHWM, the kernel's own peak, per process; the sum of VmRSS and of
-  PSS over the Python workers alive at once), and Spark's own executor metrics (peak JVM heap). Goal: flat, which
-  this benchmark takes as a peak at the larger size at most 1.25× the peak at the smaller one.
+- `memory`: peak memory of a job run in a fresh driver process (local mode: one JVM is driver and executor,
+  `--driver-memory`) at two sizes (`--memory-sizes`): the JVM, and the Python processes the JVM starts
+  (pyspark.daemon and the workers it forks), sampled from /proc every 0.2 s (VmHWM, the kernel's own peak, per
+  process; the sum of VmRSS and of PSS over the Python workers alive at once), and Spark's own executor metrics
+  (peak JVM heap). The same for chunked values at two partition sizes (`--memory-chunked-values`) and for the
+  hot_key section's vt10 workload against its control (`--memory-hot-key`). Goal: flat, which this benchmark
+  takes as a peak at the larger size at most 1.25× the peak at the smaller one (records and chunked values).
 - `cluster`: the same job on a Spark standalone cluster on loopback (tests/support/standalone_cluster.py) with
   one worker and with two, one core each, run as driver processes (`python -m pipelines.cli leapfrog --master
   spark://...`); the two clusters run side by side and the runs alternate. The job's time is `timings.total_s`
-  of its summary.json; Spark's event log gives the part spent in Spark jobs and the executors' CPU time.
-  Goal: speed-up (one worker / two workers, on the job's time) ≥ 1.7.
+  of its summary.json; Spark's event log gives the part spent in Spark jobs, /proc the CPU time of the
+  executors (JVM and Python workers) and of the driver's children. Goal: speed-up (one worker / two workers, on
+  the job's time) ≥ 1.7.
 
 Workloads come from bench/leapfrog_workload.py (cached under `--work`, each with the time it took to build).
 `--quick` runs tiny sizes (a smoke run; its figures mean nothing). Every goal appears under `goals` with the

@@ -7,7 +7,8 @@
 
 Every number in the table comes from the JSON a benchmark printed; nothing is typed by hand. Leap Frog, Spark DIV
 and simulate run at the sizes the issues set their goals at (the first run of each builds its 2M-record archives,
-cached under /tmp); the others are smaller than their defaults. Each row says its size and the exact command, and
+cached under /tmp); the others are smaller than their defaults. bench_scale.py has one row per section (`scale_*`,
+about 5-15 min each on 2 cores once its archives are built; building them all takes about 15 min). Each row says its size and the exact command, and
 bench/results.json keeps each run's wall time and the load average when it started.
 """
 
@@ -49,6 +50,88 @@ BENCHES: dict[str, list[str]] = {
     "kafka_io": ["bench/bench_kafka_io.py", "--records", "300000"],
     "report": ["bench/bench_report.py", "--partitions", "64", "--repeat", "3"],
     "div_restore": ["bench/bench_div_restore.py", "--records", "100000"],
+    # bench_scale.py, one section per row (each a run of its own; workloads cached under /tmp)
+    "scale_records": [
+        "bench/bench_scale.py",
+        "--sections",
+        "records",
+        "--sizes",
+        "500000,1000000,2000000,4000000",
+        "--repeat",
+        "2",
+    ],
+    "scale_regions": [
+        "bench/bench_scale.py",
+        "--sections",
+        "regions",
+        "--regions",
+        "2,3,5",
+        "--regions-records",
+        "1000000",
+        "--repeat",
+        "2",
+    ],
+    "scale_hot_key": [
+        "bench/bench_scale.py",
+        "--sections",
+        "hot_key",
+        "--hot-records",
+        "2000000",
+        "--repeat",
+        "2",
+    ],
+    "scale_chunked": [
+        "bench/bench_scale.py",
+        "--sections",
+        "chunked",
+        "--chunked-values",
+        "100",
+        "--repeat",
+        "2",
+    ],
+    "scale_memory": [
+        "bench/bench_scale.py",
+        "--sections",
+        "memory",
+        "--memory-sizes",
+        "1000000,4000000",
+        "--memory-chunked-values",
+        "25,100",
+        "--hot-records",
+        "2000000",
+    ],
+    "scale_memory_1g": [
+        "bench/bench_scale.py",
+        "--sections",
+        "memory",
+        "--memory-sizes",
+        "1000000,4000000",
+        "--memory-chunked-values",
+        "none",
+        "--no-memory-hot-key",
+        "--driver-memory",
+        "1g",
+    ],
+    "scale_cluster": [
+        "bench/bench_scale.py",
+        "--sections",
+        "cluster",
+        "--cluster-records",
+        "1000000",
+        "--repeat",
+        "2",
+    ],
+    "scale_cluster_4m": [
+        "bench/bench_scale.py",
+        "--sections",
+        "cluster",
+        "--cluster-records",
+        "4000000",
+        "--repeat",
+        "1",
+        "--warmup",
+        "0",
+    ],
 }
 
 
@@ -218,6 +301,129 @@ SHOWN: dict[str, tuple[str, list[str]]] = {
             "vt_heartbeat_build_us",
         ],
     ),
+    "scale_records": (
+        "`tidegauge leapfrog` against VT records per region (2 regions, a key per 5 records, best of 2 runs after "
+        "a warm-up, sizes taken in turn): job seconds per size and the time ratio of each doubling",
+        [
+            "records.job_s.500k",
+            "records.job_s.1M",
+            "records.job_s.2M",
+            "records.job_s.4M",
+            "records.doubling_ratio.500k-1M",
+            "records.doubling_ratio.1M-2M",
+            "records.doubling_ratio.2M-4M",
+            "records.records_per_s.4M",
+        ],
+    ),
+    "scale_regions": (
+        "`tidegauge leapfrog` against regions, 1 M VT records per region: job seconds and seconds per region pair",
+        [
+            "regions.by_regions.2.job_s",
+            "regions.by_regions.3.job_s",
+            "regions.by_regions.5.job_s",
+            "regions.by_regions.2.s_per_pair",
+            "regions.by_regions.3.s_per_pair",
+            "regions.by_regions.5.s_per_pair",
+            "regions.by_regions.5.records_per_s",
+        ],
+    ),
+    "scale_hot_key": (
+        "`tidegauge leapfrog`, 2 M VT records per region, one key of one partition holding 10 % of the RT writes "
+        "(rt10) or 10 % of each VT (vt10), against the standard workload (control): the hot key's share of a VT and "
+        "the longest reduce task over the median one (Spark's REST API), worst of 2 runs",
+        [
+            "hot_key.cases.control.max_over_median",
+            "hot_key.cases.hot_rt10.vt_top_key.0.share",
+            "hot_key.cases.hot_rt10.max_over_median",
+            "hot_key.cases.hot_vt10.vt_top_key.0.share",
+            "hot_key.cases.hot_vt10.max_over_median",
+            "hot_key.cases.control.job_s",
+            "hot_key.cases.hot_vt10.job_s",
+        ],
+    ),
+    "scale_chunked": (
+        "`tidegauge leapfrog` over chunked values of 1–4 MiB (950 KiB chunks and a manifest, as Venice writes "
+        "them), 2 regions: job seconds and MiB of values per second",
+        [
+            "chunked.values_per_region",
+            "chunked.value_mib_per_region",
+            "chunked.vt_records_per_region",
+            "chunked.job_s",
+            "chunked.mib_per_s",
+        ],
+    ),
+    "scale_memory": (
+        "peak memory of a `tidegauge leapfrog` run (fresh driver, local[2], 4g, 2 regions) at 1 M and 4 M VT "
+        "records per region: the largest Python worker, all Python workers at once (PSS), the JVM (driver and "
+        "executor), ratios 4 M / 1 M; the same for chunked values at 25 and 100 values of 1–4 MiB per partition "
+        "(ratios 100 / 25), and for the hot key (vt10) against its control at 2 M",
+        [
+            "memory.sizes.1M.python_worker_peak_rss_mib",
+            "memory.sizes.4M.python_worker_peak_rss_mib",
+            "memory.python_worker_peak_rss_ratio",
+            "memory.sizes.1M.python_total_peak_pss_mib",
+            "memory.sizes.4M.python_total_peak_pss_mib",
+            "memory.sizes.1M.jvm_peak_rss_mib",
+            "memory.sizes.4M.jvm_peak_rss_mib",
+            "memory.jvm_peak_rss_ratio",
+            "memory.jvm_peak_heap_used_ratio",
+            "memory.chunked.25v.python_worker_peak_rss_mib",
+            "memory.chunked.100v.python_worker_peak_rss_mib",
+            "memory.chunked.python_worker_peak_rss_ratio",
+            "memory.chunked.25v.jvm_peak_rss_mib",
+            "memory.chunked.100v.jvm_peak_rss_mib",
+            "memory.chunked.jvm_peak_rss_ratio",
+            "memory.hot_key.control.python_worker_peak_rss_mib",
+            "memory.hot_key.hot_vt10.python_worker_peak_rss_mib",
+        ],
+    ),
+    "scale_memory_1g": (
+        "the same at 1 M and 4 M VT records per region with a 1 GiB JVM (driver and executor) instead of 4 GiB: "
+        "the JVM takes what it is given and spills, the run still completes",
+        [
+            "memory.sizes.1M.jvm_peak_heap_used_mib",
+            "memory.sizes.4M.jvm_peak_heap_used_mib",
+            "memory.sizes.1M.jvm_peak_rss_mib",
+            "memory.sizes.4M.jvm_peak_rss_mib",
+            "memory.jvm_peak_rss_ratio",
+            "memory.sizes.4M.python_worker_peak_rss_mib",
+            "memory.python_worker_peak_rss_ratio",
+            "memory.sizes.1M.job_s",
+            "memory.sizes.4M.job_s",
+            "memory.sizes.4M.exit_code",
+        ],
+    ),
+    "scale_cluster": (
+        "`tidegauge leapfrog` on a standalone cluster on loopback, 1 worker vs 2 workers of one core each, "
+        "1 M VT records per region: the job's time (summary.json), the part in Spark jobs (event log), best of 2; "
+        "`executor_cpus_busy`: CPU seconds of the executors' JVMs and Python workers per second of Spark jobs "
+        "(start-up included)",
+        [
+            "cluster.one_worker.job_s",
+            "cluster.two_workers.job_s",
+            "cluster.speedup",
+            "cluster.one_worker.before_first_spark_job_s",
+            "cluster.one_worker.spark_jobs_s",
+            "cluster.two_workers.spark_jobs_s",
+            "cluster.speedup_spark_jobs",
+            "cluster.one_worker.executor_cpus_busy",
+            "cluster.two_workers.executor_cpus_busy",
+        ],
+    ),
+    "scale_cluster_4m": (
+        "the same at 4 M VT records per region, one run each (no warm-up): the fixed start-up weighs less",
+        [
+            "cluster.one_worker.job_s",
+            "cluster.two_workers.job_s",
+            "cluster.speedup",
+            "cluster.one_worker.before_first_spark_job_s",
+            "cluster.one_worker.spark_jobs_s",
+            "cluster.two_workers.spark_jobs_s",
+            "cluster.speedup_spark_jobs",
+            "cluster.one_worker.executor_cpus_busy",
+            "cluster.two_workers.executor_cpus_busy",
+        ],
+    ),
     "kafka_io": ("archive and Kafka plumbing every job stands on", []),
     "report": ("`tidegauge report`: Great Expectations startup and suites, plots", []),
 }
@@ -230,6 +436,16 @@ GOALS: dict[str, list[tuple[str, str, float]]] = {
     "div_spark": [("ratio", ">=", 1.5)],
     "div_restore": [("flatness.ratio", "<=", 1.5)],
     "heartbeat_leader": [("ratio", ">=", 0.98)],
+    "scale_records": [("records.max_doubling_ratio", "<=", 2.1)],
+    "scale_hot_key": [("hot_key.worst_max_over_median", "<=", 2.0)],
+    "scale_memory": [
+        ("memory.python_worker_peak_rss_ratio", "<=", 1.25),
+        ("memory.jvm_peak_rss_ratio", "<=", 1.25),
+        ("memory.chunked.python_worker_peak_rss_ratio", "<=", 1.25),
+        ("memory.chunked.jvm_peak_rss_ratio", "<=", 1.25),
+    ],
+    "scale_cluster": [("cluster.speedup", ">=", 1.7)],
+    "scale_cluster_4m": [("cluster.speedup", ">=", 1.7)],
 }
 
 
