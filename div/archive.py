@@ -51,6 +51,12 @@ _OURS_KEY = b"tidegauge.archive"
 _OURS_VALUE = b"1"
 _SUFFIX = ".parquet"
 
+# A batch a reader yields holds at most this many bytes as well as at most `batch_size` rows. Records of chunked
+# values are about 1 MiB each, so 65,536 of them would make one batch of 64 GiB: more than a Python worker should
+# hold, and past 2 GiB more than Spark's JVM can take from a data source at all (the job dies with no result).
+# 64 MiB is what Spark itself puts in one Arrow batch for Python (spark.sql.execution.arrow.maxBytesPerBatch).
+MAX_BATCH_BYTES = 64 << 20
+
 
 class ArchiveError(Exception):
     """An archive directory or file is missing, unreadable, or not in the archive schema."""
@@ -601,7 +607,8 @@ def iter_partition(
     filesystem: pafs.FileSystem | None = None,
 ) -> Iterator[pa.RecordBatch]:
     """Yield one partition's records with offsets in [start, end) in offset order, each offset once, in
-    batches of at most `batch_size` rows in KAFKA_ARROW_SCHEMA (or only `columns` of it)."""
+    batches of at most `batch_size` rows and MAX_BATCH_BYTES bytes in KAFKA_ARROW_SCHEMA (or only `columns` of
+    it)."""
     if columns is not None:
         unknown = [c for c in columns if c not in COLUMNS]
         if unknown:
@@ -710,33 +717,84 @@ def _sort_unique(table: pa.Table) -> pa.Table:
     return table.take(pa.array(order[keep]))
 
 
-class _Rebatcher:
-    """Turns tables of any size into batches of `batch_size` rows (the last one may be smaller)."""
+def bounded_batches(
+    table: pa.Table | pa.RecordBatch, max_rows: int, max_bytes: int | None = None
+) -> Iterator[pa.RecordBatch]:
+    """`table` cut, in order, into batches of at most `max_rows` rows and `max_bytes` (default MAX_BATCH_BYTES)
+    bytes; a single record larger than that makes a batch of its own."""
+    max_bytes = MAX_BATCH_BYTES if max_bytes is None else max_bytes
+    if isinstance(table, pa.RecordBatch):
+        table = pa.Table.from_batches([table])
+    start = 0
+    for end in _cuts(_row_bytes(table), max_rows, max_bytes):
+        # Each piece is made contiguous on its own: the whole table in one chunk could pass 2 GiB of values,
+        # which a binary column's 32-bit offsets cannot address.
+        yield from table.slice(start, end - start).combine_chunks().to_batches(max_chunksize=end - start)
+        start = end
 
-    def __init__(self, batch_size: int) -> None:
+
+def _row_bytes(table: pa.Table) -> np.ndarray:
+    """Each row's size: the exact length of its binary and string values plus an equal share of the rest."""
+    n = table.num_rows
+    sizes = np.zeros(n, dtype=np.int64)
+    rest = 0
+    for col in table.columns:
+        if pa.types.is_binary(col.type) or pa.types.is_string(col.type):
+            lengths = pc.fill_null(pc.binary_length(col), 0)
+            sizes += lengths.to_numpy().astype(np.int64, copy=False) + 4  # + its 32-bit offset
+        else:
+            rest += col.nbytes
+    if n:
+        sizes += -(-rest // n)
+    return sizes
+
+
+def _cuts(sizes: np.ndarray, max_rows: int, max_bytes: int) -> list[int]:
+    """End indices of consecutive slices of rows with these sizes, each within both limits."""
+    ends: list[int] = []
+    total = np.cumsum(sizes)
+    start, before = 0, 0
+    while start < len(sizes):
+        end = int(np.searchsorted(total, before + max_bytes, side="right"))
+        end = min(max(end, start + 1), start + max_rows, len(sizes))
+        ends.append(end)
+        before, start = int(total[end - 1]), end
+    return ends
+
+
+class _Rebatcher:
+    """Turns tables of any size into batches of at most `batch_size` rows and `max_bytes` bytes."""
+
+    def __init__(self, batch_size: int, max_bytes: int | None = None) -> None:
         self.batch_size = batch_size
+        self.max_bytes = MAX_BATCH_BYTES if max_bytes is None else max_bytes
         self.pending: list[pa.Table] = []
         self.rows = 0
+        self.nbytes = 0
 
     def add(self, table: pa.Table) -> Iterator[pa.RecordBatch]:
         if table.num_rows == 0:
             return
         self.pending.append(table)
         self.rows += table.num_rows
-        if self.rows < self.batch_size:
+        self.nbytes += table.nbytes
+        if self.rows < self.batch_size and self.nbytes < self.max_bytes:
             return
-        merged = pa.concat_tables(self.pending).combine_chunks()
-        full = (merged.num_rows // self.batch_size) * self.batch_size
-        yield from merged.slice(0, full).combine_chunks().to_batches(max_chunksize=self.batch_size)
+        merged = pa.concat_tables(self.pending)
+        ends = _cuts(_row_bytes(merged), self.batch_size, self.max_bytes)
+        # every slice but the last is full; the last waits for the rows that may fill it
+        full = ends[-2] if len(ends) > 1 else 0
+        if full:
+            yield from bounded_batches(merged.slice(0, full), self.batch_size, self.max_bytes)
         rest = merged.slice(full)
         self.pending = [rest] if rest.num_rows else []
         self.rows = rest.num_rows
+        self.nbytes = rest.nbytes
 
     def finish(self) -> Iterator[pa.RecordBatch]:
         if self.rows:
-            merged = pa.concat_tables(self.pending).combine_chunks()
-            yield from merged.to_batches(max_chunksize=self.batch_size)
-        self.pending, self.rows = [], 0
+            yield from bounded_batches(pa.concat_tables(self.pending), self.batch_size, self.max_bytes)
+        self.pending, self.rows, self.nbytes = [], 0, 0
 
 
 def iter_archive(

@@ -22,7 +22,7 @@ import pyarrow as pa
 from confluent_kafka import OFFSET_BEGINNING, Consumer, KafkaError, KafkaException, Message, TopicPartition
 from confluent_kafka.admin import AdminClient, ConfigResource
 
-from div.archive import KAFKA_ARROW_SCHEMA, empty_batch
+from div.archive import KAFKA_ARROW_SCHEMA, bounded_batches, empty_batch
 
 log = logging.getLogger(__name__)
 
@@ -244,7 +244,8 @@ def iter_partition(
     batch_size: int = 65536,
     stall_timeout_s: float = 60.0,
 ) -> Iterator[pa.RecordBatch]:
-    """Yield records of `topic[partition]` with offsets in [start, end) as archive-schema batches.
+    """Yield records of `topic[partition]` with offsets in [start, end) as archive-schema batches (at most
+    `batch_size` records and `archive.MAX_BATCH_BYTES` bytes each).
 
     `end` is fixed by the caller (usually the high watermark when the job was planned): records appended later
     are not read. Offsets missing inside the range (compaction, transaction markers) are skipped; a `start`
@@ -282,8 +283,7 @@ def iter_partition(
                     done = True
                 if data:
                     next_offset = data[-1].offset() + 1
-                    for i in range(0, len(data), batch_size):
-                        yield messages_to_batch(data[i : i + batch_size])
+                    yield from bounded_batches(messages_to_batch(data), batch_size)
                 if next_offset >= end:
                     done = True
             for m in events:

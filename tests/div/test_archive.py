@@ -260,3 +260,48 @@ def test_broker_times_come_back_in_milliseconds_one_way():
     batch = pa.RecordBatch.from_arrays([pa.array(us, pa.timestamp("us", tz="UTC"))], ["timestamp"])
     assert timestamps_ms(batch) == [1_700_000_000_123, None, 0]
     assert timestamps_ms(pa.Table.from_batches([batch])) == [1_700_000_000_123, None, 0]
+
+
+def _payload_bytes(batch: pa.RecordBatch) -> int:
+    return sum(
+        len(v or b"") + len(k or b"")
+        for k, v in zip(batch.column("key").to_pylist(), batch.column("value").to_pylist(), strict=True)
+    )
+
+
+def test_batches_are_bounded_by_bytes_as_well_as_rows(tmp_path, monkeypatch):
+    # Chunked values are about 1 MiB a record: 65,536 rows of them made one batch of gigabytes, which killed the
+    # Spark job's JVM. Scaled down here: a 256 KiB limit and values of 10-40 KiB, one of them above the limit.
+    limit = 256 << 10
+    monkeypatch.setattr(archive, "MAX_BATCH_BYTES", limit)
+    rng = random.Random(5)
+    sizes = [rng.randrange(10 << 10, 40 << 10) for _ in range(120)]
+    sizes[57] = 600 << 10
+    with ArchiveWriter(tmp_path, row_group_size=16) as w:
+        for o, size in enumerate(sizes):
+            w.append_record("vt", 0, o, b"k%d" % o, None if o % 11 == 0 else bytes(size))
+            if o % 25 == 24:
+                w.flush()
+    batches = list(archive.iter_partition(tmp_path, "vt", 0))
+    assert [o for b in batches for o in b.column("offset").to_pylist()] == list(range(120))
+    assert len(batches) > 10
+    for b in batches:
+        assert _payload_bytes(b) <= limit or b.num_rows == 1
+    big = [b for b in batches if 57 in b.column("offset").to_pylist()]
+    assert big[0].num_rows == 1
+    # the row limit still holds with the byte limit
+    assert max(b.num_rows for b in archive.iter_partition(tmp_path, "vt", 0, batch_size=3)) == 3
+
+
+def test_bounded_batches_keeps_every_row_in_order():
+    rng = random.Random(9)
+    for _ in range(50):
+        n = rng.randrange(0, 40)
+        values = [None if rng.random() < 0.2 else bytes(rng.randrange(0, 300)) for _ in range(n)]
+        table = pa.table({"value": pa.array(values, pa.binary()), "offset": pa.array(range(n), pa.int64())})
+        max_rows, max_bytes = rng.randrange(1, 10), rng.randrange(1, 1000)
+        out = list(archive.bounded_batches(table, max_rows, max_bytes))
+        assert pa.Table.from_batches(out, schema=table.schema).equals(table)
+        for b in out:
+            sized = sum(len(v or b"") + 4 + 8 for v in b.column("value").to_pylist())
+            assert b.num_rows <= max_rows and (sized <= max_bytes or b.num_rows == 1)

@@ -172,3 +172,17 @@ def test_archive_of_a_kafka_read_reads_back_identically(embedded_kafka, tmp_path
         from_kafka = _read(embedded_kafka.bootstrap_servers, topic, p, 0, 300)
         from_archive = pa.Table.from_batches(list(archive.iter_partition(tmp_path, topic, p)))
         assert from_archive.equals(from_kafka)
+
+
+def test_batches_are_bounded_by_bytes(embedded_kafka, monkeypatch):
+    limit = 64 << 10
+    monkeypatch.setattr(archive, "MAX_BATCH_BYTES", limit)
+    topic = _topic(embedded_kafka)
+    p = Producer({"bootstrap.servers": embedded_kafka.bootstrap_servers, "linger.ms": 5})
+    for i in range(40):
+        p.produce(topic, key=b"k%d" % i, value=bytes(20 << 10), partition=0)
+    assert p.flush(30) == 0
+    batches = list(kafka_log.iter_partition(embedded_kafka.bootstrap_servers, None, topic, 0, 0, 40))
+    assert [o for b in batches for o in b.column("offset").to_pylist()] == list(range(40))
+    assert all(sum(len(v) for v in b.column("value").to_pylist()) <= limit for b in batches)
+    assert len(batches) >= 14  # 3 values of 20 KiB a batch at most
