@@ -31,9 +31,9 @@ class UsageError(Exception):
 def exit_codes(*usage: type[Exception]) -> Callable[[Command], Command]:
     """Decorator for a command's entry point `run(args) -> int`: what it raises becomes an exit code.
 
-    `UsageError`, `OSError` (a path that cannot be read or written) and the `usage` types print one line
-    `tidegauge CMD: error: ...` and exit 2; Ctrl-C exits 130; anything else is a bug: its traceback, a line saying
-    no result was written, and exit 2.
+    `UsageError`, `OSError` (a path that cannot be read or written), the `usage` types and the loss of Spark's
+    JVM print one line `tidegauge CMD: error: ...` and exit 2; Ctrl-C exits 130; anything else is a bug: its
+    traceback, a line saying no result was written, and exit 2.
     """
 
     def decorate(run: Command) -> Command:
@@ -44,23 +44,45 @@ def exit_codes(*usage: type[Exception]) -> Callable[[Command], Command]:
                 return int(run(args))
             except (UsageError, *usage) as exc:
                 print(f"tidegauge {name}: error: {exc}", file=sys.stderr)
-            except OSError as exc:
-                print(f"tidegauge {name}: error: {os_error(exc)}", file=sys.stderr)
             except KeyboardInterrupt:
                 print("interrupted", file=sys.stderr)
                 return EXIT_INTERRUPTED
-            except Exception:
-                traceback.print_exc()
-                print(
-                    f"tidegauge {name}: internal error (the traceback above says where); no result was "
-                    "written for this run",
-                    file=sys.stderr,
-                )
+            except Exception as exc:
+                if spark_gone(exc):
+                    print(
+                        f"tidegauge {name}: error: Spark's JVM stopped answering ({exc}). It most likely ran out "
+                        "of memory: its own messages above say why. No result was written for this run.",
+                        file=sys.stderr,
+                    )
+                elif isinstance(exc, OSError):
+                    print(f"tidegauge {name}: error: {os_error(exc)}", file=sys.stderr)
+                else:
+                    traceback.print_exc()
+                    print(
+                        f"tidegauge {name}: internal error (the traceback above says where); no result was "
+                        "written for this run",
+                        file=sys.stderr,
+                    )
             return EXIT_USAGE
 
         return entry
 
     return decorate
+
+
+def spark_gone(exc: BaseException) -> bool:
+    """Whether `exc` is py4j losing the Spark JVM (it died, e.g. out of memory). py4j raises that as a
+    ConnectionRefusedError, an OSError, which would otherwise read as a path that cannot be opened."""
+    if type(exc).__module__.startswith("py4j") and type(exc).__name__ == "Py4JNetworkError":
+        return True
+    if not isinstance(exc, ConnectionError):
+        return False
+    tb = exc.__traceback__
+    while tb is not None:
+        if "py4j" in tb.tb_frame.f_code.co_filename.replace("\\", "/").split("/"):
+            return True
+        tb = tb.tb_next
+    return False
 
 
 def os_error(exc: OSError) -> str:
