@@ -283,9 +283,10 @@ def run(opts: LeapfrogOptions, spark: SparkSession | None = None) -> int:
         progress,
     )
     with OutputDir(opts.out, "leapfrog") as out, progress:
-        fused = len(splits) * buckets <= FUSED_MAX_SUMMARY_ROWS and not chunked_version(
-            splits, opts.topic, opts.kafka_conf
-        )
+        # (with very many splits the probe would cost a read per region partition, and the splits are small)
+        few = len(splits) * buckets <= FUSED_MAX_SUMMARY_ROWS
+        chunked = few and chunked_version(splits, opts.topic, opts.kafka_conf)
+        fused = few and not chunked
         if fused:
             result, _ = job.fused()
             counter_rows, facts, read_errors = _counters(result)
@@ -293,12 +294,12 @@ def run(opts: LeapfrogOptions, spark: SparkSession | None = None) -> int:
                 facts, _ = plan_marks([], ends, n, carried)
             if any(rp.chunk_rows for rp in facts.values()):  # chunked values without a StartOfPush in view
                 result.unpersist()
-                fused = False
+                fused, chunked = False, True
                 if stage is not None:  # the two-phase run writes the carried records again, with other names
                     (stage / "carried").remove()
                     (stage / "carried").makedirs()
         if not fused:
-            result, facts = job.two_phase()
+            result, facts = job.two_phase(chunked)
             counter_rows, _, _ = _counters(result)
             read_errors = job.read_errors
         timings["scan_and_compare_s"] = round(time.time() - t0, 3)
@@ -488,13 +489,15 @@ class _Job:
         )
         return result, None  # facts come with the counters (one collect)
 
-    def two_phase(self):
+    def two_phase(self, chunked: bool):
         """Scan (persisted) → plan on the driver → chunked values resolved in Spark → shuffle → per-key stage."""
         opts, n = self.opts, self.n
         self._stage("reading every region's records")
-        scanned = _scan(self.spark, opts, n, self.splits, records=self._records()).persist(
-            StorageLevel.MEMORY_AND_DISK
-        )
+        # A chunked version's scan holds every chunk's bytes, and a split is one cached block. Kept in memory
+        # first (MEMORY_AND_DISK: a block is unrolled in memory before it may go to disk), splits of 2.3 GiB of
+        # chunks ended in "Java heap space" with a 2 GiB heap; on disk only, the same run completed.
+        level = StorageLevel.DISK_ONLY if chunked else StorageLevel.MEMORY_AND_DISK
+        scanned = _scan(self.spark, opts, n, self.splits, records=self._records()).persist(level)
         summaries = [
             json.loads(r["summary"]) for r in scanned.where(F.col("order") == 0).select("summary").collect()
         ]

@@ -187,7 +187,8 @@ def read_vt(
 def chunked_version(
     splits: list[VtSplit], topic: str, kafka_conf: Mapping[int, Mapping] | None = None, probe: int = 64
 ) -> bool:
-    """Whether any region's StartOfPush (read from the first records of each partition) says chunked."""
+    """Whether the version holds chunked values: any region's StartOfPush says so, or a chunk or a manifest is
+    among the first records of a partition's range (a range that starts after the StartOfPush)."""
     from div import envelope as E
     from div.records import Kind, iter_records
 
@@ -205,6 +206,8 @@ def chunked_version(
                 s.uri, conf, topic, s.partition, s.start, end, columns=["key", "value", "headers"]
             ):
                 for rec in iter_records(b, codec):
+                    if rec.kind in (Kind.CHUNK, Kind.MANIFEST):
+                        return True
                     if rec.kind == Kind.START_OF_PUSH and E.control_body(rec.env).get("chunked"):
                         return True
         except _READ_ERRORS:

@@ -22,6 +22,7 @@ from chunked_scenario import (
     CHUNK,
     EXPECTED,
     STORE,
+    TOPIC,
     USER_KEYS,
     Store,
     big,
@@ -32,6 +33,7 @@ from vt_builder import NON_CHUNK_SUFFIX, value_hash
 from div.keys import fnv1a_64
 from pipelines.core.sources import SourceSpec
 from pipelines.leapfrog.job import LeapfrogOptions, run
+from pipelines.leapfrog.source import chunked_version, plan
 
 pytestmark = [pytest.mark.spark, pytest.mark.slow]
 
@@ -167,6 +169,20 @@ def test_mid_stream_chunked_archive(spark, tmp_path):
     assert pending[(0, 1)] >= 1 and pending[(1, 2)] >= 1
     assert code == 1
     assert {r["key"] for r in found} <= USER_KEYS
+
+
+def test_the_probe_knows_a_chunked_version_without_its_start_of_push(tmp_path, stores):
+    """The job picks its path (and where it caches the scan) from `chunked_version`: the chunks a range starts
+    with say it as well as a StartOfPush does."""
+    s = Store(chunked=True)
+    s.put(b"early", big("before-1"), 0, 1)
+    starts = s.heartbeats()
+    scenario(s)
+    s.heartbeats()
+    mid = s.write(tmp_path / "mid", first=starts)
+    assert chunked_version(plan(mid, TOPIC), TOPIC)
+    assert chunked_version(plan(stores[0].write(tmp_path / "chunked"), TOPIC), TOPIC)
+    assert not chunked_version(plan(stores[1].write(tmp_path / "plain"), TOPIC), TOPIC)
 
 
 def test_chunk_key_suffix_is_not_mistaken_for_part_of_the_key(stores):
