@@ -174,11 +174,16 @@ class ArchiveSource(Source):
             raise SourceError(f"source {self.region}={self.uri}: {exc}") from exc
 
 
+@dataclass
 class KafkaSource(Source):
+    # How long each metadata or watermark request may wait for the cluster: a streaming query plans every
+    # trigger and must not wait ten seconds on a region that is down (pipelines.core.stream_source).
+    timeout_s: float = 10.0
+
     def __post_init__(self) -> None:
         try:
             self.bootstrap = kafka_log.parse_kafka_uri(self.uri)
-            self._log = kafka_log.KafkaLog(self.bootstrap, self.kafka_conf)
+            self._log = kafka_log.KafkaLog(self.bootstrap, self.kafka_conf, timeout_s=self.timeout_s)
             self._topics = self._log.topics()
         except kafka_log.KafkaLogError as exc:
             raise SourceError(f"source {self.region}={self.uri}: {exc}") from exc
@@ -214,7 +219,11 @@ class KafkaSource(Source):
         self._log.close()
 
 
-def open_source(spec: SourceSpec, kafka_conf: Mapping[str, Any] | None = None) -> Source:
+def open_source(
+    spec: SourceSpec, kafka_conf: Mapping[str, Any] | None = None, timeout_s: float = 10.0
+) -> Source:
+    """The source `spec` names, opened. `timeout_s`: how long a Kafka source waits for each metadata request
+    (archives ignore it)."""
     if spec.is_kafka:
-        return KafkaSource(spec, dict(kafka_conf or {}))
+        return KafkaSource(spec, dict(kafka_conf or {}), timeout_s=timeout_s)
     return ArchiveSource(spec)
