@@ -94,7 +94,8 @@ class Source:
     """An opened source. `bounds` are fixed when first asked (the job's planned snapshot)."""
 
     spec: SourceSpec
-    kafka_conf: Mapping[str, Any] = field(default_factory=dict)
+    # Kafka client settings hold credentials (sasl.password, ssl.key.password): never in a repr or a log line
+    kafka_conf: Mapping[str, Any] = field(default_factory=dict, repr=False)
     _bounds: dict[tuple[str, int], tuple[int, int]] = field(default_factory=dict)
 
     def __post_init__(self) -> None:

@@ -146,3 +146,11 @@ def test_relative_source_paths_reach_executors_absolute(sim, tmp_path, monkeypat
     t = sim.truth["run"]
     splits = plan({0: SourceSpec(0, "dc-0").uri}, f"{t['store']}_v{t['version']}")
     assert splits and all(os.path.isabs(s.uri) for s in splits)
+
+
+@pytest.mark.kafka
+def test_an_opened_source_never_shows_its_kafka_settings(embedded_kafka):
+    from pipelines.core.sources import open_source
+
+    src = open_source(SourceSpec(0, embedded_kafka.uri), {"client.id": "hunter2-secret"})
+    assert "hunter2-secret" not in repr(src) and "hunter2-secret" not in str(src)
