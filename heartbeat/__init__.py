@@ -26,8 +26,9 @@ heartbeat. Readers decode heartbeats with `parse_vt_heartbeat` (works on plain V
 header codecs directly; `LagMonitor` turns a VT into per-region time and offset lag.
 
 Modules: `records` (heartbeat records, byte-exact with Venice), `watermarks` (the
-acknowledged watermark tracker, pure logic), `leader` (HeartbeatLeader), `lag` (LagMonitor). The hbw/hbd
-header codecs live in `div.heartbeat_headers` (DIV restore reads them too) and are re-exported here.
+acknowledged watermark tracker, pure logic), `leader` (HeartbeatLeader), `lag` (LagMonitor), `metrics`
+(LeaderMetrics: a leader's `stats` for Prometheus; imported on its own, by a leader process that serves them).
+The hbw/hbd header codecs live in `div.heartbeat_headers` (DIV restore reads them too) and are re-exported here.
 """
 
 from div.heartbeat_headers import (

@@ -42,7 +42,7 @@ import logging
 import time
 from collections import deque
 from collections.abc import Callable, Iterable, Mapping
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any
 
 from div import checksum as cks
@@ -115,6 +115,16 @@ class RtRecord:
 
 @dataclass
 class LeaderStats:
+    """What one leader did in its term, counted once: `heartbeat.metrics.LeaderMetrics` shows these same numbers
+    to Prometheus.
+
+    `rt_records`: RT records handed over (heartbeats included); `vt_sends`/`vt_acked`/`vt_failed`: VT records
+    produced for them (control records of the writer's segments included) and their delivery reports;
+    `vt_heartbeats*`/`rt_heartbeats*`: heartbeats produced, acknowledged and failed; `hbd_truncated`: VT
+    heartbeats whose `hbd` was cut to fit. `watermark_advanced_ms[r]`: the leader's clock when region r's
+    acknowledged watermark last moved, as `poll()`/`flush()` saw it (the term's start counts as a move).
+    """
+
     rt_records: int = 0
     vt_sends: int = 0
     vt_acked: int = 0
@@ -123,8 +133,10 @@ class LeaderStats:
     vt_heartbeats_acked: int = 0
     vt_heartbeats_failed: int = 0
     rt_heartbeats: int = 0
+    rt_heartbeats_acked: int = 0
     rt_heartbeats_failed: int = 0
     hbd_truncated: int = 0
+    watermark_advanced_ms: dict[int, int] = field(default_factory=dict)
 
 
 @dataclass(slots=True)
@@ -224,6 +236,8 @@ class HeartbeatLeader:
         self._current: _Current | None = None
         self._last_was_heartbeat = False
         self._pending_hbs: deque[_PendingHeartbeat] = deque()
+        # the watermarks as poll() last saw them, for stats.watermark_advanced_ms
+        self._seen_marks: list[int] = []
         self._tokens = itertools.count(1)
         self._last_rt_hb_ms: int | None = None
         self._segment_final = False
@@ -274,6 +288,9 @@ class HeartbeatLeader:
         if bad:
             raise ValueError(f"rt_producer_states names region(s) {bad} outside 0..{self.n_regions - 1}")
         self.tracker = WatermarkTracker(self.n_regions, watermarks, rt, self._validator_config)
+        self._seen_marks = self.tracker.watermarks()
+        now = self.clock()
+        self.stats.watermark_advanced_ms = dict.fromkeys(range(self.n_regions), now)
         self._rt_validators = []
         for r in range(self.n_regions):
             v = PartitionValidator(is_realtime=True, config=self._validator_config)
@@ -464,7 +481,9 @@ class HeartbeatLeader:
             log.warning("VT heartbeat to %s[%d] failed: %s", self.vt_topic, self.partition, err)
 
     def _on_rt_heartbeat_delivery(self, err, msg) -> None:
-        if err is not None:  # Venice only logs these too
+        if err is None:
+            self.stats.rt_heartbeats_acked += 1
+        else:  # Venice only logs these too
             self.stats.rt_heartbeats_failed += 1
             log.warning("RT heartbeat to %s[%d] failed: %s", self.rt_topic, self.partition, err)
 
@@ -474,6 +493,7 @@ class HeartbeatLeader:
         `interval_ms` has passed. Call it often (every loop iteration). Returns the delivery reports served."""
         self._check_open()
         served = self.producer.poll(timeout)
+        self._note_watermark_progress()  # what was acknowledged before a failure still counts
         self._check_usable()
         self._emit_ready_heartbeats()
         if self.interval_ms > 0:
@@ -586,7 +606,25 @@ class HeartbeatLeader:
         if not self.broken:
             self._emit_ready_heartbeats()
         left = self.producer.flush(max(0.0, deadline - time.monotonic()))
+        self._note_watermark_progress()
         return left
+
+    def _note_watermark_progress(self) -> None:
+        # When each mark last moved tells a stalled leader from a quiet one: every region's RT heartbeats move
+        # its mark once an interval even when nobody writes. Checked here, once per loop iteration, rather than
+        # on every acknowledgement (the hot path), at the cost of a loop iteration's resolution.
+        tracker = self.tracker
+        if tracker is None:
+            return
+        marks = tracker.watermarks()
+        if marks == self._seen_marks:
+            return
+        now = self.clock()
+        advanced = self.stats.watermark_advanced_ms
+        for region, (mark, seen) in enumerate(zip(marks, self._seen_marks, strict=True)):
+            if mark != seen:
+                advanced[region] = now
+        self._seen_marks = marks
 
     def close(self, timeout: float = 30.0, *, end_segment: bool = True) -> int:
         """Step down: end this term's segment (a final EndOfSegment, as Venice's graceful close) unless the

@@ -186,15 +186,21 @@ def _command_of(module: str) -> str | None:
     return parts[1] if len(parts) > 2 and parts[0] == "pipelines" and parts[1] in COMMANDS else None
 
 
+# Issue 19: `watch`'s metrics landed before its job and its cli (built on another branch). Remove it from here
+# when pipelines/watch/cli.py comes: the test below then fails until it is removed.
+NO_CLI_YET = {"watch"}
+
+
 def test_every_command_is_a_package_with_a_cli():
-    assert COMMANDS == ["demo", "div", "lag", "leapfrog", "report", "simulate"]
+    assert COMMANDS == ["demo", "div", "lag", "leapfrog", "report", "simulate", "watch"]
     from pipelines import cli
 
     assert cli._JOBS == [
         f"pipelines.{c}.cli" for c in ("simulate", "lag", "leapfrog", "div", "report", "demo")
     ]
     for command in COMMANDS:
-        assert (REPO / "pipelines" / command / "cli.py").exists(), command
+        has_cli = (REPO / "pipelines" / command / "cli.py").exists()
+        assert has_cli != (command in NO_CLI_YET), command
 
 
 def test_core_imports_no_command():

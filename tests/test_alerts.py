@@ -1,0 +1,223 @@
+"""conf/alerts.yaml (issue 19): Prometheus alerting rules that speak only of metrics the watch and the leader export.
+
+Every rule has an expression, a `for`, a severity and a summary and description; every metric an expression
+reads, and every label it selects on, is one that `WatchMetrics` or `LeaderMetrics` exports — read from their
+registries after one update of everything, not from a list kept here. With `promtool` on PATH the file is also
+checked by Prometheus' own parser, and its unit tests (tests/support/alerts_promtool_test.yaml: synthetic series,
+the alerts that must fire or not, and their rendered annotations) are run.
+"""
+
+from __future__ import annotations
+
+import re
+import shutil
+import subprocess
+from pathlib import Path
+
+import pytest
+import yaml
+
+from heartbeat import HeartbeatLeader
+from heartbeat.metrics import LeaderMetrics
+from pipelines.watch.metrics import WatchMetrics
+
+REPO = Path(__file__).resolve().parents[1]
+ALERTS = REPO / "conf" / "alerts.yaml"
+PROMTOOL_TESTS = REPO / "tests" / "support" / "alerts_promtool_test.yaml"
+TARGET_LABELS = {"job", "instance"}  # added by Prometheus' scrape, on every series
+SUFFIXES = {"counter": ("_total", "_created"), "gauge": ("",), "histogram": ("_bucket", "_sum", "_count")}
+
+
+def _rules() -> list[dict]:
+    doc = yaml.safe_load(ALERTS.read_text(encoding="utf-8"))
+    return [rule for group in doc["groups"] for rule in group["rules"]]
+
+
+def _watch_with_everything() -> WatchMetrics:
+    m = WatchMetrics(heartbeat_interval_ms=10_000, clock=lambda: 1000.0)
+    m.observe_heartbeats(
+        [{"region": 0, "partition": 0, "source_region": 1, "origin_ms": 1, "arrival_ms": 2, "mark": 3}]
+    )
+    m.set_lag(0, "s_v1", 0, 10, 5)
+    m.set_source_up(0, True)
+    m.add_records(0, "s_v1", 1)
+    m.observe_divergences([{"type": "VALUE_MISMATCH", "region_a": 0, "region_b": 1}])
+    m.observe_div_findings([{"type": "MISSING", "fatal": True, "region": 0, "topic": "s_v1"}])
+    m.set_pending_keys(0, 1, 2)
+    m.set_unverified_keys(0, 1)
+    m.observe_progress(
+        {
+            "timestamp": "2026-01-01T00:00:00.000Z",
+            "batchId": 1,
+            "numInputRows": 5,
+            "inputRowsPerSecond": 1.0,
+            "processedRowsPerSecond": 2.0,
+            "durationMs": {"addBatch": 3},
+            "stateOperators": [{"operatorName": "x", "numRowsTotal": 1, "memoryUsedBytes": 1}],
+        }
+    )
+    m.observe_heartbeats([{"nonsense": 1}])  # one rejected row, so that counter has a sample too
+    return m
+
+
+class _Quiet:
+    """Enough of a producer for a leader that only emits an RT heartbeat."""
+
+    def produce(self, *a, on_delivery=None, **kw) -> None:
+        if on_delivery is not None:
+            on_delivery(None, None)
+
+    def poll(self, timeout: float = 0) -> int:
+        return 0
+
+    def flush(self, timeout: float = 0) -> int:
+        return 0
+
+
+def _leader_metrics_with_a_leader() -> LeaderMetrics:
+    metrics = LeaderMetrics()
+    leader = HeartbeatLeader(
+        _Quiet(), vt_topic="s_v1", rt_topic="s_rt", partition=0, region=0, n_regions=2, host="h:1"
+    )
+    leader.take_over()
+    leader.emit_rt_heartbeat()
+    metrics.add(leader)
+    return metrics
+
+
+def _exported() -> dict[str, set[str]]:
+    """Every metric name a scrape can show, with its label names, from the two registries."""
+    out: dict[str, set[str]] = {}
+    for registry in (_watch_with_everything().registry, _leader_metrics_with_a_leader().registry):
+        for family in registry.collect():
+            assert family.samples, f"{family.name}: the update of everything above left it without a sample"
+            labels = set().union(*(s.labels for s in family.samples))
+            for suffix in SUFFIXES[family.type]:
+                out[family.name + suffix] = labels
+    return out
+
+
+_KEYWORDS = {
+    "and",
+    "or",
+    "unless",
+    "by",
+    "without",
+    "on",
+    "ignoring",
+    "group_left",
+    "group_right",
+    "offset",
+    "bool",
+}
+
+
+def metric_selectors(expr: str) -> list[tuple[str, set[str]]]:
+    """(metric name, label names it is selected on) of every vector selector in a PromQL expression."""
+    expr = re.sub(r'"(?:[^"\\]|\\.)*"', '""', expr)  # string contents are not names
+    expr = re.sub(r"\b(by|without|on|ignoring|group_left|group_right)\s*\([^)]*\)", " ", expr)
+    expr = re.sub(r"\[[^\]]*\]", " ", expr)  # range durations
+    expr = re.sub(r"\boffset\s+\w+", " ", expr)
+    out = []
+    for m in re.finditer(r"([A-Za-z_:][A-Za-z0-9_:]*)\s*(\{[^}]*\})?\s*(\()?", expr):
+        name, matchers, call = m.groups()
+        if call or name in _KEYWORDS:
+            continue  # a function or an aggregation, not a metric
+        labels = set(re.findall(r"([A-Za-z_][A-Za-z0-9_]*)\s*(?:=~|!~|!=|=)", matchers or ""))
+        out.append((name, labels))
+    return out
+
+
+def test_the_selector_reader_reads_promql():
+    expr = (
+        'min without (partition) (a_seconds{x="1"}) > ignoring(region) group_left() (3 * b_total)\n'
+        'unless on(job) (time() - c offset 10m) or increase(d_total{fatal="true", y=~"a|b"}[10m]) > bool 0'
+    )
+    assert metric_selectors(expr) == [
+        ("a_seconds", {"x"}),
+        ("b_total", set()),
+        ("c", set()),
+        ("d_total", {"fatal", "y"}),
+    ]
+
+
+def test_every_rule_is_complete():
+    rules = _rules()
+    names = [r.get("alert") for r in rules]
+    assert len(rules) >= 6 and all(names) and len(set(names)) == len(names), names
+    for rule in rules:
+        where = rule["alert"]
+        assert set(rule) <= {"alert", "expr", "for", "labels", "annotations"}, where
+        assert isinstance(rule.get("expr"), str) and rule["expr"].strip(), where
+        assert re.fullmatch(r"\d+[smhd]", str(rule.get("for", ""))), f"{where}: for = {rule.get('for')!r}"
+        assert rule.get("labels", {}).get("severity") in {"warning", "critical"}, where
+        notes = rule.get("annotations", {})
+        assert notes.get("summary") and notes.get("description"), where
+
+
+def test_every_metric_and_label_in_the_rules_is_exported():
+    exported = _exported()
+    used = set()
+    for rule in _rules():
+        selectors = metric_selectors(rule["expr"])
+        assert selectors, rule["alert"]
+        for name, labels in selectors:
+            assert name in exported, (
+                f"{rule['alert']}: {name} is exported by neither WatchMetrics nor LeaderMetrics"
+            )
+            assert labels <= exported[name] | TARGET_LABELS, f"{rule['alert']}: {name} has no label {labels}"
+            used.add(name)
+        # what the annotations name must be a label of a metric the rule reads (or a target label)
+        known = TARGET_LABELS.union(*(exported[n] for n, _ in selectors))
+        for note in rule["annotations"].values():
+            for label in re.findall(r"\$labels\.(\w+)", note):
+                assert label in known, f"{rule['alert']}: annotation names {label}, which no metric of it has"
+    # the conditions issue 19 asks rules for
+    assert {
+        "tidegauge_heartbeat_age_seconds",
+        "tidegauge_heartbeat_interval_seconds",
+        "tidegauge_offset_lag_records",
+        "tidegauge_divergences_total",
+        "tidegauge_div_findings_total",
+        "tidegauge_source_up",
+    } <= used
+
+
+def test_a_rule_reading_an_unknown_metric_would_be_caught():
+    exported = _exported()
+    assert "tidegauge_heartbeat_age_seconds" in exported and "tidegauge_heartbeat_age" not in exported
+    assert "tidegauge_divergences_total" in exported and "tidegauge_divergences" not in exported
+    assert exported["tidegauge_div_findings_total"] == {"type", "fatal", "region", "topic"}
+
+
+@pytest.fixture(scope="module")
+def promtool() -> str:
+    path = shutil.which("promtool")
+    if path is None:
+        pytest.skip(
+            "promtool is not on PATH: Prometheus' own check of conf/alerts.yaml and its unit tests did not run "
+            "(Debian's `prometheus` package has it; `apt-get download prometheus && dpkg-deb -x prometheus_*.deb "
+            "DIR` gives DIR/usr/bin/promtool without the server)"
+        )
+    return path
+
+
+def test_promtool_accepts_the_rules(promtool):
+    proc = subprocess.run(
+        [promtool, "check", "rules", str(ALERTS)], capture_output=True, text=True, timeout=120
+    )
+    assert proc.returncode == 0, proc.stdout + proc.stderr
+    assert f"SUCCESS: {len(_rules())} rules found" in proc.stdout
+
+
+def test_the_rules_fire_when_they_should(promtool):
+    proc = subprocess.run(
+        [promtool, "test", "rules", PROMTOOL_TESTS.name],
+        cwd=PROMTOOL_TESTS.parent,
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
+    assert proc.returncode == 0, proc.stdout + proc.stderr
+    tested = set(re.findall(r"alertname: (\w+)", PROMTOOL_TESTS.read_text(encoding="utf-8")))
+    assert tested == {r["alert"] for r in _rules()}, "every rule has a promtool test"
