@@ -740,31 +740,7 @@ def _commit_state(
         write_parquet_file(findings_table, stage / "findings" / "part-00000.parquet")
     else:
         write_parquet(findings, stage / "findings")
-    region_rows = []
-    for (region, partition), rp in sorted(facts.items()):
-        end = ends.get((region, partition))
-        last = (
-            end - 1
-            if end is not None
-            else carried.get((region, partition), {}).get("last_offset", rp.start_after)
-        )
-        region_rows.append(
-            {
-                "region": region,
-                "partition": partition,
-                "last_offset": last,
-                "final_hw": list(rp.final_hw),
-                "baseline": list(rp.baseline) if rp.baseline is not None and not rp.prefix_known else None,
-                "prefix_known": rp.prefix_known,
-                "gap_hw": list(rp.next_freeze()) if rp.next_freeze() else None,
-                "eop_offset": rp.eop_offset,
-                "chunked": rp.chunked,
-                "latest_kept": rp.latest_kept,
-                # kept across runs: a later run must not compare a value that an unreadable record replaced
-                "unverified": rp.unverified,
-                "unverified_overflow": rp.unverified_overflow,
-            }
-        )
+    region_rows = S.region_rows(facts, ends, carried)
     settled_counts = []
     for r in counter_rows:
         k = (r["partition"], r["region_a"], r["region_b"])

@@ -119,9 +119,13 @@ class CompareContext:
         None  # the fused job's reduce buckets this task holds (tags its state file)
     )
 
+    # the records the next run needs go to a sink the caller gives instead (the watch keeps them in Spark's
+    # state store)
+    keep_state: bool = False
+
     @property
     def emit_state(self) -> bool:
-        return self.state_out is not None
+        return self.state_out is not None or self.keep_state
 
     def regions(self) -> list[int]:
         return sorted({r for p in self.pairs for r in p})
@@ -349,22 +353,47 @@ class StateSink:
         return f"part-{tc.partitionId() if tc is not None else 0:05d}.parquet"
 
 
+class MemorySink:
+    """The records the next run needs, kept in memory for a caller that stores them itself (`tidegauge watch`)."""
+
+    def __init__(self) -> None:
+        self.batches: list[pa.RecordBatch] = []
+
+    def add(self, batch: pa.RecordBatch) -> None:
+        if batch.num_rows:
+            self.batches.append(batch)
+
+    def close(self) -> None:
+        pass
+
+    def table(self) -> pa.Table:
+        return pa.Table.from_batches(self.batches, CARRIED_SCHEMA)
+
+
 class VectorKeyStage:
     """Heartbeat mode: the band rule over whole chunks of keys in numpy (same verdicts as `KeyStage`, tested)."""
 
     def __init__(
-        self, ctx: CompareContext, carried: pa.Table | None = None, schema: pa.Schema | None = None
+        self,
+        ctx: CompareContext,
+        carried: pa.Table | None = None,
+        schema: pa.Schema | None = None,
+        sink: StateSink | MemorySink | None = None,
     ) -> None:
         """`carried`: this task's records from the previous run's state, read here rather than shuffled in
-        (`pipelines.leapfrog.carried`), to merge into the input rows (of `schema`)."""
+        (`pipelines.leapfrog.carried`), to merge into the input rows (of `schema`). `sink`: where the records the
+        next run needs go (default: a `StateSink` file in `ctx.state_out`)."""
         self.ctx = ctx
         self.carried, self.schema = carried, schema
+        self.sink = sink
 
     def __call__(self, batches: Iterator[pa.RecordBatch]) -> Iterator[pa.RecordBatch]:
         marks = _Marks(self.ctx)
         counters: dict[tuple[int, int, int], _Counters] = defaultdict(_Counters)
         self.state_batches: list[pa.RecordBatch] = []
-        sink = StateSink(self.ctx.state_out, self.ctx.buckets) if self.ctx.emit_state else None
+        sink = self.sink
+        if sink is None and self.ctx.state_out is not None:
+            sink = StateSink(self.ctx.state_out, self.ctx.buckets)
         stream = (marks.apply(b) for b in batches)
         if self.carried is not None:
             stream = merge_carried(
@@ -621,8 +650,13 @@ def _side(rec) -> tuple | None:
     return (rec.value_hash, rec.value_hash is None, rec.vt_offset, list(rec.vector), list(rec.high_watermark))
 
 
-def stage_for(ctx: CompareContext, carried: pa.Table | None = None, schema: pa.Schema | None = None):
-    return VectorKeyStage(ctx, carried, schema) if ctx.mode == "heartbeat" else KeyStage(ctx)
+def stage_for(
+    ctx: CompareContext,
+    carried: pa.Table | None = None,
+    schema: pa.Schema | None = None,
+    sink: StateSink | MemorySink | None = None,
+):
+    return VectorKeyStage(ctx, carried, schema, sink) if ctx.mode == "heartbeat" else KeyStage(ctx)
 
 
 class ScanReduce:
@@ -639,12 +673,15 @@ class ScanReduce:
         state_out: str | None = None,
         deadlines: dict[int, int] | None = None,
         carried_files: tuple[str, dict[str, list[int]]] | None = None,
+        sink: MemorySink | None = None,
     ) -> None:
         """`carried_files`: (directory, file name → buckets) of the previous state's carried records when each
-        task reads its own (`pipelines.leapfrog.carried`) instead of receiving them through the shuffle."""
+        task reads its own (`pipelines.leapfrog.carried`) instead of receiving them through the shuffle.
+        `sink`: receives the records the next run needs, instead of files in `state_out`."""
         self.mode, self.pairs, self.n, self.ends = mode, pairs, n_regions, ends
         self.carried, self.state_out, self.deadlines = carried or {}, state_out, deadlines or {}
         self.carried_files = carried_files
+        self.sink = sink
 
     def __call__(self, batches: Iterator[pa.RecordBatch]) -> Iterator[pa.RecordBatch]:
         from pipelines.leapfrog import rows as R
@@ -679,6 +716,7 @@ class ScanReduce:
             self.n,
             self.state_out,
             tuple(sorted(buckets)) or None,
+            keep_state=self.sink is not None,
         )
         carried = None
         if self.carried_files is not None and buckets:
@@ -692,4 +730,4 @@ class ScanReduce:
                 yield R.unpack(b, self.n, with_rmd)
 
         schema = R.unpacked_schema(self.n, with_rmd)
-        yield from stage_for(ctx, carried, schema)(data())
+        yield from stage_for(ctx, carried, schema, self.sink)(data())

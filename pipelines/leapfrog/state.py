@@ -181,6 +181,37 @@ def stage(path: str | os.PathLike) -> Publication:
     return Publication(locate(path), "leapfrog state")
 
 
+def region_rows(facts: dict, ends: dict[tuple[int, int], int], carried: dict) -> list[dict[str, Any]]:
+    """What the next run (or micro-batch) needs of each region partition, from this one's plan (`facts`, the
+    `leapfrog.plan.RegionPartition`s), its end offsets and the facts it resumed from (`carried`)."""
+    rows = []
+    for (region, partition), rp in sorted(facts.items()):
+        end = ends.get((region, partition))
+        last = (
+            end - 1
+            if end is not None
+            else carried.get((region, partition), {}).get("last_offset", rp.start_after)
+        )
+        rows.append(
+            {
+                "region": region,
+                "partition": partition,
+                "last_offset": last,
+                "final_hw": list(rp.final_hw),
+                "baseline": list(rp.baseline) if rp.baseline is not None and not rp.prefix_known else None,
+                "prefix_known": rp.prefix_known,
+                "gap_hw": list(rp.next_freeze()) if rp.next_freeze() else None,
+                "eop_offset": rp.eop_offset,
+                "chunked": rp.chunked,
+                "latest_kept": rp.latest_kept,
+                # kept across runs: a later run must not compare a value that an unreadable record replaced
+                "unverified": rp.unverified,
+                "unverified_overflow": rp.unverified_overflow,
+            }
+        )
+    return rows
+
+
 def write_meta(stage: Location, meta: dict[str, Any], regions: list[dict[str, Any]]) -> None:
     (stage / "state.json").write_text(
         json.dumps({"format": VERSION, "meta": meta, "regions": regions}, indent=1) + "\n"
