@@ -6,9 +6,11 @@ injected faults with ground truth, and an archive per region.
     result = run(SimConfig(out="out", regions=3, partitions=4, records=50_000, faults={"dropped": 1}))
     result.truth["faults"], result.summary["vt_records_per_region"]
 
-    # the same, paced by the wall clock until `stop` is set (or duration_s), faults at set times:
+    # the same paced by the wall clock, with a fault at a set time, until `stop` is set (a signal handler or
+    # another thread sets it) or duration_s is over; on_ready gets each region's kafka:// URI and topics
     cfg = SimConfig(out="live", live=True, write_rate=[50.0], fault_times=[TimedFault("silent", 30, 20)])
-    run(cfg, stop=threading.Event(), on_ready=lambda info: print(info["regions"]))
+    stop = threading.Event()
+    run(cfg, stop=stop, on_ready=lambda info: print(info["regions"]))
 
 `tidegauge simulate` (and `simulate --live`) is the command-line face of `run`.
 """
