@@ -6,10 +6,24 @@ injected faults with ground truth, and an archive per region.
     result = run(SimConfig(out="out", regions=3, partitions=4, records=50_000, faults={"dropped": 1}))
     result.truth["faults"], result.summary["vt_records_per_region"]
 
-`tidegauge simulate` is the command-line face of `run`.
+    # the same paced by the wall clock, with a fault at a set time, until `stop` is set (a signal handler or
+    # another thread sets it) or duration_s is over; on_ready gets each region's kafka:// URI and topics
+    cfg = SimConfig(out="live", live=True, write_rate=[50.0], fault_times=[TimedFault("silent", 30, 20)])
+    stop = threading.Event()
+    run(cfg, stop=stop, on_ready=lambda info: print(info["regions"]))
+
+`tidegauge simulate` (and `simulate --live`) is the command-line face of `run`.
 """
 
-from .config import FAULT_KINDS, ConfigError, QuietPeriod, SimConfig, parse_faults
+from .config import (
+    FAULT_KINDS,
+    ConfigError,
+    QuietPeriod,
+    SimConfig,
+    TimedFault,
+    parse_fault_spec,
+    parse_faults,
+)
 from .runner import SimResult, SimulationError, run
 
 __all__ = [
@@ -19,6 +33,8 @@ __all__ = [
     "SimConfig",
     "SimResult",
     "SimulationError",
+    "TimedFault",
+    "parse_fault_spec",
     "parse_faults",
     "run",
 ]

@@ -6,17 +6,36 @@ cadence in simulated milliseconds); quiet periods are fractions of the run's nom
 write rate), so the same YAML fits a run of any size. Kafka client settings (`kafka_conf`) never change the
 content and are passed to librdkafka untouched.
 
+A live run (`live`) is the same simulation paced by the wall clock: simulated time is wall-clock time, the
+schedule is drawn a chunk (`live_chunk_s`) at a time, and the run ends after `duration_s` or when it is told to
+stop. Faults can be given by count (`faults`, placed from the seed) or at set times (`fault_times`, seconds after
+the first write), in either mode.
+
 Errors are `ConfigError`s whose message names the bad item (the CLI turns them into exit code 2).
 """
 
 from __future__ import annotations
 
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field, fields, replace
 from typing import Any
 
-FAULT_KINDS = ("dropped", "poisoned", "failover", "duplicate", "gap", "corrupt", "compaction", "broker")
+FAULT_KINDS = (
+    "dropped",
+    "poisoned",
+    "failover",
+    "duplicate",
+    "gap",
+    "corrupt",
+    "compaction",
+    "broker",
+    "silent",
+    "isolated",
+)
 """Injectable faults (see sim.faults for what each does and which findings it must cause)."""
+
+STOP_RESUME_KINDS = ("failover", "broker", "silent", "isolated")
+"""Faults that start and end: a timed one may say how long it lasts (`KIND@SECONDS+SECONDS`)."""
 
 
 class ConfigError(ValueError):
@@ -32,6 +51,19 @@ class QuietPeriod:
     start: float
     end: float
     partitions: tuple[int, ...] | None = None
+
+
+@dataclass(frozen=True)
+class TimedFault:
+    """A fault at a set time: `kind` starts `at_s` seconds after the run's first write and, for the kinds of
+    STOP_RESUME_KINDS, lasts `for_s` seconds (None: the kind's default, e.g. `outage_ms`)."""
+
+    kind: str
+    at_s: float
+    for_s: float | None = None
+
+    def __str__(self) -> str:
+        return f"{self.kind}@{self.at_s:g}" + ("" if self.for_s is None else f"+{self.for_s:g}")
 
 
 @dataclass
@@ -62,8 +94,10 @@ class SimConfig:
     heartbeat_every_ms: int = 5_000  # ... and at least this often (simulated time)
     segment_max_age_ms: int = 300_000  # producers and leaders roll DIV segments on simulated time
     faults: dict[str, int] = field(default_factory=dict)
+    fault_times: list[TimedFault] = field(default_factory=list)  # faults at set times (`KIND@SECONDS`)
     failover_delay_ms: int = 3_000  # simulated time between a leader's failure and its successor's takeover
     broker_down_s: float = 1.0  # wall-clock duration of a broker outage (does not change content)
+    outage_ms: int = 20_000  # how long a silent leader stays silent and an isolated region stays cut off
     legacy_rmd: bool = False
     kafka: dict[int, str] | None = None  # region -> bootstrap servers; None: one embedded cluster per region
     kafka_conf: dict[str, Any] = field(default_factory=dict)  # librdkafka settings, passed through
@@ -73,6 +107,10 @@ class SimConfig:
     follower_checkpoint_every: int = 50_000  # VT records between follower checkpoints (per partition)
     progress: bool = True  # progress lines on stderr
     workers: str = "process"  # "process": each region's leaders/followers in a process of its own; "inline"
+    live: bool = False  # paced by the wall clock (simulated time = wall time), no planned end
+    duration_s: float | None = None  # live: seconds of traffic before a clean stop (None: until told to stop)
+    live_step_ms: int = 200  # live: the step (simulated = wall ms) between two hand-overs to the workers
+    live_chunk_s: float = 60.0  # live: seconds of traffic drawn at a time (quiet periods repeat per chunk)
 
     # -- derived -----------------------------------------------------------------------------------------
     @property
@@ -179,6 +217,28 @@ class SimConfig:
                 isinstance(n, int) and n >= 0,
                 f"fault {kind}: count must be a non-negative integer, got {n!r}",
             )
+            need(
+                not (n and self.live and self.duration_s is None and kind != "compaction"),
+                f"fault {kind}={n}: a live run without --duration has no length to spread counted faults "
+                f"over; give their times instead (e.g. {kind}@30)",
+            )
+        for tf in self.fault_times:
+            _check_timed(tf, need)
+            need(
+                self.faults.get(tf.kind, 0) == 0,
+                f"fault {tf}: {tf.kind} is also given as a count; give it one way",
+            )
+            if self.live and self.duration_s is not None:
+                need(
+                    tf.at_s < self.duration_s,
+                    f"fault {tf}: at {tf.at_s:g} s, after the run's end (--duration {self.duration_s:g})",
+                )
+        need(self.outage_ms >= 1, f"outage_ms must be at least 1, got {self.outage_ms}")
+        need(self.live_step_ms >= 10, f"live_step_ms must be at least 10, got {self.live_step_ms}")
+        need(self.live_chunk_s >= 1, f"live_chunk_s must be at least 1, got {self.live_chunk_s}")
+        if self.duration_s is not None:
+            need(self.live, f"duration_s ({self.duration_s:g}) is for live runs only (--live)")
+            need(self.duration_s > 0, f"duration must be positive, got {self.duration_s:g} s")
         if self.kafka is not None:
             need(
                 sorted(self.kafka) == list(range(self.regions)),
@@ -198,15 +258,37 @@ class SimConfig:
         return self
 
 
-def parse_faults(spec: str) -> dict[str, int]:
-    """`dropped=2,poisoned=1,failover=1` -> {"dropped": 2, ...}. A bare kind means 1. Raises ConfigError
-    naming the bad item."""
-    out: dict[str, int] = {}
+def _check_timed(tf: TimedFault, need: Callable[[bool, str], None]) -> None:
+    need(tf.kind in FAULT_KINDS, f"unknown fault kind {tf.kind!r} (known: {', '.join(FAULT_KINDS)})")
+    need(
+        tf.kind != "compaction",
+        f"fault {tf}: compaction is done to the archive after the run; give it as a count (compaction=1)",
+    )
+    need(tf.at_s >= 0, f"fault {tf}: the time must not be negative")
+    if tf.for_s is not None:
+        need(
+            tf.kind in STOP_RESUME_KINDS,
+            f"fault {tf}: only {', '.join(STOP_RESUME_KINDS)} last a while (+SECONDS)",
+        )
+        need(tf.for_s > 0, f"fault {tf}: the duration must be positive")
+
+
+def parse_fault_spec(spec: str | None) -> tuple[dict[str, int], list[TimedFault]]:
+    """`dropped=2,poisoned@12,silent@30+20` -> ({"dropped": 2}, [poisoned at 12 s, silent at 30 s for 20 s]).
+
+    KIND=COUNT places COUNT faults from the seed (a bare KIND means 1); KIND@SECONDS puts one at that many
+    seconds after the first write, KIND@SECONDS+SECONDS also says how long a stop/resume kind lasts. Raises
+    ConfigError naming the bad item."""
+    counts: dict[str, int] = {}
+    timed: list[TimedFault] = []
     if spec is None or not spec.strip():
-        return out
+        return counts, timed
     for item in spec.split(","):
         item = item.strip()
         if not item:
+            continue
+        if "@" in item:
+            timed.append(_parse_timed(item))
             continue
         name, sep, count = item.partition("=")
         name = name.strip()
@@ -225,10 +307,40 @@ def parse_faults(spec: str) -> dict[str, int]:
                 ) from None
             if n < 0:
                 raise ConfigError(f"--faults item {item!r}: count must not be negative")
-        if name in out:
+        if name in counts:
             raise ConfigError(f"--faults item {item!r}: fault kind {name!r} is given twice")
-        out[name] = n
-    return out
+        counts[name] = n
+    return counts, timed
+
+
+def _parse_timed(item: str) -> TimedFault:
+    name, _, when = item.partition("@")
+    name = name.strip()
+    at, plus, length = when.partition("+")
+    try:
+        at_s = float(at.strip())
+        for_s = float(length.strip()) if plus else None
+    except ValueError:
+        raise ConfigError(
+            f"--faults item {item!r}: expected KIND@SECONDS or KIND@SECONDS+SECONDS (e.g. silent@30+20)"
+        ) from None
+    tf = TimedFault(name, at_s, for_s)
+
+    def need(cond: bool, what: str) -> None:
+        if not cond:
+            raise ConfigError(f"--faults item {item!r}: {what}")
+
+    _check_timed(tf, need)
+    return tf
+
+
+def parse_faults(spec: str) -> dict[str, int]:
+    """`dropped=2,poisoned=1,failover=1` -> {"dropped": 2, ...}. A bare kind means 1. Raises ConfigError
+    naming the bad item (also for a timed item: use parse_fault_spec for those)."""
+    counts, timed = parse_fault_spec(spec)
+    if timed:
+        raise ConfigError(f"--faults item {str(timed[0])!r}: a timed fault where only counts are accepted")
+    return counts
 
 
 def parse_kafka(items: list[str]) -> dict[int, str] | None:
@@ -288,6 +400,8 @@ _SIMPLE = {f.name for f in fields(SimConfig)} - {
     "quiet",
     "lag_ms",
     "faults",
+    "fault_times",
+    "duration_s",
     "kafka",
     "kafka_conf",
     "kafka_conf_by_region",
@@ -335,11 +449,15 @@ def from_mapping(data: Mapping[str, Any], base: SimConfig | None = None) -> SimC
                 )
             changes[key] = {_parse_lag_key(k): int(v) for k, v in value.items()}
         elif key == "faults":
-            changes[key] = (
-                parse_faults(value)
-                if isinstance(value, str)
-                else {str(k): int(v) for k, v in (value or {}).items()}
-            )
+            if isinstance(value, str):
+                changes["faults"], changes["fault_times"] = parse_fault_spec(value)
+            else:
+                changes[key] = {str(k): int(v) for k, v in (value or {}).items()}
+        elif key == "duration_s":
+            try:
+                changes[key] = None if value is None else float(value)
+            except (TypeError, ValueError):
+                raise ConfigError(f"setting duration_s: {value!r} is not a number of seconds") from None
         elif key == "kafka_bootstrap":
             changes["kafka"] = (
                 None if value in (None, "embedded") else {int(k): str(v) for k, v in value.items()}
@@ -347,7 +465,16 @@ def from_mapping(data: Mapping[str, Any], base: SimConfig | None = None) -> SimC
         else:
             import difflib
 
-            valid = [*_SIMPLE, "write_rate", "value_size", "quiet", "lag_ms", "faults", "kafka_bootstrap"]
+            valid = [
+                *_SIMPLE,
+                "write_rate",
+                "value_size",
+                "quiet",
+                "lag_ms",
+                "faults",
+                "duration_s",
+                "kafka_bootstrap",
+            ]
             match = difflib.get_close_matches(str(key), valid, n=1, cutoff=0.5)
             raise ConfigError(
                 f"unknown simulate setting {key!r}" + (f" (did you mean {match[0]!r}?)" if match else "")

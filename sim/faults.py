@@ -26,6 +26,17 @@ Kinds (each entry of `truth.json` says which findings it must cause, in which jo
               Expect nothing from Leap Frog, and nothing from DIV run with compaction tolerance.
 * broker    — a region's (embedded) broker goes down for `broker_down_s` wall seconds, then its next produce
               requests fail with a retriable error. Content must not change: expect nothing.
+* silent    — one leader stops heartbeating for `outage_ms`: the coordinator writes no RT heartbeat on its behalf
+              (its data keeps flowing), so no VT anywhere gets a heartbeat that comes from that RT partition.
+              Lag monitors must see it; Leap Frog and DIV: nothing.
+* isolated  — a region stops replicating for `outage_ms`: its leaders leave every other region's RT unread
+              (what arrives meanwhile is processed when the isolation ends, in order); its own RT is still
+              applied. Lag grows and falls back; Leap Frog and DIV: nothing.
+
+Counted faults are placed at random in a window of the run (WINDOWS); timed ones (`KIND@SECONDS`) at their
+time, a write fault on the first suitable write at or after it. A live run draws its schedule a chunk at a
+time and places each chunk's faults as it draws it; `PlanState` carries what placement needs from earlier
+chunks (the last operation on every key, keys it must keep away from), so the rules are the same.
 """
 
 from __future__ import annotations
@@ -36,12 +47,28 @@ from typing import Any
 
 import numpy as np
 
-from .config import SimConfig
-from .traffic import PUT, Schedule
+from .config import STOP_RESUME_KINDS, SimConfig, TimedFault
+from .traffic import DELETE, PUT, Schedule
 
 log = logging.getLogger(__name__)
 
 WRITE_FAULTS = ("dropped", "poisoned", "duplicate", "gap", "corrupt")
+RT_FAULTS = ("gap", "corrupt", "duplicate")  # placed first: their keys are kept away from dropped/poisoned
+
+WINDOWS: dict[str, tuple[float, float]] = {
+    "gap": (0.1, 0.8),
+    "corrupt": (0.1, 0.8),
+    "duplicate": (0.1, 0.8),
+    "dropped": (0.15, 0.7),
+    "poisoned": (0.15, 0.7),
+    "failover": (0.35, 0.6),
+    "broker": (0.2, 0.8),
+    "silent": (0.2, 0.6),
+    "isolated": (0.2, 0.6),
+}
+"""Where counted faults go, as fractions of the run: dropped and poisoned writes late enough that the earlier
+writes of their key have replicated and early enough that heartbeats of every region cover them; outages early
+enough to end before the producers close."""
 
 
 @dataclass
@@ -60,29 +87,53 @@ class Fault:
     detail: dict[str, Any] = field(default_factory=dict)
     expect: dict[str, list] = field(default_factory=lambda: {"leapfrog": [], "div": []})
     affected_regions: list[int] = field(default_factory=list)  # dropped: where it is missing; poisoned: where
-    end_ms: int | None = None  # failover: takeover time; broker: when the broker came back (planned)
+    # failover: takeover time; silent, isolated: when it ends; broker: when the broker comes back (its
+    # outage lasts that long on the wall clock, which only a live run shares with the simulated one)
+    end_ms: int | None = None
+    at_ms: int | None = None  # live: wall-clock epoch ms when it happened (started)
+    end_at_ms: int | None = None  # live: wall-clock epoch ms when a stop/resume fault ended (None: not yet)
 
-    def to_json(self) -> dict:
-        return {
+    def to_json(self, live: bool = False) -> dict:
+        out = {
             "id": self.id,
             "kind": self.kind,
             "region": self.region,
             "partition": self.partition,
             "key": None if self.key is None else self.key.hex(),
             "time_ms": self.time_ms,
+            "end_ms": self.end_ms,
             "rt_offset": self.rt_offset,
             "vt_offsets": {str(r): offs for r, offs in sorted(self.vt_offsets.items())},
             "detail": self.detail,
             "expect": self.expect,
         }
+        if live:
+            out["at"] = self.at_ms
+            if self.kind in STOP_RESUME_KINDS:
+                out["end_at"] = self.end_at_ms
+        return out
 
 
 @dataclass
 class FaultPlan:
     faults: list[Fault] = field(default_factory=list)
-    by_write: dict[int, list[Fault]] = field(default_factory=dict)
+    by_write: dict[int, list[Fault]] = field(default_factory=dict)  # global write index -> its faults
     requested: dict[str, int] = field(default_factory=dict)
     shortfall: dict[str, str] = field(default_factory=dict)
+    waiting: list[TimedFault] = field(default_factory=list)  # live: timed write faults for the next chunk
+    next_id: int = 1
+
+    def add(self, kind: str, **kw: Any) -> Fault:
+        f = Fault(self.next_id, kind, **kw)
+        self.next_id += 1
+        self.faults.append(f)
+        if f.write is not None:
+            self.by_write.setdefault(f.write, []).append(f)
+        return f
+
+    def short(self, kind: str, why: str) -> None:
+        self.shortfall[kind] = why
+        log.warning("fault %s: %s", kind, why)
 
     def of(self, kind: str) -> list[Fault]:
         return [f for f in self.faults if f.kind == kind]
@@ -92,6 +143,36 @@ class FaultPlan:
         for f in self.faults:
             out[f.kind] = out.get(f.kind, 0) + 1
         return out
+
+
+def requested_faults(counted: dict[str, int], timed: list[TimedFault]) -> dict[str, int]:
+    """Faults asked for, by kind: counts plus timed ones."""
+    out = {k: v for k, v in counted.items() if v}
+    for tf in timed:
+        out[tf.kind] = out.get(tf.kind, 0) + 1
+    return out
+
+
+@dataclass
+class PlanState:
+    """What placement remembers from the chunks of a live run's schedule drawn before the current one."""
+
+    last_op: np.ndarray  # per key id: the operation of its last online write so far, -1 when none
+    tainted: set[int] = field(
+        default_factory=set
+    )  # keys an RT fault touched: not every region saw them alike
+    retired: set[int] = field(default_factory=set)  # keys of dropped/poisoned writes: never written again
+    damaged: set[int] = field(default_factory=set)  # (region, producer, partition) streams with a gap/corrupt
+
+    @classmethod
+    def fresh(cls, keys: int) -> PlanState:
+        return cls(np.full(keys, -1, dtype=np.int8))
+
+    def observe(self, schedule: Schedule) -> None:
+        """Remember the last operation on each key of a chunk that has been placed."""
+        _, nxt = _neighbours(schedule.key)
+        last = nxt < 0
+        self.last_op[schedule.key[last]] = schedule.op[last]
 
 
 def _neighbours(key: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
@@ -109,162 +190,332 @@ def _neighbours(key: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
 
 
 def plan_faults(
-    cfg: SimConfig, schedule: Schedule, keyspace_keys: list[bytes], rng: np.random.Generator
+    cfg: SimConfig,
+    schedule: Schedule,
+    keyspace_keys: list[bytes],
+    rng: np.random.Generator,
+    *,
+    counted: dict[str, int] | None = None,
+    timed: list[TimedFault] | None = None,
+    origin_ms: int | None = None,
+    plan: FaultPlan | None = None,
+    state: PlanState | None = None,
+    base: int = 0,
+    carry: bool = False,
 ) -> FaultPlan:
     """Choose every fault's target from the seed. Kinds that cannot be placed (e.g. too few suitable writes in
-    a tiny run) are injected fewer times; `shortfall` says why."""
-    plan = FaultPlan(requested={k: v for k, v in cfg.faults.items() if v})
-    n = len(schedule)
-    start, end = schedule.start_ms, schedule.end_ms
-    span = max(1, end - start)
-    t = schedule.time_ms
-    next_id = [1]
+    a tiny run) are injected fewer times; `shortfall` says why.
 
-    def new(kind: str, **kw: Any) -> Fault:
-        f = Fault(next_id[0], kind, **kw)
-        next_id[0] += 1
-        plan.faults.append(f)
-        if f.write is not None:
-            plan.by_write.setdefault(f.write, []).append(f)
-        return f
+    `counted` (default `cfg.faults`) go to random suitable writes or times in their kind's WINDOWS of the
+    schedule; `timed` (default `cfg.fault_times`, seconds after `origin_ms`, default the schedule's start) to
+    the first suitable write at or after their time, or to their time. A live run calls this once per chunk
+    of its schedule with the run's `plan` (fault ids continue), its `state`, `base` (the global index of the
+    chunk's first write) and `carry`: a timed write fault with no suitable write in the chunk then waits in
+    `plan.waiting` for the next chunk instead of falling short."""
+    counted = cfg.faults if counted is None else counted
+    timed = list(cfg.fault_times if timed is None else timed)
+    if plan is None:
+        plan = FaultPlan(requested=requested_faults(counted, timed))
+    placer = _Placer(cfg, schedule, keyspace_keys, rng, plan, state or PlanState.fresh(cfg.keys), base)
+    origin = schedule.start_ms if origin_ms is None else origin_ms
+    timed.sort(key=lambda tf: tf.at_s)
 
-    def window(lo: float, hi: float) -> np.ndarray:
-        return (t >= start + int(lo * span)) & (t < start + int(hi * span))
+    def at_ms(tf: TimedFault) -> int:
+        return origin + int(round(tf.at_s * 1000))
 
-    def pick(mask: np.ndarray, k: int, kind: str) -> list[int]:
-        cand = np.flatnonzero(mask)
-        if cand.size < k:
-            plan.shortfall[kind] = f"requested {k}, only {cand.size} suitable write(s) in this run"
-            log.warning("fault %s: %s", kind, plan.shortfall[kind])
-            k = cand.size
-        return sorted(int(i) for i in rng.choice(cand, size=k, replace=False)) if k else []
-
-    used = np.zeros(n, dtype=bool)
-    used_keys: set[int] = set()
-    rt_window = window(0.1, 0.8)
-
-    def mark(idx: list[int]) -> None:
-        used[idx] = True
-        used_keys.update(int(schedule.key[i]) for i in idx)
-
-    def add_write_faults(kind: str, idx: list[int]) -> None:
-        for i in idx:
-            new(
-                kind,
-                region=int(schedule.region[i]),
-                partition=int(schedule.partition[i]),
-                key=keyspace_keys[int(schedule.key[i])],
-                write=i,
-                time_ms=int(t[i]),
-            )
+    def write_at(tf: TimedFault) -> None:
+        if placer.write_fault_at(tf.kind, at_ms(tf)):
+            return
+        if carry:
+            plan.waiting.append(tf)
+        else:
+            plan.short(tf.kind, f"{tf}: no suitable write at or after {tf.at_s:g} s in this run")
 
     # RT faults first: the keys they touch are kept away from dropped/poisoned, whose expectations assume
-    # every earlier write of their key reached every region. Gaps and corruptions go to distinct (producer,
-    # partition) pairs, so that each is the only reason for its segment's checksum mismatch.
-    stream = (
-        (schedule.region.astype(np.int64) << 32)
-        | (schedule.writer.astype(np.int64) << 16)
-        | schedule.partition.astype(np.int64)
-    )
-    damaged: set[int] = set()
-    for kind, need_put in (("gap", False), ("corrupt", True), ("duplicate", False)):
-        k = cfg.faults.get(kind, 0)
-        if not k:
+    # every earlier write of their key reached every region.
+    for kind in RT_FAULTS:
+        placer.counted_rt(kind, counted.get(kind, 0))
+    for tf in (tf for tf in timed if tf.kind in RT_FAULTS):
+        write_at(tf)
+    two_regions = cfg.regions >= 2
+    for kind in ("dropped", "poisoned"):
+        if not two_regions and (counted.get(kind) or any(tf.kind == kind for tf in timed)):
+            plan.short(kind, "needs at least two regions")
+    if two_regions:
+        placer.counted_dp(counted.get("dropped", 0), counted.get("poisoned", 0))
+        for tf in (tf for tf in timed if tf.kind in ("dropped", "poisoned")):
+            write_at(tf)
+    placer.counted_failovers(counted.get("failover", 0))
+    for _ in range(counted.get("broker", 0)):
+        x = int(rng.integers(cfg.regions))
+        placer.outage("broker", placer.start + int(rng.uniform(*WINDOWS["broker"]) * placer.span), None, x)
+    for kind in ("silent", "isolated"):
+        for _ in range(counted.get(kind, 0)):
+            placer.outage(kind, placer.start + int(rng.uniform(*WINDOWS[kind]) * placer.span), None)
+    for tf in (tf for tf in timed if tf.kind in STOP_RESUME_KINDS):
+        placer.outage(tf.kind, at_ms(tf), None if tf.for_s is None else int(round(tf.for_s * 1000)))
+    place_compactions(cfg, plan, rng, counted.get("compaction", 0))
+    if state is not None:
+        state.observe(schedule)
+    return plan
+
+
+def times_for_counts(cfg: SimConfig, rng: np.random.Generator) -> list[TimedFault]:
+    """A live run draws its schedule a chunk at a time, so its counted faults get times up front instead: each
+    at a random time in its kind's WINDOWS of the run's duration (compaction, done after the run, has none)."""
+    out: list[TimedFault] = []
+    if cfg.duration_s is None:
+        return out
+    for kind, n in sorted(cfg.faults.items()):
+        if kind == "compaction":
             continue
-        mask = rt_window & ~used
-        if need_put:
-            mask &= schedule.op == PUT
+        lo, hi = WINDOWS[kind]
+        out.extend(TimedFault(kind, round(float(rng.uniform(lo, hi)) * cfg.duration_s, 3)) for _ in range(n))
+    return out
+
+
+def place_compactions(cfg: SimConfig, plan: FaultPlan, rng: np.random.Generator, k: int) -> None:
+    """Compaction faults (done to the archives after the run). Compaction removes superseded records, among
+    them the duplicates a failover leaves: keep it off the failed-over partitions when there is a choice, so
+    each fault stays visible on its own."""
+    pairs = [(x, p) for x in range(cfg.regions) for p in range(cfg.partitions)]
+    failed = {(f.region, f.partition) for f in plan.faults if f.kind == "failover"}
+    spare = [pair for pair in pairs if pair not in failed] or pairs
+    for _ in range(k):
+        x, p = spare[int(rng.integers(len(spare)))]
+        plan.add("compaction", region=x, partition=p, detail={"range_fraction": [0.3, 0.33]})
+
+
+class _Placer:
+    """The placement rules over one schedule (a whole run, or a chunk of a live one)."""
+
+    def __init__(
+        self,
+        cfg: SimConfig,
+        schedule: Schedule,
+        keyspace_keys: list[bytes],
+        rng: np.random.Generator,
+        plan: FaultPlan,
+        state: PlanState,
+        base: int,
+    ) -> None:
+        self.cfg, self.s, self.keys, self.rng = cfg, schedule, keyspace_keys, rng
+        self.plan, self.state, self.base = plan, state, base
+        self.t = schedule.time_ms
+        self.start, self.end = schedule.start_ms, schedule.end_ms
+        self.span = max(1, self.end - self.start)
+        self.used = np.zeros(len(schedule), dtype=bool)
+        self.stream = (
+            (schedule.region.astype(np.int64) << 32)
+            | (schedule.writer.astype(np.int64) << 16)
+            | schedule.partition.astype(np.int64)
+        )
+        self.pairs = [(x, p) for x in range(cfg.regions) for p in range(cfg.partitions)]
+        self._dp: tuple[np.ndarray, np.ndarray] | None = None
+
+    def window(self, kind: str) -> np.ndarray:
+        lo, hi = WINDOWS[kind]
+        return (self.t >= self.start + int(lo * self.span)) & (self.t < self.start + int(hi * self.span))
+
+    def pick(self, mask: np.ndarray, k: int, kind: str) -> list[int]:
+        cand = np.flatnonzero(mask)
+        if cand.size < k:
+            self.plan.short(kind, f"requested {k}, only {cand.size} suitable write(s) in this run")
+            k = cand.size
+        return sorted(int(i) for i in self.rng.choice(cand, size=k, replace=False)) if k else []
+
+    def first_at(self, mask: np.ndarray, t_ms: int) -> int | None:
+        cand = np.flatnonzero(mask & (self.t >= t_ms))
+        return int(cand[0]) if cand.size else None
+
+    def add_write_faults(self, kind: str, idx: list[int]) -> None:
+        s = self.s
+        for i in idx:
+            self.plan.add(
+                kind,
+                region=int(s.region[i]),
+                partition=int(s.partition[i]),
+                key=self.keys[int(s.key[i])],
+                write=self.base + i,
+                time_ms=int(self.t[i]),
+            )
+
+    # -- RT faults: gap, corrupt, duplicate -------------------------------------------------------------
+    def rt_mask(self, kind: str) -> np.ndarray:
+        """Gaps and corruptions go to distinct (producer, partition) streams, so that each is the only reason
+        for its segment's checksum mismatch."""
+        mask = ~self.used
+        if kind == "corrupt":
+            mask &= self.s.op == PUT
+        if kind in ("gap", "corrupt"):
+            damaged = np.fromiter(self.state.damaged, np.int64, len(self.state.damaged))
+            mask &= ~np.isin(self.stream, damaged)
+        return mask
+
+    def rt_mark(self, kind: str, idx: list[int]) -> None:
+        self.used[idx] = True
+        self.state.tainted.update(int(self.s.key[i]) for i in idx)
+        if kind in ("gap", "corrupt"):
+            self.state.damaged.update(int(self.stream[i]) for i in idx)
+        self.add_write_faults(kind, idx)
+
+    def counted_rt(self, kind: str, k: int) -> None:
+        if not k:
+            return
         if kind in ("gap", "corrupt"):
             for _ in range(k):  # one at a time: each choice rules out its stream for the next
-                one = pick(mask & ~np.isin(stream, np.fromiter(damaged, np.int64, len(damaged))), 1, kind)
+                one = self.pick(self.rt_mask(kind) & self.window(kind), 1, kind)
                 if not one:
-                    plan.shortfall[kind] = f"requested {k}, placed {sum(f.kind == kind for f in plan.faults)}"
+                    placed = sum(f.kind == kind for f in self.plan.faults)
+                    self.plan.short(kind, f"requested {k}, placed {placed}")
                     break
-                damaged.add(int(stream[one[0]]))
-                mark(one)
-                add_write_faults(kind, one)
-            continue
-        idx = pick(mask, k, kind)
-        mark(idx)
-        add_write_faults(kind, idx)
+                self.rt_mark(kind, one)
+            return
+        self.rt_mark(kind, self.pick(self.rt_mask(kind) & self.window(kind), k, kind))
 
-    k_drop, k_poison = cfg.faults.get("dropped", 0), cfg.faults.get("poisoned", 0)
-    if (k_drop or k_poison) and cfg.regions < 2:
-        for kind in ("dropped", "poisoned"):
-            if cfg.faults.get(kind):
-                plan.shortfall[kind] = "needs at least two regions"
-        k_drop = k_poison = 0
-    if k_drop or k_poison:
-        prev, nxt = _neighbours(schedule.key)
-        prev_is_put = np.where(prev >= 0, schedule.op[np.maximum(prev, 0)] == PUT, True)
-        key_used = np.isin(schedule.key, np.fromiter(used_keys, dtype=np.int64, count=len(used_keys)))
-        mask = window(0.15, 0.7) & (nxt < 0) & (schedule.op == PUT) & prev_is_put & ~key_used & ~used
+    def write_fault_at(self, kind: str, t_ms: int) -> bool:
+        if kind in RT_FAULTS:
+            i = self.first_at(self.rt_mask(kind), t_ms)
+            if i is None:
+                return False
+            self.rt_mark(kind, [i])
+            return True
+        i = self.first_at(self.dp_mask(), t_ms)
+        if i is None:
+            return False
+        self.add_dp(kind, i)
+        return True
+
+    # -- dropped and poisoned ---------------------------------------------------------------------------
+    def dp_mask(self) -> np.ndarray:
+        """A PUT that is the last write of its key (a live run never writes the key again), whose key was
+        absent or held a PUT before it, and that no RT fault touched."""
+        if self._dp is None:
+            s, st = self.s, self.state
+            prev, nxt = _neighbours(s.key)
+            before = st.last_op[s.key]
+            prev_is_put = np.where(prev >= 0, s.op[np.maximum(prev, 0)] == PUT, before != DELETE)
+            tainted = np.isin(s.key, np.fromiter(st.tainted, dtype=np.int64, count=len(st.tainted)))
+            mask = (nxt < 0) & (s.op == PUT) & prev_is_put & ~tainted & ~self.used
+            self._dp = (mask, prev)
+        return self._dp[0]
+
+    def counted_dp(self, k_drop: int, k_poison: int) -> None:
+        if not (k_drop or k_poison):
+            return
+        mask = self.dp_mask() & self.window("dropped")
         for kind, k in (("dropped", k_drop), ("poisoned", k_poison)):
             if not k:
                 continue
-            idx = pick(mask, k, kind)
+            idx = self.pick(mask, k, kind)
             mask[idx] = False
             for i in idx:
-                origin, part = int(schedule.region[i]), int(schedule.partition[i])
-                key_id = int(schedule.key[i])
-                had_value = bool(prev[i] >= 0 or key_id < cfg.batch_records)
-                # Leap Frog compares what regions wrote after End of Push (as Venice's checker does), so a key
-                # whose only earlier value came from the batch load has no record in the dropping region's
-                # scan: the finding is MISSING there, although the region still serves the batch value.
-                seen_by_scan = bool(prev[i] >= 0)
-                f = new(
-                    kind, region=origin, partition=part, key=keyspace_keys[key_id], write=i, time_ms=int(t[i])
-                )
-                if kind == "dropped":
-                    f.affected_regions = [x for x in range(cfg.regions) if x != origin]
-                    f.detail = {
-                        "applied_in": [origin],
-                        "dropped_in": f.affected_regions,
-                        "key_had_value_before": had_value,
-                        "key_had_online_value_before": seen_by_scan,
-                    }
-                else:
-                    x = int(rng.integers(cfg.regions))
-                    f.region = x
-                    f.affected_regions = [x]
-                    f.detail = {"origin_region": origin, "poisoned_in": x}
-                f.expect = {
-                    "leapfrog": _leapfrog_expect(
-                        kind, cfg.regions, origin, f.affected_regions, part, f.key, seen_by_scan
-                    ),
-                    "div": [],
-                }
+                self.add_dp(kind, i)
 
-    pairs = [(x, p) for x in range(cfg.regions) for p in range(cfg.partitions)]
-    k = cfg.faults.get("failover", 0)
-    if k:
+    def add_dp(self, kind: str, i: int) -> None:
+        cfg, s = self.cfg, self.s
+        self.dp_mask()
+        mask, prev = self._dp
+        mask[i] = False
+        origin, part = int(s.region[i]), int(s.partition[i])
+        key_id = int(s.key[i])
+        # Leap Frog compares what regions wrote after End of Push (as Venice's checker does), so a key whose
+        # only earlier value came from the batch load has no record in the dropping region's scan: the finding
+        # is MISSING there, although the region still serves the batch value.
+        seen_by_scan = bool(prev[i] >= 0 or self.state.last_op[key_id] >= 0)
+        had_value = bool(seen_by_scan or key_id < cfg.batch_records)
+        f = self.plan.add(
+            kind,
+            region=origin,
+            partition=part,
+            key=self.keys[key_id],
+            write=self.base + i,
+            time_ms=int(self.t[i]),
+        )
+        self.state.retired.add(key_id)
+        if kind == "dropped":
+            f.affected_regions = [x for x in range(cfg.regions) if x != origin]
+            f.detail = {
+                "applied_in": [origin],
+                "dropped_in": f.affected_regions,
+                "key_had_value_before": had_value,
+                "key_had_online_value_before": seen_by_scan,
+            }
+        else:
+            x = int(self.rng.integers(cfg.regions))
+            f.region = x
+            f.affected_regions = [x]
+            f.detail = {"origin_region": origin, "poisoned_in": x}
+        f.expect = {
+            "leapfrog": _leapfrog_expect(
+                kind, cfg.regions, origin, f.affected_regions, part, f.key, seen_by_scan
+            ),
+            "div": [],
+        }
+
+    # -- failovers and outages --------------------------------------------------------------------------
+    def counted_failovers(self, k: int) -> None:
+        if not k:
+            return
+        pairs = self.pairs
         if k > len(pairs):
-            plan.shortfall["failover"] = f"requested {k}, only {len(pairs)} (region, partition) leaders"
+            self.plan.short("failover", f"requested {k}, only {len(pairs)} (region, partition) leaders")
             k = len(pairs)
-        chosen = rng.choice(len(pairs), size=k, replace=False)
+        chosen = self.rng.choice(len(pairs), size=k, replace=False)
         for c in sorted(int(c) for c in chosen):
             x, p = pairs[c]
-            tf = start + int(rng.uniform(0.35, 0.6) * span)
-            # The successor must be back before the producers close, so that the run ends with heartbeats of
-            # every leader: in a run shorter than the delay the outage is cut short.
-            new(
-                "failover",
-                region=x,
-                partition=p,
-                time_ms=tf,
-                end_ms=max(tf + 1, min(tf + cfg.failover_delay_ms, end)),
-            )
-    for _ in range(cfg.faults.get("broker", 0)):
-        x = int(rng.integers(cfg.regions))
-        new("broker", region=x, time_ms=start + int(rng.uniform(0.2, 0.8) * span))
-    # Compaction removes superseded records, among them the duplicates a failover leaves: keep it off the
-    # failed-over partitions when there is a choice, so each fault stays visible on its own.
-    failed = {(f.region, f.partition) for f in plan.faults if f.kind == "failover"}
-    spare = [pair for pair in pairs if pair not in failed] or pairs
-    for _ in range(cfg.faults.get("compaction", 0)):
-        x, p = spare[int(rng.integers(len(spare)))]
-        new("compaction", region=x, partition=p, detail={"range_fraction": [0.3, 0.33]})
-    return plan
+            tf = self.start + int(self.rng.uniform(*WINDOWS["failover"]) * self.span)
+            self.plan.add("failover", region=x, partition=p, time_ms=tf, end_ms=self._until(tf, None))
+
+    def _until(self, t: int, length_ms: int | None, default_ms: int | None = None) -> int:
+        """When an outage that starts at `t` ends. A planned run cuts it short at its last write, so that it
+        ends with heartbeats of every leader covering every write; a live run ends it when it stops."""
+        cfg = self.cfg
+        if default_ms is None:
+            default_ms = cfg.failover_delay_ms
+        end = t + (default_ms if length_ms is None else length_ms)
+        return end if cfg.live else max(t + 1, min(end, self.end))
+
+    def _spare_leader(self) -> tuple[int, int]:
+        """A (region, partition) leader that no other failover or silence targets, outside isolated regions, when
+        there is one, so that each fault stays visible on its own."""
+        taken = {(f.region, f.partition) for f in self.plan.faults if f.kind in ("failover", "silent")}
+        cut_off = {f.region for f in self.plan.faults if f.kind == "isolated"}
+        spare = [pair for pair in self.pairs if pair not in taken and pair[0] not in cut_off] or [
+            pair for pair in self.pairs if pair not in taken
+        ]
+        spare = spare or self.pairs
+        return spare[int(self.rng.integers(len(spare)))]
+
+    def _spare_region(self) -> int:
+        """A region where no other outage targets a leader or the whole region, when there is one."""
+        taken = {f.region for f in self.plan.faults if f.kind in ("failover", "silent", "isolated")}
+        spare = [x for x in range(self.cfg.regions) if x not in taken] or list(range(self.cfg.regions))
+        return spare[int(self.rng.integers(len(spare)))]
+
+    def outage(self, kind: str, t: int, length_ms: int | None, region: int | None = None) -> None:
+        """A stop/resume fault starting at `t`; its target drawn from the seed unless `region` is given."""
+        cfg, rng = self.cfg, self.rng
+        if kind == "failover":
+            x, p = self._spare_leader()
+            self.plan.add("failover", region=x, partition=p, time_ms=t, end_ms=self._until(t, length_ms))
+        elif kind == "broker":
+            down_ms = int(round(cfg.broker_down_s * 1000)) if length_ms is None else length_ms
+            x = int(rng.integers(cfg.regions)) if region is None else region
+            self.plan.add("broker", region=x, time_ms=t, end_ms=t + down_ms)
+        elif kind == "silent":
+            x, p = self._spare_leader()
+            end = self._until(t, length_ms, cfg.outage_ms)
+            self.plan.add("silent", region=x, partition=p, time_ms=t, end_ms=end)
+        elif kind == "isolated":
+            if cfg.regions < 2:
+                self.plan.short("isolated", "needs at least two regions")
+                return
+            x = self._spare_region()
+            end = self._until(t, length_ms, cfg.outage_ms)
+            self.plan.add("isolated", region=x, time_ms=t, end_ms=end)
+        else:
+            raise ValueError(f"{kind} is not an outage")
 
 
 def _leapfrog_expect(

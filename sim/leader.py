@@ -4,8 +4,9 @@ Everything that must be right for readers to trust heartbeats is done by `heartb
 leader footers, RT DIV per region, acknowledged watermarks, `hbw`/`hbd` heartbeats); this module decides *what*
 to write and *when*:
 
-* when: a record of RT[r] written at simulated time t is processed at t + lag(r → this region); records of the
-  N regions are merged in (arrival time, region, offset) order, so the outcome does not depend on Kafka timing.
+* when: a record of RT[r] written at simulated time t is processed at t + lag(r → this region) (or when the
+  region's isolation ends, for another region's record due while it is isolated); records of the N regions are
+  merged in (arrival time, region, offset) order, so the outcome does not depend on Kafka timing.
 * what: DCR (`sim.dcr`) picks winners; losers and DIV duplicates are dropped; the RMD payload carries the
   write's timestamp and, in legacy mode, Venice's per-key offset vector (`div.rmd.encode_value_level_rmd`).
 * heartbeats: before handing an RT heartbeat to the library the leader flushes its producer, so every VT send
@@ -76,6 +77,27 @@ class LeaderFaults:
     drop: set[tuple[int, int]] = field(default_factory=set)
     poison: set[tuple[int, int]] = field(default_factory=set)
     watch: set[tuple[int, int]] = field(default_factory=set)
+    # Isolations of the region: [start, end) in simulated ms (end None: not over yet). A record of another
+    # region's RT that would arrive inside one arrives at its end instead.
+    isolated: list[list[int | None]] = field(default_factory=list)
+
+    def arrival(self, t: int) -> int:
+        """When a record of another region's RT due at `t` is processed (isolations delay it)."""
+        for start, end in self.isolated:
+            if start <= t and (end is None or t < end):
+                return _NEVER if end is None else end
+        return t
+
+    def cut(self, t_end: int) -> int:
+        """Records of another region's RT due before the returned time arrive before `t_end`: the ones due
+        inside an isolation that is still going at `t_end` wait."""
+        for start, end in self.isolated:
+            if start < t_end and (end is None or end >= t_end):
+                t_end = min(t_end, start)
+        return t_end
+
+
+_NEVER = 1 << 62
 
 
 @dataclass
@@ -150,10 +172,17 @@ class SimLeader:
         """RT records whose arrival time is before `t_end`, in processing order:
         (arrival, region, offset, key, value, headers, write ts)."""
         events: list[tuple] = []
+        faults = self.faults
         for r in range(self.n_regions):
             lag = self.lags[r]
+            # Arrival times never decrease along an RT (an isolation holds records back to its end), so the
+            # records that arrive before t_end are a prefix of what is buffered.
+            isolated = bool(faults.isolated) and r != self.region
             if self.backlog[r]:
-                events.extend((ts + lag, r, off, k, v, h, ts) for off, k, v, h, ts in self.backlog[r])
+                events.extend(
+                    (faults.arrival(ts + lag) if isolated else ts + lag, r, off, k, v, h, ts)
+                    for off, k, v, h, ts in self.backlog[r]
+                )
                 self.backlog[r] = []
             buf = buffers[r]
             i = self.cursor[r] - buf.base
@@ -162,13 +191,13 @@ class SimLeader:
                     f"leader {self.host}: RT buffer of region {r} was trimmed past its position "
                     f"{self.cursor[r]} (base {buf.base})"
                 )
-            j = bisect.bisect_left(buf.ts, t_end - lag, lo=i)
+            j = bisect.bisect_left(buf.ts, (faults.cut(t_end) if isolated else t_end) - lag, lo=i)
             if j > i:
                 base = buf.base
                 ts = buf.ts[i:j]
                 events.extend(
                     zip(
-                        [t + lag for t in ts],
+                        [faults.arrival(t + lag) for t in ts] if isolated else [t + lag for t in ts],
                         [r] * (j - i),
                         range(base + i, base + j),
                         buf.keys[i:j],

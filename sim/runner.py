@@ -21,20 +21,29 @@ region in every partition, covering every write.
 Nothing depends on Kafka delivery timing: what each leader processes, in which order, at which simulated time,
 is fixed by the schedule, and leaders flush before each VT heartbeat so watermarks are exact. Same seed and
 settings ⇒ identical archives (offsets, keys, values, headers, timestamps).
+
+A live run (`cfg.live`) is this simulation paced by the wall clock, without a planned end: simulated time is
+wall-clock time from the moment the workers are up, each step waits for the wall clock to reach its end, the
+schedule is drawn a chunk at a time (`live_chunk_s`) and each chunk's faults are placed as it is drawn
+(`sim.faults.PlanState`), and the run ends after `duration_s` or when `stop` is set. Ending is the same as a
+planned run's, from wherever it stopped: outages still going end, producers close, leaders heartbeat a last time
+and step down, archives are completed. Each fault is added to `truth.json` when it happens, with the wall-clock
+time `at` (and `end_at` for faults that stop and resume); `live.json` names each region's cluster and topics
+as soon as they are up.
 """
 
 from __future__ import annotations
 
 import datetime as _dt
 import gc
-import hashlib
 import json
 import logging
+import os
 import sys
 import threading
 import time
 from collections import Counter
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -44,21 +53,22 @@ import numpy as np
 from div import archive
 from div import checksum as cks
 from div.checkpoint import atomic_write
-from div.writer import SegmentWriter, deterministic_guid
+from div.writer import SegmentWriter
 from heartbeat.records import rt_heartbeat
 
 from . import faults as F
 from .cluster import Region, RegionProducer, SimClock
 from .compaction import compact_range
-from .config import ConfigError, SimConfig
+from .config import STOP_RESUME_KINDS, ConfigError, SimConfig, TimedFault
 from .follower import MetadataBytes
 from .traffic import PUT, KeySpace, Values, build_schedule
-from .worker import InlineWorker, ProcessWorker, WorkerSpec, leader_host
+from .worker import InlineWorker, ProcessWorker, WorkerSpec, leader_host, seeded_guid
 
 log = logging.getLogger(__name__)
 
 PUSH_LEAD_MS = 60_000  # the push job runs this long before the first online write
 MAX_STEPS_AHEAD = 2
+_FAR = 1 << 62  # a time no run reaches
 
 
 class SimulationError(RuntimeError):
@@ -81,42 +91,77 @@ class SimResult:
             return json.load(f)
 
 
-def run(cfg: SimConfig, progress: Callable[[str], None] | None = None) -> SimResult:
-    """Run a simulation; `progress` receives one-line progress reports (default: stderr when cfg.progress)."""
+def run(
+    cfg: SimConfig,
+    progress: Callable[[str], None] | None = None,
+    *,
+    stop: threading.Event | None = None,
+    on_ready: Callable[[dict], None] | None = None,
+) -> SimResult:
+    """Run a simulation; `progress` receives one-line progress reports (default: stderr when cfg.progress).
+
+    A live run (`cfg.live`) ends cleanly after `cfg.duration_s` or once `stop` is set (from a signal handler or
+    another thread); `on_ready` receives what `OUT/live.json` holds (each region's `kafka://` URI and topics)
+    as soon as the clusters are up and the clock starts."""
     cfg.validate()
     if progress is None and cfg.progress:
 
         def progress(line: str) -> None:
             print(line, file=sys.stderr, flush=True)
 
-    sim = _Simulation(cfg, progress)
+    sim = _Simulation(cfg, progress, stop, on_ready)
     try:
         return sim.run()
     finally:
         sim.close()
 
 
-def seeded_guid(seed: int, *parts: int) -> bytes:
-    """A producer GUID derived from the seed (Venice's deterministic GUID layout)."""
-    h = hashlib.sha256(repr((seed,) + parts).encode()).digest()
-    return deterministic_guid(int.from_bytes(h[:8], "big"), int.from_bytes(h[8:16], "big"))
+def _now_ms() -> int:
+    return int(time.time() * 1000)
 
 
 class _Simulation:
-    def __init__(self, cfg: SimConfig, progress: Callable[[str], None] | None) -> None:
+    def __init__(
+        self,
+        cfg: SimConfig,
+        progress: Callable[[str], None] | None,
+        stop: threading.Event | None = None,
+        on_ready: Callable[[dict], None] | None = None,
+    ) -> None:
+        if cfg.live:
+            # Simulated time is wall-clock time; the push job's records are stamped a minute before the start.
+            cfg = cfg.with_(start_ms=_now_ms())
         self.cfg = cfg
         self.progress = progress
+        self.stop = stop or threading.Event()
+        self.on_ready = on_ready
         self.out = Path(cfg.out)
         self.clock = SimClock(cfg.start_ms)
+        self.start_ms = cfg.start_ms
         self.regions: list[Region] = []
         self.producers: list[RegionProducer] = []
         self.workers: list[Any] = []
-        self.timers: list[threading.Timer] = []
+        self.timers: dict[int, threading.Timer] = {}
+        self.broker_up: dict[int, Callable[[], None]] = {}
         self.t_wall0 = time.monotonic()
         self.started_at = _dt.datetime.now(_dt.UTC).isoformat(timespec="seconds")
         self.timings: Counter = Counter()
         self.worker_progress: dict[int, dict] = {}
         self.last_progress = 0.0
+        self.actions: dict[int, list[Callable[[], None]]] = {}
+        self.t_now = -_FAR  # the end of the last step handed to the workers
+        self.t_close = self.t_final_hb = self.t_done = _FAR
+        self.write_base = 0  # global index of the current schedule chunk's first write
+        self.write_ptr = 0
+        self.write_limit = _FAR  # no write at or after this time is produced (a live run's stop)
+        self.last_write_ms = cfg.start_ms
+        self.chunk_no = 0
+        self.chunk_end = _FAR if not cfg.live else 0
+        self.truth_dirty = False
+        self.stopped_by: str | None = None
+        self.stopped_at_ms: int | None = None
+        self.behind_ms = 0
+        self.announced: str | None = None  # live.json's state
 
     # ------------------------------------------------------------------------------------------ setup
     def _prepare_out(self) -> None:
@@ -131,11 +176,19 @@ class _Simulation:
         cfg = self.cfg
         t0 = time.perf_counter()
         self.keyspace = KeySpace.build(cfg.keys, cfg.partitions)
-        self.schedule = build_schedule(cfg, self.keyspace, np.random.default_rng([cfg.seed, 1]))
         self.values = Values(np.random.default_rng([cfg.seed, 2]), cfg.value_size_max)
-        self.plan = F.plan_faults(
-            cfg, self.schedule, self.keyspace.keys, np.random.default_rng([cfg.seed, 3])
-        )
+        if cfg.live:
+            # Drawn a chunk at a time once the clock runs (`_next_chunk`); counted faults get their times now.
+            self.schedule = build_schedule(cfg.with_(records=0), self.keyspace, np.random.default_rng(0))
+            self.plan = F.FaultPlan(requested=F.requested_faults(cfg.faults, cfg.fault_times))
+            self.plan_state = F.PlanState.fresh(cfg.keys)
+            self.timed = list(cfg.fault_times) + F.times_for_counts(cfg, np.random.default_rng([cfg.seed, 5]))
+            self.timed.sort(key=lambda tf: tf.at_s)
+        else:
+            self.schedule = build_schedule(cfg, self.keyspace, np.random.default_rng([cfg.seed, 1]))
+            self.plan = F.plan_faults(
+                cfg, self.schedule, self.keyspace.keys, np.random.default_rng([cfg.seed, 3])
+            )
         self.timings["plan_s"] += time.perf_counter() - t0
         n, p = cfg.regions, cfg.partitions
         confs = {}
@@ -164,18 +217,16 @@ class _Simulation:
             for x in range(n)
         ]
         self.alive = [[True] * p for _ in range(n)]
+        self.silent = [[False] * p for _ in range(n)]
         self.terms = [[1] * p for _ in range(n)]
+        self.writes_done = np.zeros(n, dtype=np.int64)
         self.pending_faults: list[list[tuple]] = [[] for _ in range(n)]
         self.writer_watch: dict[tuple[int, int, int], list[Callable]] = {}
-        failovers = Counter((f.region, f.partition) for f in self.plan.of("failover"))
         push = self._push_records()
+        in_partition = Counter(q for *_, q in push)
+        self.eop_offsets = {q: in_partition[q] - 2 for q in range(p)}  # EndOfPush, then its EndOfSegment
         t0 = time.perf_counter()
         for x in range(n):
-            guids = {
-                (q, term): seeded_guid(cfg.seed, 2, x, q, term)
-                for q in range(p)
-                for term in range(1, 2 + failovers[(x, q)])
-            }
             spec = WorkerSpec(
                 cfg,
                 x,
@@ -185,7 +236,6 @@ class _Simulation:
                 str(self.out / "followers" / f"dc-{x}"),
                 push,
                 cfg.start_ms - PUSH_LEAD_MS,
-                guids,
             )
             self.workers.append(ProcessWorker(spec) if cfg.workers == "process" else InlineWorker(spec))
         self.timings["start_workers_s"] += time.perf_counter() - t0
@@ -211,18 +261,68 @@ class _Simulation:
             records.extend(push.end_of_push(q))
         return [(r.key, r.value, list(r.headers) or None, r.partition) for r in records]
 
+    # ------------------------------------------------------------------------------------------ live
+    def _start_clock(self) -> None:
+        """Once every worker is up (the push job written), simulated time starts at the wall-clock time."""
+        for w in self.workers:
+            w.call("progress")
+        self.start_ms = self.t_now = self.last_write_ms = _now_ms()
+        self.clock.now = self.start_ms
+        self._announce("running")
+        self._publish_truth()
+
+    def _announce(self, state: str) -> None:
+        """`OUT/live.json`: where a watch can attach (each region's cluster and topics) and whether it still
+        runs; `on_ready` gets the same when the run starts."""
+        cfg = self.cfg
+        info = {
+            "state": state,
+            "pid": os.getpid(),
+            "store": cfg.store,
+            "version": cfg.version,
+            "partitions": cfg.partitions,
+            "rt_topic": cfg.rt_topic,
+            "vt_topic": cfg.vt_topic,
+            "heartbeat_every_ms": cfg.heartbeat_every_ms,
+            "regions": [
+                {
+                    "region": r.region,
+                    "uri": "kafka://" + r.bootstrap,
+                    "topics": [cfg.rt_topic, cfg.vt_topic],
+                    "archive": str(self.out / "archive" / f"dc-{r.region}"),
+                }
+                for r in self.regions
+            ],
+            "started_at": self.start_ms,
+            "stopped_at": self.stopped_at_ms,
+            "truth": str(self.out / "truth.json"),
+        }
+        atomic_write(self.out / "live.json", (json.dumps(info, indent=2) + "\n").encode())
+        self.announced = state
+        if state == "running" and self.on_ready is not None:
+            self.on_ready(info)
+
     # ------------------------------------------------------------------------------------------ run
     def run(self) -> SimResult:
+        cfg = self.cfg
         self._prepare_out()
         self._setup()
+        if cfg.live:
+            self._start_clock()
         self._main_loop()
         reports = self._finish()
+        if cfg.live:
+            rng = np.random.default_rng([cfg.seed, 6])
+            F.place_compactions(cfg, self.plan, rng, cfg.faults.get("compaction", 0))
+            self._live_shortfall()
         self._compactions()
         complete = self._check_archives()
         truth = self._write_truth(reports)
         summary = self._summary(complete, reports)
         summary_path = self.out / "summary.json"
         atomic_write(summary_path, (json.dumps(summary, indent=2) + "\n").encode())
+        if cfg.live:
+            self._announce("stopped")
         return SimResult(
             str(self.out),
             truth,
@@ -231,35 +331,118 @@ class _Simulation:
             summary,
         )
 
-    def _boundaries(self) -> list[tuple[int, list[Callable[[], None]]]]:
-        """Step ends, each with the actions that run once everything before it is done."""
-        cfg, s = self.cfg, self.schedule
-        max_lag = max(max(row) for row in cfg.lag_matrix())
-        self.t_close = s.end_ms + 1
+    # ------------------------------------------------------------------------------------------ steps
+    def _at(self, t: int, fn: Callable[[], None]) -> None:
+        """Run `fn` between steps, once everything before simulated time `t` is done. (A live run registers a
+        chunk's actions when it draws the chunk: none may fall before the step it is in.)"""
+        self.actions.setdefault(max(int(t), self.t_now + 1), []).append(fn)
+
+    def _register(self, f: F.Fault) -> None:
+        """The actions of a fault that acts between steps."""
+        if f.kind == "failover":
+            self._at(f.time_ms, lambda: self._fail(f))
+            self._at(f.end_ms, lambda: self._take_over(f))
+        elif f.kind == "broker":
+            self._at(f.time_ms, lambda: self._broker_fault(f))
+        elif f.kind == "silent":
+            self._at(f.time_ms, lambda: self._silence(f))
+            self._at(f.end_ms, lambda: self._unsilence(f))
+        elif f.kind == "isolated":
+            self._at(f.time_ms, lambda: self._isolate(f))
+            self._at(f.end_ms, lambda: self._reconnect(f))
+
+    def _ending(self, t_last: int) -> None:
+        """After the last write (at or before `t_last`): producers close their segments, every live leader
+        heartbeats once more, every leader processes those heartbeats, and leaders step down."""
+        max_lag = max(max(row) for row in self.cfg.lag_matrix())
+        self.t_close = t_last + 1
         self.t_final_hb = self.t_close + max_lag + 1
         self.t_done = self.t_final_hb + max_lag + 1
-        actions: dict[int, list[Callable[[], None]]] = {}
+        if self.cfg.live:
+            self._at(self.t_close, self._end_outages)
+        self._at(self.t_close, self._close_writers)
+        self._at(self.t_final_hb, self._final_heartbeats)
+        self._at(self.t_done, self._close_leaders)
 
-        def at(t: int, fn: Callable[[], None]) -> None:
-            actions.setdefault(int(t), []).append(fn)
-
+    def _planned_steps(self) -> list[tuple[int, list[Callable[[], None]]]]:
+        """Step ends, each with the actions that run once everything before it is done. Step boundaries are
+        cut every `step_records` writes and wherever an action is due."""
+        cfg, s = self.cfg, self.schedule
         for i in range(cfg.step_records, len(s), cfg.step_records):
-            actions.setdefault(int(s.time_ms[i]), [])
-        for f in self.plan.of("failover"):
-            at(f.time_ms, lambda f=f: self._fail(f))
-            at(f.end_ms, lambda f=f: self._take_over(f))
-        for f in self.plan.of("broker"):
-            at(f.time_ms, lambda f=f: self._broker_fault(f))
-        at(self.t_close, self._close_writers)
-        at(self.t_final_hb, self._final_heartbeats)
-        at(self.t_done, self._close_leaders)
-        return sorted(actions.items())
+            self.actions.setdefault(int(s.time_ms[i]), [])
+        for f in self.plan.faults:
+            self._register(f)
+        self._ending(s.end_ms)
+        return sorted(self.actions.items())
+
+    def _live_steps(self) -> Iterator[tuple[int, list[Callable[[], None]]]]:
+        """Steps of `live_step_ms`, cut wherever an action is due or a schedule chunk ends, until the duration
+        is over or a stop is requested; then the same ending as a planned run."""
+        cfg = self.cfg
+        end = None if cfg.duration_s is None else self.start_ms + int(round(cfg.duration_s * 1000))
+        t = self.start_ms
+        while not self.stop.is_set() and (end is None or t < end):
+            if t >= self.chunk_end:
+                self._next_chunk()
+            t1 = min(t + cfg.live_step_ms, self.chunk_end, _FAR if end is None else end)
+            if self.actions:
+                t1 = min(t1, min(self.actions))
+            yield t1, self.actions.pop(t1, [])
+            t = t1
+        self.stopped_by = "stop requested" if self.stop.is_set() else "duration"
+        self.stopped_at_ms = _now_ms()
+        self._say(f"stopping ({self.stopped_by}): producers close, leaders heartbeat a last time")
+        self.actions.clear()  # whatever was still to come never happens, the rest of the chunk's writes included
+        self.write_limit = t
+        self._ending(t)
+        yield from sorted(self.actions.items())
+
+    def _next_chunk(self) -> None:
+        """Draw the next `live_chunk_s` of traffic and place the faults due in it."""
+        cfg = self.cfg
+        t = time.perf_counter()
+        k = self.chunk_no
+        t0 = self.chunk_end if k else self.start_ms
+        n = int(round(sum(cfg.rate(r) for r in range(cfg.regions)) * cfg.live_chunk_s))
+        chunk = build_schedule(
+            cfg.with_(records=n, start_ms=t0), self.keyspace, np.random.default_rng([cfg.seed, 1, k])
+        ).without_keys(self.plan_state.retired)
+        self.write_base += len(self.schedule)
+        self.schedule = chunk
+        self.write_ptr = 0
+        self.chunk_end = max(chunk.end_ms + 1, t0 + int(cfg.live_chunk_s * 1000))
+        due = self.plan.waiting + [tf for tf in self.timed if self._at_ms(tf) < self.chunk_end]
+        self.timed = [tf for tf in self.timed if self._at_ms(tf) >= self.chunk_end]
+        self.plan.waiting = []
+        known = len(self.plan.faults)
+        F.plan_faults(
+            cfg,
+            chunk,
+            self.keyspace.keys,
+            np.random.default_rng([cfg.seed, 3, k]),
+            counted={},
+            timed=due,
+            origin_ms=self.start_ms,
+            plan=self.plan,
+            state=self.plan_state,
+            base=self.write_base,
+            carry=True,
+        )
+        for f in self.plan.faults[known:]:
+            self._register(f)
+        self.chunk_no += 1
+        self.timings["plan_s"] += time.perf_counter() - t
+
+    def _at_ms(self, tf: TimedFault) -> int:
+        return self.start_ms + int(round(tf.at_s * 1000))
 
     def _main_loop(self) -> None:
         cfg = self.cfg
-        self.write_ptr = 0
-        self.next_grid_hb = cfg.start_ms + cfg.heartbeat_every_ms
-        for t1, actions in self._boundaries():
+        self.next_grid_hb = self.start_ms + cfg.heartbeat_every_ms
+        steps = self._live_steps() if cfg.live else self._planned_steps()
+        for t1, actions in steps:
+            if cfg.live:
+                self._pace(t1)
             t = time.perf_counter()
             self._produce_until(t1)
             self.timings["produce_s"] += time.perf_counter() - t
@@ -271,10 +454,21 @@ class _Simulation:
             for x, w in enumerate(self.workers):
                 w.send("step", t1, ends, self.pending_faults[x])
                 self.pending_faults[x] = []
+            self.t_now = t1
             for action in actions:
                 action()
+            if self.truth_dirty:
+                self._publish_truth()
             self._collect(MAX_STEPS_AHEAD)
             self._report_progress()
+
+    def _pace(self, t1: int) -> None:
+        """A live step is produced once the wall clock reaches its end (records are never stamped ahead of it)."""
+        delay_ms = t1 - _now_ms()
+        if delay_ms > 0:
+            time.sleep(delay_ms / 1000)
+        else:
+            self.behind_ms = max(self.behind_ms, -delay_ms)
 
     def _collect(self, max_outstanding: int) -> None:
         t = time.perf_counter()
@@ -297,7 +491,7 @@ class _Simulation:
     def _produce_until(self, t1: int) -> None:
         cfg, s = self.cfg, self.schedule
         i = self.write_ptr
-        j = int(np.searchsorted(s.time_ms, t1, side="left"))
+        j = max(i, int(np.searchsorted(s.time_ms, min(t1, self.write_limit), side="left")))
         times = s.time_ms[i:j].tolist()
         regions = s.region[i:j].tolist()
         kids = s.key[i:j].tolist()
@@ -314,12 +508,14 @@ class _Simulation:
         producers = self.producers
         writers = self.writers
         alive = self.alive
+        silent = self.silent
         grid_end = self.t_close
+        base = self.write_base + i
         for n in range(j - i):
             now = times[n]
             while self.next_grid_hb < now and self.next_grid_hb < grid_end:
                 self._grid_heartbeats(self.next_grid_hb)
-            idx = i + n
+            idx = base + n
             r, q, w = regions[n], parts[n], wids[n]
             clock.now = now
             writer = writers[r][w]
@@ -334,8 +530,11 @@ class _Simulation:
                     prod.produce(rt, rec.value, rec.key, q, list(rec.headers) if rec.headers else None)
             else:
                 self._produce_faulty(r, w, q, recs, faults or [])
-            if hb_after[n] and alive[r][q]:
+            if hb_after[n] and alive[r][q] and not silent[r][q]:
                 self._rt_heartbeat(r, q, now)
+        if j > i:
+            self.writes_done += np.bincount(s.region[i:j], minlength=cfg.regions)
+            self.last_write_ms = times[-1]
         self.write_ptr = j
         while self.next_grid_hb < t1 and self.next_grid_hb < grid_end:
             self._grid_heartbeats(self.next_grid_hb)
@@ -350,7 +549,7 @@ class _Simulation:
     def _grid_heartbeats(self, t: int) -> None:
         for x in range(self.cfg.regions):
             for q in range(self.cfg.partitions):
-                if self.alive[x][q]:
+                if self.alive[x][q] and not self.silent[x][q]:
                     self._rt_heartbeat(x, q, t)
         self.next_grid_hb = t + self.cfg.heartbeat_every_ms
 
@@ -379,10 +578,11 @@ class _Simulation:
             f = by_kind["gap"]
             f.detail = {"producer_guid": guid, "segment": data.segment, "lost_sequence": data.sequence}
             self._watch_after_loss(f, r, w, q, data.segment, rt, gap=True)
+            self._started(f, f"dc-{r} p{q}: a write of producer {guid[:8]} never reaches the RT")
             return
         if "corrupt" in by_kind:
             f = by_kind["corrupt"]
-            value = self.values.write(f.write, r, int(self.schedule.size[f.write]))
+            value = self.values.write(f.write, r, int(self.schedule.size[f.write - self.write_base]))
             pos = data.value.rfind(value)
             if pos < 0:
                 raise SimulationError(f"corrupt fault {f.id}: value not found in its envelope")
@@ -414,6 +614,17 @@ class _Simulation:
                     self.pending_faults[x].append(("watch", q, r, off))
                 for x in f.affected_regions:
                     self.pending_faults[x].append((f.kind, q, r, off))
+            where = ", ".join(f"dc-{x}" for x in f.affected_regions)
+            self._started(
+                f,
+                f"dc-{r} p{q} RT offset {off}: "
+                + {
+                    "dropped": f"applied in dc-{r} only, dropped in {where}",
+                    "poisoned": f"{where} writes a changed value",
+                    "corrupt": "a value changed after its checksum",
+                    "duplicate": "delivered twice",
+                }[f.kind],
+            )
 
     def _watch_after_loss(self, f: F.Fault, r: int, w: int, q: int, segment: int, rt: str, gap: bool) -> None:
         """Learn the offsets where DIV must notice a lost (gap) or corrupted record: the producer's next record
@@ -445,37 +656,116 @@ class _Simulation:
     def _fail(self, f: F.Fault) -> None:
         self.alive[f.region][f.partition] = False
         self.workers[f.region].send("fail", f.id, f.partition, f.time_ms)
+        self._started(f, f"dc-{f.region} p{f.partition}: the leader stops")
 
-    def _take_over(self, f: F.Fault) -> None:
+    def _take_over(self, f: F.Fault, t: int | None = None) -> None:
         x, q = f.region, f.partition
+        f.end_ms = f.end_ms if t is None else t
         self.terms[x][q] += 1
         self.alive[x][q] = True
         self.workers[x].send("take_over", f.id, q, f.end_ms)
         f.expect = {"leapfrog": [], "div": []}
+        self._ended(f, f"dc-{x} p{q}: a successor (term {self.terms[x][q]}) took over")
+
+    def _silence(self, f: F.Fault) -> None:
+        """The leader stops heartbeating: no RT heartbeat of its partition is written (its data still is)."""
+        x, q = f.region, f.partition
+        self.silent[x][q] = True
+        f.detail = {
+            "leader": leader_host(x, q, self.terms[x][q]),
+            "rt_topic": self.cfg.rt_topic,
+            "note": "no RT heartbeat from this leader between time_ms and end_ms; its data keeps flowing",
+        }
+        self._started(f, f"dc-{x} p{q}: the leader stops heartbeating")
+
+    def _unsilence(self, f: F.Fault, t: int | None = None) -> None:
+        x, q = f.region, f.partition
+        f.end_ms = f.end_ms if t is None else t
+        self.silent[x][q] = False
+        self._ended(f, f"dc-{x} p{q}: the leader heartbeats again")
+
+    def _isolate(self, f: F.Fault) -> None:
+        """The region stops replicating: its leaders leave the other regions' RTs unread until it ends."""
+        x = f.region
+        self.workers[x].send("isolate", f.time_ms)
+        f.detail = {"not_replicated": [r for r in range(self.cfg.regions) if r != x]}
+        self._started(f, f"dc-{x} stops replicating the other regions")
+
+    def _reconnect(self, f: F.Fault, t: int | None = None) -> None:
+        f.end_ms = f.end_ms if t is None else t
+        self.workers[f.region].send("reconnect", f.end_ms)
+        self._ended(f, f"dc-{f.region} replicates again")
 
     def _broker_fault(self, f: F.Fault) -> None:
         region = self.regions[f.region]
         if region.embedded is None:
             f.detail = {"skipped": "broker faults need the embedded cluster"}
+            self._started(f, "skipped (needs the embedded cluster)")
+            self._ended(f, "skipped")
             return
         from confluent_kafka import KafkaError
 
         embedded = region.embedded
+        down_s = self.cfg.broker_down_s if f.end_ms is None else (f.end_ms - f.time_ms) / 1000
         embedded.broker_down(1)
+        lock = threading.Lock()
+        done = [False]
 
         def up() -> None:
+            with lock:
+                if done[0]:
+                    return
+                done[0] = True
             embedded.push_produce_errors(3, KafkaError.NOT_LEADER_FOR_PARTITION)
             embedded.broker_up(1)
+            self._ended(f, f"dc-{f.region}'s broker is back")
 
-        timer = threading.Timer(self.cfg.broker_down_s, up)
+        timer = threading.Timer(down_s, up)
         timer.daemon = True
         timer.start()
-        self.timers.append(timer)
+        self.timers[f.id] = timer
+        self.broker_up[f.id] = up
         f.detail = {
             "broker": 1,
-            "down_wall_s": self.cfg.broker_down_s,
+            "down_wall_s": down_s,
             "then": "3 produce requests fail with NOT_LEADER_OR_FOLLOWER (retriable)",
         }
+        self._started(f, f"dc-{f.region}'s broker goes down for {down_s:g} s")
+
+    def _end_outages(self) -> None:
+        """A live run that stops ends the outages still going, so that it ends like a planned run: every leader
+        back and heartbeating, every region replicating, every broker up."""
+        t = self.t_close
+        for f in self.plan.faults:
+            if f.at_ms is None or f.end_at_ms is not None or f.kind not in STOP_RESUME_KINDS:
+                continue
+            if f.kind == "failover":
+                self._take_over(f, t)
+            elif f.kind == "silent":
+                self._unsilence(f, t)
+            elif f.kind == "isolated":
+                self._reconnect(f, t)
+            elif f.kind == "broker" and f.id in self.broker_up:
+                self.timers[f.id].cancel()
+                self.broker_up[f.id]()
+
+    # -- a fault happens (a live run's truth.json lists it from then on) --------------------------------------
+    def _started(self, f: F.Fault, what: str) -> None:
+        if self.cfg.live:
+            f.at_ms = _now_ms()
+            self.truth_dirty = True
+            self._say(f"fault {f.id} {f.kind}: {what}")
+
+    def _ended(self, f: F.Fault, what: str) -> None:
+        """(Also called from a broker's timer thread: it only sets fields; the main loop writes truth.json.)"""
+        if self.cfg.live:
+            f.end_at_ms = _now_ms()
+            self.truth_dirty = True
+            self._say(f"fault {f.id} {f.kind} over: {what}")
+
+    def _say(self, line: str) -> None:
+        if self.progress is not None:
+            self.progress(f"[simulate --live] {line}")
 
     def _close_writers(self) -> None:
         """Online producers close gracefully: a final EndOfSegment in every partition they wrote."""
@@ -503,7 +793,7 @@ class _Simulation:
                 w.recv()
             reports.append(w.recv())
         self.timings["wait_for_workers_s"] += time.perf_counter() - t
-        for timer in self.timers:
+        for timer in self.timers.values():
             timer.join()
         cfg = self.cfg
         self.ends = {
@@ -539,6 +829,8 @@ class _Simulation:
                 "note": "validate with compaction tolerance (e.g. div validate --min-compaction-lag-ms 0)",
             }
             f.expect = {"leapfrog": [], "div": []}
+            if cfg.live:
+                f.at_ms = _now_ms()
 
     def _check_archives(self) -> dict[str, Any]:
         """Every offset of every topic partition is archived (except what a compaction fault removed)."""
@@ -569,7 +861,6 @@ class _Simulation:
         return {"complete": True, "partitions_checked": sum(len(e) for e in self.ends.values())}
 
     def _write_truth(self, reports: list[dict]) -> str:
-        cfg, s = self.cfg, self.schedule
         watched: dict[str, dict[int, list[int]]] = {}
         failovers: dict[int, dict] = {}
         for rep in reports:
@@ -583,6 +874,28 @@ class _Simulation:
                 f.detail["rt_offset"] = f.rt_offset
             elif f.kind == "failover":
                 f.detail = failovers.get(f.id, {})
+        return self._save_truth(self._truth(final=True))
+
+    def _publish_truth(self) -> None:
+        """A live run's truth.json while it runs: the faults that have happened so far."""
+        self.truth_dirty = False
+        self._save_truth(self._truth(final=False))
+
+    def _save_truth(self, truth: dict) -> str:
+        path = self.out / "truth.json"
+        atomic_write(path, (json.dumps(truth, indent=2) + "\n").encode())
+        return str(path)
+
+    def _happened(self) -> list[F.Fault]:
+        """The faults of the run: a live run's are those that have happened, in that order (truth.json only
+        ever appends to them); a planned run's all happen."""
+        if not self.cfg.live:
+            return self.plan.faults
+        return sorted((f for f in self.plan.faults if f.at_ms is not None), key=lambda f: (f.at_ms, f.id))
+
+    def _truth(self, final: bool) -> dict:
+        cfg, s = self.cfg, self.schedule
+        live = cfg.live
         nominal = s.nominal_end_ms - s.start_ms
         truth = {
             "run": {
@@ -591,7 +904,7 @@ class _Simulation:
                 "version": cfg.version,
                 "regions": cfg.regions,
                 "partitions": cfg.partitions,
-                "records": cfg.records,
+                "records": int(self.writes_done.sum()),
                 "batch_records": cfg.batch_records,
                 "keys": cfg.keys,
                 "key_skew": cfg.key_skew,
@@ -600,9 +913,9 @@ class _Simulation:
                 "rt_topic": cfg.rt_topic,
                 "vt_topic": cfg.vt_topic,
                 "legacy_rmd": cfg.legacy_rmd,
-                "start_ms": s.start_ms,
-                "last_write_ms": s.end_ms,
-                "end_ms": self.t_done,
+                "start_ms": self.start_ms,
+                "last_write_ms": self.last_write_ms,
+                "end_ms": self.t_done if final else None,
                 "heartbeat": {
                     "every_records": cfg.heartbeat_every_records,
                     "every_ms": cfg.heartbeat_every_ms,
@@ -612,20 +925,23 @@ class _Simulation:
                 "end_offsets": {
                     str(x): {f"{t}[{q}]": e for (t, q), e in sorted(ends.items())}
                     for x, ends in self.ends.items()
-                },
+                }
+                if final
+                else None,
             },
             "regions": [
                 {
                     "region": x,
                     "write_rate_per_s": cfg.rate(x),
-                    "writes": int((s.region == x).sum()),
+                    "writes": int(self.writes_done[x]),
                     "quiet_periods": [
                         {
                             "from": q.start,
                             "to": q.end,
                             "partitions": None if q.partitions is None else list(q.partitions),
-                            "from_ms": s.start_ms + int(q.start * nominal),
-                            "to_ms": s.start_ms + int(q.end * nominal),
+                            # a live run's quiet periods repeat in every chunk of its schedule
+                            "from_ms": None if live else s.start_ms + int(q.start * nominal),
+                            "to_ms": None if live else s.start_ms + int(q.end * nominal),
                         }
                         for q in cfg.quiet
                         if q.region == x
@@ -637,11 +953,31 @@ class _Simulation:
             ],
             "faults_requested": self.plan.requested,
             "faults_shortfall": self.plan.shortfall,
-            "faults": [f.to_json() for f in self.plan.faults],
+            "faults": [f.to_json(live) for f in self._happened()],
         }
-        path = self.out / "truth.json"
-        atomic_write(path, (json.dumps(truth, indent=2) + "\n").encode())
-        return str(path)
+        if live:
+            truth["live"] = self._live_info()
+        return truth
+
+    def _live_info(self) -> dict:
+        cfg = self.cfg
+        return {
+            "started_at": self.start_ms,
+            "stopped_at": self.stopped_at_ms,
+            "stopped_by": self.stopped_by,
+            "duration_s": cfg.duration_s,
+            "step_ms": cfg.live_step_ms,
+            "chunk_s": cfg.live_chunk_s,
+            "behind_wall_clock_max_ms": self.behind_ms,
+        }
+
+    def _live_shortfall(self) -> None:
+        """Faults a live run planned but never got to: it stopped first."""
+        never = Counter(f.kind for f in self.plan.faults if f.at_ms is None and f.kind != "compaction")
+        for kind, n in sorted(never.items()):
+            self.plan.short(kind, f"{n} planned after the run stopped")
+        for tf in self.plan.waiting + self.timed:
+            self.plan.short(tf.kind, f"{tf}: the run stopped before it")
 
     def _summary(self, complete: dict, reports: list[dict]) -> dict:
         cfg = self.cfg
@@ -704,13 +1040,13 @@ class _Simulation:
             "version": cfg.version,
             "regions": cfg.regions,
             "partitions": cfg.partitions,
-            "records": cfg.records,
+            "records": int(self.writes_done.sum()),
             "legacy_rmd": cfg.legacy_rmd,
             "workers": cfg.workers,
             "topics": topics,
             "vt_records_per_region": {x: topics[x][cfg.vt_topic]["records"] for x in topics},
             "records_per_s": round(total / max(elapsed, 1e-9)),
-            "faults_injected": self.plan.injected(),
+            "faults_injected": dict(Counter(f.kind for f in self._happened())),
             "faults_shortfall": self.plan.shortfall,
             "faults": [
                 {
@@ -721,7 +1057,7 @@ class _Simulation:
                     "key": None if f.key is None else f.key.hex(),
                     "rt_offset": f.rt_offset,
                 }
-                for f in self.plan.faults
+                for f in self._happened()
             ],
             "leaders": leaders,
             "followers": followers,
@@ -730,7 +1066,7 @@ class _Simulation:
             "archives": {str(x): str(self.out / "archive" / f"dc-{x}") for x in range(cfg.regions)},
             "truth": str(self.out / "truth.json"),
             "timings": {k: round(v, 3) for k, v in sorted(self.timings.items())},
-        }
+        } | ({"live": self._live_info()} if cfg.live else {})
 
     def _report_progress(self, force: bool = False) -> None:
         if self.progress is None:
@@ -741,19 +1077,31 @@ class _Simulation:
         self.last_progress = now
         cfg, s = self.cfg, self.schedule
         elapsed = max(now - self.t_wall0, 1e-9)
-        pct = 100.0 * self.write_ptr / max(1, len(s))
         rt = sum(sum(p.ends().values()) for p in self.producers)
         vt = [self.worker_progress.get(x, {}).get("vt_records", 0) for x in range(cfg.regions)]
         total = rt + sum(vt)
+        vts = "VT " + " ".join(f"dc-{x}:{v:,}" for x, v in enumerate(vt))
+        if cfg.live:
+            self.progress(
+                f"[simulate --live] t+{(self.t_now - self.start_ms) / 1000:.1f}s | "
+                f"{int(self.writes_done.sum()):,} writes | RT {rt:,} | {vts} | "
+                f"{len(self._happened())} fault(s) so far | behind the wall clock at most "
+                f"{self.behind_ms / 1000:.1f}s"
+            )
+            return
+        pct = 100.0 * self.write_ptr / max(1, len(s))
         self.progress(
             f"[simulate] {pct:5.1f}% of writes | sim t+{(self.clock.now - cfg.start_ms) / 1000:.1f}s | "
-            f"RT {rt:,} | VT "
-            + " ".join(f"dc-{x}:{v:,}" for x, v in enumerate(vt))
-            + f" | {total / elapsed:,.0f} records/s | {elapsed:.0f}s"
+            f"RT {rt:,} | {vts} | {total / elapsed:,.0f} records/s | {elapsed:.0f}s"
         )
 
     def close(self) -> None:
-        for timer in self.timers:
+        if self.announced == "running":  # the run failed: a watch must not wait for these clusters
+            try:
+                self._announce("failed")
+            except OSError as exc:
+                log.warning("writing live.json: %s", exc)
+        for timer in self.timers.values():
             timer.cancel()
         for w in self.workers:
             try:

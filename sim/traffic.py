@@ -80,6 +80,27 @@ class Schedule:
         """Time of the last write (the start when there is none)."""
         return int(self.time_ms[-1]) if len(self) else self.start_ms
 
+    def without_keys(self, keys: set[int]) -> Schedule:
+        """The schedule minus every write of `keys` (a live run never writes a dropped or poisoned key again,
+        so that nothing heals it)."""
+        if not keys or not len(self):
+            return self
+        keep = ~np.isin(self.key, np.fromiter(keys, dtype=np.int64, count=len(keys)))
+        if keep.all():
+            return self
+        return Schedule(
+            self.time_ms[keep],
+            self.region[keep],
+            self.key[keep],
+            self.partition[keep],
+            self.op[keep],
+            self.size[keep],
+            self.writer[keep],
+            self.heartbeat_after[keep],
+            self.start_ms,
+            self.nominal_end_ms,
+        )
+
 
 def _key_sampler(cfg: SimConfig, rng: np.random.Generator):
     n = cfg.keys

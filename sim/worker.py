@@ -16,14 +16,17 @@ what tests use to look inside and what `workers: inline` selects.
 
 from __future__ import annotations
 
+import hashlib
 import logging
 import multiprocessing as mp
+import signal
 import traceback
-from dataclasses import asdict, dataclass, field
+from dataclasses import asdict, dataclass
 from typing import Any
 
 from div.checkpoint import CheckpointStore
 from div.kafka_log import iter_partition as kafka_iter_partition
+from div.writer import deterministic_guid
 from heartbeat import decode_hbd, decode_hbw
 
 from .cluster import Reader, RegionProducer, SimClock
@@ -51,12 +54,17 @@ class WorkerSpec:
     followers_dir: str
     push_records: list[tuple[bytes, bytes, list | None, int]]  # (key, value, headers, partition)
     push_ms: int
-    leader_guids: dict[tuple[int, int], bytes] = field(default_factory=dict)  # (partition, term) -> GUID
 
 
 def leader_host(region: int, partition: int, term: int) -> str:
     """Writer id of a leader (footers, heartbeats); the coordinator names RT heartbeats with it too."""
     return f"dc{region}-p{partition}-leader-t{term}"
+
+
+def seeded_guid(seed: int, *parts: int) -> bytes:
+    """A producer GUID derived from the seed (Venice's deterministic GUID layout)."""
+    h = hashlib.sha256(repr((seed,) + parts).encode()).digest()
+    return deterministic_guid(int.from_bytes(h[:8], "big"), int.from_bytes(h[8:16], "big"))
 
 
 class RegionWorker:
@@ -133,7 +141,7 @@ class RegionWorker:
             clock=self.clock,
             store=self.stores[q],
             faults=self.faults[q],
-            guid=self.spec.leader_guids[(q, term)],
+            guid=seeded_guid(cfg.seed, 2, x, q, term),
             segment_max_age_ms=cfg.segment_max_age_ms,
             on_watch=self._on_watch,
         )
@@ -191,6 +199,18 @@ class RegionWorker:
                 )
             if ends:
                 reader.drain(ends)
+
+    def isolate(self, t: int) -> None:
+        """The region stops replicating at simulated time `t`: its leaders leave the other regions' RTs unread
+        until `reconnect`."""
+        for lf in self.faults:
+            lf.isolated.append([t, None])
+
+    def reconnect(self, t: int) -> None:
+        """The isolation ends at `t`: what the other regions wrote meanwhile arrives then, in order."""
+        for lf in self.faults:
+            if lf.isolated and lf.isolated[-1][1] is None:
+                lf.isolated[-1][1] = t
 
     def fail(self, fault_id: int, q: int, t: int) -> None:
         """The leader of partition q stops (a crash: no final EndOfSegment)."""
@@ -421,6 +441,9 @@ class ProcessWorker:
 
 
 def _serve(conn) -> None:
+    # Ctrl-C reaches every process of the terminal's group: the coordinator alone decides how to stop (a
+    # live run stops cleanly through its workers), and tells them.
+    signal.signal(signal.SIGINT, signal.SIG_IGN)
     worker: RegionWorker | None = None
     try:
         while True:
@@ -445,4 +468,12 @@ def _serve(conn) -> None:
         conn.close()
 
 
-__all__ = ["InlineWorker", "ProcessWorker", "RegionWorker", "WorkerError", "WorkerSpec", "leader_host"]
+__all__ = [
+    "InlineWorker",
+    "ProcessWorker",
+    "RegionWorker",
+    "WorkerError",
+    "WorkerSpec",
+    "leader_host",
+    "seeded_guid",
+]

@@ -24,26 +24,42 @@ HELP = textwrap.dedent("""\
 
     Everything is driven by a simulated clock: the same --seed and settings give identical archives.
 
+    --live runs the same simulation paced by the wall clock (simulated time = wall-clock time) with no planned
+    end, for a continuous job such as `tidegauge watch` to attach to: producers, leaders and followers keep
+    running at --rate writes/s per region until --duration S is over, or until SIGINT (Ctrl-C) or SIGTERM;
+    then it stops cleanly: producers close their segments, leaders heartbeat a last time and step down, the
+    archives are completed and the clusters shut down. As soon as the clusters are up it prints one line per
+    region, `dc-<id> kafka://HOST:PORT <rt topic> <vt topic>`, and writes the same to DIR/live.json. Faults
+    happen at known times (KIND@SECONDS) and each is added to DIR/truth.json as it happens, with the wall-clock
+    time `at` (ms since the epoch; `end_at` too for faults that stop and resume).
+
     Writes:
       DIR/archive/dc-<id>/    every topic of region <id> (Parquet, Spark's Kafka schema): input for
                               `tidegauge leapfrog`, `div validate`, `lag`
       DIR/truth.json          run parameters, per-region rates/quiet periods/lags, injected faults + expectations
       DIR/summary.json        records per topic, faults, leader and follower DIV findings, metadata bytes
       DIR/followers/dc-<id>/  follower checkpoints (Venice PartitionState, offset and DIV state together)
+      DIR/live.json           (--live) each region's kafka:// URI and topics, state running/stopped
 
     Progress goes to stderr; the summary to stdout.
-    Exit codes: 0 done, 2 bad usage, 3 the run failed (a cluster or worker failed; partial output is left).""")
+    Exit codes: 0 done (a live run stopped cleanly), 2 bad usage, 3 the run failed (a cluster or worker failed;
+    partial output is left).""")
 
 EPILOG = textwrap.dedent("""\
-    fault kinds for --faults (KIND=COUNT, comma-separated; a bare KIND means 1):
+    fault kinds for --faults, comma-separated: KIND=COUNT places COUNT of them from the seed (a bare KIND means
+    1); KIND@SECONDS puts one that many seconds after the first write (a write fault: on the first suitable
+    write from then on), and KIND@SECONDS+SECONDS also says how long a stop/resume kind (*) lasts:
       dropped     a write applied in its origin region only        -> leapfrog MISSING_IN_x / VALUE_MISMATCH
       poisoned    a value changed by one region's leader          -> leapfrog VALUE_MISMATCH
       gap         a producer's record never reaches its RT        -> div MISSING (+ CORRUPT at its EndOfSegment)
       corrupt     a value changed after its checksum              -> div CORRUPT at the EndOfSegment
       duplicate   a producer's record delivered twice             -> div DUPLICATE (not fatal); leaders drop it
-      failover    a leader stops; a successor resumes from the last VT heartbeat  -> nothing
+      failover*   a leader stops; a successor resumes from the last VT heartbeat  -> nothing
       compaction  a VT range of one archive compacted as Kafka would -> nothing (DIV with compaction tolerance)
-      broker      an embedded broker goes down for a moment        -> nothing
+      broker*     an embedded broker goes down for a moment        -> nothing
+      silent*     a leader stops heartbeating (its data still flows; outage_ms)  -> lag/heartbeat age only
+      isolated*   a region stops replicating the others, then catches up (outage_ms) -> lag only
+    A live run without --duration takes timed faults only (and compaction=N, done to the archives at the end).
 
     examples:
       tidegauge simulate --out out/sim
@@ -51,6 +67,9 @@ EPILOG = textwrap.dedent("""\
           --faults dropped=2,poisoned=1,failover=1,duplicate=1,gap=1,corrupt=1,compaction=1
       tidegauge simulate --out out/sim-legacy --legacy-rmd          # also write per-record offset vectors
       tidegauge simulate --out out/sim --kafka 0=kafka-a:9092 1=kafka-b:9092 2=kafka-c:9092 --conf my.yaml
+      tidegauge simulate --live --out out/live --duration 600 --rate 200 --heartbeat-ms 2000 \
+          --faults failover@60,dropped@120,poisoned@150,silent@200+30,isolated@300+40,broker@400+5
+      tidegauge simulate --live --out out/live --rate 50          # until Ctrl-C; prints the kafka:// URIs
 
     configuration: --conf FILE (default conf/simulate.yaml when present) holds a `simulate:` section (traffic:
     key count and skew, write rates, value sizes, quiet periods, lags, heartbeat cadence, ...; documented in
@@ -85,7 +104,32 @@ def register(sub) -> None:
     p.add_argument(
         "--faults",
         metavar="SPEC",
-        help="faults to inject, e.g. dropped=2,poisoned=1,failover=1 (see below; default: none)",
+        help="faults to inject, by count or at set times: e.g. dropped=2,poisoned=1,failover=1 or "
+        "dropped@30,silent@60+20 (see below; default: none)",
+    )
+    p.add_argument(
+        "--live",
+        action="store_true",
+        help="paced by the wall clock, no planned end: runs for --duration, or until SIGINT/SIGTERM, then "
+        "stops cleanly; prints each region's kafka:// URI and topics and writes them to DIR/live.json",
+    )
+    p.add_argument(
+        "--duration",
+        type=float,
+        metavar="S",
+        help="with --live: seconds of traffic before a clean stop (default: until SIGINT/SIGTERM)",
+    )
+    p.add_argument(
+        "--rate",
+        type=float,
+        metavar="R",
+        help="writes per second per region (simulated seconds; wall-clock ones with --live) (default 1000)",
+    )
+    p.add_argument(
+        "--heartbeat-ms",
+        type=int,
+        metavar="MS",
+        help="every leader writes an RT heartbeat at least this often (default 5000)",
     )
     p.add_argument(
         "--kafka",
@@ -112,7 +156,7 @@ def register(sub) -> None:
 
 def build_config(args):
     """SimConfig from the conf file (if any) and the flags; raises UsageError naming the bad input."""
-    from sim.config import ConfigError, SimConfig, from_mapping, parse_faults, parse_kafka
+    from sim.config import ConfigError, SimConfig, from_mapping, parse_fault_spec, parse_kafka
 
     path = args.conf
     if path is None and DEFAULT_CONF.exists():
@@ -137,8 +181,22 @@ def build_config(args):
             value = getattr(args, name)
             if value is not None:
                 changes[name] = value
+        if args.live:
+            if args.records is not None:
+                raise ConfigError(
+                    "--records: a live run writes at --rate until it stops; give --duration instead"
+                )
+            changes["live"] = True
+        if args.duration is not None:
+            if not args.live:
+                raise ConfigError("--duration is for live runs: add --live (or give --records)")
+            changes["duration_s"] = args.duration
+        if args.rate is not None:
+            changes["write_rate"] = [args.rate]
+        if args.heartbeat_ms is not None:
+            changes["heartbeat_every_ms"] = args.heartbeat_ms
         if args.faults is not None:
-            changes["faults"] = parse_faults(args.faults)
+            changes["faults"], changes["fault_times"] = parse_fault_spec(args.faults)
         if args.kafka is not None:
             changes["kafka"] = parse_kafka(args.kafka)
         if args.legacy_rmd:

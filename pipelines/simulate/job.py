@@ -1,11 +1,16 @@
 """`tidegauge simulate`: run the reference replication harness (`sim.run`) with a `sim.config.SimConfig` (the
-command's typed options; `cli` builds it from --conf and flags)."""
+command's typed options; `cli` builds it from --conf and flags). A live run (`--live`) also turns SIGINT and
+SIGTERM into a clean stop and prints where each region's cluster can be reached as soon as it is up."""
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
 import os
+import signal
 import sys
+import threading
+from collections.abc import Iterator
 from pathlib import Path
 
 from pipelines.core.errors import EXIT_CLEAN, EXIT_PARTIAL, UsageError
@@ -49,12 +54,54 @@ def run(cfg: SimConfig) -> int:
     if not (out / MARKER).exists():
         write_marker(out, "simulate")
     try:
-        result = run(cfg)
+        if cfg.live:
+            with _stop_on_signals() as stop:
+                result = run(cfg, stop=stop, on_ready=_print_endpoints)
+        else:
+            result = run(cfg)
     except (SimulationError, WorkerError, ClusterError) as exc:
         print(f"tidegauge simulate: the run failed: {exc}", file=sys.stderr)
         return EXIT_PARTIAL
     print(format_summary(result.summary, result.truth_path, result.summary_path))
     return EXIT_CLEAN
+
+
+@contextlib.contextmanager
+def _stop_on_signals() -> Iterator[threading.Event]:
+    """SIGINT and SIGTERM ask a live run to stop cleanly; a second one aborts it (archives left incomplete)."""
+    stop = threading.Event()
+
+    def handler(signum: int, _frame: object) -> None:
+        if stop.is_set():
+            raise KeyboardInterrupt
+        print(
+            f"tidegauge simulate: {signal.Signals(signum).name}: stopping cleanly "
+            f"(send it again to abort without completing the archives)",
+            file=sys.stderr,
+            flush=True,
+        )
+        stop.set()
+
+    previous = {sig: signal.signal(sig, handler) for sig in (signal.SIGINT, signal.SIGTERM)}
+    try:
+        yield stop
+    finally:
+        for sig, old in previous.items():
+            signal.signal(sig, old)
+
+
+def _print_endpoints(info: dict) -> None:
+    """One line per region a watch can attach to, then the sources as `tidegauge` flags (stdout)."""
+    for r in info["regions"]:
+        print(f"dc-{r['region']} {r['uri']} {' '.join(r['topics'])}")
+    print(
+        " ".join(f"--source {r['region']}={r['uri']}" for r in info["regions"])
+        + f" --store {info['store']} --version {info['version']}"
+    )
+    print(
+        f"live: {info['heartbeat_every_ms']} ms heartbeats; faults appear in {info['truth']} as they happen"
+    )
+    sys.stdout.flush()
 
 
 def format_summary(s: dict, truth_path: str, summary_path: str) -> str:
