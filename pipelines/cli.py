@@ -23,6 +23,7 @@ _JOBS = [
     "pipelines.div.cli",
     "pipelines.report.cli",
     "pipelines.demo.cli",
+    "pipelines.watch.cli",
 ]
 
 

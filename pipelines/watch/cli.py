@@ -1,0 +1,157 @@
+"""`tidegauge watch`: its arguments, and the loop that runs the streaming query until it is stopped."""
+
+from __future__ import annotations
+
+import argparse
+import logging
+import signal
+import textwrap
+import threading
+
+from pipelines.core import config as cfg
+from pipelines.core.errors import UsageError, exit_codes
+from pipelines.core.sources import SourceError
+
+log = logging.getLogger("tidegauge.watch")
+
+HELP = textwrap.dedent("""\
+    Watch an active/active store continuously: Leap Frog as a Spark Structured Streaming query over every
+    region's version topic, with the nightly job's rules (each VT partition's state — marks, how the scan
+    started, the records of keys still in play — lives in Spark's state store, RocksDB). A divergence is
+    appended to OUT/findings/ (one Parquet file per micro-batch, the columns of `leapfrog`'s inconsistencies
+    plus finding_id and detected_at) as soon as heartbeats of both regions cover it.
+
+    Runs until stopped: Ctrl-C or SIGTERM stops it after the current micro-batch. Started again with the same
+    --checkpoint it goes on where it stopped: no finding lost, none repeated.
+
+    Metrics for Prometheus on --metrics-port (docs/watch.md; alert rules in conf/alerts.yaml).
+
+    Exit codes: 0 stopped cleanly, 2 bad usage or the query failed (the message says why).""")
+
+EPILOG = textwrap.dedent("""\
+    examples:
+      tidegauge watch --store demo --version 1 --source 0=kafka://dc0:9092 --source 1=kafka://dc1:9092 \\
+          --checkpoint /var/lib/tidegauge/checkpoint --out /var/lib/tidegauge/watch --metrics-port 9464
+      curl -s localhost:9464/metrics | grep tidegauge_divergences_total""")
+
+
+def register(sub) -> None:
+    p = sub.add_parser(
+        "watch",
+        help="continuous Leap Frog on Spark Structured Streaming, with Prometheus metrics",
+        description=HELP,
+        epilog=EPILOG,
+        formatter_class=argparse.RawDescriptionHelpFormatter,
+    )
+    p.add_argument(
+        "--source",
+        action="append",
+        metavar="ID=URI",
+        default=[],
+        help="a region's version topics: kafka://host:port[,...] or an archive directory that grows; one per "
+        "region, two or more",
+    )
+    p.add_argument("--store", metavar="S", help="store name (reads topic <S>_v<N>)")
+    p.add_argument("--version", type=int, metavar="N", help="store version")
+    p.add_argument(
+        "--checkpoint",
+        metavar="DIR",
+        help="Spark's checkpoint (offsets and state): a local path, file:// or hdfs:// URI (required)",
+    )
+    p.add_argument("--out", metavar="DIR", help="where findings are appended (required)")
+    p.add_argument(
+        "--metrics-port",
+        type=int,
+        metavar="P",
+        help="serve Prometheus metrics on 127.0.0.1:P (0: a free port)",
+    )
+    p.add_argument(
+        "--trigger-interval",
+        default="10 seconds",
+        metavar="T",
+        help="how often a micro-batch starts, e.g. '10 seconds' (default)",
+    )
+    p.add_argument(
+        "--max-records-per-trigger",
+        type=int,
+        metavar="N",
+        help="cap on the records one micro-batch reads (default: all that are there)",
+    )
+    p.add_argument(
+        "--starting",
+        choices=["earliest", "latest"],
+        default="earliest",
+        help="where a new checkpoint starts reading (default earliest; a restart always goes on from the checkpoint)",
+    )
+    p.add_argument("--master", metavar="URL", help="Spark master (default local[*])")
+    p.add_argument(
+        "--conf", metavar="FILE", help="YAML configuration (sources, store, version, kafka settings, spark)"
+    )
+    p.set_defaults(func=run)
+
+
+@exit_codes(SourceError)
+def run(args: argparse.Namespace) -> int:
+    from pipelines.core.spark_session import get_session
+    from pipelines.watch.job import WatchOptions, start
+    from pipelines.watch.metrics import WatchMetrics
+
+    conf = cfg.load(args.conf)
+    specs = cfg.sources(args.source, conf)
+    store = args.store or conf.get("store")
+    version = args.version if args.version is not None else conf.get("version")
+    if not store or version is None:
+        raise UsageError("--store and --version are required (or `store:` and `version:` in --conf)")
+    if len(specs) < 2:
+        raise UsageError("watch compares regions: give at least two --source ID=URI")
+    if not args.checkpoint or not args.out:
+        raise UsageError("--checkpoint and --out are required")
+    opts = WatchOptions(
+        store=store,
+        version=int(version),
+        sources=specs,
+        checkpoint=args.checkpoint,
+        out=args.out,
+        kafka_conf={s.region: cfg.kafka_conf(conf, s.region) for s in specs},
+        trigger_interval=args.trigger_interval,
+        max_records_per_trigger=args.max_records_per_trigger,
+        starting=args.starting,
+    )
+    master, spark_conf = cfg.spark_settings(conf, args.master)
+    spark = get_session(master, app_name="tidegauge watch", conf=spark_conf)
+    metrics = WatchMetrics()
+    server = metrics.serve(args.metrics_port) if args.metrics_port is not None else None
+    if server is not None:
+        print(f"tidegauge watch: metrics on {server.url}", flush=True)
+    stop = threading.Event()
+
+    def on_signal(signum, _frame):
+        log.info(
+            "tidegauge watch: %s received, stopping after the current micro-batch",
+            signal.Signals(signum).name,
+        )
+        stop.set()
+
+    for sig in (signal.SIGTERM, signal.SIGINT):
+        signal.signal(sig, on_signal)
+    query = start(spark, opts, metrics)
+    print(
+        f"tidegauge watch: watching {opts.topic} in {len(specs)} regions; findings in {opts.out}", flush=True
+    )
+    try:
+        while query.isActive and not stop.is_set():
+            stop.wait(1.0)
+            if query.lastProgress is not None:
+                metrics.observe_progress(query.lastProgress)
+        if stop.is_set():
+            # let the running micro-batch finish: stopping inside it would only make the restart redo it
+            while query.isActive and query.status.get("isTriggerActive"):
+                stop.wait(0.2)
+            query.stop()
+        error = query.exception()
+        if error is not None:
+            raise UsageError(f"the streaming query failed: {error}")
+    finally:
+        if server is not None:
+            server.close()
+    return 0

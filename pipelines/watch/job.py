@@ -1,0 +1,265 @@
+"""`tidegauge watch`: Leap Frog as a Spark Structured Streaming query, micro-batch by micro-batch.
+
+Three rooms, as in the batch job:
+
+- input: `pipelines.core.stream_source` (`tidegauge_stream`) reads every region's VT; its offsets live in the
+  query's checkpoint;
+- the rule: the rows are grouped by VT partition and handed to `LeapfrogProcessor`, a `StatefulProcessor` for
+  `transformWithStateInPandas` whose only job is to keep each partition's `PartitionState` in Spark's state store
+  (RocksDB) and run `pipelines.watch.leapfrog_step.LeapfrogStep` — the nightly incremental job's own code;
+- output: `foreachBatch` appends the micro-batch's findings to `OUT/findings/batch-<id>.parquet` and feeds the
+  metrics.
+
+**Exactly once across restarts.** A micro-batch's offsets, its state store version and its findings file all
+carry its batch id. Spark re-runs an unfinished batch after a restart with the same offsets and the state of the
+batch before it, so it computes the same findings and the file of that id is rewritten with the same rows (our
+own file, written whole by rename). Each finding also has a deterministic `finding_id`.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import logging
+import time
+from collections.abc import Iterator
+from dataclasses import dataclass, field
+from typing import Any
+
+import numpy as np
+import pandas as pd
+import pyarrow as pa
+from pyspark.sql import DataFrame, SparkSession
+from pyspark.sql.streaming import StatefulProcessor, StatefulProcessorHandle
+from pyspark.sql.types import BinaryType, StructField, StructType
+
+from pipelines.core.sources import SourceSpec
+from pipelines.core.storage import locate
+from pipelines.watch.leapfrog_step import RECORD_COLUMNS, LeapfrogStep, PartitionState
+
+log = logging.getLogger("tidegauge.watch")
+
+ROCKSDB = "org.apache.spark.sql.execution.streaming.state.RocksDBStateStoreProvider"
+# the findings' columns: those of `leapfrog`'s inconsistencies, plus when and in which micro-batch
+FINDINGS_SCHEMA = pa.schema(
+    [
+        ("finding_id", pa.string()),
+        ("store", pa.string()),
+        ("version", pa.int32()),
+        ("partition", pa.int32()),
+        ("region_a", pa.int32()),
+        ("region_b", pa.int32()),
+        ("type", pa.string()),
+        ("key", pa.binary()),
+        ("key_hash", pa.int64()),
+        ("a_value_hash", pa.int64()),
+        ("b_value_hash", pa.int64()),
+        ("a_deleted", pa.bool_()),
+        ("b_deleted", pa.bool_()),
+        ("a_vt_offset", pa.int64()),
+        ("b_vt_offset", pa.int64()),
+        ("a_vector", pa.list_(pa.int64())),
+        ("b_vector", pa.list_(pa.int64())),
+        ("a_high_watermark", pa.list_(pa.int64())),
+        ("b_high_watermark", pa.list_(pa.int64())),
+        ("detected_at", pa.timestamp("ms", tz="UTC")),
+    ]
+)
+_STEP_COLUMNS = [
+    f.name for f in FINDINGS_SCHEMA if f.name not in ("finding_id", "store", "version", "detected_at")
+]
+# what the processor emits: findings ("F") and, per region of a partition, its running mark ("M")
+OUTPUT_DDL = (
+    "row string, partition int, region_a int, region_b int, type string, key binary, key_hash long, "
+    "a_value_hash long, b_value_hash long, a_deleted boolean, b_deleted boolean, a_vt_offset long, "
+    "b_vt_offset long, a_vector array<long>, b_vector array<long>, a_high_watermark array<long>, "
+    "b_high_watermark array<long>, region int, mark array<long>, pending long, detected_ms long"
+)
+OUTPUT_SCHEMA = pa.schema(
+    [("row", pa.string())]
+    + [FINDINGS_SCHEMA.field(c) for c in _STEP_COLUMNS]
+    + [
+        ("region", pa.int32()),
+        ("mark", pa.list_(pa.int64())),
+        ("pending", pa.int64()),
+        ("detected_ms", pa.int64()),
+    ]
+)
+_STATE_SCHEMA = StructType([StructField("state", BinaryType())])
+
+
+def finding_id(store: str, version: int, partition: int, a: int, b: int, key: bytes) -> str:
+    """Deterministic: the watch reports a (partition, pair, key) once, so this names the finding."""
+    h = hashlib.sha256(f"{store}\0{version}\0{partition}\0{a}\0{b}\0".encode() + key)
+    return h.hexdigest()[:32]
+
+
+class LeapfrogProcessor(StatefulProcessor):
+    """Keeps one VT partition's `PartitionState` in the state store and runs `LeapfrogStep` on its new rows."""
+
+    def __init__(self, pairs: tuple[tuple[int, int], ...], n_regions: int) -> None:
+        self.pairs, self.n = tuple(pairs), n_regions
+
+    def init(self, handle: StatefulProcessorHandle) -> None:
+        self.state = handle.getValueState("partition_state", _STATE_SCHEMA)
+        self.step = LeapfrogStep(self.pairs, self.n)
+
+    def handleInputRows(
+        self, key: Any, rows: Iterator[pd.DataFrame], timerValues: Any
+    ) -> Iterator[pd.DataFrame]:
+        partition = int(key[0])
+        frames = [f for f in rows if len(f)]
+        table = (
+            pa.Table.from_pandas(pd.concat(frames, ignore_index=True), preserve_index=False)
+            if frames
+            else None
+        )
+        records: dict[int, pa.Table] = {}
+        if table is not None:
+            region = table.column("region").to_numpy()
+            for x in np.unique(region):
+                records[int(x)] = table.filter(pa.array(region == x)).select(RECORD_COLUMNS)
+        before = PartitionState.from_bytes(self.state.get()[0]) if self.state.exists() else None
+        result = self.step(partition, records, before)
+        self.state.update((result.state.to_bytes(),))
+        now_ms = int(time.time() * 1000)
+        out: list[dict] = []
+        for f in result.findings.select(_STEP_COLUMNS).to_pylist():
+            out.append({"row": "F", **f, "detected_ms": now_ms})
+        for fact in result.state.facts.values():
+            out.append(
+                {"row": "M", "partition": partition, "region": fact["region"], "mark": fact["final_hw"]}
+            )
+        for c in result.counters.to_pylist():
+            out.append(
+                {
+                    "row": "C",
+                    "partition": partition,
+                    "region_a": c["region_a"],
+                    "region_b": c["region_b"],
+                    "pending": c["pending_keys"],
+                }
+            )
+        if out:
+            # through Arrow, so every column of the output is there (each row kind fills only some)
+            yield pa.Table.from_pylist(out, OUTPUT_SCHEMA).to_pandas()
+
+    def close(self) -> None:
+        pass
+
+
+@dataclass
+class WatchOptions:
+    store: str
+    version: int
+    sources: list[SourceSpec]
+    checkpoint: str
+    out: str
+    kafka_conf: dict[int, dict] = field(default_factory=dict)
+    pairs: tuple[tuple[int, int], ...] | None = None
+    trigger_interval: str = "10 seconds"
+    max_records_per_trigger: int | None = None
+    starting: str = "earliest"
+
+    @property
+    def topic(self) -> str:
+        return f"{self.store}_v{self.version}"
+
+
+def findings_query(spark: SparkSession, opts: WatchOptions) -> DataFrame:
+    """The streaming DataFrame of the processor's rows (findings, marks, pending counts)."""
+    from pipelines.core.stream_source import read_stream
+
+    regions = sorted(s.region for s in opts.sources)
+    n = max(regions) + 1
+    pairs = opts.pairs or tuple((a, b) for i, a in enumerate(regions) for b in regions[i + 1 :])
+    rows = read_stream(
+        spark,
+        {s.region: s.uri for s in opts.sources},
+        [opts.topic],
+        opts.kafka_conf,
+        opts.starting,
+        opts.max_records_per_trigger,
+    )
+    return (
+        rows.select("region", "partition", *RECORD_COLUMNS)
+        .groupBy("partition")
+        .transformWithStateInPandas(LeapfrogProcessor(pairs, n), OUTPUT_DDL, "Append", "None")
+    )
+
+
+class FindingsSink:
+    """`foreachBatch`: a micro-batch's findings to OUT/findings/batch-<id>.parquet, and the metrics."""
+
+    def __init__(self, opts: WatchOptions, metrics=None) -> None:
+        self.opts, self.metrics = opts, metrics
+        self.dir = locate(opts.out) / "findings"
+        self.dir.makedirs()
+
+    def __call__(self, df: DataFrame, batch_id: int) -> None:
+        table = df.toArrow()
+        kind = table.column("row").to_numpy(zero_copy_only=False) if table.num_rows else np.array([])
+        found = table.filter(pa.array(kind == "F", pa.bool_())) if table.num_rows else None
+        if found is not None and found.num_rows:
+            rows = found.to_pylist()
+            out = pa.Table.from_pylist(
+                [
+                    {
+                        "finding_id": finding_id(
+                            self.opts.store,
+                            self.opts.version,
+                            r["partition"],
+                            r["region_a"],
+                            r["region_b"],
+                            r["key"],
+                        ),
+                        "store": self.opts.store,
+                        "version": self.opts.version,
+                        **{c: r[c] for c in _STEP_COLUMNS},
+                        "detected_at": r["detected_ms"],
+                    }
+                    for r in rows
+                ],
+                FINDINGS_SCHEMA,
+            )
+            (self.dir / f"batch-{batch_id:08d}.parquet").write_bytes(_parquet_bytes(out))
+            if self.metrics is not None:
+                self.metrics.observe_divergences(rows)
+        if self.metrics is not None and table.num_rows:
+            for r in table.filter(pa.array(kind == "C", pa.bool_())).to_pylist():
+                self.metrics.set_pending_keys(r["region_a"], r["region_b"], r["pending"])
+        log.debug("micro-batch %d: %d rows", batch_id, table.num_rows)
+
+
+def _parquet_bytes(table: pa.Table) -> bytes:
+    import pyarrow.parquet as pq
+
+    buf = pa.BufferOutputStream()
+    pq.write_table(table, buf)
+    return buf.getvalue().to_pybytes()
+
+
+def read_findings(out: str) -> pa.Table:
+    """Every finding the watch has appended under OUT (one file per micro-batch)."""
+    import pyarrow.parquet as pq
+
+    where = locate(out) / "findings"
+    files = where.files(".parquet") if where.exists() else []
+    tables = [pq.read_table(f.path, filesystem=f.fs) for f in files]
+    return pa.concat_tables(tables) if tables else FINDINGS_SCHEMA.empty_table()
+
+
+def start(spark: SparkSession, opts: WatchOptions, metrics=None, available_now: bool = False):
+    """Start the query; `available_now`: read what is there now, then stop (tests, catch-up runs)."""
+    spark.conf.set("spark.sql.streaming.stateStore.providerClass", ROCKSDB)
+    writer = (
+        findings_query(spark, opts)
+        .writeStream.foreachBatch(FindingsSink(opts, metrics))
+        .option("checkpointLocation", opts.checkpoint)
+        .outputMode("append")
+    )
+    writer = (
+        writer.trigger(availableNow=True)
+        if available_now
+        else writer.trigger(processingTime=opts.trigger_interval)
+    )
+    return writer.start()
