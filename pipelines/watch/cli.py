@@ -9,7 +9,7 @@ import textwrap
 import threading
 
 from pipelines.core import config as cfg
-from pipelines.core.errors import UsageError, exit_codes
+from pipelines.core.errors import UsageError, exit_codes, spark_gone
 from pipelines.core.sources import SourceError
 
 log = logging.getLogger("tidegauge.watch")
@@ -151,6 +151,14 @@ def run(args: argparse.Namespace) -> int:
         error = query.exception()
         if error is not None:
             raise UsageError(f"the streaming query failed: {error}")
+    except Exception as exc:
+        if not (stop.is_set() and spark_gone(exc)):
+            raise
+        # Ctrl-C in a terminal reaches Spark's JVM too, which stops at once: the micro-batch it was running
+        # is not committed, and the next start from the checkpoint runs it again
+        print(
+            "tidegauge watch: stopped (Spark stopped with it; an unfinished micro-batch runs again on restart)"
+        )
     finally:
         if server is not None:
             server.close()
