@@ -68,3 +68,58 @@ def test_growing_archives_watched_from_one_checkpoint_equal_a_nightly_run(spark,
     q = start(spark, opts, available_now=True)
     q.awaitTermination()
     assert read_findings(opts.out).num_rows == len(found)
+
+
+def test_kill_9_at_random_moments_then_restart_loses_and_repeats_nothing(spark, tmp_path):
+    """`tidegauge watch` as users run it (a process of its own), killed with SIGKILL (its whole process group:
+    driver, JVM, Python workers) at random moments and started again from the same checkpoint; in the end the
+    findings equal a nightly run's, each once."""
+    import os
+    import signal
+    import subprocess
+    import sys
+    import time
+
+    histories = [h for h in generated(20) if h.n_regions == 3][:30]
+    dirs = write_archives(histories, tmp_path / "archives")
+    run(
+        LeapfrogOptions(
+            store=STORE,
+            version=1,
+            out=str(tmp_path / "batch"),
+            sources=[SourceSpec(x, d) for x, d in dirs.items()],
+        ),
+        spark=spark,
+    )
+    expected = _named(pq.read_table(tmp_path / "batch" / "inconsistencies").to_pylist())
+    argv = [sys.executable, "-m", "pipelines.cli", "watch", "--store", STORE, "--version", "1"]
+    argv += [f"--source={x}={d}" for x, d in dirs.items()]
+    argv += ["--checkpoint", str(tmp_path / "ck"), "--out", str(tmp_path / "watch")]
+    argv += ["--trigger-interval", "1 second", "--max-records-per-trigger", "150"]
+    rng = random.Random(7)
+    kills = 0
+    for _ in range(3):
+        proc = subprocess.Popen(
+            argv, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, start_new_session=True
+        )
+        time.sleep(rng.uniform(15, 35))  # the JVM's start, then some micro-batches
+        if proc.poll() is None:
+            os.killpg(proc.pid, signal.SIGKILL)
+            kills += 1
+        proc.wait()
+    assert kills == 3
+    committed = [f for f in (tmp_path / "ck" / "commits").iterdir() if f.name.isdigit()]
+    assert committed, "no micro-batch finished before the kills: the restarts were not tested"
+    # then a run that reads what is left, from the same checkpoint
+    opts = WatchOptions(
+        store=STORE,
+        version=1,
+        sources=[SourceSpec(x, d) for x, d in dirs.items()],
+        checkpoint=str(tmp_path / "ck"),
+        out=str(tmp_path / "watch"),
+    )
+    q = start(spark, opts, available_now=True)
+    q.awaitTermination()
+    found = read_findings(opts.out).to_pylist()
+    assert _named(found) == expected
+    assert len({r["finding_id"] for r in found}) == len(found)
