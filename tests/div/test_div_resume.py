@@ -4,7 +4,8 @@ What a streaming DIV keeps between micro-batches is Venice's checkpointed produc
 validator knows beyond them; the partition of tests/support/div_faults.py holds every fault whose decision reads
 some of it (sequence numbers, checksums in progress, MD5 included, End of Push, undecodable records that explain a
 later gap, a producer max-age has made stale but not yet expired). It is cut at every offset, the state saved
-through div's own encodings (PartitionState v24 for the producer states, JSON for the rest), and resumed.
+through div's own encodings (PartitionState v24 for the producer states, JSON for the rest), and resumed. The
+codec's part is what it learnt from `vtp` headers (`EnvelopeCodec.learned`).
 """
 
 from __future__ import annotations
@@ -14,8 +15,10 @@ import json
 import div_faults as D
 import pyarrow as pa
 import pytest
+from newer_protocol import encode_newer, newer_vtp, to_newer
 
 from div import archive
+from div import envelope as E
 from div import partition_state as ps
 from div.batch import PartitionRun, is_realtime_topic
 from div.validator import UNREGISTERED_PRODUCER, PartitionValidator, ValidatorConfig
@@ -73,3 +76,21 @@ def test_restore_is_a_restart_and_expires_what_resume_keeps(records):
     after_restore = PartitionRun(0, D.VT, 0, config=CONFIG, validator=restarted)
     after_restore.feed(table.slice(k, 1))
     assert [(r[3], r[7]) for r in after_restore.rows] == [(offsets[k], UNREGISTERED_PRODUCER)]
+
+
+def test_a_codec_given_what_another_learnt_decodes_as_it_does(records):
+    # a newer writer's schema is announced once, in the vtp header of a producer's first record; a run resumed
+    # elsewhere reads the producer's later records without it
+    codec = E.EnvelopeCodec()
+    first, later = (records[D.VT].slice(i, 1).to_pylist()[0] for i in (2, 3))  # S's StartOfSegment and a PUT
+    with_vtp = encode_newer(to_newer(codec.decode(first["value"], first["headers"])), 16)
+    without = encode_newer(to_newer(codec.decode(later["value"], later["headers"])), 16)
+    assert codec.learned() == {}
+    codec.decode(with_vtp, [{"key": "vtp", "value": newer_vtp()}])
+    assert set(codec.learned()) == {16}
+    resumed = E.EnvelopeCodec()
+    for version, schema in codec.learned().items():
+        resumed.learn(version, schema)
+    assert resumed.decode(without) == codec.decode(without)
+    with pytest.raises(E.UndecodableError, match="unknown protocol version 16"):
+        E.EnvelopeCodec().decode(without)
