@@ -138,6 +138,13 @@ class EnvelopeCodec:
                 ) from None
             self._canonical.pop(version, None)
 
+    def learned(self) -> dict[int, Any]:
+        """The writer schemas this codec took from `vtp` headers, by protocol version: all that sets it apart from a
+        new codec (the rest is caches). A new codec given them with `learn` decodes the next record as this one
+        would, header or not: how a run resumed elsewhere goes on."""
+        with self._lock:
+            return dict(self._writer_json)
+
     def _writer_schema(self, version: int) -> Any | None:
         if version in self._writer_json:
             return self._writer_json[version]

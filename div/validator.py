@@ -183,14 +183,25 @@ class Segment:
         seg.refresh_fast()
         return seg
 
-    def copy(self) -> Segment:
-        seg = Segment.from_state(self.to_state())
-        seg.new_segment = self.new_segment
-        seg.first_offset, seg.last_offset = self.first_offset, self.last_offset
-        if not self.checksum.finalized and seg.checksum.finalized:
-            seg.checksum = self.checksum.copy()
+    def run_fields(self) -> list:
+        """What Venice's record (`to_state`) leaves out and a later decision of this run reads: whether the
+        segment's first record is still being judged (`new_segment`), the offsets that bound the undecodable records
+        able to explain a fault, and whether the checksum is finalized (an unregistered segment ends without it).
+        `Segment.resume(seg.to_state(), seg.run_fields())` is the same segment."""
+        return [self.new_segment, self.first_offset, self.last_offset, self.checksum.finalized]
+
+    @classmethod
+    def resume(cls, state: dict, run_fields: list) -> Segment:
+        """The segment `to_state()` and `run_fields()` were taken from, exactly (not a restart: see `from_state`)."""
+        seg = cls.from_state(state)
+        seg.new_segment, seg.first_offset, seg.last_offset, finalized = run_fields
+        if not finalized and seg.checksum.finalized:
+            seg.checksum = cks.Checksum.restore(state["checksumType"], state.get("checksumState") or b"")
         seg.refresh_fast()
         return seg
+
+    def copy(self) -> Segment:
+        return Segment.resume(self.to_state(), self.run_fields())
 
 
 @dataclass
@@ -242,6 +253,28 @@ class PartitionValidator:
         if end_of_push is not None:
             self.end_of_push = end_of_push or self.is_realtime
         self.expire_stale_producers()
+
+    def run_state(self) -> dict:
+        """The rest of this run's state, beside `producer_states()` and `end_of_push`: what Venice does not
+        checkpoint but later decisions here read (End-of-Push offset, bytes since the last checkpoint for max-age
+        expiry, the undecodable offsets so far and each segment's `run_fields`), JSON-ready. `resume` takes it."""
+        return {
+            "eop_offset": self.eop_offset,
+            "bytes_since_checkpoint": self._bytes_since_checkpoint,
+            "undecodable": list(self.undecodable),
+            "segments": {guid.hex(): seg.run_fields() for guid, seg in self.segments.items()},
+        }
+
+    def resume(self, producer_states: dict[bytes, dict], end_of_push: bool, run_state: dict) -> None:
+        """Continue a run exactly where `producer_states()`, `end_of_push` and `run_state()` were taken, as a
+        streaming job does between micro-batches: the next record is judged as the uninterrupted run would judge
+        it. Unlike `restore` (a replica's restart) it expires no producer: expiry happens at checkpoints only."""
+        runs = run_state["segments"]
+        self.segments = {guid: Segment.resume(st, runs[guid.hex()]) for guid, st in producer_states.items()}
+        self.end_of_push = end_of_push
+        self.eop_offset = run_state["eop_offset"]
+        self._bytes_since_checkpoint = run_state["bytes_since_checkpoint"]
+        self.undecodable = list(run_state["undecodable"])
 
     def clone_from(self, other: PartitionValidator) -> None:
         """STANDBY→LEADER: the consumer validator starts from deep copies of the drainer's states."""
