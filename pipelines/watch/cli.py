@@ -17,9 +17,11 @@ log = logging.getLogger("tidegauge.watch")
 HELP = textwrap.dedent("""\
     Watch an active/active store continuously: Leap Frog as a Spark Structured Streaming query over every
     region's version topic, with the nightly job's rules (each VT partition's state — marks, how the scan
-    started, the records of keys still in play — lives in Spark's state store, RocksDB). A divergence is
-    appended to OUT/findings/ (one Parquet file per micro-batch, the columns of `leapfrog`'s inconsistencies
-    plus finding_id and detected_at) as soon as heartbeats of both regions cover it.
+    started, the records of keys still in play — lives in Spark's state store, RocksDB), and DIV over the same
+    topics with `div validate`'s validator. A divergence is appended to OUT/leapfrog/ (one Parquet file per
+    micro-batch, the columns of `leapfrog`'s inconsistencies plus finding_id and detected_at) as soon as
+    heartbeats of both regions cover it; a DIV finding to OUT/div/ (the columns of `div validate`'s errors plus
+    finding_id).
 
     Runs until stopped: Ctrl-C or SIGTERM stops it after the current micro-batch. Started again with the same
     --checkpoint it goes on where it stopped: no finding lost, none repeated.
@@ -134,23 +136,26 @@ def run(args: argparse.Namespace) -> int:
 
     for sig in (signal.SIGTERM, signal.SIGINT):
         signal.signal(sig, on_signal)
-    query = start(spark, opts, metrics)
+    queries = start(spark, opts, metrics)
     print(
         f"tidegauge watch: watching {opts.topic} in {len(specs)} regions; findings in {opts.out}", flush=True
     )
     try:
-        while query.isActive and not stop.is_set():
+        while all(q.isActive for q in queries) and not stop.is_set():
             stop.wait(1.0)
-            if query.lastProgress is not None:
-                metrics.observe_progress(query.lastProgress)
+            for q in queries:
+                if q.lastProgress is not None:
+                    metrics.observe_progress(q.lastProgress)
         if stop.is_set():
-            # let the running micro-batch finish: stopping inside it would only make the restart redo it
-            while query.isActive and query.status.get("isTriggerActive"):
-                stop.wait(0.2)
-            query.stop()
-        error = query.exception()
-        if error is not None:
-            raise UsageError(f"the streaming query failed: {error}")
+            # let the running micro-batches finish: stopping inside one would only make the restart redo it
+            for q in queries:
+                while q.isActive and q.status.get("isTriggerActive"):
+                    stop.wait(0.2)
+                q.stop()
+        for q in queries:
+            error = q.exception()
+            if error is not None:
+                raise UsageError(f"the streaming query {q.name} failed: {error}")
     except Exception as exc:
         if not (stop.is_set() and spark_gone(exc)):
             raise

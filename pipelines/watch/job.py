@@ -7,8 +7,12 @@ Three rooms, as in the batch job:
 - the rule: the rows are grouped by VT partition and handed to `LeapfrogProcessor`, a `StatefulProcessor` for
   `transformWithStateInPandas` whose only job is to keep each partition's `PartitionState` in Spark's state store
   (RocksDB) and run `pipelines.watch.leapfrog_step.LeapfrogStep` — the nightly incremental job's own code;
-- output: `foreachBatch` appends the micro-batch's findings to `OUT/findings/batch-<id>.parquet` and feeds the
+- output: `foreachBatch` appends the micro-batch's findings to `OUT/leapfrog/batch-<id>.parquet` and feeds the
   metrics.
+
+DIV runs as a second query beside it, grouped by (region, topic, partition), with `pipelines.watch.div_step`
+(`div validate`'s own run, resumed) in `DivProcessor`, appending to `OUT/div/`. Each query has its own checkpoint
+under --checkpoint (`leapfrog/`, `div/`).
 
 **Exactly once across restarts.** A micro-batch's offsets, its state store version and its findings file all
 carry its batch id. Spark re-runs an unfinished batch after a restart with the same offsets and the state of the
@@ -192,7 +196,7 @@ class FindingsSink:
 
     def __init__(self, opts: WatchOptions, metrics=None) -> None:
         self.opts, self.metrics = opts, metrics
-        self.dir = locate(opts.out) / "findings"
+        self.dir = locate(opts.out) / "leapfrog"
         self.dir.makedirs()
 
     def __call__(self, df: DataFrame, batch_id: int) -> None:
@@ -238,28 +242,110 @@ def _parquet_bytes(table: pa.Table) -> bytes:
     return buf.getvalue().to_pybytes()
 
 
-def read_findings(out: str) -> pa.Table:
-    """Every finding the watch has appended under OUT (one file per micro-batch)."""
+def read_findings(out: str, kind: str = "leapfrog") -> pa.Table:
+    """Every finding the watch has appended under OUT/<kind> (`leapfrog` or `div`; one file per micro-batch)."""
     import pyarrow.parquet as pq
 
-    where = locate(out) / "findings"
+    from pipelines.watch.div_step import FINDING_SCHEMA as DIV_SCHEMA
+
+    where = locate(out) / kind
     files = where.files(".parquet") if where.exists() else []
     tables = [pq.read_table(f.path, filesystem=f.fs) for f in files]
-    return pa.concat_tables(tables) if tables else FINDINGS_SCHEMA.empty_table()
+    empty = FINDINGS_SCHEMA if kind == "leapfrog" else DIV_SCHEMA
+    return pa.concat_tables(tables) if tables else empty.empty_table()
 
 
-def start(spark: SparkSession, opts: WatchOptions, metrics=None, available_now: bool = False):
-    """Start the query; `available_now`: read what is there now, then stop (tests, catch-up runs)."""
+class DivProcessor(StatefulProcessor):
+    """Keeps one (region, topic, partition)'s `DivPartitionState` in the state store and runs `DivStep`."""
+
+    def init(self, handle: StatefulProcessorHandle) -> None:
+        from pipelines.watch.div_step import DivStep
+
+        self.state = handle.getValueState("div_state", _STATE_SCHEMA)
+        self.step = DivStep()
+
+    def handleInputRows(
+        self, key: Any, rows: Iterator[pd.DataFrame], timerValues: Any
+    ) -> Iterator[pd.DataFrame]:
+        from pipelines.watch.div_step import RECORD_COLUMNS as DIV_COLUMNS
+        from pipelines.watch.div_step import DivPartitionState
+
+        region, topic, partition = int(key[0]), str(key[1]), int(key[2])
+        frames = [f for f in rows if len(f)]
+        if not frames:
+            return
+        table = pa.Table.from_pandas(pd.concat(frames, ignore_index=True), preserve_index=False)
+        before = DivPartitionState.from_bytes(self.state.get()[0]) if self.state.exists() else None
+        result = self.step(region, topic, partition, table.select(DIV_COLUMNS), before)
+        self.state.update((result.state.to_bytes(),))
+        if result.findings.num_rows:
+            yield result.findings.to_pandas()
+
+    def close(self) -> None:
+        pass
+
+
+def div_query(spark: SparkSession, opts: WatchOptions) -> DataFrame:
+    """The streaming DataFrame of DIV's findings over every region's VT, `div validate`'s rows."""
+    from pipelines.core.stream_source import read_stream
+    from pipelines.watch.div_step import FINDING_SCHEMA as DIV_SCHEMA
+
+    rows = read_stream(
+        spark,
+        {s.region: s.uri for s in opts.sources},
+        [opts.topic],
+        opts.kafka_conf,
+        opts.starting,
+        opts.max_records_per_trigger,
+    )
+    ddl = ", ".join(f"{f.name} {_ddl_type(f.type)}" for f in DIV_SCHEMA)
+    return (
+        rows.select("region", "topic", "partition", "offset", "key", "value", "headers", "timestamp")
+        .groupBy("region", "topic", "partition")
+        .transformWithStateInPandas(DivProcessor(), ddl, "Append", "None")
+    )
+
+
+def _ddl_type(t: pa.DataType) -> str:
+    return {"int32": "int", "int64": "long", "string": "string", "bool": "boolean"}[str(t)]
+
+
+class DivSink:
+    """`foreachBatch`: a micro-batch's DIV findings to OUT/div/batch-<id>.parquet, and the metrics."""
+
+    def __init__(self, opts: WatchOptions, metrics=None) -> None:
+        self.metrics = metrics
+        self.dir = locate(opts.out) / "div"
+        self.dir.makedirs()
+
+    def __call__(self, df: DataFrame, batch_id: int) -> None:
+        table = df.toArrow()
+        if table.num_rows:
+            (self.dir / f"batch-{batch_id:08d}.parquet").write_bytes(_parquet_bytes(table))
+            if self.metrics is not None:
+                self.metrics.observe_div_findings(table.to_pylist())
+
+
+def start(spark: SparkSession, opts: WatchOptions, metrics=None, available_now: bool = False) -> list:
+    """Start the two queries, Leap Frog and DIV, each with its checkpoint under --checkpoint (`leapfrog/`,
+    `div/`); `available_now`: read what is there now, then stop (tests, catch-up runs)."""
     spark.conf.set("spark.sql.streaming.stateStore.providerClass", ROCKSDB)
-    writer = (
-        findings_query(spark, opts)
-        .writeStream.foreachBatch(FindingsSink(opts, metrics))
-        .option("checkpointLocation", opts.checkpoint)
-        .outputMode("append")
-    )
-    writer = (
-        writer.trigger(availableNow=True)
-        if available_now
-        else writer.trigger(processingTime=opts.trigger_interval)
-    )
-    return writer.start()
+    checkpoint = opts.checkpoint.rstrip("/")
+    queries = []
+    for name, df, sink in (
+        ("leapfrog", findings_query(spark, opts), FindingsSink(opts, metrics)),
+        ("div", div_query(spark, opts), DivSink(opts, metrics)),
+    ):
+        writer = (
+            df.writeStream.queryName(f"tidegauge_watch_{name}")
+            .foreachBatch(sink)
+            .option("checkpointLocation", f"{checkpoint}/{name}")
+            .outputMode("append")
+        )
+        writer = (
+            writer.trigger(availableNow=True)
+            if available_now
+            else writer.trigger(processingTime=opts.trigger_interval)
+        )
+        queries.append(writer.start())
+    return queries

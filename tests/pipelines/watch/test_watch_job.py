@@ -52,21 +52,34 @@ def test_growing_archives_watched_from_one_checkpoint_equal_a_nightly_run(spark,
         out=str(tmp_path / "watch"),
         max_records_per_trigger=400,
     )
-    q = start(spark, opts, available_now=True)
-    q.awaitTermination()
+    for q in start(spark, opts, available_now=True):
+        q.awaitTermination()
     first = read_findings(opts.out).num_rows
-    assert q.lastProgress is not None
     # the rest of every log arrives; the same checkpoint goes on from where it stopped
     write_archives(histories, live, keep=lambda p, x, off: off > cuts[(p, x)])
-    q = start(spark, opts, available_now=True)
-    q.awaitTermination()
+    for q in start(spark, opts, available_now=True):
+        q.awaitTermination()
     found = read_findings(opts.out).to_pylist()
     assert _named(found) == expected
     assert len({r["finding_id"] for r in found}) == len(found)
     assert 0 < first < len(found) or first == len(found)
+    # DIV over the same records: what div validate writes, row for row
+    from pipelines.div.validate import ValidateOptions, run_local
+
+    run_local(ValidateOptions(sources=[SourceSpec(x, d) for x, d in full.items()], out=str(tmp_path / "div")))
+    div_rows = sorted(
+        (r["region"], r["topic"], r["partition"], r["offset"], r["type"], r["fatal"])
+        for r in pq.read_table(tmp_path / "div" / "errors").to_pylist()
+    )
+    assert div_rows, "no DIV finding: the comparison would prove nothing"
+    watched = read_findings(opts.out, "div").to_pylist()
+    assert (
+        sorted((r["region"], r["topic"], r["partition"], r["offset"], r["type"], r["fatal"]) for r in watched)
+        == div_rows
+    )
     # nothing new: a third run appends nothing
-    q = start(spark, opts, available_now=True)
-    q.awaitTermination()
+    for q in start(spark, opts, available_now=True):
+        q.awaitTermination()
     assert read_findings(opts.out).num_rows == len(found)
 
 
@@ -108,7 +121,7 @@ def test_kill_9_at_random_moments_then_restart_loses_and_repeats_nothing(spark, 
             kills += 1
         proc.wait()
     assert kills == 3
-    committed = [f for f in (tmp_path / "ck" / "commits").iterdir() if f.name.isdigit()]
+    committed = [f for f in (tmp_path / "ck" / "leapfrog" / "commits").iterdir() if f.name.isdigit()]
     assert committed, "no micro-batch finished before the kills: the restarts were not tested"
     # then a run that reads what is left, from the same checkpoint
     opts = WatchOptions(
@@ -118,8 +131,8 @@ def test_kill_9_at_random_moments_then_restart_loses_and_repeats_nothing(spark, 
         checkpoint=str(tmp_path / "ck"),
         out=str(tmp_path / "watch"),
     )
-    q = start(spark, opts, available_now=True)
-    q.awaitTermination()
+    for q in start(spark, opts, available_now=True):
+        q.awaitTermination()
     found = read_findings(opts.out).to_pylist()
     assert _named(found) == expected
     assert len({r["finding_id"] for r in found}) == len(found)
