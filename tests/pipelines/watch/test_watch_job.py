@@ -110,19 +110,26 @@ def test_kill_9_at_random_moments_then_restart_loses_and_repeats_nothing(spark, 
     argv += ["--checkpoint", str(tmp_path / "ck"), "--out", str(tmp_path / "watch")]
     argv += ["--trigger-interval", "1 second", "--max-records-per-trigger", "150"]
     rng = random.Random(7)
-    kills = 0
+    commits = tmp_path / "ck" / "leapfrog" / "commits"
+
+    def committed() -> int:
+        return len([f for f in commits.iterdir() if f.name.isdigit()]) if commits.exists() else 0
+
+    seen = []
     for _ in range(3):
+        before = committed()
         proc = subprocess.Popen(
             argv, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, start_new_session=True
         )
-        time.sleep(rng.uniform(15, 35))  # the JVM's start, then some micro-batches
-        if proc.poll() is None:
-            os.killpg(proc.pid, signal.SIGKILL)
-            kills += 1
+        deadline = time.monotonic() + 240
+        while committed() == before and proc.poll() is None and time.monotonic() < deadline:
+            time.sleep(0.5)  # until this run has finished a micro-batch of its own
+        time.sleep(rng.uniform(0, 4))  # then a random moment: inside a micro-batch, between two, ...
+        assert proc.poll() is None, "the watch stopped by itself"
+        os.killpg(proc.pid, signal.SIGKILL)
         proc.wait()
-    assert kills == 3
-    committed = [f for f in (tmp_path / "ck" / "leapfrog" / "commits").iterdir() if f.name.isdigit()]
-    assert committed, "no micro-batch finished before the kills: the restarts were not tested"
+        seen.append(committed())
+    assert seen[0] > 0 and seen[0] < seen[-1], f"micro-batches committed after each kill: {seen}"
     # then a run that reads what is left, from the same checkpoint
     opts = WatchOptions(
         store=STORE,
