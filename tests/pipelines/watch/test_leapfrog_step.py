@@ -38,7 +38,7 @@ def _micro_batches(table: pa.Table, cuts: int, rng: random.Random) -> list[pa.Ta
 @pytest.fixture(scope="module")
 def world(spark, tmp_path_factory):
     root = tmp_path_factory.mktemp("step")
-    histories = [h for h in generated(40) if h.n_regions == 3][:80]
+    histories = [h for h in generated(30) if h.n_regions == 3][:48]
     dirs = write_archives(histories, root / "archives")
     run(
         LeapfrogOptions(
@@ -54,7 +54,7 @@ def world(spark, tmp_path_factory):
     return histories, dirs, expected
 
 
-@pytest.mark.parametrize("seed,cuts", [(0, 1), (1, 2), (2, 5), (3, 12)])
+@pytest.mark.parametrize("seed,cuts", [(0, 1), (1, 2), (3, 12)])
 def test_micro_batches_name_what_a_nightly_run_names(world, seed, cuts):
     histories, dirs, expected = world
     rng = random.Random(seed)
