@@ -38,49 +38,24 @@ from pyspark.sql.types import BinaryType, StructField, StructType
 
 from pipelines.core.sources import SourceSpec
 from pipelines.core.storage import locate
+from pipelines.leapfrog.keys import OUT_SCHEMA
 from pipelines.watch.leapfrog_step import RECORD_COLUMNS, LeapfrogStep, PartitionState
 
 log = logging.getLogger("tidegauge.watch")
 
 ROCKSDB = "org.apache.spark.sql.execution.streaming.state.RocksDBStateStoreProvider"
-# the findings' columns: those of `leapfrog`'s inconsistencies, plus when and in which micro-batch
+# the findings' columns: those of `leapfrog`'s inconsistencies (the per-key stage's finding rows, keys.OUT_SCHEMA),
+# with an id, the store, and when the watch found them
+_STEP_COLUMNS = OUT_SCHEMA.names[1 : OUT_SCHEMA.names.index("b_high_watermark") + 1]
 FINDINGS_SCHEMA = pa.schema(
-    [
-        ("finding_id", pa.string()),
-        ("store", pa.string()),
-        ("version", pa.int32()),
-        ("partition", pa.int32()),
-        ("region_a", pa.int32()),
-        ("region_b", pa.int32()),
-        ("type", pa.string()),
-        ("key", pa.binary()),
-        ("key_hash", pa.int64()),
-        ("a_value_hash", pa.int64()),
-        ("b_value_hash", pa.int64()),
-        ("a_deleted", pa.bool_()),
-        ("b_deleted", pa.bool_()),
-        ("a_vt_offset", pa.int64()),
-        ("b_vt_offset", pa.int64()),
-        ("a_vector", pa.list_(pa.int64())),
-        ("b_vector", pa.list_(pa.int64())),
-        ("a_high_watermark", pa.list_(pa.int64())),
-        ("b_high_watermark", pa.list_(pa.int64())),
-        ("detected_at", pa.timestamp("ms", tz="UTC")),
-    ]
+    [("finding_id", pa.string()), ("store", pa.string()), ("version", pa.int32())]
+    + [OUT_SCHEMA.field(c) for c in _STEP_COLUMNS]
+    + [("detected_at", pa.timestamp("ms", tz="UTC"))]
 )
-_STEP_COLUMNS = [
-    f.name for f in FINDINGS_SCHEMA if f.name not in ("finding_id", "store", "version", "detected_at")
-]
-# what the processor emits: findings ("F") and, per region of a partition, its running mark ("M")
-OUTPUT_DDL = (
-    "row string, partition int, region_a int, region_b int, type string, key binary, key_hash long, "
-    "a_value_hash long, b_value_hash long, a_deleted boolean, b_deleted boolean, a_vt_offset long, "
-    "b_vt_offset long, a_vector array<long>, b_vector array<long>, a_high_watermark array<long>, "
-    "b_high_watermark array<long>, region int, mark array<long>, pending long, detected_ms long"
-)
+# what the processor emits: findings ("F"), each region's running mark in a partition ("M"), pending keys ("C")
 OUTPUT_SCHEMA = pa.schema(
     [("row", pa.string())]
-    + [FINDINGS_SCHEMA.field(c) for c in _STEP_COLUMNS]
+    + [OUT_SCHEMA.field(c) for c in _STEP_COLUMNS]
     + [
         ("region", pa.int32()),
         ("mark", pa.list_(pa.int64())),
@@ -88,6 +63,15 @@ OUTPUT_SCHEMA = pa.schema(
         ("detected_ms", pa.int64()),
     ]
 )
+_DDL = {
+    "string": "string",
+    "int32": "int",
+    "int64": "long",
+    "bool": "boolean",
+    "binary": "binary",
+    "list<item: int64>": "array<long>",
+}
+OUTPUT_DDL = ", ".join(f"{f.name} {_DDL[str(f.type)]}" for f in OUTPUT_SCHEMA)
 _STATE_SCHEMA = StructType([StructField("state", BinaryType())])
 
 
@@ -169,14 +153,11 @@ class WatchOptions:
         return f"{self.store}_v{self.version}"
 
 
-def findings_query(spark: SparkSession, opts: WatchOptions) -> DataFrame:
-    """The streaming DataFrame of the processor's rows (findings, marks, pending counts)."""
+def _records(spark: SparkSession, opts: WatchOptions) -> DataFrame:
+    """Every region's VT as a stream (each query reads it with its own offsets in its own checkpoint)."""
     from pipelines.core.stream_source import read_stream
 
-    regions = sorted(s.region for s in opts.sources)
-    n = max(regions) + 1
-    pairs = opts.pairs or tuple((a, b) for i, a in enumerate(regions) for b in regions[i + 1 :])
-    rows = read_stream(
+    return read_stream(
         spark,
         {s.region: s.uri for s in opts.sources},
         [opts.topic],
@@ -184,6 +165,15 @@ def findings_query(spark: SparkSession, opts: WatchOptions) -> DataFrame:
         opts.starting,
         opts.max_records_per_trigger,
     )
+
+
+def findings_query(spark: SparkSession, opts: WatchOptions) -> DataFrame:
+    """The streaming DataFrame of the processor's rows (findings, marks, pending counts)."""
+
+    regions = sorted(s.region for s in opts.sources)
+    n = max(regions) + 1
+    pairs = opts.pairs or tuple((a, b) for i, a in enumerate(regions) for b in regions[i + 1 :])
+    rows = _records(spark, opts)
     return (
         rows.select("region", "partition", *RECORD_COLUMNS)
         .groupBy("partition")
@@ -287,27 +277,15 @@ class DivProcessor(StatefulProcessor):
 
 def div_query(spark: SparkSession, opts: WatchOptions) -> DataFrame:
     """The streaming DataFrame of DIV's findings over every region's VT, `div validate`'s rows."""
-    from pipelines.core.stream_source import read_stream
     from pipelines.watch.div_step import FINDING_SCHEMA as DIV_SCHEMA
 
-    rows = read_stream(
-        spark,
-        {s.region: s.uri for s in opts.sources},
-        [opts.topic],
-        opts.kafka_conf,
-        opts.starting,
-        opts.max_records_per_trigger,
-    )
-    ddl = ", ".join(f"{f.name} {_ddl_type(f.type)}" for f in DIV_SCHEMA)
+    rows = _records(spark, opts)
+    ddl = ", ".join(f"{f.name} {_DDL[str(f.type)]}" for f in DIV_SCHEMA)
     return (
         rows.select("region", "topic", "partition", "offset", "key", "value", "headers", "timestamp")
         .groupBy("region", "topic", "partition")
         .transformWithStateInPandas(DivProcessor(), ddl, "Append", "None")
     )
-
-
-def _ddl_type(t: pa.DataType) -> str:
-    return {"int32": "int", "int64": "long", "string": "string", "bool": "boolean"}[str(t)]
 
 
 class DivSink:
