@@ -92,10 +92,17 @@ def register(sub) -> None:
     p.set_defaults(func=run)
 
 
+def _jvm_going(exc: BaseException) -> bool:
+    """An error from Spark's side while a stop signal is being handled: the same signal reached the JVM (a
+    terminal's Ctrl-C, or `timeout`, signal the whole process group), which is shutting down or gone."""
+    return spark_gone(exc) or type(exc).__module__.split(".")[0] in ("py4j", "pyspark")
+
+
 @exit_codes(SourceError)
 def run(args: argparse.Namespace) -> int:
     from pipelines.core.spark_session import get_session
-    from pipelines.watch.job import WatchOptions, start
+    from pipelines.core.stream_source import read_status
+    from pipelines.watch.job import WatchOptions, observe_sources, start, status_file
     from pipelines.watch.metrics import WatchMetrics
 
     conf = cfg.load(args.conf)
@@ -146,6 +153,12 @@ def run(args: argparse.Namespace) -> int:
             for q in queries:
                 if q.lastProgress is not None:
                     metrics.observe_progress(q.lastProgress)
+            status = status_file(opts)
+            try:
+                sources = read_status(status) if status else None
+            except (OSError, ValueError):
+                sources = None  # not written yet (the first planning), or being replaced
+            observe_sources(metrics, queries[0].lastProgress, sources)
         if stop.is_set():
             # let the running micro-batches finish: stopping inside one would only make the restart redo it
             for q in queries:
@@ -157,7 +170,7 @@ def run(args: argparse.Namespace) -> int:
             if error is not None:
                 raise UsageError(f"the streaming query {q.name} failed: {error}")
     except Exception as exc:
-        if not (stop.is_set() and spark_gone(exc)):
+        if not (stop.is_set() and _jvm_going(exc)):
             raise
         # Ctrl-C in a terminal reaches Spark's JVM too, which stops at once: the micro-batch it was running
         # is not committed, and the next start from the checkpoint runs it again

@@ -23,6 +23,7 @@ own file, written whole by rename). Each finding also has a deterministic `findi
 from __future__ import annotations
 
 import hashlib
+import json
 import logging
 import time
 from collections.abc import Iterator
@@ -153,7 +154,17 @@ class WatchOptions:
         return f"{self.store}_v{self.version}"
 
 
-def _records(spark: SparkSession, opts: WatchOptions) -> DataFrame:
+def status_file(opts: WatchOptions) -> str | None:
+    """Where the Leap Frog query's source says which regions it could reach (a local checkpoint only: the
+    source's planner writes it with local file calls)."""
+    from pipelines.core.storage import is_local
+
+    if not is_local(opts.checkpoint):
+        return None
+    return str(locate(opts.checkpoint).local / "leapfrog-sources.json")
+
+
+def _records(spark: SparkSession, opts: WatchOptions, status: str | None = None) -> DataFrame:
     """Every region's VT as a stream (each query reads it with its own offsets in its own checkpoint)."""
     from pipelines.core.stream_source import read_stream
 
@@ -164,7 +175,31 @@ def _records(spark: SparkSession, opts: WatchOptions) -> DataFrame:
         opts.kafka_conf,
         opts.starting,
         opts.max_records_per_trigger,
+        status_file=status,
     )
+
+
+def observe_sources(metrics, progress: dict | None, status: dict | None) -> None:
+    """Offset lag per region partition from a query's progress (the source reports the latest offsets it
+    saw beside the end of the micro-batch), and which sources were reachable from the source's status."""
+    from pipelines.core.stream_source import parse_offset_key
+
+    for src in (progress or {}).get("sources") or []:
+        latest, end = (_offsets(src.get(k)) for k in ("latestOffset", "endOffset"))
+        for key, last in latest.items():
+            region, topic, partition = parse_offset_key(key)
+            metrics.set_lag(region, topic, partition, int(last), int(end.get(key, last)))
+    for region, s in ((status or {}).get("sources") or {}).items():
+        metrics.set_source_up(region, bool(s.get("up")))
+
+
+def _offsets(value) -> dict:
+    if isinstance(value, str):
+        try:
+            value = json.loads(value)
+        except ValueError:
+            return {}
+    return value if isinstance(value, dict) else {}
 
 
 def findings_query(spark: SparkSession, opts: WatchOptions) -> DataFrame:
@@ -173,7 +208,7 @@ def findings_query(spark: SparkSession, opts: WatchOptions) -> DataFrame:
     regions = sorted(s.region for s in opts.sources)
     n = max(regions) + 1
     pairs = opts.pairs or tuple((a, b) for i, a in enumerate(regions) for b in regions[i + 1 :])
-    rows = _records(spark, opts)
+    rows = _records(spark, opts, status_file(opts))
     return (
         rows.select("region", "partition", *RECORD_COLUMNS)
         .groupBy("partition")

@@ -1,0 +1,35 @@
+"""The watch's offset lag and source-up metrics, from a query's progress and its source's status file."""
+
+from __future__ import annotations
+
+import json
+
+from pipelines.watch.job import observe_sources
+from pipelines.watch.metrics import WatchMetrics
+
+
+def test_lag_per_partition_from_progress_and_sources_up_from_status():
+    m = WatchMetrics()
+    progress = {
+        "batchId": 7,
+        "sources": [
+            {
+                "description": "tidegauge_stream",
+                "startOffset": json.dumps({"0/s_v1/0": 10, "1/s_v1/0": 10}),
+                "endOffset": json.dumps({"0/s_v1/0": 40, "1/s_v1/0": 25}),
+                "latestOffset": json.dumps({"0/s_v1/0": 100, "1/s_v1/0": 25}),
+            }
+        ],
+    }
+    status = {"checked_ms": 1, "sources": {"0": {"up": True}, "1": {"up": False, "error": "down"}}}
+    observe_sources(m, progress, status)
+
+    def value(name, **labels):
+        return m.registry.get_sample_value(name, labels)
+
+    assert value("tidegauge_offset_lag_records", region="0", topic="s_v1", partition="0") == 60
+    assert value("tidegauge_offset_lag_records", region="1", topic="s_v1", partition="0") == 0
+    assert value("tidegauge_source_up", region="0") == 1
+    assert value("tidegauge_source_up", region="1") == 0
+    observe_sources(m, None, None)  # no progress yet, no status file yet: nothing changes, nothing raised
+    assert value("tidegauge_source_up", region="1") == 0
