@@ -254,9 +254,23 @@ class FindingsSink:
             if self.metrics is not None:
                 self.metrics.observe_divergences(rows)
         if self.metrics is not None and table.num_rows:
-            for r in table.filter(pa.array(kind == "C", pa.bool_())).to_pylist():
-                self.metrics.set_pending_keys(r["region_a"], r["region_b"], r["pending"])
+            observe_rows(self.metrics, table)
         log.debug("micro-batch %d: %d rows", batch_id, table.num_rows)
+
+
+def observe_rows(metrics, table: pa.Table) -> None:
+    """The processor's other rows to the metrics: pending keys per pair ("C", summed over the partitions of
+    this micro-batch) and each region partition's running high-water mark ("M")."""
+    kind = table.column("row").to_numpy(zero_copy_only=False)
+    pending: dict[tuple[int, int], int] = {}
+    for r in table.filter(pa.array(kind == "C", pa.bool_())).to_pylist():
+        pair = (r["region_a"], r["region_b"])
+        pending[pair] = pending.get(pair, 0) + (r["pending"] or 0)
+    for (a, b), n in sorted(pending.items()):
+        metrics.set_pending_keys(a, b, n)
+    for r in table.filter(pa.array(kind == "M", pa.bool_())).to_pylist():
+        if r["mark"] is not None:
+            metrics.set_high_water_marks(r["region"], r["partition"], r["mark"])
 
 
 def _parquet_bytes(table: pa.Table) -> bytes:

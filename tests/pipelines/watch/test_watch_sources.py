@@ -33,3 +33,22 @@ def test_lag_per_partition_from_progress_and_sources_up_from_status():
     assert value("tidegauge_source_up", region="1") == 0
     observe_sources(m, None, None)  # no progress yet, no status file yet: nothing changes, nothing raised
     assert value("tidegauge_source_up", region="1") == 0
+
+
+def test_pending_keys_per_pair_and_marks_from_the_processor_rows():
+    import pyarrow as pa
+
+    from pipelines.watch.job import OUTPUT_SCHEMA, observe_rows
+
+    m = WatchMetrics()
+    rows = [
+        {"row": "C", "partition": 0, "region_a": 0, "region_b": 1, "pending": 2},
+        {"row": "C", "partition": 1, "region_a": 0, "region_b": 1, "pending": 3},
+        {"row": "M", "partition": 1, "region": 1, "mark": [7, 9]},
+        {"row": "F", "partition": 1, "region_a": 0, "region_b": 1, "type": "VALUE_MISMATCH", "key": b"k"},
+    ]
+    observe_rows(m, pa.Table.from_pylist(rows, OUTPUT_SCHEMA))
+    assert m.registry.get_sample_value("tidegauge_pending_keys", {"region_a": "0", "region_b": "1"}) == 5
+    mark = {"region": "1", "partition": "1", "source_region": "0"}
+    assert m.registry.get_sample_value("tidegauge_high_water_mark", mark) == 7
+    assert m.registry.get_sample_value("tidegauge_heartbeat_age_seconds", mark) is None  # no heartbeat seen
