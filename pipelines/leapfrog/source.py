@@ -243,17 +243,28 @@ def check_sources(
     topic: str,
     kafka_conf: Mapping[int, Mapping] | None = None,
     may_lack_topic: set[int] | frozenset = frozenset(),
-) -> None:
+    unreachable_ok: bool = False,
+) -> dict[int, str]:
     """Raise SourceError naming the first source that cannot be read or lacks the topic (regions in
-    `may_lack_topic` may: an incremental run over a region with nothing new)."""
+    `may_lack_topic` may: an incremental run over a region with nothing new). With `unreachable_ok` (a
+    continuous job, which waits for a source that is down), a source that cannot be opened is returned, with
+    the reason, instead."""
+    unreachable: dict[int, str] = {}
     for region, uri in sorted(sources.items()):
-        src = open_source(SourceSpec(region, uri), (kafka_conf or {}).get(region))
+        try:
+            src = open_source(SourceSpec(region, uri), (kafka_conf or {}).get(region))
+        except SourceError as exc:
+            if not unreachable_ok:
+                raise
+            unreachable[region] = str(exc)
+            continue
         topics = src.topics()
         _close(src)
         if topic not in topics and region not in may_lack_topic:
             raise SourceError(
                 f"source {region}={uri}: no topic {topic!r} (it has {', '.join(topics) or 'none'})"
             )
+    return unreachable
 
 
 def _close(src) -> None:

@@ -102,7 +102,7 @@ def _jvm_going(exc: BaseException) -> bool:
 def run(args: argparse.Namespace) -> int:
     from pipelines.core.spark_session import get_session
     from pipelines.core.stream_source import read_status
-    from pipelines.watch.job import WatchOptions, observe_sources, start, status_file
+    from pipelines.watch.job import WatchOptions, observe_sources, prepare, start, status_file
     from pipelines.watch.metrics import WatchMetrics
 
     conf = cfg.load(args.conf)
@@ -126,6 +126,7 @@ def run(args: argparse.Namespace) -> int:
         max_records_per_trigger=args.max_records_per_trigger,
         starting=args.starting,
     )
+    prepare(opts)  # a bad --out or --checkpoint is said before Spark starts
     master, spark_conf = cfg.spark_settings(conf, args.master)
     spark = get_session(master, app_name="tidegauge watch", conf=spark_conf)
     metrics = WatchMetrics()

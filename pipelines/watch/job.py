@@ -37,9 +37,14 @@ from pyspark.sql import DataFrame, SparkSession
 from pyspark.sql.streaming import StatefulProcessor, StatefulProcessorHandle
 from pyspark.sql.types import BinaryType, StructField, StructType
 
+from pipelines.core.errors import UsageError
+from pipelines.core.output import check_disjoint, check_output, source_inputs
+from pipelines.core.publish import MARKER, marker_text
 from pipelines.core.sources import SourceSpec
-from pipelines.core.storage import locate
+from pipelines.core.storage import OBJECT_STORES, absolute, locate
+from pipelines.core.storage import scheme as storage_scheme
 from pipelines.leapfrog.keys import OUT_SCHEMA
+from pipelines.leapfrog.source import check_sources
 from pipelines.watch.leapfrog_step import RECORD_COLUMNS, LeapfrogStep, PartitionState
 
 log = logging.getLogger("tidegauge.watch")
@@ -54,6 +59,7 @@ FINDINGS_SCHEMA = pa.schema(
     + [("detected_at", pa.timestamp("ms", tz="UTC"))]
 )
 # what the processor emits: findings ("F"), each region's running mark in a partition ("M"), pending keys ("C")
+# and what it could not judge ("W", the reason in `type`)
 OUTPUT_SCHEMA = pa.schema(
     [("row", pa.string())]
     + [OUT_SCHEMA.field(c) for c in _STEP_COLUMNS]
@@ -118,6 +124,11 @@ class LeapfrogProcessor(StatefulProcessor):
             out.append(
                 {"row": "M", "partition": partition, "region": fact["region"], "mark": fact["final_hw"]}
             )
+        # what this partition's micro-batch could not judge: said on the driver, never silently dropped
+        if result.chunked:
+            out.append({"row": "W", "partition": partition, "type": "chunked values are not compared yet"})
+        for region, error in sorted(result.failed.items()):
+            out.append({"row": "W", "partition": partition, "region": region, "type": f"unreadable: {error}"})
         for c in result.counters.to_pylist():
             out.append(
                 {
@@ -223,6 +234,7 @@ class FindingsSink:
         self.opts, self.metrics = opts, metrics
         self.dir = locate(opts.out) / "leapfrog"
         self.dir.makedirs()
+        self.warned: set[tuple] = set()
 
     def __call__(self, df: DataFrame, batch_id: int) -> None:
         table = df.toArrow()
@@ -253,6 +265,15 @@ class FindingsSink:
             (self.dir / f"batch-{batch_id:08d}.parquet").write_bytes(_parquet_bytes(out))
             if self.metrics is not None:
                 self.metrics.observe_divergences(rows)
+        if table.num_rows:
+            for r in table.filter(pa.array(kind == "W", pa.bool_())).to_pylist():
+                said = (r["partition"], r["region"], r["type"])
+                if said not in self.warned:
+                    self.warned.add(said)
+                    where = f"partition {r['partition']}" + (
+                        f" region {r['region']}" if r["region"] is not None else ""
+                    )
+                    log.warning("tidegauge watch: %s: %s", where, r["type"])
         if self.metrics is not None and table.num_rows:
             observe_rows(self.metrics, table)
         log.debug("micro-batch %d: %d rows", batch_id, table.num_rows)
@@ -353,11 +374,36 @@ class DivSink:
                 self.metrics.observe_div_findings(table.to_pylist())
 
 
+def prepare(opts: WatchOptions) -> None:
+    """Before any work: the checkpoint is a place Spark can write without extra jars, --out is absent, empty or
+    an earlier watch's (marked as such, since the watch adds to it run after run), neither is an input, and
+    every source that answers holds the store's version topic."""
+    kind = storage_scheme(opts.checkpoint)
+    if kind in OBJECT_STORES:
+        raise UsageError(
+            f"--checkpoint {opts.checkpoint}: Spark writes its checkpoint through Hadoop, which needs Spark's "
+            "hadoop-aws (or GCS/Azure) jars for an object store; give a local, file:// or hdfs:// path"
+        )
+    check_disjoint({"--checkpoint": opts.checkpoint, "--out": opts.out}, source_inputs(opts.sources))
+    check_output(opts.out, "watch")
+    # a typo in --store or a source without the store would otherwise be watched, empty, for ever
+    down = check_sources(
+        {s.region: s.uri for s in opts.sources}, opts.topic, opts.kafka_conf, unreachable_ok=True
+    )
+    for why in down.values():
+        log.warning("tidegauge watch: %s; watching it anyway: it is read once it answers", why)
+    out = locate(opts.out)
+    out.makedirs()
+    if not (out / MARKER).exists():
+        (out / MARKER).write_text(marker_text("watch"))
+
+
 def start(spark: SparkSession, opts: WatchOptions, metrics=None, available_now: bool = False) -> list:
     """Start the two queries, Leap Frog and DIV, each with its checkpoint under --checkpoint (`leapfrog/`,
     `div/`); `available_now`: read what is there now, then stop (tests, catch-up runs)."""
+    prepare(opts)
     spark.conf.set("spark.sql.streaming.stateStore.providerClass", ROCKSDB)
-    checkpoint = opts.checkpoint.rstrip("/")
+    checkpoint = absolute(opts.checkpoint).rstrip("/")
     queries = []
     for name, df, sink in (
         ("leapfrog", findings_query(spark, opts), FindingsSink(opts, metrics)),

@@ -52,3 +52,35 @@ def test_pending_keys_per_pair_and_marks_from_the_processor_rows():
     mark = {"region": "1", "partition": "1", "source_region": "0"}
     assert m.registry.get_sample_value("tidegauge_high_water_mark", mark) == 7
     assert m.registry.get_sample_value("tidegauge_heartbeat_age_seconds", mark) is None  # no heartbeat seen
+
+
+def test_the_watch_refuses_bad_places_and_sources_before_any_work(tmp_path):
+    import pytest
+    from leapfrog_histories import generated
+    from vt_fixtures import STORE, write_archives
+
+    from pipelines.core.errors import UsageError
+    from pipelines.core.sources import SourceError, SourceSpec
+    from pipelines.watch.job import WatchOptions, prepare
+
+    dirs = write_archives([h for h in generated(1) if h.n_regions == 3][:2], tmp_path / "a")
+    sources = [SourceSpec(x, d) for x, d in dirs.items()]
+
+    def opts(**kw):
+        base = dict(
+            store=STORE, version=1, sources=sources, checkpoint=str(tmp_path / "ck"), out=str(tmp_path / "w")
+        )
+        return WatchOptions(**{**base, **kw})
+
+    with pytest.raises(UsageError, match="--checkpoint s3://b/ck"):
+        prepare(opts(checkpoint="s3://b/ck"))
+    (tmp_path / "theirs").mkdir()
+    (tmp_path / "theirs" / "notes.txt").write_text("not ours")
+    with pytest.raises(UsageError, match="not an earlier output"):
+        prepare(opts(out=str(tmp_path / "theirs")))
+    with pytest.raises(SourceError, match="no topic 'typo_v1'"):
+        prepare(opts(store="typo"))
+    assert not (tmp_path / "w").exists()  # nothing written by a refused start
+    prepare(opts())
+    prepare(opts())  # a restart: its own --out, marked by the first start
+    assert (tmp_path / "theirs" / "notes.txt").read_text() == "not ours"
