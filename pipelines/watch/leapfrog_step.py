@@ -215,13 +215,11 @@ def _vt_batches(table: pa.Table, region: int, partition: int):
         table.column("key").cast(pa.binary()),
         table.column("value").cast(pa.binary()),
     ]
-    names = [n for n, _ in _VT_FIELDS]
-    arrays, fields = list(cols), [pa.field(n, t) for n, t in _VT_FIELDS]
+    fields = [pa.field(n, t) for n, t in _VT_FIELDS]
     if "headers" in table.column_names:
-        arrays.append(table.column("headers"))
+        cols.append(table.column("headers"))
         fields.append(pa.field("headers", table.schema.field("headers").type))
-        names.append("headers")
-    return pa.Table.from_arrays(arrays, schema=pa.schema(fields)).to_batches()
+    return pa.Table.from_arrays(cols, schema=pa.schema(fields)).to_batches()
 
 
 def _is_summary(table: pa.Table | pa.RecordBatch) -> np.ndarray:

@@ -12,21 +12,15 @@ from __future__ import annotations
 import random
 
 import pyarrow as pa
-import pyarrow.parquet as pq
 import pytest
 from leapfrog_histories import generated
-from vt_fixtures import STORE, TOPIC, write_archives
+from nightly_oracle import named, nightly
+from vt_fixtures import TOPIC, write_archives
 
 from div import archive
-from pipelines.core.sources import SourceSpec
-from pipelines.leapfrog.job import LeapfrogOptions, run
 from pipelines.watch.leapfrog_step import RECORD_COLUMNS, LeapfrogStep, PartitionState
 
 pytestmark = [pytest.mark.spark, pytest.mark.slow]
-
-
-def _named(rows) -> list[tuple]:
-    return sorted((r["partition"], r["region_a"], r["region_b"], r["key"], r["type"]) for r in rows)
 
 
 def _micro_batches(table: pa.Table, cuts: int, rng: random.Random) -> list[pa.Table]:
@@ -40,16 +34,7 @@ def world(spark, tmp_path_factory):
     root = tmp_path_factory.mktemp("step")
     histories = [h for h in generated(30) if h.n_regions == 3][:48]
     dirs = write_archives(histories, root / "archives")
-    run(
-        LeapfrogOptions(
-            store=STORE,
-            version=1,
-            out=str(root / "batch"),
-            sources=[SourceSpec(x, d) for x, d in dirs.items()],
-        ),
-        spark=spark,
-    )
-    expected = _named(pq.read_table(root / "batch" / "inconsistencies").to_pylist())
+    expected = nightly(spark, dirs, root / "batch")
     assert len(expected) > 10, "too few divergences for the comparison to mean anything"
     return histories, dirs, expected
 
@@ -76,4 +61,4 @@ def test_micro_batches_name_what_a_nightly_run_names(world, seed, cuts):
             assert not result.failed and not result.chunked
             found.extend(result.findings.to_pylist())
             state_bytes = result.state.to_bytes()
-    assert _named(found) == expected
+    assert named(found) == expected

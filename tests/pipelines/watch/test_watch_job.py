@@ -8,17 +8,13 @@ import random
 import pyarrow.parquet as pq
 import pytest
 from leapfrog_histories import generated
+from nightly_oracle import named, nightly
 from vt_fixtures import STORE, write_archives
 
 from pipelines.core.sources import SourceSpec
-from pipelines.leapfrog.job import LeapfrogOptions, run
 from pipelines.watch.job import WatchOptions, read_findings, start
 
 pytestmark = [pytest.mark.spark, pytest.mark.slow]
-
-
-def _named(rows) -> list[tuple]:
-    return sorted((r["partition"], r["region_a"], r["region_b"], r["key"], r["type"]) for r in rows)
 
 
 def test_growing_archives_watched_from_one_checkpoint_equal_a_nightly_run(spark, tmp_path):
@@ -30,16 +26,7 @@ def test_growing_archives_watched_from_one_checkpoint_equal_a_nightly_run(spark,
             offsets = [e.vt_offset for e in h.vt[x]]
             cuts[(p, x)] = rng.randint(min(offsets), max(offsets)) if offsets else 0
     full = write_archives(histories, tmp_path / "full")
-    run(
-        LeapfrogOptions(
-            store=STORE,
-            version=1,
-            out=str(tmp_path / "batch"),
-            sources=[SourceSpec(x, d) for x, d in full.items()],
-        ),
-        spark=spark,
-    )
-    expected = _named(pq.read_table(tmp_path / "batch" / "inconsistencies").to_pylist())
+    expected = nightly(spark, full, tmp_path / "batch")
     assert expected
 
     live = tmp_path / "live"
@@ -60,7 +47,7 @@ def test_growing_archives_watched_from_one_checkpoint_equal_a_nightly_run(spark,
     for q in start(spark, opts, available_now=True):
         q.awaitTermination()
     found = read_findings(opts.out).to_pylist()
-    assert _named(found) == expected
+    assert named(found) == expected
     assert len({r["finding_id"] for r in found}) == len(found)
     assert 0 < first < len(found) or first == len(found)
     # DIV over the same records: what div validate writes, row for row
@@ -95,16 +82,7 @@ def test_kill_9_at_random_moments_then_restart_loses_and_repeats_nothing(spark, 
 
     histories = [h for h in generated(20) if h.n_regions == 3][:30]
     dirs = write_archives(histories, tmp_path / "archives")
-    run(
-        LeapfrogOptions(
-            store=STORE,
-            version=1,
-            out=str(tmp_path / "batch"),
-            sources=[SourceSpec(x, d) for x, d in dirs.items()],
-        ),
-        spark=spark,
-    )
-    expected = _named(pq.read_table(tmp_path / "batch" / "inconsistencies").to_pylist())
+    expected = nightly(spark, dirs, tmp_path / "batch")
     argv = [sys.executable, "-m", "pipelines.cli", "watch", "--store", STORE, "--version", "1"]
     argv += [f"--source={x}={d}" for x, d in dirs.items()]
     argv += ["--checkpoint", str(tmp_path / "ck"), "--out", str(tmp_path / "watch")]
@@ -141,5 +119,5 @@ def test_kill_9_at_random_moments_then_restart_loses_and_repeats_nothing(spark, 
     for q in start(spark, opts, available_now=True):
         q.awaitTermination()
     found = read_findings(opts.out).to_pylist()
-    assert _named(found) == expected
+    assert named(found) == expected
     assert len({r["finding_id"] for r in found}) == len(found)
