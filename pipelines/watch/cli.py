@@ -85,6 +85,13 @@ def register(sub) -> None:
         default="earliest",
         help="where a new checkpoint starts reading (default earliest; a restart always goes on from the checkpoint)",
     )
+    p.add_argument(
+        "--heartbeat-interval-ms",
+        type=int,
+        metavar="MS",
+        help="the leaders' heartbeat interval, exported as tidegauge_heartbeat_interval_seconds so the alert rules "
+        "(conf/alerts.yaml) count in intervals (default 60000, Venice's; or `heartbeat_interval_ms:` in --conf)",
+    )
     p.add_argument("--master", metavar="URL", help="Spark master (default local[*])")
     p.add_argument(
         "--conf", metavar="FILE", help="YAML configuration (sources, store, version, kafka settings, spark)"
@@ -126,10 +133,15 @@ def run(args: argparse.Namespace) -> int:
         max_records_per_trigger=args.max_records_per_trigger,
         starting=args.starting,
     )
+    interval = args.heartbeat_interval_ms
+    if interval is None:
+        interval = conf.get("heartbeat_interval_ms", 60_000)
+    if not isinstance(interval, int) or interval <= 0:
+        raise UsageError(f"--heartbeat-interval-ms must be positive, got {interval}")
     prepare(opts)  # a bad --out or --checkpoint is said before Spark starts
     master, spark_conf = cfg.spark_settings(conf, args.master)
     spark = get_session(master, app_name="tidegauge watch", conf=spark_conf)
-    metrics = WatchMetrics()
+    metrics = WatchMetrics(heartbeat_interval_ms=int(interval))
     server = metrics.serve(args.metrics_port) if args.metrics_port is not None else None
     if server is not None:
         print(f"tidegauge watch: metrics on {server.url}", flush=True)
@@ -159,7 +171,7 @@ def run(args: argparse.Namespace) -> int:
                 sources = read_status(status) if status else None
             except (OSError, ValueError):
                 sources = None  # not written yet (the first planning), or being replaced
-            observe_sources(metrics, queries[0].lastProgress, sources)
+            observe_sources(metrics, queries[0].lastProgress, sources, opts)
         if stop.is_set():
             # let the running micro-batches finish: stopping inside one would only make the restart redo it
             for q in queries:

@@ -34,6 +34,7 @@ import numpy as np
 import pandas as pd
 import pyarrow as pa
 from pyspark.sql import DataFrame, SparkSession
+from pyspark.sql import functions as F
 from pyspark.sql.streaming import StatefulProcessor, StatefulProcessorHandle
 from pyspark.sql.types import BinaryType, StructField, StructType
 
@@ -45,6 +46,7 @@ from pipelines.core.storage import OBJECT_STORES, absolute, locate
 from pipelines.core.storage import scheme as storage_scheme
 from pipelines.leapfrog.keys import OUT_SCHEMA
 from pipelines.leapfrog.source import check_sources
+from pipelines.watch.heartbeats import newest_heartbeats
 from pipelines.watch.leapfrog_step import RECORD_COLUMNS, LeapfrogStep, PartitionState
 
 log = logging.getLogger("tidegauge.watch")
@@ -58,8 +60,9 @@ FINDINGS_SCHEMA = pa.schema(
     + [OUT_SCHEMA.field(c) for c in _STEP_COLUMNS]
     + [("detected_at", pa.timestamp("ms", tz="UTC"))]
 )
-# what the processor emits: findings ("F"), each region's running mark in a partition ("M"), pending keys ("C")
-# and what it could not judge ("W", the reason in `type`)
+# what the processor emits: findings ("F"), each region's running mark in a partition ("M"), pending keys ("C"),
+# the newest heartbeat from each source region in a region partition ("H") and what it could not judge ("W", the
+# reason in `type`)
 OUTPUT_SCHEMA = pa.schema(
     [("row", pa.string())]
     + [OUT_SCHEMA.field(c) for c in _STEP_COLUMNS]
@@ -68,6 +71,9 @@ OUTPUT_SCHEMA = pa.schema(
         ("mark", pa.list_(pa.int64())),
         ("pending", pa.int64()),
         ("detected_ms", pa.int64()),
+        ("source_region", pa.int32()),
+        ("origin_ms", pa.int64()),
+        ("arrival_ms", pa.int64()),
     ]
 )
 _DDL = {
@@ -109,15 +115,20 @@ class LeapfrogProcessor(StatefulProcessor):
             else None
         )
         records: dict[int, pa.Table] = {}
+        out: list[dict] = []
         if table is not None:
             region = table.column("region").to_numpy()
             for x in np.unique(region):
-                records[int(x)] = table.filter(pa.array(region == x)).select(RECORD_COLUMNS)
+                mine = table.filter(pa.array(region == x))
+                records[int(x)] = mine.select(RECORD_COLUMNS)
+                arrivals = mine.column("arrival_ms").combine_chunks()
+                out.extend(
+                    {"row": "H", **h} for h in newest_heartbeats(int(x), partition, records[int(x)], arrivals)
+                )
         before = PartitionState.from_bytes(self.state.get()[0]) if self.state.exists() else None
         result = self.step(partition, records, before)
         self.state.update((result.state.to_bytes(),))
         now_ms = int(time.time() * 1000)
-        out: list[dict] = []
         for f in result.findings.select(_STEP_COLUMNS).to_pylist():
             out.append({"row": "F", **f, "detected_ms": now_ms})
         for fact in result.state.facts.values():
@@ -190,16 +201,24 @@ def _records(spark: SparkSession, opts: WatchOptions, status: str | None = None)
     )
 
 
-def observe_sources(metrics, progress: dict | None, status: dict | None) -> None:
+def observe_sources(
+    metrics, progress: dict | None, status: dict | None, opts: WatchOptions | None = None
+) -> None:
     """Offset lag per region partition from a query's progress (the source reports the latest offsets it
-    saw beside the end of the micro-batch), and which sources were reachable from the source's status."""
+    saw beside the end of the micro-batch), and which sources were reachable from the source's status.
+
+    With `opts`, every partition of the version topic the source knows of expects a heartbeat from every region
+    from now on: a partition whose heartbeats never come is seen too, not only one whose heartbeats stop."""
     from pipelines.core.stream_source import parse_offset_key
 
+    regions = sorted(s.region for s in opts.sources) if opts is not None else []
     for src in (progress or {}).get("sources") or []:
         latest, end = (_offsets(src.get(k)) for k in ("latestOffset", "endOffset"))
         for key, last in latest.items():
             region, topic, partition = parse_offset_key(key)
             metrics.set_lag(region, topic, partition, int(last), int(end.get(key, last)))
+            if opts is not None and topic == opts.topic:
+                metrics.expect_heartbeats(region, [partition], regions)
     for region, s in ((status or {}).get("sources") or {}).items():
         metrics.set_source_up(region, bool(s.get("up")))
 
@@ -221,7 +240,7 @@ def findings_query(spark: SparkSession, opts: WatchOptions) -> DataFrame:
     pairs = opts.pairs or tuple((a, b) for i, a in enumerate(regions) for b in regions[i + 1 :])
     rows = _records(spark, opts, status_file(opts))
     return (
-        rows.select("region", "partition", *RECORD_COLUMNS)
+        rows.select("region", "partition", *RECORD_COLUMNS, F.unix_millis("timestamp").alias("arrival_ms"))
         .groupBy("partition")
         .transformWithStateInPandas(LeapfrogProcessor(pairs, n), OUTPUT_DDL, "Append", "None")
     )
@@ -281,7 +300,7 @@ class FindingsSink:
 
 def observe_rows(metrics, table: pa.Table) -> None:
     """The processor's other rows to the metrics: pending keys per pair ("C", summed over the partitions of
-    this micro-batch) and each region partition's running high-water mark ("M")."""
+    this micro-batch), each region partition's running high-water mark ("M") and the newest heartbeats ("H")."""
     kind = table.column("row").to_numpy(zero_copy_only=False)
     pending: dict[tuple[int, int], int] = {}
     for r in table.filter(pa.array(kind == "C", pa.bool_())).to_pylist():
@@ -292,6 +311,11 @@ def observe_rows(metrics, table: pa.Table) -> None:
     for r in table.filter(pa.array(kind == "M", pa.bool_())).to_pylist():
         if r["mark"] is not None:
             metrics.set_high_water_marks(r["region"], r["partition"], r["mark"])
+    heartbeats = table.filter(pa.array(kind == "H", pa.bool_()))
+    if heartbeats.num_rows:
+        metrics.observe_heartbeats(
+            heartbeats.select(["region", "partition", "source_region", "origin_ms", "arrival_ms"]).to_pylist()
+        )
 
 
 def _parquet_bytes(table: pa.Table) -> bytes:

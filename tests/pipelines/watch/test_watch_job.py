@@ -13,8 +13,27 @@ from vt_fixtures import STORE, write_archives
 
 from pipelines.core.sources import SourceSpec
 from pipelines.watch.job import WatchOptions, read_findings, start
+from pipelines.watch.metrics import WatchMetrics
 
 pytestmark = [pytest.mark.spark, pytest.mark.slow]
+NOW_S = 4_000_000_000.0  # the metrics' clock: heartbeat ages are read against it
+
+
+def newest_heartbeats_by_lag(dirs: dict) -> dict[tuple[int, int, int], tuple[int, int]]:
+    """(region, partition, source region) → (arrival, origin) ms of the newest VT heartbeat, read by the `lag`
+    job's own reader."""
+    from pipelines.core.sources import open_source
+    from pipelines.lag.job import monitor_partition
+
+    out = {}
+    for region, d in dirs.items():
+        src = open_source(SourceSpec(region, d), {})
+        for p in src.partitions(f"{STORE}_v1"):
+            for hb in monitor_partition(src, f"{STORE}_v1", p, len(dirs)).series:
+                at = (hb.vt_timestamp_ms, hb.origin_ms)
+                key = (region, p, hb.origin_region)
+                out[key] = max(out.get(key, at), at)
+    return out
 
 
 def test_growing_archives_watched_from_one_checkpoint_equal_a_nightly_run(spark, tmp_path):
@@ -39,13 +58,26 @@ def test_growing_archives_watched_from_one_checkpoint_equal_a_nightly_run(spark,
         out=str(tmp_path / "watch"),
         max_records_per_trigger=400,
     )
-    for q in start(spark, opts, available_now=True):
+    metrics = WatchMetrics(clock=lambda: NOW_S)
+    for q in start(spark, opts, metrics, available_now=True):
         q.awaitTermination()
     first = read_findings(opts.out).num_rows
     # the rest of every log arrives; the same checkpoint goes on from where it stopped
     write_archives(histories, live, keep=lambda p, x, off: off > cuts[(p, x)])
-    for q in start(spark, opts, available_now=True):
+    for q in start(spark, opts, metrics, available_now=True):
         q.awaitTermination()
+    # the heartbeat metrics show, per region partition and source region, the newest heartbeat the `lag` job
+    # reads in the whole archives
+    newest = newest_heartbeats_by_lag(full)
+    assert len(newest) > 20
+    for (region, partition, source), (arrival, origin) in newest.items():
+        labels = {"region": str(region), "partition": str(partition), "source_region": str(source)}
+        assert metrics.registry.get_sample_value(
+            "tidegauge_heartbeat_delay_seconds", labels
+        ) == pytest.approx((arrival - origin) / 1000), labels
+        assert metrics.registry.get_sample_value("tidegauge_heartbeat_age_seconds", labels) == pytest.approx(
+            NOW_S - arrival / 1000
+        ), labels
     found = read_findings(opts.out).to_pylist()
     assert named(found) == expected
     assert len({r["finding_id"] for r in found}) == len(found)

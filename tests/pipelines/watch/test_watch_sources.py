@@ -54,6 +54,52 @@ def test_pending_keys_per_pair_and_marks_from_the_processor_rows():
     assert m.registry.get_sample_value("tidegauge_heartbeat_age_seconds", mark) is None  # no heartbeat seen
 
 
+def test_heartbeat_rows_give_age_and_delay_and_every_planned_partition_waits_for_heartbeats():
+    import pyarrow as pa
+
+    from pipelines.core.sources import SourceSpec
+    from pipelines.watch.job import OUTPUT_SCHEMA, WatchOptions, observe_rows
+
+    now = [1_000.0]
+    m = WatchMetrics(heartbeat_interval_ms=2_000, clock=lambda: now[0])
+    opts = WatchOptions("s", 1, [SourceSpec(0, "a"), SourceSpec(1, "b")], "ck", "out")
+    progress = {"sources": [{"latestOffset": {"0/s_v1/0": 5, "0/s_v1/1": 5, "0/s_rt/0": 9}, "endOffset": {}}]}
+    observe_sources(m, progress, None, opts)
+    now[0] = 1_004.0
+    age = "tidegauge_heartbeat_age_seconds"
+    # planned VT partitions wait for a heartbeat from every region; an RT partition does not
+    assert m.registry.get_sample_value(age, {"region": "0", "partition": "1", "source_region": "1"}) == 4
+    assert m.registry.get_sample_value(age, {"region": "0", "partition": "0", "source_region": "0"}) == 4
+    assert m.registry.get_sample_value(age, {"region": "0", "partition": "9", "source_region": "0"}) is None
+    rows = [
+        {
+            "row": "H",
+            "region": 0,
+            "partition": 1,
+            "source_region": 1,
+            "origin_ms": 1_001_000,
+            "arrival_ms": 1_001_500,
+        },
+        {
+            "row": "H",
+            "region": 0,
+            "partition": 1,
+            "source_region": 0,
+            "origin_ms": 1_002_000,
+            "arrival_ms": None,
+        },
+    ]
+    observe_rows(m, pa.Table.from_pylist(rows, OUTPUT_SCHEMA))
+    hb = {"region": "0", "partition": "1", "source_region": "1"}
+    assert m.registry.get_sample_value(age, hb) == 2.5
+    assert m.registry.get_sample_value("tidegauge_heartbeat_delay_seconds", hb) == 0.5
+    # no broker time: the origin time stands in (delay 0), as in `lag`
+    own = {**hb, "source_region": "0"}
+    assert m.registry.get_sample_value(age, own) == 2
+    assert m.registry.get_sample_value("tidegauge_heartbeat_delay_seconds", own) == 0
+    assert m.registry.get_sample_value("tidegauge_heartbeat_interval_seconds", {}) == 2
+
+
 def test_the_watch_refuses_bad_places_and_sources_before_any_work(tmp_path):
     import pytest
     from leapfrog_histories import generated
