@@ -111,6 +111,7 @@ class SimConfig:
     duration_s: float | None = None  # live: seconds of traffic before a clean stop (None: until told to stop)
     live_step_ms: int = 200  # live: the step (simulated = wall ms) between two hand-overs to the workers
     live_chunk_s: float = 60.0  # live: seconds of traffic drawn at a time (quiet periods repeat per chunk)
+    linger_s: float = 0.0  # live: after the stop, keep the clusters serving this long (or until told to stop)
 
     # -- derived -----------------------------------------------------------------------------------------
     @property
@@ -236,6 +237,8 @@ class SimConfig:
         need(self.outage_ms >= 1, f"outage_ms must be at least 1, got {self.outage_ms}")
         need(self.live_step_ms >= 10, f"live_step_ms must be at least 10, got {self.live_step_ms}")
         need(self.live_chunk_s >= 1, f"live_chunk_s must be at least 1, got {self.live_chunk_s}")
+        need(self.linger_s >= 0, f"linger_s must not be negative, got {self.linger_s:g}")
+        need(self.live or not self.linger_s, f"linger_s ({self.linger_s:g}) is for live runs only (--live)")
         if self.duration_s is not None:
             need(self.live, f"duration_s ({self.duration_s:g}) is for live runs only (--live)")
             need(self.duration_s > 0, f"duration must be positive, got {self.duration_s:g} s")

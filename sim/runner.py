@@ -162,6 +162,7 @@ class _Simulation:
         self.stopped_at_ms: int | None = None
         self.behind_ms = 0
         self.announced: str | None = None  # live.json's state
+        self.clusters_up = False  # lingering after the stop (live.json `clusters_up`)
 
     # ------------------------------------------------------------------------------------------ setup
     def _prepare_out(self) -> None:
@@ -295,6 +296,7 @@ class _Simulation:
             ],
             "started_at": self.start_ms,
             "stopped_at": self.stopped_at_ms,
+            "clusters_up": state == "running" or self.clusters_up,
             "truth": str(self.out / "truth.json"),
         }
         atomic_write(self.out / "live.json", (json.dumps(info, indent=2) + "\n").encode())
@@ -323,6 +325,7 @@ class _Simulation:
         atomic_write(summary_path, (json.dumps(summary, indent=2) + "\n").encode())
         if cfg.live:
             self._announce("stopped")
+            self._linger()
         return SimResult(
             str(self.out),
             truth,
@@ -330,6 +333,19 @@ class _Simulation:
             {x: str(self.out / "archive" / f"dc-{x}") for x in range(self.cfg.regions)},
             summary,
         )
+
+    def _linger(self) -> None:
+        """Keep the clusters serving after a stop by duration (`linger_s`), so a watch attached to them reads every
+        record before they go: live.json says `clusters_up` until then. A stop asked for ends it at once."""
+        if not self.cfg.linger_s or self.stop.is_set():
+            return
+        self.clusters_up = True
+        self._announce("stopped")
+        if self.progress:
+            self.progress(f"[simulate --live] stopped; the clusters keep serving for {self.cfg.linger_s:g} s")
+        self.stop.wait(self.cfg.linger_s)
+        self.clusters_up = False
+        self._announce("stopped")
 
     # ------------------------------------------------------------------------------------------ steps
     def _at(self, t: int, fn: Callable[[], None]) -> None:

@@ -120,6 +120,13 @@ def register(sub) -> None:
         help="with --live: seconds of traffic before a clean stop (default: until SIGINT/SIGTERM)",
     )
     p.add_argument(
+        "--linger",
+        type=float,
+        metavar="S",
+        help="with --live --duration: after the stop, keep the clusters serving S more seconds (or until "
+        "SIGINT/SIGTERM), so a watch attached to them can read to the end (live.json says clusters_up)",
+    )
+    p.add_argument(
         "--rate",
         type=float,
         metavar="R",
@@ -191,6 +198,10 @@ def build_config(args):
             if not args.live:
                 raise ConfigError("--duration is for live runs: add --live (or give --records)")
             changes["duration_s"] = args.duration
+        if args.linger is not None:
+            if not args.live:
+                raise ConfigError("--linger is for live runs: add --live")
+            changes["linger_s"] = args.linger
         if args.rate is not None:
             changes["write_rate"] = [args.rate]
         if args.heartbeat_ms is not None:

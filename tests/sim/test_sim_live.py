@@ -365,6 +365,58 @@ def test_a_live_run_stops_by_itself_after_its_duration(tmp_path):
     assert json.loads((tmp_path / "out" / "live.json").read_text())["state"] == "stopped"
 
 
+def test_lingering_clusters_serve_every_record_until_told_to_stop(tmp_path):
+    """With `linger_s`, a run stopped by its duration keeps its clusters up once the archives and truth.json are
+    final, so a watch can read to the end; a stop request ends the linger."""
+    from confluent_kafka import Consumer, TopicPartition
+
+    out = tmp_path / "out"
+    stop = threading.Event()
+    cfg = SimConfig(
+        out=str(out),
+        live=True,
+        duration_s=2.0,
+        linger_s=120.0,
+        regions=2,
+        partitions=1,
+        keys=300,
+        batch_records=30,
+        write_rate=[10.0],
+        heartbeat_every_ms=500,
+        workers="inline",
+        progress=False,
+    )
+    seen: dict = {}
+
+    def read_while_lingering() -> None:
+        deadline = time.monotonic() + 90
+        while time.monotonic() < deadline:
+            try:
+                info = json.loads((out / "live.json").read_text())
+            except (OSError, ValueError):
+                info = {}
+            if info.get("state") == "stopped" and info.get("clusters_up"):
+                for r in info["regions"]:
+                    c = Consumer({"bootstrap.servers": r["uri"].removeprefix("kafka://"), "group.id": "t"})
+                    try:
+                        seen[r["region"]] = c.get_watermark_offsets(TopicPartition(cfg.vt_topic, 0), 10)[1]
+                    finally:
+                        c.close()
+                break
+            time.sleep(0.2)
+        stop.set()
+
+    reader = threading.Thread(target=read_while_lingering)
+    reader.start()
+    t0 = time.monotonic()
+    result = simulate(cfg, stop=stop)
+    reader.join()
+    assert time.monotonic() - t0 < 100, "the stop request did not end the linger"
+    ends = result.truth["run"]["end_offsets"]
+    assert seen == {x: ends[str(x)][f"{cfg.vt_topic}[0]"] for x in range(2)}
+    assert json.loads((out / "live.json").read_text())["clusters_up"] is False
+
+
 # ---------------------------------------------------------------------------------------- the rules alone
 def test_fault_specs_take_counts_and_set_times():
     counts, timed = parse_fault_spec("dropped=2, poisoned@12,silent@30+20,poisoned@40")
@@ -399,6 +451,7 @@ def test_bad_timed_faults_name_the_item(spec, message):
         ({"duration_s": 5.0}, "for live runs only"),
         ({"live": True, "duration_s": 5.0, "fault_times": [TimedFault("broker", 6)]}, "after the run's end"),
         ({"live": True, "live_step_ms": 1}, "live_step_ms"),
+        ({"linger_s": 5.0}, "for live runs only"),
         ({"faults": {"dropped": 1}, "fault_times": [TimedFault("dropped", 5)]}, "also given as a count"),
     ],
 )
