@@ -105,11 +105,64 @@ def _jvm_going(exc: BaseException) -> bool:
     return spark_gone(exc) or type(exc).__module__.split(".")[0] in ("py4j", "pyspark")
 
 
+class _Restarts:
+    """A failed query is started again from its checkpoint (its unfinished micro-batch runs again, so nothing is
+    lost or repeated): what fails a query is the machine or a source — a Python worker that could not start in
+    Spark's 10 s on an overloaded host, a range that could not be read — never a record. After MAX_FAILURES
+    failures in a row without a committed micro-batch between them, the watch gives up (exit 2)."""
+
+    MAX_FAILURES = 5
+
+    def __init__(self, base_delay_s: float = 5.0) -> None:
+        self.base_delay_s = base_delay_s
+        self.failures: dict[str, int] = {}
+        self.batch_at_failure: dict[str, int | None] = {}
+
+    def progressed(self, name: str, batch_id: int | None) -> None:
+        if batch_id is not None and batch_id != self.batch_at_failure.get(name, batch_id):
+            self.failures[name] = 0
+
+    def restart(self, name: str, query, stop: threading.Event, again):
+        error = query.exception()
+        if error is None:
+            raise UsageError(f"the streaming query {query.name} stopped by itself")
+        n = self.failures.get(name, 0) + 1
+        first = str(error).strip().splitlines()[0] if str(error).strip() else type(error).__name__
+        if n > self.MAX_FAILURES:
+            raise UsageError(
+                f"the streaming query {query.name} failed {n - 1} times in a row without committing a micro-batch; "
+                f"last error: {error}"
+            )
+        self.failures[name] = n
+        progress = query.lastProgress
+        self.batch_at_failure[name] = progress.get("batchId") if progress else None
+        delay = min(60.0, self.base_delay_s * 2 ** (n - 1))
+        log.warning(
+            "tidegauge watch: the %s query failed (%s); starting it again from its checkpoint in %g s "
+            "(failure %d of %d in a row)",
+            name,
+            first,
+            delay,
+            n,
+            self.MAX_FAILURES,
+        )
+        stop.wait(delay)
+        return query if stop.is_set() else again()
+
+
 @exit_codes(SourceError)
 def run(args: argparse.Namespace) -> int:
     from pipelines.core.spark_session import get_session
     from pipelines.core.stream_source import read_status
-    from pipelines.watch.job import WatchOptions, observe_sources, prepare, start, status_file
+    from pipelines.watch.job import (
+        QUERIES,
+        WatchOptions,
+        observe_sources,
+        prepare,
+        start,
+        start_query,
+        status_file,
+    )
     from pipelines.watch.metrics import WatchMetrics
 
     conf = cfg.load(args.conf)
@@ -160,28 +213,29 @@ def run(args: argparse.Namespace) -> int:
     print(
         f"tidegauge watch: watching {opts.topic} in {len(specs)} regions; findings in {opts.out}", flush=True
     )
+    restarts = _Restarts()
     try:
-        while all(q.isActive for q in queries) and not stop.is_set():
+        while not stop.is_set():
             stop.wait(1.0)
-            for q in queries:
+            for i, q in enumerate(queries):
                 if q.lastProgress is not None:
                     metrics.observe_progress(q.lastProgress)
+                    restarts.progressed(QUERIES[i], q.lastProgress.get("batchId"))
+                if not q.isActive and not stop.is_set():
+                    queries[i] = restarts.restart(
+                        QUERIES[i], q, stop, lambda n=QUERIES[i]: start_query(spark, opts, n, metrics)
+                    )
             status = status_file(opts)
             try:
                 sources = read_status(status) if status else None
             except (OSError, ValueError):
                 sources = None  # not written yet (the first planning), or being replaced
             observe_sources(metrics, queries[0].lastProgress, sources, opts)
-        if stop.is_set():
-            # let the running micro-batches finish: stopping inside one would only make the restart redo it
-            for q in queries:
-                while q.isActive and q.status.get("isTriggerActive"):
-                    stop.wait(0.2)
-                q.stop()
+        # let the running micro-batches finish: stopping inside one would only make the restart redo it
         for q in queries:
-            error = q.exception()
-            if error is not None:
-                raise UsageError(f"the streaming query {q.name} failed: {error}")
+            while q.isActive and q.status.get("isTriggerActive"):
+                stop.wait(0.2)
+            q.stop()
     except Exception as exc:
         if not (stop.is_set() and _jvm_going(exc)):
             raise

@@ -422,27 +422,37 @@ def prepare(opts: WatchOptions) -> None:
         (out / MARKER).write_text(marker_text("watch"))
 
 
+QUERIES = ("leapfrog", "div")
+
+
+def start_query(
+    spark: SparkSession, opts: WatchOptions, name: str, metrics=None, available_now: bool = False
+):
+    """Start one of the two queries (`leapfrog` or `div`) with its checkpoint under --checkpoint/<name>: again
+    after a failure, it goes on from its last committed micro-batch."""
+    spark.conf.set("spark.sql.streaming.stateStore.providerClass", ROCKSDB)
+    checkpoint = absolute(opts.checkpoint).rstrip("/")
+    df, sink = (
+        (findings_query(spark, opts), FindingsSink(opts, metrics))
+        if name == "leapfrog"
+        else (div_query(spark, opts), DivSink(opts, metrics))
+    )
+    writer = (
+        df.writeStream.queryName(f"tidegauge_watch_{name}")
+        .foreachBatch(sink)
+        .option("checkpointLocation", f"{checkpoint}/{name}")
+        .outputMode("append")
+    )
+    writer = (
+        writer.trigger(availableNow=True)
+        if available_now
+        else writer.trigger(processingTime=opts.trigger_interval)
+    )
+    return writer.start()
+
+
 def start(spark: SparkSession, opts: WatchOptions, metrics=None, available_now: bool = False) -> list:
     """Start the two queries, Leap Frog and DIV, each with its checkpoint under --checkpoint (`leapfrog/`,
     `div/`); `available_now`: read what is there now, then stop (tests, catch-up runs)."""
     prepare(opts)
-    spark.conf.set("spark.sql.streaming.stateStore.providerClass", ROCKSDB)
-    checkpoint = absolute(opts.checkpoint).rstrip("/")
-    queries = []
-    for name, df, sink in (
-        ("leapfrog", findings_query(spark, opts), FindingsSink(opts, metrics)),
-        ("div", div_query(spark, opts), DivSink(opts, metrics)),
-    ):
-        writer = (
-            df.writeStream.queryName(f"tidegauge_watch_{name}")
-            .foreachBatch(sink)
-            .option("checkpointLocation", f"{checkpoint}/{name}")
-            .outputMode("append")
-        )
-        writer = (
-            writer.trigger(availableNow=True)
-            if available_now
-            else writer.trigger(processingTime=opts.trigger_interval)
-        )
-        queries.append(writer.start())
-    return queries
+    return [start_query(spark, opts, name, metrics, available_now) for name in QUERIES]
