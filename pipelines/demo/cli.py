@@ -60,6 +60,43 @@ def register(sub) -> None:
         "fault can be placed)",
     )
     p.add_argument("--master", metavar="URL", help="Spark master (default local[*])")
+    live = p.add_argument_group(
+        "--watch: the continuous watch on a live simulation",
+        "Runs `tidegauge simulate --live` and `tidegauge watch` on its clusters (each a process of its own), "
+        "prints the curl command for the watch's metrics and each fault as it happens, each finding and "
+        "heartbeat alert as the watch sees it, then checks: dropped/poisoned writes found <= 2 heartbeat "
+        "intervals after heartbeats of both regions cover them, a silent leader's heartbeat age over the "
+        "alert threshold <= 1.5 intervals after it, no false alert or finding, and the watch's findings equal "
+        "leapfrog's and div validate's on the same records. Default --out: ./tidegauge-demo-watch. "
+        "A few minutes on 2 cores.",
+    )
+    live.add_argument("--watch", action="store_true", help="run the live demo of `tidegauge watch` instead")
+    live.add_argument(
+        "--duration", type=float, default=165.0, metavar="S", help="seconds of live traffic (default 165)"
+    )
+    live.add_argument(
+        "--rate", type=float, default=100.0, metavar="R", help="writes per second per region (default 100)"
+    )
+    live.add_argument(
+        "--heartbeat-ms",
+        type=int,
+        default=5_000,
+        metavar="MS",
+        help="the leaders' heartbeat interval; the measures count in it (default 5000)",
+    )
+    live.add_argument(
+        "--faults",
+        metavar="SPEC",
+        help="faults at set times, as `simulate --faults` takes them (default: "
+        "dropped@40,poisoned@55,silent@70+45,failover@125,broker@140)",
+    )
+    live.add_argument(
+        "--metrics-port",
+        type=int,
+        default=0,
+        metavar="P",
+        help="the watch's metrics port (default: a free one)",
+    )
     p.set_defaults(func=run)
 
 
@@ -67,6 +104,8 @@ def register(sub) -> None:
 def run(args: argparse.Namespace) -> int:
     from pipelines.demo.job import DemoOptions, run_demo
 
+    if args.watch:
+        return _run_watch(args)
     if args.records < 3000:
         raise UsageError(
             f"--records {args.records}: the demo needs at least 3000 writes to place every fault"
@@ -79,3 +118,21 @@ def run(args: argparse.Namespace) -> int:
         master=args.master,
     )
     return run_demo(opts).exit_code
+
+
+def _run_watch(args: argparse.Namespace) -> int:
+    from pipelines.demo.watch import DEFAULT_FAULTS, WatchDemoOptions, run_watch_demo
+
+    if args.duration <= 0 or args.rate <= 0 or args.heartbeat_ms <= 0:
+        raise UsageError("--duration, --rate and --heartbeat-ms must be positive")
+    opts = WatchDemoOptions(
+        out=args.out if args.out != "tidegauge-demo" else "tidegauge-demo-watch",
+        seed=args.seed,
+        duration_s=args.duration,
+        rate=args.rate,
+        heartbeat_ms=args.heartbeat_ms,
+        faults=args.faults or DEFAULT_FAULTS,
+        metrics_port=args.metrics_port,
+        master=args.master,
+    )
+    return run_watch_demo(opts).exit_code

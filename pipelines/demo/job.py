@@ -195,7 +195,12 @@ def _at(fault: dict, region: int, partition: int) -> bool:
     )
 
 
-def check_faults(truth: dict, leapfrog: set[LeapfrogFinding], div: set[DivFinding]) -> list[Check]:
+def check_faults(
+    truth: dict,
+    leapfrog: set[LeapfrogFinding],
+    div: set[DivFinding],
+    names: tuple[str, str] = ("leapfrog", "div validate"),
+) -> list[Check]:
     """Compare the findings of `leapfrog` and `div validate` with truth.json's expectations.
 
     One check per injected fault — found by exactly the findings its `expect` names, or, for a fault that must
@@ -242,22 +247,22 @@ def check_faults(truth: dict, leapfrog: set[LeapfrogFinding], div: set[DivFindin
             if missed:
                 checks.append(Check(False, title, "NOT found: " + "; ".join(missed)))
                 continue
-            proof = [f"leapfrog {_lf_text(f)}" for f in sorted(want_lf)]
-            proof += [f"div validate {_div_text(f)}" for f in sorted(want_div)]
+            proof = [f"{names[0]} {_lf_text(f)}" for f in sorted(want_lf)]
+            proof += [f"{names[1]} {_div_text(f)}" for f in sorted(want_div)]
             checks.append(Check(True, title, "found by " + "; ".join(proof)))
             continue
         near = [
-            f"leapfrog {_lf_text(f)}"
+            f"{names[0]} {_lf_text(f)}"
             for f in sorted(extra_lf)
             if _at(fault, f[1], f[3]) or _at(fault, f[2], f[3])
         ]
-        near += [f"div validate {_div_text(f)}" for f in sorted(extra_div) if _at(fault, f[0], f[2])]
+        near += [f"{names[1]} {_div_text(f)}" for f in sorted(extra_div) if _at(fault, f[0], f[2])]
         if near:
             checks.append(Check(False, title, "a false alarm where it happened: " + _some(near)))
         else:
             checks.append(Check(True, title, _quiet_fault_detail(fault)))
-    checks.append(_nothing_else("leapfrog", len(leapfrog), [_lf_text(f) for f in sorted(extra_lf)]))
-    checks.append(_nothing_else("div validate", len(div), [_div_text(f) for f in sorted(extra_div)]))
+    checks.append(_nothing_else(names[0], len(leapfrog), [_lf_text(f) for f in sorted(extra_lf)]))
+    checks.append(_nothing_else(names[1], len(div), [_div_text(f) for f in sorted(extra_div)]))
     return checks
 
 

@@ -65,7 +65,14 @@ def register(sub) -> None:
         "--metrics-port",
         type=int,
         metavar="P",
-        help="serve Prometheus metrics on 127.0.0.1:P (0: a free port)",
+        help="serve Prometheus metrics on port P of --metrics-address (0: a free port)",
+    )
+    p.add_argument(
+        "--metrics-address",
+        default="127.0.0.1",
+        metavar="ADDR",
+        help="the address the metrics are served on (default 127.0.0.1, loopback only; 0.0.0.0 for a Prometheus "
+        "on another host)",
     )
     p.add_argument(
         "--trigger-interval",
@@ -195,7 +202,7 @@ def run(args: argparse.Namespace) -> int:
     master, spark_conf = cfg.spark_settings(conf, args.master)
     spark = get_session(master, app_name="tidegauge watch", conf=spark_conf)
     metrics = WatchMetrics(heartbeat_interval_ms=int(interval))
-    server = metrics.serve(args.metrics_port) if args.metrics_port is not None else None
+    server = metrics.serve(args.metrics_port, args.metrics_address) if args.metrics_port is not None else None
     if server is not None:
         print(f"tidegauge watch: metrics on {server.url}", flush=True)
     stop = threading.Event()

@@ -1,0 +1,592 @@
+"""`tidegauge demo --watch`: the continuous watch, end to end, on a live simulation with faults at set times.
+
+It runs what a user would run, each as a process of its own: `tidegauge simulate --live` (three embedded Kafka
+clusters, faults injected at known times and written to truth.json as they happen) and `tidegauge watch` on
+those clusters, with its Prometheus metrics. While they run it follows truth.json, the watch's findings and its
+metrics (scraped over HTTP, as Prometheus would) and prints each fault and each finding or alert as it comes.
+Once the simulation has stopped and the watch has committed every record (read from the watch's checkpoint),
+the watch is stopped with SIGTERM, and the run is judged against the issue's measures:
+
+* detection delay: each dropped or poisoned write is found ≤ 2 heartbeat intervals after heartbeats of both
+  regions cover it (the first VT heartbeat, in each region, whose high-water mark of the write's origin region
+  reaches the write's RT offset; read from the archives with the `lag` job's reader);
+* a leader that stops heartbeating (`silent`) makes the heartbeat age cross the alert threshold (3 intervals)
+  ≤ 1.5 intervals after the threshold, counted from when it stopped;
+* no false alert: every other heartbeat age stays under the threshold (outages excused while they last);
+* no false finding: every finding is one truth.json expects (the demo's own fault check);
+* the watch's findings equal `leapfrog`'s and `div validate`'s over the run's archives afterwards.
+
+Layout: OUT/sim/ (the simulation), OUT/watch/ (findings), OUT/watch-checkpoint/, OUT/batch-leapfrog/ and
+OUT/batch-div/ (the batch jobs), OUT/demo.json (every figure and check), OUT/*.log (each process's output).
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import subprocess
+import sys
+import time
+import urllib.request
+from collections.abc import Callable
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+from typing import Any
+
+from pipelines.demo.job import (
+    EXIT_MATCH,
+    EXIT_MISMATCH,
+    EXIT_STEP_FAILED,
+    Check,
+    DemoError,
+    _key_text,
+    _logs_to,
+    check_faults,
+    prepare_out,
+    read_div_findings,
+    read_leapfrog_findings,
+)
+
+MARKER = "demo.json"  # shared with the batch demo: a demo's directory may be replaced by another demo run
+DEFAULT_FAULTS = "dropped@40,poisoned@55,silent@70+45,failover@125,broker@140"
+"""A dropped and a poisoned write (found by Leap Frog), a leader silent for 45 s (3 intervals + 1.5 + margin at
+the default 5 s interval), a leader failover and a broker outage (nothing may be found)."""
+
+
+@dataclass
+class WatchDemoOptions:
+    out: str = "tidegauge-demo-watch"
+    seed: int = 1
+    duration_s: float = 165.0
+    rate: float = 100.0  # writes per second per region
+    heartbeat_ms: int = 5_000
+    faults: str = DEFAULT_FAULTS
+    trigger: str = "2 seconds"
+    metrics_port: int = 0
+    master: str | None = None
+    partitions: int = 2
+
+
+@dataclass
+class WatchDemoResult:
+    out: Path
+    exit_code: int = EXIT_STEP_FAILED
+    checks: list[Check] = field(default_factory=list)
+    figures: dict[str, Any] = field(default_factory=dict)
+
+
+class _Proc:
+    """A child process in a session of its own (so its Spark JVM and workers go with it), output to a log."""
+
+    def __init__(self, argv: list[str], log: Path) -> None:
+        self.log = log
+        self._fh = open(log, "wb")  # noqa: SIM115 - kept open for the process's life
+        self.p = subprocess.Popen(argv, stdout=self._fh, stderr=subprocess.STDOUT, start_new_session=True)
+
+    def alive(self) -> bool:
+        return self.p.poll() is None
+
+    def stop(self, timeout: float) -> int | None:
+        """SIGTERM, then wait; SIGKILL to the whole group if it does not go."""
+        if self.alive():
+            os.killpg(self.p.pid, signal.SIGTERM)
+        try:
+            return self.p.wait(timeout)
+        except subprocess.TimeoutExpired:
+            os.killpg(self.p.pid, signal.SIGKILL)
+            self.p.wait()
+            return None
+        finally:
+            self._fh.close()
+
+    def text(self) -> str:
+        return self.log.read_text(errors="replace")
+
+
+def _cli(*args: str) -> list[str]:
+    return [sys.executable, "-m", "pipelines.cli", *args]
+
+
+def _read_json(path: Path) -> dict | None:
+    try:
+        return json.loads(path.read_text())
+    except (OSError, ValueError):
+        return None
+
+
+def _wait(what: str, until: Callable[[], Any], timeout: float, proc: _Proc | None = None) -> Any:
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        got = until()
+        if got:
+            return got
+        if proc is not None and not proc.alive():
+            raise DemoError(f"{what}: the process ended (exit {proc.p.returncode}); see {proc.log}")
+        time.sleep(0.25)
+    raise DemoError(f"{what}: not within {timeout:g} s")
+
+
+def scrape(url: str) -> dict[str, list[tuple[dict, float]]]:
+    """The watch's metrics as a Prometheus server reads them: name → [(labels, value)]."""
+    from prometheus_client.parser import text_string_to_metric_families
+
+    with urllib.request.urlopen(url, timeout=5) as r:  # noqa: S310 - our own loopback URL
+        text = r.read().decode()
+    out: dict[str, list[tuple[dict, float]]] = {}
+    for fam in text_string_to_metric_families(text):
+        for s in fam.samples:
+            out.setdefault(s.name, []).append((s.labels, s.value))
+    return out
+
+
+def committed_offsets(checkpoint: Path) -> dict[str, int] | None:
+    """The end offsets (`region/topic/partition` → next offset) of a query's last committed micro-batch."""
+    commits = (
+        [int(f.name) for f in (checkpoint / "commits").iterdir() if f.name.isdigit()]
+        if (checkpoint / "commits").exists()
+        else []
+    )
+    if not commits:
+        return None
+    lines = (checkpoint / "offsets" / str(max(commits))).read_text().splitlines()
+    offsets = json.loads(lines[2])  # v1, the batch's metadata, then one line per source
+    return {k: int(v) for k, v in offsets.items()}
+
+
+def caught_up(checkpoint: Path, truth: dict, topics: set[str]) -> bool:
+    """Whether both queries committed every record the run wrote to `topics` (truth.json's end offsets)."""
+    ends = (truth.get("run") or {}).get("end_offsets")
+    if not ends:
+        return False
+    want = {
+        f"{x}/{tp.split('[')[0]}/{int(tp.split('[')[1].rstrip(']'))}": e
+        for x, parts in ends.items()
+        for tp, e in parts.items()
+        if tp.split("[")[0] in topics
+    }
+    for query in ("leapfrog", "div"):
+        got = committed_offsets(checkpoint / query)
+        if got is None or any(got.get(k, 0) < e for k, e in want.items()):
+            return False
+    return True
+
+
+# -- the measures ------------------------------------------------------------------------------------------
+def heartbeat_series(archives: dict[int, str], topic: str) -> dict[tuple[int, int], list]:
+    """(region, partition) → the VT heartbeats in offset order, read by the `lag` job's reader."""
+    from pipelines.core.sources import SourceSpec, open_source
+    from pipelines.lag.job import monitor_partition
+
+    out = {}
+    for x, path in archives.items():
+        src = open_source(SourceSpec(x, path), {})
+        for p in src.partitions(topic):
+            out[(x, p)] = monitor_partition(src, topic, p, len(archives)).series
+    return out
+
+
+def covered_at(series: list, origin: int, rt_offset: int) -> int | None:
+    """Arrival (broker ms) of the first heartbeat whose high-water mark of `origin` reaches `rt_offset`."""
+    for hb in series:
+        if hb.watermarks is not None and len(hb.watermarks) > origin and hb.watermarks[origin] >= rt_offset:
+            return hb.vt_timestamp_ms
+    return None
+
+
+def detection_delays(truth: dict, found: list[dict], series: dict, interval_ms: int) -> list[dict]:
+    """Per expected divergence of a dropped or poisoned write: when heartbeats of both regions covered it, when
+    the watch found it, and the delay in heartbeat intervals."""
+    by_key = {(r["region_a"], r["region_b"], r["partition"], r["key"].hex()): r for r in found}
+    rows = []
+    for f in truth.get("faults", []):
+        if f["kind"] not in ("dropped", "poisoned"):
+            continue
+        origin = (f.get("detail") or {}).get("origin_region", f["region"])
+        for e in f["expect"]["leapfrog"]:
+            a, b, p = e["region_a"], e["region_b"], e["partition"]
+            cover = [covered_at(series.get((x, p), []), origin, f["rt_offset"]) for x in (a, b)]
+            hit = by_key.get((a, b, p, e["key"]))
+            row = {
+                "fault": f["id"],
+                "kind": f["kind"],
+                "pair": [a, b],
+                "partition": p,
+                "key": _key_text(e["key"]),
+                "covered_at": None if None in cover else max(cover),
+                "detected_at": None if hit is None else _ms(hit["detected_at"]),
+            }
+            if row["covered_at"] is not None and row["detected_at"] is not None:
+                row["delay_ms"] = row["detected_at"] - row["covered_at"]
+                row["delay_intervals"] = round(row["delay_ms"] / interval_ms, 3)
+            rows.append(row)
+    return rows
+
+
+def _ms(t: Any) -> int:
+    return int(t.timestamp() * 1000) if hasattr(t, "timestamp") else int(t)
+
+
+class _Follower:
+    """What the demo sees while the run goes: faults as they happen, findings, heartbeat ages."""
+
+    def __init__(self, emit: Callable[[str], None], t0_ms: int, interval_ms: int) -> None:
+        self.emit, self.t0, self.interval = emit, t0_ms, interval_ms
+        self.faults: dict[int, dict] = {}
+        self.findings: dict[str, dict] = {}
+        self.crossings: dict[tuple[int, int], dict[int, float]] = {}  # silent fault id → VT region → epoch s
+        self.worst_healthy: tuple[float, dict] = (0.0, {})  # the largest age no outage excuses, and where
+        self.recovered: set[tuple[int, int, int, int]] = set()  # (fault id, region, partition, source region)
+        self.scrapes = 0
+        self.stalled_scrapes = 0  # scrapes while the watch's last progress was older than 3 intervals
+
+    def t(self, ms: float) -> str:
+        return f"t+{(ms - self.t0) / 1000:6.1f}s"
+
+    def faults_from(self, truth: dict | None) -> None:
+        for f in (truth or {}).get("faults", []):
+            if f["id"] not in self.faults:
+                self.faults[f["id"]] = f
+                where = f"region {f['region']}" + (
+                    f" partition {f['partition']}" if f.get("partition") is not None else ""
+                )
+                key = f" key {_key_text(f['key'])}" if f.get("key") else ""
+                self.emit(f"  {self.t(f['at'])}  fault: {f['kind']} in {where}{key}")
+            elif f.get("end_at") and not self.faults[f["id"]].get("end_at"):
+                self.faults[f["id"]] = f
+                self.emit(f"  {self.t(f['end_at'])}  fault over: {f['kind']} in region {f['region']}")
+
+    def findings_from(self, out: str) -> None:
+        from pipelines.watch.job import read_findings
+
+        for kind in ("leapfrog", "div"):
+            for r in read_findings(out, kind).to_pylist():
+                if r["finding_id"] in self.findings:
+                    continue
+                self.findings[r["finding_id"]] = r
+                if kind == "leapfrog":
+                    what = (
+                        f"{r['type']} between regions {r['region_a']} and {r['region_b']}, partition "
+                        f"{r['partition']}, key {_key_text(r['key'].hex())}"
+                    )
+                    self.emit(f"  {self.t(_ms(r['detected_at']))}  watch found {what}")
+                else:
+                    self.emit(
+                        f"  {self.t(time.time() * 1000)}  watch DIV: {r['type']} in region {r['region']} "
+                        f"{r['topic']}[{r['partition']}] offset {r['offset']}"
+                    )
+
+    def _outage(self, labels: dict, now_ms: float) -> dict | None:
+        """The outage that explains an old heartbeat in this series — a silent leader's partition, an isolated
+        region — from when it starts until the series has a fresh heartbeat again after it ended."""
+        x, p, s = (int(labels[k]) for k in ("region", "partition", "source_region"))
+        for f in self.faults.values():
+            if f["at"] > now_ms or (f["id"], x, p, s) in self.recovered:
+                continue
+            if (f["kind"] == "silent" and s == f["region"] and p == f["partition"]) or (
+                f["kind"] == "isolated" and f["region"] in (x, s)
+            ):
+                return f
+        return None
+
+    def ages_from(self, metrics: dict) -> None:
+        """Heartbeat ages as the alert rules read them (conf/alerts.yaml): older than 3 intervals alerts, unless
+        the watch itself is stalled (its last progress older than 3 intervals), when the rules hold back."""
+        self.scrapes += 1
+        now = time.time()
+        threshold = 3 * self.interval / 1000
+        last = metrics.get("tidegauge_last_progress_timestamp_seconds")
+        if not last or now - last[0][1] > threshold:
+            self.stalled_scrapes += 1
+            return
+        for labels, age in metrics.get("tidegauge_heartbeat_age_seconds", []):
+            x, p, s = (int(labels[k]) for k in ("region", "partition", "source_region"))
+            outage = self._outage(labels, now * 1000)
+            if outage is None:
+                if age > self.worst_healthy[0]:
+                    self.worst_healthy = (age, dict(labels))
+                continue
+            if outage.get("end_at") and now * 1000 > outage["end_at"] and age <= threshold:
+                self.recovered.add((outage["id"], x, p, s))
+            if outage["kind"] == "silent" and age > threshold:
+                seen = self.crossings.setdefault(outage["id"], {})
+                if x not in seen:
+                    seen[x] = now
+                    late = (now * 1000 - (outage["at"] + 3 * self.interval)) / self.interval
+                    self.emit(
+                        f"  {self.t(now * 1000)}  alert: no heartbeat from region {s} in region {x}'s partition "
+                        f"{p} for {age:.1f} s ({late:+.2f} intervals after the threshold)"
+                    )
+
+
+def run_watch_demo(opts: WatchDemoOptions, emit: Callable[[str], None] | None = None) -> WatchDemoResult:
+    """Run the live demo; `emit` receives every line meant for the user (default: print)."""
+    emit = emit or (lambda line: print(line, flush=True))
+    from pipelines.core.storage import is_local
+
+    if not is_local(opts.out):
+        raise DemoError(f"--out {opts.out}: the demo writes to local disk; give a directory")
+    out = Path(str(opts.out).removeprefix("file://")).resolve()
+    prepare_out(out)
+    result = WatchDemoResult(out=out)
+    t_start = time.perf_counter()
+    sim = watch = None
+    try:
+        sim, watch = _run(opts, out, emit, result)
+    except DemoError:
+        raise
+    except Exception as exc:  # noqa: BLE001 - a step crashed: say which, keep going to the marker
+        emit(f"✗ the live demo failed: {type(exc).__name__}: {exc}")
+        result.exit_code = EXIT_STEP_FAILED
+    finally:
+        for proc in (watch, sim):
+            if proc is not None and proc.alive():
+                proc.stop(60)
+        result.figures["elapsed_s"] = round(time.perf_counter() - t_start, 1)
+        _write_marker(out, opts, result)
+    return result
+
+
+def _run(
+    opts: WatchDemoOptions, out: Path, emit: Callable[[str], None], result: WatchDemoResult
+) -> tuple[_Proc, _Proc]:
+    interval = opts.heartbeat_ms
+    emit(
+        f"tidegauge demo --watch: 3 regions live for {opts.duration_s:g} s at {opts.rate:g} writes/s each, "
+        f"heartbeats every {interval / 1000:g} s; faults {opts.faults} -> {out}"
+    )
+    sim = _Proc(
+        _cli(
+            "simulate", "--live", "--out", str(out / "sim"), "--seed", str(opts.seed), "--regions", "3",
+            "--partitions", str(opts.partitions), "--duration", f"{opts.duration_s:g}", "--rate",
+            f"{opts.rate:g}", "--heartbeat-ms", str(interval), "--faults", opts.faults, "--linger", "900",
+        ),
+        out / "simulate.log",
+    )  # fmt: skip
+    live = _wait(
+        "the simulation to start",
+        lambda: (i := _read_json(out / "sim" / "live.json")) and i.get("state") == "running" and i,
+        180,
+        sim,
+    )
+    watch = _Proc(
+        _cli(
+            "watch", "--store", live["store"], "--version", str(live["version"]),
+            *[f"--source={r['region']}={r['uri']}" for r in live["regions"]],
+            "--checkpoint", str(out / "watch-checkpoint"), "--out", str(out / "watch"),
+            "--metrics-port", str(opts.metrics_port), "--trigger-interval", opts.trigger,
+            "--heartbeat-interval-ms", str(interval), *(["--master", opts.master] if opts.master else []),
+        ),
+        out / "watch.log",
+    )  # fmt: skip
+    line = _wait(
+        "the watch's metrics",
+        lambda: next((x for x in watch.text().splitlines() if "metrics on http" in x), None),
+        180,
+        watch,
+    )
+    url = line.split("metrics on ", 1)[1].strip()
+    emit(f"watch: tidegauge {' '.join(watch.p.args[3:])}")
+    emit(f"       (its output: {watch.log})")
+    emit(f"metrics: curl -s {url} | grep -E '^tidegauge_(divergences|heartbeat_age|offset_lag)'")
+    follow = _Follower(emit, live["started_at"], interval)
+    truth_path = out / "sim" / "truth.json"
+    while sim.alive():
+        follow.faults_from(_read_json(truth_path))
+        follow.findings_from(str(out / "watch"))
+        try:
+            follow.ages_from(scrape(url))
+        except OSError:
+            pass  # a scrape that fails is retried at the next tick
+        info = _read_json(out / "sim" / "live.json") or {}
+        if info.get("state") == "stopped":
+            break
+        if not watch.alive():
+            raise DemoError(f"the watch stopped by itself (exit {watch.p.returncode}); see {watch.log}")
+        time.sleep(0.5)
+    truth = _read_json(truth_path) or {}
+    if not (_read_json(out / "sim" / "live.json") or {}).get("clusters_up"):
+        raise DemoError(f"the simulation ended before the watch could read to the end; see {sim.log}")
+    emit(f"  {follow.t(time.time() * 1000)}  simulation stopped; waiting for the watch to read to the end")
+    vt = live["vt_topic"]
+    while not caught_up(out / "watch-checkpoint", truth, {vt}):
+        follow.findings_from(str(out / "watch"))
+        follow.ages_from(scrape(url))
+        if not watch.alive():
+            raise DemoError(f"the watch stopped by itself (exit {watch.p.returncode}); see {watch.log}")
+        time.sleep(0.5)
+    follow.findings_from(str(out / "watch"))
+    metrics = scrape(url)
+    rc = watch.stop(120)
+    emit(f"  {follow.t(time.time() * 1000)}  watch caught up; stopped with SIGTERM: exit {rc}")
+    sim.stop(60)
+    _judge(out, live, truth, follow, metrics, rc, result, opts, emit)
+    return sim, watch
+
+
+def _judge(
+    out: Path,
+    live: dict,
+    truth: dict,
+    follow: _Follower,
+    metrics: dict,
+    watch_rc: int | None,
+    result: WatchDemoResult,
+    opts: WatchDemoOptions,
+    emit: Callable[[str], None],
+) -> None:
+    from pipelines.watch.job import read_findings
+
+    interval = opts.heartbeat_ms
+    vt = live["vt_topic"]
+    archives = {r["region"]: r["archive"] for r in live["regions"]}
+    found = read_findings(str(out / "watch")).to_pylist()
+    watch_div = read_findings(str(out / "watch"), "div").to_pylist()
+    series = heartbeat_series(archives, vt)
+    delays = detection_delays(truth, found, series, interval)
+    checks: list[Check] = [Check(watch_rc == 0, "the watch stopped cleanly on SIGTERM", f"exit {watch_rc}")]
+    for d in delays:
+        ok = d.get("delay_intervals") is not None and d["delay_intervals"] <= 2
+        what = f"{d['kind']} write (fault {d['fault']}), regions {d['pair'][0]}/{d['pair'][1]} key {d['key']}"
+        detail = (
+            f"found {d['delay_ms'] / 1000:.1f} s = {d['delay_intervals']:.2f} intervals after heartbeats of both "
+            "regions covered it (goal ≤ 2)"
+            if d.get("delay_ms") is not None
+            else ("NOT found by the watch" if d["detected_at"] is None else "no heartbeat covered it")
+        )
+        checks.append(Check(ok, what, detail))
+    crossings = []
+    for f in truth.get("faults", []):
+        if f["kind"] != "silent":
+            continue
+        seen = follow.crossings.get(f["id"], {})
+        late = {
+            x: round((t * 1000 - (f["at"] + 3 * interval)) / interval, 3) for x, t in sorted(seen.items())
+        }
+        crossings.append({"fault": f["id"], "region": f["region"], "partition": f["partition"], "late": late})
+        ok = len(late) == len(archives) and max(late.values()) <= 1.5
+        checks.append(
+            Check(
+                ok,
+                f"silent leader of region {f['region']} partition {f['partition']} (fault {f['id']})",
+                f"heartbeat age crossed 3 intervals in {len(late)} of {len(archives)} regions, at worst "
+                f"{max(late.values()):+.2f} intervals after the threshold (goal ≤ 1.5)"
+                if late
+                else "the heartbeat age never crossed the threshold",
+            )
+        )
+    worst, where = follow.worst_healthy
+    judged = follow.scrapes - follow.stalled_scrapes
+    checks.append(
+        Check(
+            judged > 0 and worst < 3 * interval / 1000,
+            "no false heartbeat alert",
+            f"the largest age no outage explains: {worst:.1f} s = {worst * 1000 / interval:.2f} intervals "
+            f"(threshold 3; {where or 'none'}); {judged} of {follow.scrapes} scrapes judged, the others came while "
+            "the watch itself was stalled, when the alert rules hold back",
+        )
+    )
+    lf = {(r["type"], r["region_a"], r["region_b"], r["partition"], r["key"].hex()) for r in found}
+    dv = {
+        (r["region"], r["topic"], r["partition"], r["offset"], r["type"], bool(r["fatal"])) for r in watch_div
+    }
+    checks += check_faults(truth, lf, dv, ("the watch", "the watch's DIV"))
+    emit(f"  running leapfrog and div validate on the archives, to compare (their logs: {out / 'batch.log'})")
+    with _logs_to(out / "batch.log", True):
+        batch_lf, batch_dv = _batch(out, truth, archives, opts)
+    batch_dv = {d for d in batch_dv if d[1] == vt}  # the watch validates the version topics
+    checks.append(
+        Check(
+            lf == batch_lf,
+            "the watch's divergences equal leapfrog's on the same records",
+            f"{len(lf)} and {len(batch_lf)}"
+            + (
+                ""
+                if lf == batch_lf
+                else f"; only the watch: {len(lf - batch_lf)}, only leapfrog: {len(batch_lf - lf)}"
+            ),
+        )
+    )
+    checks.append(
+        Check(
+            dv == batch_dv,
+            "the watch's DIV findings equal div validate's on the version topics",
+            f"{len(dv)} and {len(batch_dv)}"
+            + (
+                ""
+                if dv == batch_dv
+                else f"; only the watch: {len(dv - batch_dv)}, only div validate: {len(batch_dv - dv)}"
+            ),
+        )
+    )
+    micro = {labels.get("phase"): v for labels, v in metrics.get("tidegauge_microbatch_duration_seconds", [])}
+    result.figures.update(
+        {
+            "heartbeat_interval_ms": interval,
+            "detection": delays,
+            "silent_threshold_crossings": crossings,
+            "worst_unexcused_heartbeat_age_s": round(worst, 3),
+            "watch_findings": len(found),
+            "watch_div_findings": len(watch_div),
+            "last_microbatch_seconds": micro,
+            "scrapes": follow.scrapes,
+            "scrapes_while_the_watch_was_stalled": follow.stalled_scrapes,
+            "behind_wall_clock_max_ms": (truth.get("live") or {}).get("behind_wall_clock_max_ms"),
+            "load_average": os.getloadavg(),
+        }
+    )
+    result.checks = checks
+    result.exit_code = EXIT_MATCH if all(c.ok for c in checks) else EXIT_MISMATCH
+    emit("")
+    emit("Checks (OUT/sim/truth.json, the archives and the batch jobs vs what the watch did):")
+    for c in checks:
+        emit("  " + c.line())
+    emit(
+        "Every fault was seen in time and nothing else"
+        if result.exit_code == EXIT_MATCH
+        else "MISMATCH: see the ✗ lines above"
+    )
+
+
+def _batch(out: Path, truth: dict, archives: dict[int, str], opts: WatchDemoOptions) -> tuple[set, set]:
+    from pipelines.core.sources import SourceSpec
+    from pipelines.core.spark_session import get_session
+    from pipelines.div.validate import ValidateOptions, run_local
+    from pipelines.leapfrog.job import LeapfrogOptions
+    from pipelines.leapfrog.job import run as leapfrog
+
+    run = truth["run"]
+    sources = [SourceSpec(x, a) for x, a in sorted(archives.items())]
+    spark = get_session(opts.master, app_name="tidegauge-demo-watch")
+    try:
+        leapfrog(
+            LeapfrogOptions(
+                store=run["store"],
+                version=run["version"],
+                sources=sources,
+                out=str(out / "batch-leapfrog"),
+                mode="heartbeat",
+            ),
+            spark=spark,
+        )
+    finally:
+        spark.stop()
+    run_local(
+        ValidateOptions(
+            sources=sources, out=str(out / "batch-div"), min_compaction_lag_ms=0, now_ms=run["end_ms"]
+        )
+    )
+    return read_leapfrog_findings(out / "batch-leapfrog"), read_div_findings(out / "batch-div")
+
+
+def _write_marker(out: Path, opts: WatchDemoOptions, result: WatchDemoResult) -> None:
+    data = {
+        "job": "demo --watch",
+        "options": asdict(opts),
+        "exit_code": result.exit_code,
+        "checks": [asdict(c) for c in result.checks],
+        "figures": result.figures,
+    }
+    tmp = out / f".{MARKER}.tmp"
+    tmp.write_text(json.dumps(data, indent=2, ensure_ascii=False, default=str) + "\n", encoding="utf-8")
+    os.replace(tmp, out / MARKER)

@@ -1,0 +1,106 @@
+"""The live demo's measures, on made-up inputs whose answers are known: when heartbeats cover a write, the
+detection delay, heartbeat alerts judged as the alert rules judge them, and when the watch has read everything."""
+
+from __future__ import annotations
+
+import json
+import time
+from types import SimpleNamespace
+
+import pytest
+
+from pipelines.demo.watch import _Follower, caught_up, covered_at, detection_delays
+
+
+def hb(ts: int, marks: list[int] | None) -> SimpleNamespace:
+    return SimpleNamespace(vt_timestamp_ms=ts, watermarks=marks)
+
+
+def test_a_write_is_covered_by_the_first_heartbeat_whose_mark_of_its_origin_reaches_it():
+    series = [hb(1_000, [5, 0]), hb(2_000, None), hb(3_000, [9, 3]), hb(4_000, [20, 4])]
+    assert covered_at(series, 0, 9) == 3_000
+    assert covered_at(series, 0, 10) == 4_000
+    assert covered_at(series, 1, 5) is None  # never covered
+    assert covered_at(series, 2, 0) is None  # a mark vector without that region
+
+
+def test_detection_delay_counts_from_when_both_regions_heartbeats_covered_the_write():
+    truth = {
+        "faults": [
+            {
+                "id": 1,
+                "kind": "poisoned",
+                "region": 2,
+                "rt_offset": 7,
+                "detail": {"origin_region": 0},
+                "expect": {"leapfrog": [{"region_a": 0, "region_b": 2, "partition": 1, "key": "6b31"}]},
+            },
+            {"id": 2, "kind": "broker", "region": 0, "expect": {"leapfrog": []}},
+        ]
+    }
+    series = {(0, 1): [hb(1_000, [7, 0, 0])], (2, 1): [hb(1_500, [6, 0, 0]), hb(4_000, [8, 0, 0])]}
+    found = [{"region_a": 0, "region_b": 2, "partition": 1, "key": b"k1", "detected_at": 9_000}]
+    [row] = detection_delays(truth, found, series, 2_000)
+    assert (row["covered_at"], row["detected_at"], row["delay_ms"], row["delay_intervals"]) == (
+        4_000,
+        9_000,
+        5_000,
+        2.5,
+    )
+    [missed] = detection_delays(truth, [], series, 2_000)
+    assert missed["detected_at"] is None and "delay_ms" not in missed
+
+
+def metrics(now: float, progress_age: float, ages: dict[tuple[int, int, int], float]) -> dict:
+    return {
+        "tidegauge_last_progress_timestamp_seconds": [({}, now - progress_age)],
+        "tidegauge_heartbeat_age_seconds": [
+            ({"region": str(x), "partition": str(p), "source_region": str(s)}, age)
+            for (x, p, s), age in ages.items()
+        ],
+    }
+
+
+def test_heartbeat_ages_are_judged_as_the_alert_rules_judge_them():
+    lines: list[str] = []
+    now = time.time()
+    f = _Follower(lines.append, int(now * 1000) - 60_000, 1_000)  # 1 s interval: alert above 3 s
+    f.faults = {1: {"id": 1, "kind": "silent", "region": 0, "partition": 1, "at": int(now * 1000) - 4_000}}
+    # the watch itself stalled: nothing is judged (the rules hold heartbeat alerts back)
+    f.ages_from(metrics(now, 10, {(1, 1, 0): 9.0, (1, 0, 0): 9.0}))
+    assert (f.scrapes, f.stalled_scrapes, f.crossings, f.worst_healthy[0]) == (1, 1, {}, 0.0)
+    # running: the silent leader's partition alerts in region 1, 4 s after it stopped = 1 interval after the
+    # threshold; a healthy series's age is the figure for false alerts
+    f.ages_from(metrics(now, 1, {(1, 1, 0): 3.5, (1, 0, 0): 1.2, (1, 1, 1): 0.4}))
+    assert list(f.crossings[1]) == [1]
+    assert "alert: no heartbeat from region 0 in region 1's partition 1" in lines[-1]
+    assert "+1.0" in lines[-1]
+    assert f.worst_healthy == (1.2, {"region": "1", "partition": "0", "source_region": "0"})
+    # once the outage ended and a fresh heartbeat arrived, the series counts as healthy again
+    f.faults[1]["end_at"] = int(now * 1000) - 1_000
+    f.ages_from(metrics(now, 1, {(1, 1, 0): 0.5}))
+    f.ages_from(metrics(now, 1, {(1, 1, 0): 3.2}))
+    assert f.worst_healthy[0] == pytest.approx(3.2)
+
+
+def test_caught_up_only_when_both_queries_committed_every_record(tmp_path):
+    truth = {"run": {"end_offsets": {"0": {"s_v1[0]": 10, "s_rt[0]": 99}, "1": {"s_v1[0]": 7}}}}
+
+    def commit(query: str, batch: int, offsets: dict) -> None:
+        d = tmp_path / query
+        (d / "offsets").mkdir(parents=True, exist_ok=True)
+        (d / "commits").mkdir(exist_ok=True)
+        (d / "offsets" / str(batch)).write_text("v1\n{}\n" + json.dumps(offsets) + "\n")
+        (d / "commits" / str(batch)).write_text("v1\n{}\n")
+
+    assert not caught_up(tmp_path, truth, {"s_v1"})
+    commit("leapfrog", 0, {"0/s_v1/0": 10, "1/s_v1/0": 7})
+    assert not caught_up(tmp_path, truth, {"s_v1"})  # DIV has not committed yet
+    commit("div", 0, {"0/s_v1/0": 10, "1/s_v1/0": 6})
+    assert not caught_up(tmp_path, truth, {"s_v1"})  # one record short
+    # planned but not committed: not yet
+    (tmp_path / "div" / "offsets" / "1").write_text("v1\n{}\n" + json.dumps({"0/s_v1/0": 10, "1/s_v1/0": 7}))
+    assert not caught_up(tmp_path, truth, {"s_v1"})
+    (tmp_path / "div" / "commits" / "1").write_text("v1\n{}\n")
+    assert caught_up(tmp_path, truth, {"s_v1"})  # the RT is not watched: its end does not count
+    assert not caught_up(tmp_path, {"run": {"end_offsets": None}}, {"s_v1"})  # the run has not ended
