@@ -88,9 +88,10 @@ class _Proc:
         return self.p.poll() is None
 
     def stop(self, timeout: float) -> int | None:
-        """SIGTERM, then wait; SIGKILL to the whole group if it does not go."""
+        """SIGTERM to the process (as a service manager stops it), then wait; SIGKILL to the whole group (its
+        JVM and workers) if it does not go."""
         if self.alive():
-            os.killpg(self.p.pid, signal.SIGTERM)
+            os.kill(self.p.pid, signal.SIGTERM)
         try:
             return self.p.wait(timeout)
         except subprocess.TimeoutExpired:
@@ -355,9 +356,15 @@ def _run(
         f"tidegauge demo --watch: 3 regions live for {opts.duration_s:g} s at {opts.rate:g} writes/s each, "
         f"heartbeats every {interval / 1000:g} s; faults {opts.faults} -> {out}"
     )
+    # replication lag that differs by region pair, on top of the simulator's 200 ms (and its conflicts: hot keys
+    # written in several regions at once)
+    conf = out / "simulate.yaml"
+    conf.write_text(
+        'simulate:\n  default_lag_ms: 200\n  lag_ms: {"0-2": 1500, "1-0": 700}\n  key_skew: 0.9\n'
+    )
     sim = _Proc(
         _cli(
-            "simulate", "--live", "--out", str(out / "sim"), "--seed", str(opts.seed), "--regions", "3",
+            "simulate", "--live", "--out", str(out / "sim"), "--conf", str(conf), "--seed", str(opts.seed), "--regions", "3",
             "--partitions", str(opts.partitions), "--duration", f"{opts.duration_s:g}", "--rate",
             f"{opts.rate:g}", "--heartbeat-ms", str(interval), "--faults", opts.faults, "--linger", "900",
         ),
