@@ -226,7 +226,7 @@ def run(args: argparse.Namespace) -> int:
             stop.wait(1.0)
             for i, q in enumerate(queries):
                 if q.lastProgress is not None:
-                    metrics.observe_progress(q.lastProgress)
+                    metrics.observe_progress(q.lastProgress, heartbeats_read=QUERIES[i] == "leapfrog")
                     restarts.progressed(QUERIES[i], q.lastProgress.get("batchId"))
                 if not q.isActive and not stop.is_set():
                     queries[i] = restarts.restart(

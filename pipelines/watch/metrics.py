@@ -85,6 +85,7 @@ class WatchMetrics:
         self._lock = threading.Lock()
         self._heartbeats: dict[tuple[str, str, str], _Heartbeats] = {}
         self._progress: _Progress | None = None
+        self._read_until_s: float | None = None  # heartbeats that arrived before it have all been read
         self.registry.register(_DriverCollector(self))
         r = self.registry
         self._interval = Gauge(
@@ -261,9 +262,14 @@ class WatchMetrics:
         self._unverified.labels(label).set(n)
 
     # -- Spark's progress ------------------------------------------------------------------------------
-    def observe_progress(self, progress: Mapping[str, Any] | str) -> None:
+    def observe_progress(self, progress: Mapping[str, Any] | str, *, heartbeats_read: bool = False) -> None:
         """One `StreamingQueryProgress` (`query.lastProgress`, a listener event's `progress`, or its JSON).
-        A report older than the last one shown, or the same one again, is ignored."""
+        A report older than the last one shown, or the same one again, is ignored.
+
+        `heartbeats_read`: this is the progress of the query whose rows feed `observe_heartbeats`. Its timestamp
+        (when the micro-batch's offsets were planned) is then the time up to which every heartbeat has been
+        read, and heartbeat ages count up to it rather than up to the scrape: a watch that runs behind must not
+        make every partition look silent (a watch that stopped making progress has an alert of its own)."""
         try:
             if isinstance(progress, str | bytes):
                 progress = json.loads(progress)
@@ -271,6 +277,10 @@ class WatchMetrics:
         except (BadRow, ValueError, TypeError) as exc:
             self._reject("observe_progress", 1, progress, exc)
             return
+        if heartbeats_read:
+            with self._lock:
+                if self._read_until_s is None or parsed.timestamp_s > self._read_until_s:
+                    self._read_until_s = parsed.timestamp_s
         with self._lock:
             last = self._progress
             if last is not None and (
@@ -321,10 +331,11 @@ class WatchMetrics:
         )
 
     def _snapshot(self) -> tuple[float, list[tuple[tuple[str, str, str], _Heartbeats]], _Progress | None]:
+        """(the time heartbeat ages count up to, the heartbeat series, the last progress)."""
         with self._lock:
             beats = [(k, _Heartbeats(v.last, v.since_s, v.mark)) for k, v in self._heartbeats.items()]
-            progress = self._progress
-        return self.clock(), beats, progress
+            progress, read_until = self._progress, self._read_until_s
+        return (self.clock() if read_until is None else read_until), beats, progress
 
 
 @dataclass
@@ -404,8 +415,9 @@ def _families() -> Iterator[Metric]:
     hb = list(HEARTBEAT_LABELS)
     yield g(
         "tidegauge_heartbeat_age_seconds",
-        "Time since the newest heartbeat from source_region arrived in region's VT partition (broker time), "
-        "at scrape time; before the first one, since the watch began waiting for it.",
+        "Time since the newest heartbeat from source_region arrived in region's VT partition (broker time), up to "
+        "when the watch's last micro-batch was planned (everything that arrived before then has been read; at "
+        "scrape time before the first one); before the first heartbeat, since the watch began waiting for it.",
         labels=hb,
     )
     yield g(

@@ -130,3 +130,30 @@ def test_the_watch_refuses_bad_places_and_sources_before_any_work(tmp_path):
     prepare(opts())
     prepare(opts())  # a restart: its own --out, marked by the first start
     assert (tmp_path / "theirs" / "notes.txt").read_text() == "not ours"
+
+
+def test_heartbeat_ages_count_up_to_what_the_watch_has_read_not_up_to_the_scrape():
+    """A watch that runs behind must not make healthy partitions look silent: ages count up to the planning time
+    of the Leap Frog query's last micro-batch, when every heartbeat that had arrived was read."""
+    now = [2_000.0]
+    m = WatchMetrics(heartbeat_interval_ms=5_000, clock=lambda: now[0])
+    labels = {"region": "0", "partition": "0", "source_region": "1"}
+    m.observe_heartbeats([{**labels, "origin_ms": 1_989_000, "arrival_ms": 1_990_000}])
+    assert (
+        m.registry.get_sample_value("tidegauge_heartbeat_age_seconds", labels) == 10
+    )  # no progress yet: now
+
+    def progress(batch: int, at_s: float) -> dict:
+        from datetime import UTC, datetime
+
+        return {"batchId": batch, "timestamp": datetime.fromtimestamp(at_s, UTC).isoformat()}
+
+    m.observe_progress(progress(4, 1_995.0), heartbeats_read=True)
+    now[0] = 2_030.0  # the watch is 35 s behind: the age says what it knows, 5 s
+    assert m.registry.get_sample_value("tidegauge_heartbeat_age_seconds", labels) == 5
+    m.observe_progress(progress(9, 2_025.0))  # the DIV query's progress moves nothing
+    assert m.registry.get_sample_value("tidegauge_heartbeat_age_seconds", labels) == 5
+    m.observe_progress(
+        progress(5, 2_020.0), heartbeats_read=True
+    )  # no heartbeat since: it grows, batch by batch
+    assert m.registry.get_sample_value("tidegauge_heartbeat_age_seconds", labels) == 30
