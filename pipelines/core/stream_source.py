@@ -138,6 +138,16 @@ class StreamReadError(Exception):
     """A planned range could not be read: the micro-batch fails and is re-run from the checkpoint."""
 
 
+class RecordsLostError(StreamReadError):
+    """Offsets the checkpoint had not read yet are gone from the source (Kafka's retention deleted them, or an
+    archive's first files were removed). Reading on from the source's first offset would feed the rules a log
+    with a hole no rule can tell from compaction — DIV would report the hole as missing records and Leap Frog
+    compare keys whose latest records were lost — so the query stops instead, naming the range. Re-running does
+    not bring the records back: a watch sees this once and gives up."""
+
+    MARKER = "records were deleted before the watch read them"
+
+
 def offset_key(region: int, topic: str, partition: int) -> str:
     """The checkpoint's name for one partition of one region's topic: `REGION/TOPIC/PARTITION`."""
     return f"{int(region)}/{topic}/{int(partition)}"
@@ -430,19 +440,24 @@ class TidegaugeStreamReader(DataSourceStreamReader, SupportsTriggerAvailableNow)
     def latestOffset(self, start: dict, limit: ReadLimit) -> dict:
         start = {k: int(v) for k, v in start.items()}
         end = dict(start)  # partitions of regions not reached keep their offsets
+        lost: list[str] = []
         for region_marks in self._plan().values():
             for key, (low, high) in region_marks.items():
                 if key not in start:
                     end[key] = low  # a new partition: its start goes into the checkpoint first
                     continue
                 if low > start[key]:
-                    log.warning(
-                        "%s: offsets %d to %d were deleted (retention) before they were read",
-                        key,
-                        start[key],
-                        low - 1,
-                    )
+                    lost.append(f"{key} offsets {start[key]} to {low - 1}")
                 end[key] = max(start[key], high)
+        if lost:
+            raise RecordsLostError(
+                f"{RecordsLostError.MARKER} (the cluster's retention, or an archive's files removed): "
+                + "; ".join(lost)
+                + ". This checkpoint cannot judge those partitions any more. Start the watch with a new "
+                "--checkpoint (and a new --out): each partition then starts where its log starts now, at its "
+                "next heartbeat, as `leapfrog` does on a trimmed topic. Keep the watch within the topics' "
+                "retention (see tidegauge_offset_lag_records and its alert)"
+            )
         self._latest = _in_order(end)
         if self._target is not None:
             for key in list(end):

@@ -133,6 +133,11 @@ class _Restarts:
         error = query.exception()
         if error is None:
             raise UsageError(f"the streaming query {query.name} stopped by itself")
+        from pipelines.core.stream_source import RecordsLostError
+
+        if RecordsLostError.MARKER in str(error):  # re-running cannot bring deleted records back
+            lost = str(error)[str(error).index(RecordsLostError.MARKER) :].splitlines()[0]
+            raise UsageError(f"the streaming query {query.name} stopped: {lost}")
         n = self.failures.get(name, 0) + 1
         first = str(error).strip().splitlines()[0] if str(error).strip() else type(error).__name__
         if n > self.MAX_FAILURES:

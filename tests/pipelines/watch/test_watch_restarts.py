@@ -49,3 +49,18 @@ def test_a_committed_micro_batch_resets_the_count_and_a_stop_ends_the_wait():
 def test_a_query_that_ends_without_an_error_is_not_restarted():
     with pytest.raises(UsageError, match="stopped by itself"):
         _Restarts(0.0).restart("div", FailedQuery(1, error=None), threading.Event(), lambda: "again")
+
+
+def test_records_lost_to_retention_are_not_retried_and_the_message_says_what_to_do():
+    from pipelines.core.stream_source import RecordsLostError
+
+    spark_text = (
+        "[PYTHON_STREAMING_DATA_SOURCE_RUNTIME_ERROR] Failed when Python streaming data source perform "
+        f"latestOffset: Traceback ...\npipelines.core.stream_source.RecordsLostError: {RecordsLostError.MARKER} "
+        "(the cluster's retention, or an archive's files removed): 1/s_v1/0 offsets 0 to 99. Start the watch "
+        "with a new --checkpoint\n  at org.apache..."
+    )
+    with pytest.raises(
+        UsageError, match=r"stopped: records were deleted .* 1/s_v1/0 offsets 0 to 99\. Start"
+    ):
+        _Restarts(0.0).restart("leapfrog", FailedQuery(3, spark_text), threading.Event(), lambda: "again")
