@@ -49,23 +49,26 @@ from pipelines.demo.job import (
 )
 
 MARKER = "demo.json"  # shared with the batch demo: a demo's directory may be replaced by another demo run
-DEFAULT_FAULTS = "dropped@40,poisoned@55,silent@70+45,failover@125,broker@140"
+DEFAULT_FAULTS = "dropped@40,poisoned@55,silent@70+45,isolated@125+20,failover@150,broker@160"
 """A dropped and a poisoned write (found by Leap Frog), a leader silent for 45 s (3 intervals + 1.5 + margin at
-the default 5 s interval), a leader failover and a broker outage (nothing may be found)."""
+the default 5 s interval), a region that stops replicating for 20 s, a leader failover and a broker outage (of
+those, nothing may be found)."""
 
 
 @dataclass
 class WatchDemoOptions:
     out: str = "tidegauge-demo-watch"
     seed: int = 1
-    duration_s: float = 165.0
+    duration_s: float = 180.0
     rate: float = 100.0  # writes per second per region
     heartbeat_ms: int = 5_000
     faults: str = DEFAULT_FAULTS
     trigger: str = "2 seconds"
     metrics_port: int = 0
     master: str | None = None
-    partitions: int = 2
+    # the embedded clusters keep ~5 MiB per partition: four partitions give the watch minutes, not seconds, to
+    # start and catch up before unread records are deleted (the watch then stops rather than judge a hole)
+    partitions: int = 4
 
 
 @dataclass
