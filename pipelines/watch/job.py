@@ -254,6 +254,7 @@ class FindingsSink:
         self.dir = locate(opts.out) / "leapfrog"
         self.dir.makedirs()
         self.warned: set[tuple] = set()
+        self.pending: dict[tuple[int, int, int], int] = {}  # (partition, region_a, region_b) → its last count
 
     def __call__(self, df: DataFrame, batch_id: int) -> None:
         table = df.toArrow()
@@ -294,20 +295,24 @@ class FindingsSink:
                     )
                     log.warning("tidegauge watch: %s: %s", where, r["type"])
         if self.metrics is not None and table.num_rows:
-            observe_rows(self.metrics, table)
+            observe_rows(self.metrics, table, self.pending)
         log.debug("micro-batch %d: %d rows", batch_id, table.num_rows)
 
 
-def observe_rows(metrics, table: pa.Table) -> None:
-    """The processor's other rows to the metrics: pending keys per pair ("C", summed over the partitions of
-    this micro-batch), each region partition's running high-water mark ("M") and the newest heartbeats ("H")."""
+def observe_rows(metrics, table: pa.Table, pending: dict[tuple[int, int, int], int] | None = None) -> None:
+    """The processor's other rows to the metrics: pending keys per pair ("C"), each region partition's running
+    high-water mark ("M") and the newest heartbeats ("H").
+
+    A partition reports its pending keys only in the micro-batches that bring it records, so `pending` keeps each
+    partition's last count across micro-batches and the metric is their sum over every partition seen."""
+    pending = {} if pending is None else pending
     kind = table.column("row").to_numpy(zero_copy_only=False)
-    pending: dict[tuple[int, int], int] = {}
+    pairs: set[tuple[int, int]] = set()
     for r in table.filter(pa.array(kind == "C", pa.bool_())).to_pylist():
-        pair = (r["region_a"], r["region_b"])
-        pending[pair] = pending.get(pair, 0) + (r["pending"] or 0)
-    for (a, b), n in sorted(pending.items()):
-        metrics.set_pending_keys(a, b, n)
+        pending[(r["partition"], r["region_a"], r["region_b"])] = r["pending"] or 0
+        pairs.add((r["region_a"], r["region_b"]))
+    for a, b in sorted(pairs):
+        metrics.set_pending_keys(a, b, sum(n for (_, x, y), n in pending.items() if (x, y) == (a, b)))
     for r in table.filter(pa.array(kind == "M", pa.bool_())).to_pylist():
         if r["mark"] is not None:
             metrics.set_high_water_marks(r["region"], r["partition"], r["mark"])

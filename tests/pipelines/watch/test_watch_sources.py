@@ -47,8 +47,13 @@ def test_pending_keys_per_pair_and_marks_from_the_processor_rows():
         {"row": "M", "partition": 1, "region": 1, "mark": [7, 9]},
         {"row": "F", "partition": 1, "region_a": 0, "region_b": 1, "type": "VALUE_MISMATCH", "key": b"k"},
     ]
-    observe_rows(m, pa.Table.from_pylist(rows, OUTPUT_SCHEMA))
+    pending: dict = {}
+    observe_rows(m, pa.Table.from_pylist(rows, OUTPUT_SCHEMA), pending)
     assert m.registry.get_sample_value("tidegauge_pending_keys", {"region_a": "0", "region_b": "1"}) == 5
+    # a later micro-batch brings records of partition 1 only: partition 0's count still counts
+    later = [{"row": "C", "partition": 1, "region_a": 0, "region_b": 1, "pending": 1}]
+    observe_rows(m, pa.Table.from_pylist(later, OUTPUT_SCHEMA), pending)
+    assert m.registry.get_sample_value("tidegauge_pending_keys", {"region_a": "0", "region_b": "1"}) == 3
     mark = {"region": "1", "partition": "1", "source_region": "0"}
     assert m.registry.get_sample_value("tidegauge_high_water_mark", mark) == 7
     assert m.registry.get_sample_value("tidegauge_heartbeat_age_seconds", mark) is None  # no heartbeat seen
