@@ -42,6 +42,7 @@ from pipelines.core.progress import Progress
 from pipelines.core.sources import SourceError, SourceSpec
 from pipelines.core.spark_files import read_parquet, write_parquet
 from pipelines.core.storage import absolute
+from pipelines.leapfrog import chunks as C
 from pipelines.leapfrog import decode as V
 from pipelines.leapfrog.carried import file_buckets
 from pipelines.leapfrog.keys import OUT_DDL, ROW_COLUMNS, SORT_COLUMNS, CompareContext, ScanReduce, stage_for
@@ -150,10 +151,7 @@ def _hash_manifests(main: DataFrame) -> DataFrame:
 
         for b in batches:
             parts = b.column("parts").to_pylist()
-            hashes = []
-            for ps in parts:
-                payloads = [p["payload"] for p in ps]
-                hashes.append(None if any(p is None for p in payloads) else V.chunked_value_hash(payloads))
+            hashes = [C.manifest_hash((p["idx"], p["payload"]) for p in ps) for ps in parts]
             yield pa.RecordBatch.from_arrays(
                 [b.column("region"), b.column("partition"), b.column("offset"), pa.array(hashes, pa.int64())],
                 names=["region", "partition", "offset", "manifest_hash"],
@@ -163,38 +161,18 @@ def _hash_manifests(main: DataFrame) -> DataFrame:
 
 
 def _prepare(scanned: DataFrame, facts: dict) -> DataFrame:
-    """Data rows of stage A; in chunked versions, manifests become values (hashed through their chunks), keys lose
-    the chunking suffix and chunk keys are left out."""
+    """Data rows of stage A; in chunked versions, the values of `pipelines.leapfrog.chunks.resolve` (manifests
+    hashed through their chunks here, across the whole run)."""
     main = scanned.where(F.col("order") == 1)
-    is_data = F.col("kind").isin(V.PUT, V.DELETE)  # a Put (manifests become Puts below) or a Delete
     # Chunking is a property of the whole version (one push): once any region or partition shows a chunked
     # StartOfPush or chunk rows, every data key of every region carries the suffix, whatever a region's view holds.
-    if any(rp.chunked or rp.chunk_rows for rp in facts.values()):
-        hashed = _hash_manifests(main)
-        main = main.join(hashed, ["region", "partition", "offset"], "left")
-        is_manifest = F.col("kind") == V.MANIFEST
-        main = main.withColumn(
-            "value_hash", F.when(is_manifest, F.col("manifest_hash")).otherwise(F.col("value_hash"))
-        )
-        main = main.withColumn(
-            "kind",
-            F.when(is_manifest & F.col("manifest_hash").isNull(), F.lit(V.UNDECODABLE))
-            .when(is_manifest, F.lit(V.PUT))
-            .otherwise(F.col("kind"))
-            .cast("byte"),
-        )
-        # In a chunked version every data key ends with a ChunkedKeySuffix: `02 00` for values and manifests.
-        # Other suffixes are chunk keys (chunks, and the DELETEs that clean them up): not values.
-        suffix = F.substring(F.col("key"), -2, 2)
-        chunk_key = is_data & (suffix != F.lit(bytes([2, 0])))
-        main = main.withColumn(
-            "kind", F.when(chunk_key, F.lit(V.CHUNK)).otherwise(F.col("kind")).cast("byte")
-        )
-        strip = is_data
-        main = main.withColumn(
-            "key", F.when(strip, F.expr("substring(key, 1, length(key) - 2)")).otherwise(F.col("key"))
-        )
-    return main.where(is_data)
+    if not C.chunked_version(facts.values()):
+        return main.where(F.col("kind").isin(*C.DATA_KINDS))
+    hashed = _hash_manifests(main)
+    # chunks are never values, and their payloads need not travel further (`resolve` leaves them out anyway)
+    rows = main.where(F.col("kind") != V.CHUNK).drop("chunk_keys", "payload")
+    rows = rows.join(hashed, ["region", "partition", "offset"], "left")
+    return rows.mapInArrow(C.resolve_batches, rows.drop("manifest_hash").schema)
 
 
 def parse_pairs(text: str | None, regions: list[int]) -> list[tuple[int, int]]:
@@ -579,13 +557,13 @@ def _unverified(facts: dict) -> tuple[dict[tuple[int, int, bytes], list[int]], s
     `02 00` suffix; other suffixes are chunk keys, which a manifest's hash already accounts for."""
     from leapfrog.unverified import index
 
-    chunked = any(rp.chunked or rp.chunk_rows for rp in facts.values())
+    chunked = C.chunked_version(facts.values())
     rows = []
     for (region, partition), rp in facts.items():
         for key_hex, offset in rp.unverified:
             key = bytes.fromhex(key_hex)
             if chunked:
-                if key[-2:] != bytes([2, 0]):
+                if key[-2:] != C.VALUE_SUFFIX:
                     continue
                 key = key[:-2]
             rows.append((region, partition, key, int(offset)))

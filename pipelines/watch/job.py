@@ -136,8 +136,10 @@ class LeapfrogProcessor(StatefulProcessor):
                 {"row": "M", "partition": partition, "region": fact["region"], "mark": fact["final_hw"]}
             )
         # what this partition's micro-batch could not judge: said on the driver, never silently dropped
-        if result.chunked:
-            out.append({"row": "W", "partition": partition, "type": "chunked values are not compared yet"})
+        if result.chunked_late:
+            out.append(
+                {"row": "W", "partition": partition, "type": "chunks appeared after unchunked comparisons"}
+            )
         for region, error in sorted(result.failed.items()):
             out.append({"row": "W", "partition": partition, "region": region, "type": f"unreadable: {error}"})
         for c in result.counters.to_pylist():

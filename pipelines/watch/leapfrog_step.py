@@ -14,8 +14,18 @@ What it returns is what the next micro-batch needs (`PartitionState`) and the fi
 never retracted, so a (pair, key) is reported once: the first time a micro-batch finds it. A nightly run over the
 same records reports one finding per (pair, key) too, the first in offset order; the two name the same keys.
 
-Chunked values are not resolved here (their chunks are joined with their manifests across a whole run): a
-partition whose records hold chunks is reported in `PartitionStep.chunked`, and its values are not compared.
+Chunked values are compared through their manifests, with the batch job's rules (`pipelines.leapfrog.chunks`): in
+a chunked version (a chunked StartOfPush, or chunks and manifests, in the partition's records so far) each
+manifest becomes a value whose hash is its chunks' payloads' in manifest order, keys lose their `02 00` suffix,
+and chunk keys (chunks, and the DELETEs that clean them up) are not values. Chunks precede their manifest in a
+VT, but a micro-batch may end between them: the chunks wait in `PartitionState.chunks` until the manifest that
+names them comes, and leave it then, or when a DELETE cleans them up. Chunks before End of Push (the batch
+push's, whose manifests name no upstream region and lie before the scan start, which the comparison leaves out)
+are not held. A manifest whose chunks are not all there is left out, as the batch job leaves it out. The batch
+job finds a manifest's chunks anywhere in its run; here they must come before it or in its micro-batch, as Venice
+writes them. If the version shows itself chunked only after the partition's records were compared as an unchunked
+version's (no chunked StartOfPush in view), `PartitionStep.chunked_late` says so: those comparisons used suffixed
+keys.
 """
 
 from __future__ import annotations
@@ -25,13 +35,16 @@ from dataclasses import dataclass, field
 
 import numpy as np
 import pyarrow as pa
+import pyarrow.compute as pc
 
 from div import archive
 from leapfrog.plan import failed_reads, plan_marks
+from pipelines.leapfrog import chunks as C
+from pipelines.leapfrog import decode as V
 from pipelines.leapfrog import rows as R
 from pipelines.leapfrog.carried import CARRIED_SCHEMA, sortkeys
 from pipelines.leapfrog.keys import OUT_SCHEMA, MemorySink, ScanReduce
-from pipelines.leapfrog.scan import SplitScan
+from pipelines.leapfrog.scan import SCAN_SCHEMA, SplitScan
 from pipelines.leapfrog.state import region_rows
 
 # the columns of a region's records a step reads: the archive's, as the streaming source gives them
@@ -44,6 +57,10 @@ WAITING_SCHEMA = pa.schema(
         ("value", pa.binary()),
         ("headers", pa.list_(pa.field("element", archive.HEADER_TYPE))),
     ]
+)
+# chunks waiting for the manifest that names them (chunks precede their manifest in a VT)
+CHUNKS_SCHEMA = pa.schema(
+    [("region", pa.int32()), ("offset", pa.int64()), ("key", pa.binary()), ("payload", pa.binary())]
 )
 # A partition's first comparison waits until every region has sent records (or this many are held): a region
 # left out of the first comparison would find, later, that the records it needed were not carried.
@@ -66,17 +83,25 @@ class PartitionState:
     carried: pa.Table | None = None  # CARRIED_SCHEMA: records of keys still in play
     reported: set[tuple[int, int, bytes]] = field(default_factory=set)  # (region_a, region_b, key) found
     waiting: pa.Table | None = None  # WAITING_SCHEMA: records held until every region has sent some
+    chunked: bool = False  # the records in view showed a chunked version (`chunks.chunked_version`)
+    chunks: pa.Table | None = None  # CHUNKS_SCHEMA: chunks whose manifest has not arrived yet
 
     def to_bytes(self) -> bytes:
-        """One self-contained value for a state store: JSON facts and findings, then the carried and the waiting
-        records (Arrow IPC)."""
+        """One self-contained value for a state store: JSON facts and findings, then the carried, the waiting
+        records and the chunks (Arrow IPC)."""
         head = json.dumps(
             {
                 "facts": list(self.facts.values()),
                 "reported": [[a, b, k.hex()] for a, b, k in sorted(self.reported)],
+                "chunked": self.chunked,
             }
         ).encode()
-        parts = [head, _ipc(self.carried, CARRIED_SCHEMA), _ipc(self.waiting, WAITING_SCHEMA)]
+        parts = [
+            head,
+            _ipc(self.carried, CARRIED_SCHEMA),
+            _ipc(self.waiting, WAITING_SCHEMA),
+            _ipc(self.chunks, CHUNKS_SCHEMA),
+        ]
         return b"".join(len(x).to_bytes(8, "little") + x for x in parts)
 
     @classmethod
@@ -87,12 +112,15 @@ class PartitionState:
             parts.append(data[at + 8 : at + 8 + n])
             at += 8 + n
         head = json.loads(parts[0])
-        carried, waiting = (pa.ipc.open_stream(pa.py_buffer(x)).read_all() for x in parts[1:3])
+        # (a state written before chunks were held has three parts)
+        carried, waiting, *chunks = (pa.ipc.open_stream(pa.py_buffer(x)).read_all() for x in parts[1:4])
         return cls(
             facts={(f["region"], f["partition"]): f for f in head["facts"]},
             carried=carried if carried.num_rows else None,
             reported={(a, b, bytes.fromhex(k)) for a, b, k in head["reported"]},
             waiting=waiting if waiting.num_rows else None,
+            chunked=bool(head.get("chunked")),
+            chunks=chunks[0] if chunks and chunks[0].num_rows else None,
         )
 
 
@@ -111,7 +139,10 @@ class PartitionStep:
     findings: pa.Table  # OUT_SCHEMA "F" rows never reported before
     counters: pa.Table  # OUT_SCHEMA "C" rows of this micro-batch
     failed: dict[int, str]  # region → read error: that region's records were left out
-    chunked: bool
+    # the version showed itself chunked only after this partition's records had been compared as an unchunked
+    # version's (no chunked StartOfPush in view before): those comparisons used suffixed keys, so findings may
+    # differ from a nightly run's
+    chunked_late: bool = False
     waiting: bool = False  # nothing compared yet: some region has sent no record
 
 
@@ -137,27 +168,42 @@ class LeapfrogStep:
                     findings=OUT_SCHEMA.empty_table(),
                     counters=OUT_SCHEMA.empty_table(),
                     failed={},
-                    chunked=False,
                     waiting=True,
                 )
-        scan = SplitScan(self.n, "heartbeat", keep_chunks=False, buckets=1)
-        parts: list[pa.RecordBatch] = []
+        # the two-phase job's scan rows: chunks and manifests with their payloads and chunk keys
+        scan = SplitScan(self.n, "heartbeat")
+        scanned: dict[int, pa.Table] = {}
+        summaries: list[dict] = []
         ends: dict[tuple[int, int], int] = {}
         for region, table in sorted(records.items()):
             if table is None or table.num_rows == 0:
                 continue
             table = table.sort_by("offset")
             ends[(region, partition)] = int(table.column("offset")[-1].as_py()) + 1
-            parts.extend(scan(iter(_vt_batches(table, region, partition))))
-        summaries = [json.loads(t) for b in parts for t in _summary_texts(b)]
-        rows = [b for b in parts if b.num_rows]
+            out = pa.Table.from_batches(list(scan(iter(_vt_batches(table, region, partition)))), SCAN_SCHEMA)
+            order = out.column("order").to_numpy()
+            summaries.extend(
+                json.loads(t) for t in out.filter(pa.array(order == 0)).column("summary").to_pylist()
+            )
+            scanned[region] = out.filter(pa.array(order == 1))
+        facts, _ = plan_marks(summaries, ends, self.n, state.facts)
+        chunked = state.chunked or C.chunked_version(facts.values())
+        held = state.chunks
+        if chunked:
+            scanned, held = _values_of_chunked(scanned, state.chunks, facts, partition)
+        else:
+            scanned = {
+                x: t.filter(pc.is_in(t.column("kind"), pa.array(C.DATA_KINDS, pa.int8())))
+                for x, t in scanned.items()
+            }
+        rows = [R.summary_batch(sm, 1) for sm in summaries]
+        rows.extend(_narrow(t, self.n, x, partition) for x, t in scanned.items() if t.num_rows)
         if state.carried is not None and state.carried.num_rows:
             rows.extend(R.carried_batches(self.n)(iter(state.carried.to_batches())))
         sorted_rows = _shuffle_order(rows)
         sink = MemorySink()
         reduce = ScanReduce("heartbeat", self.pairs, self.n, ends, state.facts, sink=sink)
         out = pa.Table.from_batches(list(reduce(iter(sorted_rows.to_batches()))), OUT_SCHEMA)
-        facts, _ = plan_marks(summaries, ends, self.n, state.facts)
         kind = out.column("row").to_numpy(zero_copy_only=False)
         findings = out.filter(pa.array(kind == "F"))
         fresh = []
@@ -175,12 +221,100 @@ class LeapfrogStep:
                 facts={(f["region"], f["partition"]): f for f in region_rows(facts, ends, state.facts)},
                 carried=sink.table() if sink.batches else None,
                 reported=reported,
+                chunked=chunked,
+                chunks=held,
             ),
             findings=findings.filter(pa.array(fresh, pa.bool_())),
             counters=out.filter(pa.array(kind == "C")),
             failed={r: e for (r, _p), e in failed_reads(summaries).items()},
-            chunked=any(rp.chunk_rows for rp in facts.values()),
+            chunked_late=chunked and not state.chunked and bool(state.facts),
         )
+
+
+def _values_of_chunked(
+    scanned: dict[int, pa.Table], held: pa.Table | None, facts: dict, partition: int
+) -> tuple[dict[int, pa.Table], pa.Table | None]:
+    """A chunked version's values (`chunks.resolve`) among each region's scan rows, each manifest hashed
+    through its chunks — those held from earlier micro-batches and this one's —, and the chunks to hold for the
+    next: not those a manifest used, nor those a DELETE cleaned up, nor those before End of Push when the
+    region's scan starts there (only a manifest the comparison leaves out could name them)."""
+    out: dict[int, pa.Table] = {}
+    keep: list[pa.Table] = []
+    held_region = held.column("region").to_numpy() if held is not None else np.zeros(0, np.int32)
+    for region in sorted(set(scanned) | {int(x) for x in np.unique(held_region)}):
+        t = scanned.get(region, SCAN_SCHEMA.empty_table())
+        kind = t.column("kind").to_numpy()
+        is_chunk = kind == V.CHUNK
+        chunks = t.filter(pa.array(is_chunk)).select(["offset", "key", "payload"])
+        if held is not None:
+            mine = held.filter(pa.array(held_region == region)).select(["offset", "key", "payload"])
+            chunks = pa.concat_tables([mine, chunks.cast(mine.schema)])
+        rows_of: dict[bytes, list[tuple[int, bytes | None]]] = {}
+        for o, k, p in zip(
+            *(chunks.column(c).to_pylist() for c in ("offset", "key", "payload")), strict=True
+        ):
+            rows_of.setdefault(k, []).append((o, p))
+        hashes: list[int | None] = [None] * t.num_rows
+        used: set[bytes] = set()
+        manifest = np.flatnonzero(kind == V.MANIFEST)
+        if len(manifest):
+            names = t.column("chunk_keys").take(pa.array(manifest)).to_pylist()
+            for i, keys in zip(manifest.tolist(), names, strict=True):
+                found = {k: [p for _, p in rows_of[k]] for k in keys if k in rows_of}
+                hashes[i] = C.manifest_hash(C.manifest_parts(keys, found))
+                if hashes[i] is not None:
+                    used.update(keys)
+        # a DELETE under a chunk key (Venice cleaning up a replaced value's chunks) ends the chunks before it
+        cleaned: dict[bytes, int] = {}
+        deletes = np.flatnonzero(kind == V.DELETE)
+        for o, k in zip(
+            t.column("offset").take(pa.array(deletes)).to_pylist(),
+            t.column("key").take(pa.array(deletes)).to_pylist(),
+            strict=True,
+        ):
+            if k is not None and k[-2:] != C.VALUE_SUFFIX:
+                cleaned[k] = max(cleaned.get(k, -1), o)
+        # chunks before End of Push, where this micro-batch starts the region's scan: the batch push's, named by
+        # manifests before it (which the comparison leaves out); Venice's leaders write after End of Push. (A
+        # resumed region's `start_after` is only where the last micro-batch stopped.)
+        rp = facts.get((region, partition))
+        start = rp.start_after if rp is not None and rp.start_kind == "end_of_push" else -1
+        left = [
+            (region, o, k, p)
+            for k, rs in rows_of.items()
+            if k not in used
+            for o, p in rs
+            if o > start and o > cleaned.get(k, -1)
+        ]
+        if left:
+            keep.append(
+                pa.Table.from_pylist(
+                    [dict(zip(CHUNKS_SCHEMA.names, r, strict=True)) for r in left], CHUNKS_SCHEMA
+                )
+            )
+        with_hash = t.append_column("manifest_hash", pa.array(hashes, pa.int64()))
+        if region in scanned:
+            out[region] = C.resolve(with_hash)
+    return out, (pa.concat_tables(keep) if keep else None)
+
+
+def _narrow(t: pa.Table, n: int, region: int, partition: int) -> pa.RecordBatch:
+    """A region's value rows (`scan.SCAN_SCHEMA`) as the fused job's shuffle rows (`rows.data_batch`), which is
+    what `SplitScan(..., buckets=...)` makes of the same rows."""
+    t = t.combine_chunks()
+    return R.data_batch(
+        n,
+        partition,
+        region,
+        region,  # split: one per region in a micro-batch (`_vt_batches`)
+        t.column("seg").to_numpy(),
+        t.column("key").chunk(0),
+        t.column("offset").to_numpy(),
+        t.column("value_hash").chunk(0),
+        t.column("src").chunk(0),
+        t.column("src_offset").chunk(0),
+        R.unpack_marks(t.column("hw").chunk(0), n),
+    )
 
 
 def _with_waiting(records: dict[int, pa.Table], waiting: pa.Table | None) -> tuple[dict[int, pa.Table], int]:
@@ -225,11 +359,6 @@ def _vt_batches(table: pa.Table, region: int, partition: int):
 def _is_summary(table: pa.Table | pa.RecordBatch) -> np.ndarray:
     """A scan row is a split summary when it has a bucket (`pipelines.leapfrog.rows.summary_batch`)."""
     return table.column("bucket").is_valid().to_numpy(zero_copy_only=False)
-
-
-def _summary_texts(batch: pa.RecordBatch) -> list[str]:
-    is_summary = _is_summary(batch)
-    return [batch.column("rec")[int(i)].as_py().decode() for i in np.flatnonzero(is_summary)]
 
 
 def _shuffle_order(batches: list[pa.RecordBatch]) -> pa.Table:

@@ -5,6 +5,10 @@ region; the batch job over the whole archives is the oracle. The watch's step th
 cut, per region, at random offsets into micro-batches (a region may have nothing in a micro-batch), carrying its
 state from one to the next through `PartitionState.to_bytes` as a state store would. Its findings must name the
 same (partition, pair, key, type), each once.
+
+The same histories written as a chunked version (tests/support/chunked_histories.py: some values stored as chunks
+and a manifest, every key suffixed, old chunks deleted) must give the same findings, to the nightly job and to
+the watch, whether a micro-batch cut falls between a manifest and its chunks or not.
 """
 
 from __future__ import annotations
@@ -13,6 +17,7 @@ import random
 
 import pyarrow as pa
 import pytest
+from chunked_histories import write_chunked_archives
 from leapfrog_histories import generated
 from nightly_oracle import named, nightly
 from vt_fixtures import TOPIC, write_archives
@@ -23,8 +28,12 @@ from pipelines.watch.leapfrog_step import RECORD_COLUMNS, LeapfrogStep, Partitio
 pytestmark = [pytest.mark.spark, pytest.mark.slow]
 
 
-def _micro_batches(table: pa.Table, cuts: int, rng: random.Random) -> list[pa.Table]:
+def _micro_batches(
+    table: pa.Table, cuts: int, rng: random.Random, not_at: int | None = None
+) -> list[pa.Table]:
+    """`table` cut at random into `cuts` micro-batches (some may be empty); no cut right after row `not_at`."""
     at = sorted(rng.randint(0, table.num_rows) for _ in range(cuts - 1))
+    at = [a + 1 if not_at is not None and a == not_at + 1 else a for a in at]
     bounds = [0, *at, table.num_rows]
     return [table.slice(a, b - a) for a, b in zip(bounds[:-1], bounds[1:], strict=True)]
 
@@ -58,7 +67,70 @@ def test_micro_batches_name_what_a_nightly_run_names(world, seed, cuts):
         for i in range(cuts):
             state = PartitionState.from_bytes(state_bytes) if state_bytes is not None else None
             result = step(p, {x: batches[i] for x, batches in per_region.items()}, state)
-            assert not result.failed and not result.chunked
+            assert not result.failed and not result.chunked_late
             found.extend(result.findings.to_pylist())
             state_bytes = result.state.to_bytes()
     assert named(found) == expected
+
+
+@pytest.fixture(scope="module")
+def chunked_world(spark, tmp_path_factory, world):
+    histories, _, expected = world
+    root = tmp_path_factory.mktemp("chunked")
+    dirs, manifests = write_chunked_archives(histories, root / "archives")
+    assert sum(len(m) for m in manifests.values()) > 100
+    # the nightly job over the chunked version names what it names over the unchunked one
+    assert nightly(spark, dirs, root / "batch") == expected
+    return histories, dirs, manifests, expected
+
+
+def _cut_at(table: pa.Table, offsets: list[int]) -> list[pa.Table]:
+    """Micro-batches that end right before each of `offsets` (a manifest's: its chunks go in the batch before)."""
+    at = table.column("offset").to_numpy().searchsorted(sorted(offsets)).tolist()
+    bounds = [0, *at, table.num_rows]
+    return [table.slice(a, b - a) for a, b in zip(bounds[:-1], bounds[1:], strict=True)]
+
+
+@pytest.mark.parametrize("seed,cuts", [(0, 1), (5, 3), (7, 10), ("manifests", 4)])
+def test_chunked_micro_batches_name_what_a_nightly_run_names(chunked_world, seed, cuts):
+    histories, dirs, manifests, expected = chunked_world
+    rng = random.Random(seed)
+    step = LeapfrogStep(((0, 1), (0, 2), (1, 2)), 3)
+    found = []
+    split_from_chunks = held_max = 0
+    for p in range(len(histories)):
+        tables = {
+            x: pa.Table.from_batches(list(archive.iter_partition(d, TOPIC, p, columns=RECORD_COLUMNS)))
+            for x, d in dirs.items()
+        }
+        if seed == "manifests":  # every cut between a manifest and its chunks
+            chosen = {
+                x: sorted(rng.sample(manifests[(x, p)], min(cuts - 1, len(manifests[(x, p)])))) for x in dirs
+            }
+            per_region = {x: _cut_at(t, chosen[x]) for x, t in tables.items()}
+            per_region = {
+                x: b + [t.slice(0, 0)] * (cuts - len(b))
+                for (x, b), t in zip(per_region.items(), tables.values(), strict=True)
+            }
+        else:
+            # A region's first micro-batch with its StartOfPush and not the record after it (End of Push or the
+            # heartbeat a mid-stream scan starts at) would make the step start that region's scan at its first
+            # record, where the nightly job starts after End of Push: a limitation of the step's planning, not
+            # of chunked values, which these cuts leave out.
+            per_region = {x: _micro_batches(t, cuts, rng, not_at=0) for x, t in tables.items()}
+        state_bytes = None
+        for i in range(cuts):
+            state = PartitionState.from_bytes(state_bytes) if state_bytes is not None else None
+            result = step(p, {x: batches[i] for x, batches in per_region.items()}, state)
+            assert not result.failed and not result.chunked_late
+            found.extend(result.findings.to_pylist())
+            if result.state.chunks is not None:
+                split_from_chunks += 1
+                held_max = max(held_max, result.state.chunks.num_rows)
+            state_bytes = result.state.to_bytes()
+        # nothing is held once every manifest has come: the state holds only chunks in flight
+        assert PartitionState.from_bytes(state_bytes).chunks is None
+    assert named(found) == expected
+    if cuts > 1:
+        assert split_from_chunks > 0, "no cut fell between a manifest and its chunks"
+    assert held_max <= 20
