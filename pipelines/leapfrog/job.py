@@ -46,6 +46,7 @@ from pipelines.leapfrog import chunks as C
 from pipelines.leapfrog import decode as V
 from pipelines.leapfrog.carried import file_buckets
 from pipelines.leapfrog.keys import OUT_DDL, ROW_COLUMNS, SORT_COLUMNS, CompareContext, ScanReduce, stage_for
+from pipelines.leapfrog.withhold import unverified_index, withhold
 
 log = logging.getLogger("tidegauge.leapfrog")
 
@@ -305,7 +306,7 @@ def run(opts: LeapfrogOptions, spark: SparkSession | None = None) -> int:
                 r = by_pair[k] = _pair_counters(k)
                 counter_rows.append(r)
             r["keys"] += n_settled - r["settled_touched"]
-        unverified, overflow = _unverified(facts)
+        unverified, overflow = unverified_index(facts)
         progress.stage("writing the findings" + (" and the next state" if opts.state_dir is not None else ""))
         findings, table, withheld = _findings(result, opts, state, counter_rows, out, unverified, overflow)
         if table is not None:
@@ -551,47 +552,6 @@ def _counters(result: DataFrame) -> tuple[list[dict], dict | None, dict[tuple[in
     return list(sums.values()), facts, read_errors
 
 
-def _unverified(facts: dict) -> tuple[dict[tuple[int, int, bytes], list[int]], set[tuple[int, int]]]:
-    """(region, partition, key) → offsets of its unreadable records, and the region partitions with more of them
-    than a scan lists (every finding there is withheld). In a chunked version every value key carries the
-    `02 00` suffix; other suffixes are chunk keys, which a manifest's hash already accounts for."""
-    from leapfrog.unverified import index
-
-    chunked = C.chunked_version(facts.values())
-    rows = []
-    for (region, partition), rp in facts.items():
-        for key_hex, offset in rp.unverified:
-            key = bytes.fromhex(key_hex)
-            if chunked:
-                if key[-2:] != C.VALUE_SUFFIX:
-                    continue
-                key = key[:-2]
-            rows.append((region, partition, key, int(offset)))
-    overflow = {(rp.region, rp.partition) for rp in facts.values() if rp.unverified_overflow}
-    return index(rows), overflow
-
-
-def _withhold(table: pa.Table, unverified: dict, overflow: set) -> pa.Table:
-    """The findings that do not rest on an unreadable record (leapfrog.unverified)."""
-    from leapfrog.unverified import withheld_side
-
-    if table.num_rows == 0 or (not unverified and not overflow):
-        return table
-    cols = [
-        table.column(c).to_pylist()
-        for c in ("partition", "key", "region_a", "region_b", "a_vt_offset", "b_vt_offset")
-    ]
-    keep = []
-    for p, k, a, b, ao, bo in zip(*cols, strict=True):
-        held = (
-            (a, p) in overflow
-            or (b, p) in overflow
-            or withheld_side(unverified, p, k, a, b, ao, bo) is not None
-        )
-        keep.append(not held)
-    return table.filter(pa.array(keep, pa.bool_()))
-
-
 def _findings(
     result: DataFrame,
     opts: LeapfrogOptions,
@@ -619,7 +579,7 @@ def _findings(
         if old_dir is not None:
             table = _first_per_key(table, _read_findings(old_dir, table.schema))
         before = table.num_rows
-        table = _withhold(table, unverified, overflow).sort_by(_ORDER)
+        table = withhold(table, unverified, overflow).sort_by(_ORDER)
         out.write_table("inconsistencies", table)
         return None, table, before - table.num_rows
     if old_dir is not None:
@@ -641,7 +601,7 @@ def _findings(
 
         def keep(batches):
             for b in batches:
-                yield from _withhold(pa.Table.from_batches([b]), unverified, overflow).to_batches()
+                yield from withhold(pa.Table.from_batches([b]), unverified, overflow).to_batches()
 
         before = new.count()
         new = new.mapInArrow(keep, schema)

@@ -46,6 +46,7 @@ from pipelines.leapfrog.carried import CARRIED_SCHEMA, sortkeys
 from pipelines.leapfrog.keys import OUT_SCHEMA, MemorySink, ScanReduce
 from pipelines.leapfrog.scan import SCAN_SCHEMA, SplitScan
 from pipelines.leapfrog.state import region_rows
+from pipelines.leapfrog.withhold import unverified_index, withhold
 
 # the columns of a region's records a step reads: the archive's, as the streaming source gives them
 RECORD_COLUMNS = ["offset", "key", "value", "headers"]
@@ -205,7 +206,10 @@ class LeapfrogStep:
         reduce = ScanReduce("heartbeat", self.pairs, self.n, ends, state.facts, sink=sink)
         out = pa.Table.from_batches(list(reduce(iter(sorted_rows.to_batches()))), OUT_SCHEMA)
         kind = out.column("row").to_numpy(zero_copy_only=False)
-        findings = out.filter(pa.array(kind == "F"))
+        # as the nightly job does, a finding that rests on a record that could not be decoded is withheld, with
+        # the unreadable records read so far: they include every one before the heartbeats that allowed the
+        # comparison (the nightly job also withholds for those after them)
+        findings = withhold(out.filter(pa.array(kind == "F")), *unverified_index(facts))
         fresh = []
         reported = set(state.reported)
         for a, b, key in zip(
