@@ -44,6 +44,8 @@ class JobConfig(_Strict):
     mode: Literal["heartbeat", "footer", "rmd"] | None = None
     sources: dict[int, str] = {}
     rt_sources: dict[int, str] = {}
+    rt: bool | None = None  # `tidegauge watch`: DIV validates each region's RT too
+    rt_topic: str | None = None  # `tidegauge watch`: that RT's name when it is not <store>_rt
     kafka: dict[str, Any] = {}
     kafka_by_region: dict[int, dict[str, Any]] = {}
     spark: SparkSettings = SparkSettings()

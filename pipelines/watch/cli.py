@@ -18,10 +18,11 @@ HELP = textwrap.dedent("""\
     Watch an active/active store continuously: Leap Frog as a Spark Structured Streaming query over every
     region's version topic, with the nightly job's rules (each VT partition's state — marks, how the scan
     started, the records of keys still in play — lives in Spark's state store, RocksDB), and DIV over the same
-    topics with `div validate`'s validator. A divergence is appended to OUT/leapfrog/ (one Parquet file per
-    micro-batch, the columns of `leapfrog`'s inconsistencies plus finding_id and detected_at) as soon as
-    heartbeats of both regions cover it; a DIV finding to OUT/div/ (the columns of `div validate`'s errors plus
-    finding_id).
+    topics with `div validate`'s validator; with --rt DIV reads every region's real-time topic as well, as
+    `div validate` validates every topic a source holds, RTs included. A divergence is appended to
+    OUT/leapfrog/ (one Parquet file per micro-batch, the columns of `leapfrog`'s inconsistencies plus
+    finding_id and detected_at) as soon as heartbeats of both regions cover it; a DIV finding to OUT/div/ (the
+    columns of `div validate`'s errors plus finding_id, whichever topic it is in).
 
     Runs until stopped: Ctrl-C or SIGTERM stops it after the current micro-batch. Started again with the same
     --checkpoint it goes on where it stopped: no finding lost, none repeated.
@@ -34,7 +35,9 @@ EPILOG = textwrap.dedent("""\
     examples:
       tidegauge watch --store demo --version 1 --source 0=kafka://dc0:9092 --source 1=kafka://dc1:9092 \\
           --checkpoint /var/lib/tidegauge/checkpoint --out /var/lib/tidegauge/watch --metrics-port 9464
-      curl -s localhost:9464/metrics | grep tidegauge_divergences_total""")
+      curl -s localhost:9464/metrics | grep tidegauge_divergences_total
+      tidegauge watch --store sim_store --version 1 --rt --source 0=out/archive/dc-0 \\
+          --source 1=out/archive/dc-1 --checkpoint out/watch-checkpoint --out out/watch""")
 
 
 def register(sub) -> None:
@@ -50,11 +53,26 @@ def register(sub) -> None:
         action="append",
         metavar="ID=URI",
         default=[],
-        help="a region's version topics: kafka://host:port[,...] or an archive directory that grows; one per "
-        "region, two or more",
+        help="where a region's version topic (and its RT with --rt) is: kafka://host:port[,...] or an archive "
+        "directory that grows; one per region, two or more",
     )
     p.add_argument("--store", metavar="S", help="store name (reads topic <S>_v<N>)")
     p.add_argument("--version", type=int, metavar="N", help="store version")
+    p.add_argument(
+        "--rt",
+        action="store_true",
+        default=None,
+        help="DIV also validates each region's real-time topic <S>_rt, read from the same --source, as "
+        "`div validate` does when a source holds it: by RT rules (an RT is after End of Push, so its findings "
+        "are warnings, never fatal), its rows appended to OUT/div/ beside the VT's. Leap Frog reads only the "
+        "VTs. Every source that answers must hold the RT, else exit 2 (`rt: true` in --conf)",
+    )
+    p.add_argument(
+        "--rt-topic",
+        metavar="NAME",
+        help="the RT's name when it is not <S>_rt (e.g. <S>_rt_v3), as in `div restore`; implies --rt "
+        "(`rt_topic:` in --conf)",
+    )
     p.add_argument(
         "--checkpoint",
         metavar="DIR",
@@ -101,9 +119,30 @@ def register(sub) -> None:
     )
     p.add_argument("--master", metavar="URL", help="Spark master (default local[*])")
     p.add_argument(
-        "--conf", metavar="FILE", help="YAML configuration (sources, store, version, kafka settings, spark)"
+        "--conf",
+        metavar="FILE",
+        help="YAML configuration (sources, store, version, rt, rt_topic, kafka settings, spark)",
     )
     p.set_defaults(func=run)
+
+
+def rt_topic_of(args: argparse.Namespace, conf: dict, store: str) -> str | None:
+    """The RT DIV validates beside the VT (--rt-topic, else <store>_rt with --rt; flags over `rt_topic:` and
+    `rt:` in --conf), or None. The validator tells RT rules from the topic's name, as in `div validate`, so a
+    name that is not an RT's is refused rather than judged by VT rules."""
+    from div.batch import is_realtime_topic
+
+    name = args.rt_topic or conf.get("rt_topic")
+    wanted = args.rt if args.rt is not None else bool(conf.get("rt"))
+    if not name and not wanted:
+        return None
+    name = name or f"{store}_rt"
+    if not is_realtime_topic(name):
+        raise UsageError(
+            f"--rt-topic {name}: not a real-time topic name (<store>_rt, <store>_rt_v<N>, or either with _sep): "
+            "DIV applies RT rules by the name, as `div validate` does"
+        )
+    return name
 
 
 def _jvm_going(exc: BaseException) -> bool:
@@ -187,6 +226,7 @@ def run(args: argparse.Namespace) -> int:
         raise UsageError("watch compares regions: give at least two --source ID=URI")
     if not args.checkpoint or not args.out:
         raise UsageError("--checkpoint and --out are required")
+    rt_topic = rt_topic_of(args, conf, store)
     opts = WatchOptions(
         store=store,
         version=int(version),
@@ -197,6 +237,7 @@ def run(args: argparse.Namespace) -> int:
         trigger_interval=args.trigger_interval,
         max_records_per_trigger=args.max_records_per_trigger,
         starting=args.starting,
+        rt_topic=rt_topic,
     )
     interval = args.heartbeat_interval_ms
     if interval is None:
@@ -223,7 +264,10 @@ def run(args: argparse.Namespace) -> int:
         signal.signal(sig, on_signal)
     queries = start(spark, opts, metrics)
     print(
-        f"tidegauge watch: watching {opts.topic} in {len(specs)} regions; findings in {opts.out}", flush=True
+        f"tidegauge watch: watching {opts.topic} in {len(specs)} regions"
+        + (f" (DIV also {opts.rt_topic})" if opts.rt_topic else "")
+        + f"; findings in {opts.out}",
+        flush=True,
     )
     restarts = _Restarts()
     try:

@@ -10,8 +10,9 @@ Three rooms, as in the batch job:
 - output: `foreachBatch` appends the micro-batch's findings to `OUT/leapfrog/batch-<id>.parquet` and feeds the
   metrics.
 
-DIV runs as a second query beside it, grouped by (region, topic, partition), with `pipelines.watch.div_step`
-(`div validate`'s own run, resumed) in `DivProcessor`, appending to `OUT/div/`. Each query has its own checkpoint
+DIV runs as a second query beside it, over every region's VT and, with `--rt`, its RT (`<store>_rt`; Leap Frog
+reads only VTs), grouped by (region, topic, partition), with `pipelines.watch.div_step` (`div validate`'s own run,
+resumed) in `DivProcessor`, appending to `OUT/div/`. Each query has its own checkpoint
 under --checkpoint (`leapfrog/`, `div/`).
 
 **Exactly once across restarts.** A micro-batch's offsets, its state store version and its findings file all
@@ -41,7 +42,7 @@ from pyspark.sql.types import BinaryType, StructField, StructType
 from pipelines.core.errors import UsageError
 from pipelines.core.output import check_disjoint, check_output, source_inputs
 from pipelines.core.publish import MARKER, marker_text
-from pipelines.core.sources import SourceSpec
+from pipelines.core.sources import SourceError, SourceSpec
 from pipelines.core.storage import OBJECT_STORES, absolute, locate
 from pipelines.core.storage import scheme as storage_scheme
 from pipelines.leapfrog.keys import OUT_SCHEMA
@@ -172,10 +173,17 @@ class WatchOptions:
     trigger_interval: str = "10 seconds"
     max_records_per_trigger: int | None = None
     starting: str = "earliest"
+    # DIV also validates this real-time topic of every region (`--rt`, `--rt-topic`); None: the VTs only
+    rt_topic: str | None = None
 
     @property
     def topic(self) -> str:
         return f"{self.store}_v{self.version}"
+
+    @property
+    def div_topics(self) -> list[str]:
+        """What the DIV query reads in every region: the VT, and the RT when asked for (Leap Frog: the VT only)."""
+        return [self.topic] + ([self.rt_topic] if self.rt_topic else [])
 
 
 def status_file(opts: WatchOptions) -> str | None:
@@ -188,14 +196,17 @@ def status_file(opts: WatchOptions) -> str | None:
     return str(locate(opts.checkpoint).local / "leapfrog-sources.json")
 
 
-def _records(spark: SparkSession, opts: WatchOptions, status: str | None = None) -> DataFrame:
-    """Every region's VT as a stream (each query reads it with its own offsets in its own checkpoint)."""
+def _records(
+    spark: SparkSession, opts: WatchOptions, status: str | None = None, topics: list[str] | None = None
+) -> DataFrame:
+    """Every region's `topics` (default: its VT) as a stream (each query reads them with its own offsets in its
+    own checkpoint)."""
     from pipelines.core.stream_source import read_stream
 
     return read_stream(
         spark,
         {s.region: s.uri for s in opts.sources},
-        [opts.topic],
+        topics or [opts.topic],
         opts.kafka_conf,
         opts.starting,
         opts.max_records_per_trigger,
@@ -377,10 +388,12 @@ class DivProcessor(StatefulProcessor):
 
 
 def div_query(spark: SparkSession, opts: WatchOptions) -> DataFrame:
-    """The streaming DataFrame of DIV's findings over every region's VT, `div validate`'s rows."""
+    """The streaming DataFrame of DIV's findings over every region's VT, and its RT when `opts.rt_topic` names
+    one: `div validate`'s rows. An RT partition is a group of its own, judged by RT rules as `div validate`
+    judges it (the validator tells an RT by its name)."""
     from pipelines.watch.div_step import FINDING_SCHEMA as DIV_SCHEMA
 
-    rows = _records(spark, opts)
+    rows = _records(spark, opts, topics=opts.div_topics)
     ddl = ", ".join(f"{f.name} {_DDL[str(f.type)]}" for f in DIV_SCHEMA)
     return (
         rows.select("region", "topic", "partition", "offset", "key", "value", "headers", "timestamp")
@@ -405,10 +418,24 @@ class DivSink:
                 self.metrics.observe_div_findings(table.to_pylist())
 
 
+def check_rt_topic(opts: WatchOptions) -> None:
+    """With --rt, every source that answers holds the RT as well: one without it would be watched without its RT
+    for ever, whereas `div validate --topic` refuses a source that lacks a topic it is asked for."""
+    try:
+        check_sources(
+            {s.region: s.uri for s in opts.sources}, opts.rt_topic, opts.kafka_conf, unreachable_ok=True
+        )
+    except SourceError as exc:
+        raise SourceError(
+            f"{exc}; --rt asks DIV to validate each region's real-time topic {opts.rt_topic!r} too: name it "
+            "with --rt-topic, or leave --rt out to validate the version topics only"
+        ) from None
+
+
 def prepare(opts: WatchOptions) -> None:
     """Before any work: the checkpoint is a place Spark can write without extra jars, --out is absent, empty or
     an earlier watch's (marked as such, since the watch adds to it run after run), neither is an input, and
-    every source that answers holds the store's version topic."""
+    every source that answers holds the store's version topic, and its real-time topic when DIV is to read it."""
     kind = storage_scheme(opts.checkpoint)
     if kind in OBJECT_STORES:
         raise UsageError(
@@ -423,6 +450,8 @@ def prepare(opts: WatchOptions) -> None:
     )
     for why in down.values():
         log.warning("tidegauge watch: %s; watching it anyway: it is read once it answers", why)
+    if opts.rt_topic:
+        check_rt_topic(opts)
     out = locate(opts.out)
     out.makedirs()
     if not (out / MARKER).exists():
