@@ -18,7 +18,7 @@ from pathlib import Path
 from typing import Any, Literal
 
 import yaml
-from pydantic import BaseModel, ConfigDict, ValidationError
+from pydantic import BaseModel, ConfigDict, PositiveInt, ValidationError
 
 from pipelines.core.errors import UsageError
 from pipelines.core.sources import SourceSpec, check_unique, parse_source
@@ -46,6 +46,9 @@ class JobConfig(_Strict):
     rt_sources: dict[int, str] = {}
     rt: bool | None = None  # `tidegauge watch`: DIV validates each region's RT too
     rt_topic: str | None = None  # `tidegauge watch`: that RT's name when it is not <store>_rt
+    heartbeat_interval_ms: PositiveInt | None = (
+        None  # `tidegauge watch`: the leaders' interval, for the alerts
+    )
     kafka: dict[str, Any] = {}
     kafka_by_region: dict[int, dict[str, Any]] = {}
     spark: SparkSettings = SparkSettings()

@@ -167,3 +167,15 @@ def test_the_shipped_configuration_files_are_valid():
     repo = pathlib.Path(__file__).resolve().parents[3]
     JobConfig.model_validate(yaml.safe_load((repo / "conf" / "simulate.yaml").read_text()))
     load_expectations()
+
+
+def test_the_watch_reads_the_heartbeat_interval_from_its_configuration(tmp_path):
+    from pipelines.core import config as cfg
+    from pipelines.core.errors import UsageError
+
+    good, bad = tmp_path / "good.yaml", tmp_path / "bad.yaml"
+    good.write_text("store: s\nheartbeat_interval_ms: 2000\n")
+    bad.write_text("store: s\nheartbeat_interval_ms: 0\n")
+    assert cfg.load(str(good))["heartbeat_interval_ms"] == 2000
+    with pytest.raises(UsageError, match="heartbeat_interval_ms"):
+        cfg.load(str(bad))
