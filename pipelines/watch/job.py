@@ -398,17 +398,32 @@ def prepare(opts: WatchOptions) -> None:
         (out / MARKER).write_text(marker_text("watch"))
 
 
-def start(spark: SparkSession, opts: WatchOptions, metrics=None, available_now: bool = False) -> list:
+QUERIES = ("leapfrog", "div")
+
+
+def start(
+    spark: SparkSession,
+    opts: WatchOptions,
+    metrics=None,
+    available_now: bool = False,
+    queries: tuple[str, ...] = QUERIES,
+) -> list:
     """Start the two queries, Leap Frog and DIV, each with its checkpoint under --checkpoint (`leapfrog/`,
-    `div/`); `available_now`: read what is there now, then stop (tests, catch-up runs)."""
+    `div/`); `available_now`: read what is there now, then stop (tests, catch-up runs); `queries`: only some of
+    them (the benchmark measures each alone)."""
+    unknown = set(queries) - set(QUERIES)
+    if unknown:
+        raise ValueError(f"unknown watch queries {sorted(unknown)}; known: {QUERIES}")
     prepare(opts)
     spark.conf.set("spark.sql.streaming.stateStore.providerClass", ROCKSDB)
     checkpoint = absolute(opts.checkpoint).rstrip("/")
-    queries = []
-    for name, df, sink in (
-        ("leapfrog", findings_query(spark, opts), FindingsSink(opts, metrics)),
-        ("div", div_query(spark, opts), DivSink(opts, metrics)),
-    ):
+    built = {
+        "leapfrog": lambda: (findings_query(spark, opts), FindingsSink(opts, metrics)),
+        "div": lambda: (div_query(spark, opts), DivSink(opts, metrics)),
+    }
+    started = []
+    for name in (q for q in QUERIES if q in queries):
+        df, sink = built[name]()
         writer = (
             df.writeStream.queryName(f"tidegauge_watch_{name}")
             .foreachBatch(sink)
@@ -420,5 +435,5 @@ def start(spark: SparkSession, opts: WatchOptions, metrics=None, available_now: 
             if available_now
             else writer.trigger(processingTime=opts.trigger_interval)
         )
-        queries.append(writer.start())
-    return queries
+        started.append(writer.start())
+    return started
