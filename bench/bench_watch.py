@@ -103,12 +103,36 @@ def run_watch_query(
 
     opts = _options(dirs, work, query, cap)
     t = time.perf_counter()
-    (q,) = start(spark, opts, available_now=True, queries=(query,))
-    q.awaitTermination()
-    wall = time.perf_counter() - t
-    if q.exception() is not None:
-        raise SystemExit(f"{query} query failed: {q.exception()}")
-    return [json.loads(p.json) for p in q.recentProgress], wall, Path(opts.checkpoint) / query
+    progress = _until_done(lambda: start(spark, opts, available_now=True, queries=(query,))[0], query)
+    return progress, time.perf_counter() - t, Path(opts.checkpoint) / query
+
+
+# Spark waits a fixed 10 s for a Python worker it starts to connect back (PythonWorkerFactory); on a machine
+# loaded far beyond its cores a worker's imports take longer and the query stops with this error. The benchmark
+# then restarts the query from its checkpoint, as a supervisor restarts `tidegauge watch`, and counts it.
+_RESTARTABLE = "failed to connect back"
+RESTARTS = {"count": 0}
+
+
+def _until_done(launch, name: str, attempts: int = 5) -> list[dict]:
+    """Run a query to its end (AvailableNow), restarting it from its checkpoint after a worker start-up timeout;
+    the progress reports of every attempt, in order."""
+    from pyspark.errors import StreamingQueryException
+
+    progress: list[dict] = []
+    for attempt in range(attempts):
+        q = launch()
+        try:
+            q.awaitTermination()
+        except StreamingQueryException as exc:
+            progress += [json.loads(p.json) for p in q.recentProgress]
+            if _RESTARTABLE not in str(exc) or attempt == attempts - 1:
+                raise SystemExit(f"{name} query failed: {exc}") from exc
+            RESTARTS["count"] += 1
+            print(f"{name}: restarted from its checkpoint after: {_RESTARTABLE}", file=sys.stderr, flush=True)
+            continue
+        return progress + [json.loads(p.json) for p in q.recentProgress]
+    raise AssertionError("unreachable")
 
 
 def run_decode_only(spark, dirs: dict[int, str], work: Path, cap: int) -> tuple[list[dict], float]:
@@ -124,21 +148,20 @@ def run_decode_only(spark, dirs: dict[int, str], work: Path, cap: int) -> tuple[
         for b in batches:
             yield dec.decode(b, None)
 
-    df = read_stream(spark, {s.region: s.uri for s in opts.sources}, [opts.topic], None, "earliest", cap)
-    q = (
-        df.select("region", "partition", "offset", "key", "value", "headers")
-        .mapInArrow(fn, V.DECODED_DDL)
-        .writeStream.format("noop")
-        .option("checkpointLocation", opts.checkpoint)
-        .trigger(availableNow=True)
-        .start()
-    )
+    def launch():
+        df = read_stream(spark, {s.region: s.uri for s in opts.sources}, [opts.topic], None, "earliest", cap)
+        return (
+            df.select("region", "partition", "offset", "key", "value", "headers")
+            .mapInArrow(fn, V.DECODED_DDL)
+            .writeStream.format("noop")
+            .option("checkpointLocation", opts.checkpoint)
+            .trigger(availableNow=True)
+            .start()
+        )
+
     t = time.perf_counter()
-    q.awaitTermination()
-    wall = time.perf_counter() - t
-    if q.exception() is not None:
-        raise SystemExit(f"decode-only query failed: {q.exception()}")
-    return [json.loads(p.json) for p in q.recentProgress], wall
+    progress = _until_done(launch, "decode-only")
+    return progress, time.perf_counter() - t
 
 
 # -- reading the progress reports ----------------------------------------------------------------------------------
@@ -232,7 +255,7 @@ def version_bytes(checkpoint: Path, version: int) -> dict:
         total += z.stat().st_size + sum(int(f.get("sizeBytes", 0)) for f in named)
         files += len(named)
         keys += int(meta.get("numKeys", 0))
-    return {"bytes": total, "files": files, "rocksdb_keys": keys, "store_partitions_with_data": parts}
+    return {"bytes": total, "files": files, "rocksdb_keys": keys, "store_partitions": parts}
 
 
 def partition_states(spark, checkpoint: Path, batch_id: int) -> dict:
@@ -409,6 +432,7 @@ def main() -> None:
     if "records_per_s_per_region" in lf:
         result["goal_met"] = args.regions >= 3 and lf["records_per_s_per_region"] >= GOAL_PER_REGION
     result["records_per_region"] = {str(x): n for x, n in sorted(_region_records(dirs).items())}
+    result["query_restarts"] = RESTARTS["count"]
     result["wall_s"] = round(time.perf_counter() - t0, 1)
     result["machine"]["load_avg_end"] = [round(x, 2) for x in os.getloadavg()]
     print(json.dumps(result))
