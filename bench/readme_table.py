@@ -132,6 +132,8 @@ BENCHES: dict[str, list[str]] = {
         "--warmup",
         "0",
     ],
+    "watch": ["bench/bench_watch.py", "--queries", "leapfrog"],
+    "watch_1m": ["bench/bench_watch.py", "--records", "1000000"],
 }
 
 
@@ -424,6 +426,46 @@ SHOWN: dict[str, tuple[str, list[str]]] = {
             "cluster.two_workers.executor_cpus_busy",
         ],
     ),
+    "watch": (
+        "`tidegauge watch` (local[2], RocksDB state), its Leap Frog query alone, 3 regions, about 10 M VT records in "
+        "all with heartbeats, 400k keys, as a backlog read with `--max-records-per-trigger 600000` (3 regions at "
+        "20k records/s for the default 10 s trigger): VT records/s per region on the micro-batches after the "
+        "first (Spark's progress), the median micro-batch time and the last third's median over the first "
+        "third's; the state after 1 M, 5 M and 10 M records: RocksDB bytes on disk of that version, the largest "
+        "partition's state value, the carried records (keys still in play, and settled keys' current records) "
+        "and their distinct keys",
+        [
+            "leapfrog.records_per_s_per_region",
+            "leapfrog.batch_s_median",
+            "leapfrog.batch_s_trend",
+            "leapfrog.state.1M.on_disk.bytes",
+            "leapfrog.state.5M.on_disk.bytes",
+            "leapfrog.state.10M.on_disk.bytes",
+            "leapfrog.state.10M.partition_state.to_bytes_max",
+            "leapfrog.state.1M.partition_state.carried_records",
+            "leapfrog.state.5M.partition_state.carried_records",
+            "leapfrog.state.10M.partition_state.carried_records",
+            "leapfrog.state.1M.partition_state.carried_keys",
+            "leapfrog.state.5M.partition_state.carried_keys",
+            "leapfrog.state.10M.partition_state.carried_keys",
+            "leapfrog.state.state_growth",
+            "leapfrog.state.records_growth",
+        ],
+    ),
+    "watch_1m": (
+        "the same at 1 M VT records (40k keys), the Leap Frog and DIV queries each against a decode-only "
+        "streaming read of the same backlog with the same cap, one after the other in one run: records/s per "
+        "region and the ratios",
+        [
+            "decode_only.records_per_s_per_region",
+            "leapfrog.records_per_s_per_region",
+            "leapfrog.ratio_to_decode_only",
+            "div.records_per_s_per_region",
+            "div.ratio_to_decode_only",
+            "leapfrog.batch_s_trend",
+            "leapfrog.state.1M.on_disk.bytes",
+        ],
+    ),
     "kafka_io": ("archive and Kafka plumbing every job stands on", []),
     "report": ("`tidegauge report`: Great Expectations startup and suites, plots", []),
 }
@@ -446,6 +488,8 @@ GOALS: dict[str, list[tuple[str, str, float]]] = {
     ],
     "scale_cluster": [("cluster.speedup", ">=", 1.7)],
     "scale_cluster_4m": [("cluster.speedup", ">=", 1.7)],
+    "watch": [("leapfrog.records_per_s_per_region", ">=", 20_000)],
+    "watch_1m": [("leapfrog.records_per_s_per_region", ">=", 20_000)],
 }
 
 

@@ -487,8 +487,18 @@ def start_query(
     return writer.start()
 
 
-def start(spark: SparkSession, opts: WatchOptions, metrics=None, available_now: bool = False) -> list:
+def start(
+    spark: SparkSession,
+    opts: WatchOptions,
+    metrics=None,
+    available_now: bool = False,
+    queries: tuple[str, ...] = QUERIES,
+) -> list:
     """Start the two queries, Leap Frog and DIV, each with its checkpoint under --checkpoint (`leapfrog/`,
-    `div/`); `available_now`: read what is there now, then stop (tests, catch-up runs)."""
+    `div/`); `available_now`: read what is there now, then stop (tests, catch-up runs); `queries`: only some of
+    them (the benchmark measures each alone)."""
+    unknown = set(queries) - set(QUERIES)
+    if unknown:
+        raise ValueError(f"unknown watch queries {sorted(unknown)}; known: {QUERIES}")
     prepare(opts)
-    return [start_query(spark, opts, name, metrics, available_now) for name in QUERIES]
+    return [start_query(spark, opts, name, metrics, available_now) for name in QUERIES if name in queries]

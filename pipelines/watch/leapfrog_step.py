@@ -199,9 +199,11 @@ class LeapfrogStep:
             }
         rows = [R.summary_batch(sm, 1) for sm in summaries]
         rows.extend(_narrow(t, self.n, x, partition) for x, t in scanned.items() if t.num_rows)
+        carried_sortkeys = None
         if state.carried is not None and state.carried.num_rows:
             rows.extend(R.carried_batches(self.n)(iter(state.carried.to_batches())))
-        sorted_rows = _shuffle_order(rows)
+            carried_sortkeys = state.carried.column("sortkey")
+        sorted_rows = _shuffle_order(rows, carried_sortkeys)
         sink = MemorySink()
         reduce = ScanReduce("heartbeat", self.pairs, self.n, ends, state.facts, sink=sink)
         out = pa.Table.from_batches(list(reduce(iter(sorted_rows.to_batches()))), OUT_SCHEMA)
@@ -365,13 +367,33 @@ def _is_summary(table: pa.Table | pa.RecordBatch) -> np.ndarray:
     return table.column("bucket").is_valid().to_numpy(zero_copy_only=False)
 
 
-def _shuffle_order(batches: list[pa.RecordBatch]) -> pa.Table:
+def _shuffle_order(
+    batches: list[pa.RecordBatch], carried_sortkeys: pa.ChunkedArray | None = None
+) -> pa.Table:
     """The rows as the fused job's reduce task receives them: summaries first, then by (sortkey, key, region,
-    offset) (`pipelines.leapfrog.rows.keyed`), in the shuffle's columns."""
+    offset) (`pipelines.leapfrog.rows.keyed`), in the shuffle's columns. `carried_sortkeys`: the sortkeys of the
+    last rows, the carried records, as the state keeps them (computed when they were new rows); a crc32 per row
+    in Python is computed only for the others (and for a carried record without one)."""
     table = pa.Table.from_batches(batches, R.SCAN_SCHEMA) if batches else R.SCAN_SCHEMA.empty_table()
     is_summary = _is_summary(table)
-    keys = sortkeys(table.column("partition"), table.column("key").fill_null(b""))
-    sortkey = np.where(is_summary, -1, keys.to_numpy())
+    kept = 0 if carried_sortkeys is None else len(carried_sortkeys)
+    fresh = table.num_rows - kept
+    keys = sortkeys(
+        table.column("partition").slice(0, fresh), table.column("key").slice(0, fresh).fill_null(b"")
+    )
+    sortkey = keys.to_numpy()
+    if kept:
+        known = carried_sortkeys.combine_chunks()
+        if known.null_count:
+            missing = known.is_null().to_numpy(zero_copy_only=False)
+            computed = sortkeys(
+                table.column("partition").slice(fresh), table.column("key").slice(fresh)
+            ).to_numpy()
+            old = np.where(missing, computed, known.fill_null(0).to_numpy())
+        else:
+            old = known.to_numpy()
+        sortkey = np.concatenate([sortkey, old.astype(np.int64)])
+    sortkey = np.where(is_summary, -1, sortkey)
     bucket = np.full(table.num_rows, R.bucket_labels(1)[0], np.int32)
     shuffled = pa.table(
         {
