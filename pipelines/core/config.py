@@ -125,6 +125,19 @@ def sources(cli_sources: list[str] | None, conf: dict[str, Any]) -> list[SourceS
     return [specs[r] for r in sorted(specs)]
 
 
+def store_version_regions(args: Any, conf: dict[str, Any], job: str) -> tuple[str, int, list[SourceSpec]]:
+    """What a job comparing regions needs: --store and --version (or the file's `store:`/`version:`) and two
+    or more sources (`job` names it in the message)."""
+    specs = sources(args.source, conf)
+    store = args.store or conf.get("store")
+    version = args.version if args.version is not None else conf.get("version")
+    if not store or version is None:
+        raise UsageError("--store and --version are required (or `store:` and `version:` in --conf)")
+    if len(specs) < 2:
+        raise UsageError(f"{job} compares regions: give at least two --source ID=URI")
+    return store, int(version), specs
+
+
 def kafka_conf(conf: dict[str, Any], region: int) -> dict[str, Any]:
     """librdkafka settings for one region: `kafka:` merged with `kafka_by_region[region]`."""
     merged = dict(conf.get("kafka") or {})

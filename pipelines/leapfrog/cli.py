@@ -6,7 +6,7 @@ import argparse
 import textwrap
 
 from pipelines.core import config as cfg
-from pipelines.core.errors import UsageError, exit_codes
+from pipelines.core.errors import exit_codes
 from pipelines.core.sources import SourceError
 
 HELP = textwrap.dedent("""\
@@ -93,13 +93,7 @@ def run(args: argparse.Namespace) -> int:
     from pipelines.leapfrog.job import run as run_job
 
     conf = cfg.load(args.conf)
-    specs = cfg.sources(args.source, conf)
-    store = args.store or conf.get("store")
-    version = args.version if args.version is not None else conf.get("version")
-    if not store or version is None:
-        raise UsageError("--store and --version are required (or `store:` and `version:` in --conf)")
-    if len(specs) < 2:
-        raise UsageError("leapfrog compares regions: give at least two --source ID=URI")
+    store, version, specs = cfg.store_version_regions(args, conf, "leapfrog")
     mode = args.mode or conf.get("mode") or "heartbeat"
     pairs = parse_pairs(args.pairs, [s.region for s in specs])
     master, spark_conf = cfg.spark_settings(conf, args.master)

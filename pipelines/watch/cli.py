@@ -217,13 +217,7 @@ def run(args: argparse.Namespace) -> int:
     from pipelines.watch.metrics import WatchMetrics
 
     conf = cfg.load(args.conf)
-    specs = cfg.sources(args.source, conf)
-    store = args.store or conf.get("store")
-    version = args.version if args.version is not None else conf.get("version")
-    if not store or version is None:
-        raise UsageError("--store and --version are required (or `store:` and `version:` in --conf)")
-    if len(specs) < 2:
-        raise UsageError("watch compares regions: give at least two --source ID=URI")
+    store, version, specs = cfg.store_version_regions(args, conf, "watch")
     if not args.checkpoint or not args.out:
         raise UsageError("--checkpoint and --out are required")
     rt_topic = rt_topic_of(args, conf, store)

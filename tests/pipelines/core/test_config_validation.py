@@ -179,3 +179,22 @@ def test_the_watch_reads_the_heartbeat_interval_from_its_configuration(tmp_path)
     assert cfg.load(str(good))["heartbeat_interval_ms"] == 2000
     with pytest.raises(UsageError, match="heartbeat_interval_ms"):
         cfg.load(str(bad))
+
+
+@pytest.mark.parametrize("command", ["leapfrog", "watch"])
+def test_comparing_jobs_need_a_store_a_version_and_two_regions(command, capsys, tmp_path):
+    from pipelines.cli import main
+
+    base = [
+        command,
+        "--source",
+        f"0={tmp_path}",
+        "--checkpoint",
+        str(tmp_path / "ck"),
+        "--out",
+        str(tmp_path / "o"),
+    ]
+    assert main([*base, "--source", f"1={tmp_path}"]) == 2
+    assert "--store and --version are required" in capsys.readouterr().err
+    assert main([*base, "--store", "s", "--version", "1"]) == 2
+    assert f"{command} compares regions: give at least two --source" in capsys.readouterr().err
