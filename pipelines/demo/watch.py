@@ -198,6 +198,12 @@ def covered_at(series: list, origin: int, rt_offset: int) -> int | None:
     return None
 
 
+def last_arrival(series: list, origin: int, before_ms: int) -> int | None:
+    """Arrival (broker ms) of the last heartbeat from `origin` sent before `before_ms` (its origin time)."""
+    times = [hb.vt_timestamp_ms for hb in series if hb.origin_region == origin and hb.origin_ms <= before_ms]
+    return max(times) if times else None
+
+
 def detection_delays(truth: dict, found: list[dict], series: dict, interval_ms: int) -> list[dict]:
     """Per expected divergence of a dropped or poisoned write: when heartbeats of both regions covered it, when
     the watch found it, and the delay in heartbeat intervals."""
@@ -470,17 +476,30 @@ def _judge(
         if f["kind"] != "silent":
             continue
         seen = follow.crossings.get(f["id"], {})
-        late = {
-            x: round((t * 1000 - (f["at"] + 3 * interval)) / interval, 3) for x, t in sorted(seen.items())
-        }
-        crossings.append({"fault": f["id"], "region": f["region"], "partition": f["partition"], "late": late})
+        late, after_fault = {}, {}
+        for x, t in sorted(seen.items()):
+            # the threshold: 3 intervals after the silent leader's last heartbeat arrived in region x's VT
+            last = last_arrival(series.get((x, f["partition"]), []), f["region"], f["at"])
+            after_fault[x] = round((t * 1000 - (f["at"] + 3 * interval)) / interval, 3)
+            if last is not None:
+                late[x] = round((t * 1000 - (last + 3 * interval)) / interval, 3)
+        crossings.append(
+            {
+                "fault": f["id"],
+                "region": f["region"],
+                "partition": f["partition"],
+                "intervals_after_threshold": late,
+                "intervals_after_fault_plus_3": after_fault,
+            }
+        )
         ok = len(late) == len(archives) and max(late.values()) <= 1.5
         checks.append(
             Check(
                 ok,
                 f"silent leader of region {f['region']} partition {f['partition']} (fault {f['id']})",
-                f"heartbeat age crossed 3 intervals in {len(late)} of {len(archives)} regions, at worst "
-                f"{max(late.values()):+.2f} intervals after the threshold (goal ≤ 1.5)"
+                f"heartbeat age over 3 intervals in {len(late)} of {len(archives)} regions, at worst "
+                f"{max(late.values()):+.2f} intervals after the threshold (3 intervals after its last heartbeat "
+                f"arrived there; goal ≤ 1.5), {max(after_fault.values()):+.2f} after the fault time + 3 intervals"
                 if late
                 else "the heartbeat age never crossed the threshold",
             )

@@ -104,3 +104,18 @@ def test_caught_up_only_when_both_queries_committed_every_record(tmp_path):
     (tmp_path / "div" / "commits" / "1").write_text("v1\n{}\n")
     assert caught_up(tmp_path, truth, {"s_v1"})  # the RT is not watched: its end does not count
     assert not caught_up(tmp_path, {"run": {"end_offsets": None}}, {"s_v1"})  # the run has not ended
+
+
+def test_a_silent_leaders_threshold_counts_from_its_last_heartbeat_in_each_region():
+    from pipelines.demo.watch import last_arrival
+
+    series = [
+        SimpleNamespace(origin_region=0, origin_ms=1_000, vt_timestamp_ms=1_400),
+        SimpleNamespace(origin_region=1, origin_ms=5_000, vt_timestamp_ms=5_100),
+        SimpleNamespace(
+            origin_region=0, origin_ms=6_000, vt_timestamp_ms=7_500
+        ),  # sent before, arrived after
+        SimpleNamespace(origin_region=0, origin_ms=30_000, vt_timestamp_ms=30_200),  # after the silence
+    ]
+    assert last_arrival(series, 0, 9_000) == 7_500
+    assert last_arrival(series, 2, 9_000) is None
