@@ -72,7 +72,7 @@ def register(sub) -> None:
     )
     live.add_argument("--watch", action="store_true", help="run the live demo of `tidegauge watch` instead")
     live.add_argument(
-        "--duration", type=float, default=180.0, metavar="S", help="seconds of live traffic (default 180)"
+        "--duration", type=float, default=200.0, metavar="S", help="seconds of live traffic (default 200)"
     )
     live.add_argument(
         "--rate", type=float, default=100.0, metavar="R", help="writes per second per region (default 100)"
@@ -88,7 +88,7 @@ def register(sub) -> None:
         "--faults",
         metavar="SPEC",
         help="faults at set times, as `simulate --faults` takes them (default: "
-        "dropped@40,poisoned@55,silent@70+45,isolated@125+20,failover@150,broker@160)",
+        "dropped@60,poisoned@75,silent@90+45,isolated@145+20,failover@170,broker@180)",
     )
     live.add_argument(
         "--metrics-port",

@@ -49,8 +49,8 @@ from pipelines.demo.job import (
 )
 
 MARKER = "demo.json"  # shared with the batch demo: a demo's directory may be replaced by another demo run
-DEFAULT_FAULTS = "dropped@40,poisoned@55,silent@70+45,isolated@125+20,failover@150,broker@160"
-"""A dropped and a poisoned write (found by Leap Frog), a leader silent for 45 s (3 intervals + 1.5 + margin at
+DEFAULT_FAULTS = "dropped@60,poisoned@75,silent@90+45,isolated@145+20,failover@170,broker@180"
+"""From a minute in, once the watch has started and caught up: a dropped and a poisoned write (found by Leap Frog), a leader silent for 45 s (3 intervals + 1.5 + margin at
 the default 5 s interval), a region that stops replicating for 20 s, a leader failover and a broker outage (of
 those, nothing may be found)."""
 
@@ -59,7 +59,7 @@ those, nothing may be found)."""
 class WatchDemoOptions:
     out: str = "tidegauge-demo-watch"
     seed: int = 1
-    duration_s: float = 180.0
+    duration_s: float = 200.0
     rate: float = 100.0  # writes per second per region
     heartbeat_ms: int = 5_000
     faults: str = DEFAULT_FAULTS
