@@ -50,9 +50,9 @@ from pipelines.demo.job import (
 
 MARKER = "demo.json"  # shared with the batch demo: a demo's directory may be replaced by another demo run
 DEFAULT_FAULTS = "dropped@60,poisoned@75,silent@90+45,isolated@145+20,failover@170,broker@180"
-"""From a minute in, once the watch has started and caught up: a dropped and a poisoned write (found by Leap Frog), a leader silent for 45 s (3 intervals + 1.5 + margin at
-the default 5 s interval), a region that stops replicating for 20 s, a leader failover and a broker outage (of
-those, nothing may be found)."""
+"""From a minute in, once the watch has started and caught up: a dropped and a poisoned write (found by Leap
+Frog), a leader silent for 45 s (3 intervals + 1.5 + margin at the default 5 s interval), a region that stops
+replicating for 20 s, a leader failover and a broker outage (of those, nothing may be found)."""
 
 
 @dataclass
