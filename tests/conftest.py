@@ -1,4 +1,5 @@
-"""Shared fixtures: one SparkSession per test run, the embedded Kafka cluster, and paths to reference data.
+"""Shared fixtures: one SparkSession per test run, the embedded Kafka cluster, one standalone Spark cluster (with
+an S3 server), and paths to reference data.
 
 The tests mirror the source tree (tests/leapfrog/, tests/div/, tests/heartbeat/, tests/sim/,
 tests/pipelines/<command>/); whole-product contracts sit here at the top and shared helpers in tests/support/.
@@ -45,3 +46,23 @@ def embedded_kafka():
     cluster = EmbeddedKafka(brokers=1)
     yield cluster
     cluster.close()
+
+
+@pytest.fixture(scope="session")
+def spark_cluster(tmp_path_factory):
+    """One real Spark standalone cluster on loopback for the test run (tests/test_cluster*.py), started on first use
+    and stopped at the end: a master and two workers of two cores each (room for two applications at once), each
+    worker with its own working directory. An S3 server (moto, on loopback) is started first and its AWS
+    variables given to the workers (so their executors) and to `Cluster.env()`'s drivers, the way users point a
+    cluster at an endpoint; the test process's own environment is left alone (`s3_server.environ` for that).
+
+    Yields (the `standalone_cluster.Cluster`, the `s3_server.S3Server`). Starting it costs ~20-40 s of JVMs."""
+    from s3_server import s3_server
+    from standalone_cluster import standalone_cluster
+
+    root = tmp_path_factory.mktemp("spark-cluster")
+    with (
+        s3_server(point_environ=False) as s3,
+        standalone_cluster(root, workers=2, cores=2, memory="2560m", env=s3.env) as cluster,
+    ):
+        yield cluster, s3

@@ -5,10 +5,11 @@ and exited 0 with "0 findings" — each executor resolved the paths in its worke
 (issue 18): `--out file:///…` created a directory literally named `file:`, and a real cluster has no shared disk
 at all. Paths are now made absolute on the driver, every path goes through one filesystem layer that executors
 use too (`pipelines.core.storage`), and outputs and state are published whole (`pipelines.core.publish`). Here a
-master and two workers (one core each, each with its own working directory) run `leapfrog` (full with each
+master and two workers (two cores each, each with its own working directory) run `leapfrog` (full with each
 spelling; incremental with --state twice, on local disk and on S3), `div validate --engine spark`, `div restore`
 and `report` as separate driver processes; the results must equal local mode's. The S3 server (moto, on
 loopback) is started before the cluster, so workers and drivers reach it through the AWS environment variables.
+The cluster and the S3 server are the test run's (conftest.spark_cluster), shared with tests/test_cluster_kafka.py.
 """
 
 from __future__ import annotations
@@ -22,9 +23,8 @@ from pathlib import Path
 import pyarrow.fs as pafs
 import pyarrow.parquet as pq
 import pytest
-from s3_server import s3_server
+from s3_server import environ
 from small_sim import small_sim
-from standalone_cluster import standalone_cluster
 
 from pipelines.core.publish import current
 from pipelines.core.storage import locate
@@ -33,12 +33,15 @@ pytestmark = [pytest.mark.slow, pytest.mark.spark]
 
 
 @pytest.fixture(scope="module")
-def world(tmp_path_factory):
+def world(tmp_path_factory, spark_cluster):
+    """The session's cluster and S3 server (conftest.spark_cluster); this process's AWS environment points at
+    the server meanwhile."""
+    cluster, s3 = spark_cluster
     root = tmp_path_factory.mktemp("cluster")
     sim = small_sim(root / "sim", seed=5, records=1200, keys=250, faults={"dropped": 1, "poisoned": 1})
     archives = {r: os.path.relpath(a, root) for r, a in sim.archives.items()}
     assert all(not os.path.isabs(a) for a in archives.values())
-    with s3_server() as s3, standalone_cluster(root / "spark") as cluster:
+    with environ(s3.env):
         bucket = s3.bucket()
         for r, a in sim.archives.items():
             dest = locate(f"s3://{bucket}/archive/dc-{r}")

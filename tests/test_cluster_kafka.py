@@ -1,6 +1,7 @@
 """On a real Spark standalone cluster, live Kafka sources are read by the executors, each task its own planned range.
 
-A master and two workers (each with its own working directory) run `leapfrog` and `div validate --engine spark`
+A master and two workers (each with its own working directory; the test run's cluster, conftest.spark_cluster,
+shared with tests/test_cluster.py) run `leapfrog` and `div validate --engine spark`
 as separate driver processes against `kafka://` sources: one embedded mock Kafka cluster per region (a set per
 command), living in this test process and holding a small simulation's archives offset for offset. Their findings
 and exit codes must equal local mode's over the archives.
@@ -36,7 +37,7 @@ import pyarrow.parquet as pq
 import pytest
 import yaml
 from small_sim import small_sim
-from standalone_cluster import Cluster, standalone_cluster
+from standalone_cluster import Cluster
 
 from div import archive, kafka_log
 from sim.embedded_kafka import EmbeddedKafka
@@ -173,8 +174,9 @@ def _local(argv: list[str]) -> int:
 
 
 @pytest.fixture(scope="module")
-def runs(tmp_path_factory, spark) -> dict:
+def runs(tmp_path_factory, spark, spark_cluster) -> dict:
     """Both commands on the cluster over live sources (at once) and locally over the archives (meanwhile)."""
+    cluster, _ = spark_cluster  # the test run's (conftest): two workers of two cores, room for both commands
     root = tmp_path_factory.mktemp("cluster-kafka")
     sim = small_sim(root / "sim", seed=5, records=1200, keys=250, faults={"dropped": 1, "poisoned": 1})
     archives = [a for r, p in sorted(sim.archives.items()) for a in ("--source", f"{r}={p}")]
@@ -186,38 +188,37 @@ def runs(tmp_path_factory, spark) -> dict:
     try:
         for name in commands:  # a set per command: the executors of a run append to theirs
             lives[name] = _live(sim.archives)
-        with standalone_cluster(root / "spark", cores=2, memory="2560m") as cluster:  # room for both commands
-            drivers, reads = {}, {}
-            for name, (argv, extra) in commands.items():
-                conf, reads[name] = _conf(root, lives[name], name)
-                out = ["--conf", str(conf), "--out", str(root / f"{name}-cluster")]
-                drivers[name] = _start(
-                    cluster, root, [*argv, *lives[name].sources(), *extra, *out], root / f"{name}.stderr"
-                )
-            try:
-                local = {
-                    n: _local([*a, *archives, "--out", str(root / f"{n}-local")])
-                    for n, (a, _) in commands.items()
-                }
-                for d in drivers.values():
-                    d.wait(timeout=600)
-            finally:
-                for d in drivers.values():
-                    if d.poll() is None:
-                        d.kill()
-                        d.wait()
-            yield {"spark_root": cluster.root} | {
-                n: Run(
-                    lives[n],
-                    drivers[n].returncode,
-                    (root / f"{n}.stderr").read_text(errors="replace"),
-                    root / f"{n}-cluster",
-                    reads[n],
-                    local[n],
-                    root / f"{n}-local",
-                )
-                for n in commands
+        drivers, reads = {}, {}
+        for name, (argv, extra) in commands.items():
+            conf, reads[name] = _conf(root, lives[name], name)
+            out = ["--conf", str(conf), "--out", str(root / f"{name}-cluster")]
+            drivers[name] = _start(
+                cluster, root, [*argv, *lives[name].sources(), *extra, *out], root / f"{name}.stderr"
+            )
+        try:
+            local = {
+                n: _local([*a, *archives, "--out", str(root / f"{n}-local")])
+                for n, (a, _) in commands.items()
             }
+            for d in drivers.values():
+                d.wait(timeout=600)
+        finally:
+            for d in drivers.values():
+                if d.poll() is None:
+                    d.kill()
+                    d.wait()
+        yield {"spark_root": cluster.root} | {
+            n: Run(
+                lives[n],
+                drivers[n].returncode,
+                (root / f"{n}.stderr").read_text(errors="replace"),
+                root / f"{n}-cluster",
+                reads[n],
+                local[n],
+                root / f"{n}-local",
+            )
+            for n in commands
+        }
     finally:
         for live in lives.values():
             for c in live.clusters.values():

@@ -1,4 +1,9 @@
-"""A quiet console (issue 16, finding 7): an unreachable broker is one line and exit 2, not ~190 librdkafka lines."""
+"""A quiet console (issue 16, finding 7): an unreachable broker is one line and exit 2, not ~190 librdkafka lines.
+
+Spark's own noise: start-up notices below the default level (log4j2.properties), and its Python workers' own
+prints (which the JVM copies to its stderr below any log level) filtered out of the JVM's stderr; what a whole
+`tidegauge watch` run shows is checked on the runs of tests/pipelines/watch/test_watch_job.py (kill and restart).
+"""
 
 from __future__ import annotations
 
@@ -49,6 +54,42 @@ def test_an_unreachable_broker_is_one_line_and_exit_2(tmp_path, argv):
     lines = run.stderr.strip().splitlines()
     assert len(lines) == 1, run.stderr
     assert "kafka://127.0.0.1:1" in lines[0]
+
+
+def test_python_workers_own_prints_are_filtered_out_of_the_jvms_stderr():
+    """The driver-side worker of transformWithStateInPandas (`tidegauge watch`) prints four lines, each followed
+    by an empty one, at every query start; everything else the JVM writes passes, in order."""
+    import os
+    import threading
+
+    from pipelines.core.spark_session import _forward
+
+    worker = "Streaming TransformWithStateInPandas Python worker"
+    noise = [
+        f"Starting {worker}.",
+        f"{worker} finish init stage of Python runner. Received UDF from JVM: <bound method ...>",
+        f"{worker} received parameters for UDF. State server port/path: 40889, key schema: StructType([])",
+        f"{worker} Starting execution of UDF: <bound method ...>.",
+    ]
+    kept = [
+        "WARNING: Using incubator modules: jdk.incubator.vector",
+        "26/11/26 10:00:00 ERROR TaskSetManager: Task 0 in stage 1.0 failed 1 times; aborting job",
+        "",  # an empty line of the JVM's own
+        "Traceback (most recent call last):",
+        '  File "worker.py", line 1, in <module>',
+    ]
+    jvm = "".join(line + "\n\n" for line in noise[:2]) + "\n".join(kept[:3]) + "\n"
+    jvm += "".join(line + "\n\n" for line in noise[2:]) + "\n".join(kept[3:]) + "\nno newline at the end"
+    pipe_r, pipe_w = os.pipe()
+    console_r, console_w = os.pipe()
+    forward = threading.Thread(target=_forward, args=(pipe_r, console_w))
+    forward.start()
+    for i in range(0, len(jvm), 7):  # the JVM writes in pieces that cut lines anywhere
+        os.write(pipe_w, jvm[i : i + 7].encode())
+    os.close(pipe_w)
+    forward.join(10)
+    with open(console_r, "rb") as console:
+        assert console.read().decode() == "\n".join(kept) + "\nno newline at the end"
 
 
 @pytest.mark.spark

@@ -6,12 +6,15 @@ error for a missing JVM is a long, unhelpful stack trace.
 
 from __future__ import annotations
 
+import contextlib
 import logging
 import os
 import re
 import shutil
 import subprocess
 import sys
+import threading
+from collections.abc import Iterator
 from pathlib import Path
 
 from pyspark.sql import SparkSession
@@ -38,6 +41,46 @@ def check_java() -> str:
     if major < 17:
         raise JavaMissingError(f"Spark 4 needs Java 17 or newer; `{java} -version` says: {out.strip()!r}")
     return out.splitlines()[0] if out else "java"
+
+
+# Lines Spark's Python workers print on their own. Spark's JVM copies its Python workers' output to its stderr
+# as it is, below any log4j level: the driver-side worker of transformWithStateInPandas (`tidegauge watch`) says,
+# at each query start, that it started, which UDF it got and that it ran it, each line followed by an empty one.
+_WORKER_NOISE = re.compile(rb"(Starting )?Streaming TransformWithStateInPandas Python worker\b")
+
+
+def _forward(pipe: int, console: int) -> None:
+    """Copy the JVM's stderr (`pipe`) to the console line by line, less `_WORKER_NOISE` and the empty line after
+    each of those; until the JVM and whatever it started have closed their end."""
+    after_noise = False
+    with open(pipe, "rb") as lines:
+        for line in lines:
+            noise = _WORKER_NOISE.match(line) is not None
+            if noise or (after_noise and not line.strip()):
+                after_noise = noise
+                continue
+            after_noise = False
+            with contextlib.suppress(OSError):  # a console gone: nothing to tell it
+                while line:
+                    line = line[os.write(console, line) :]
+    os.close(console)
+
+
+@contextlib.contextmanager
+def _jvm_stderr_filtered() -> Iterator[None]:
+    """A JVM that starts inside the block writes its stderr through `_forward`; this process's own stderr (fd 2)
+    is the console again after the block. Where no JVM starts (one already runs), the filter ends at once."""
+    sys.stderr.flush()
+    read_end, write_end = os.pipe()
+    console = os.dup(2)
+    threading.Thread(target=_forward, args=(read_end, console), name="spark-stderr", daemon=True).start()
+    os.dup2(write_end, 2)  # what the JVM inherits
+    os.close(write_end)
+    try:
+        yield
+    finally:
+        sys.stderr.flush()
+        os.dup2(console, 2)
 
 
 def get_session(
@@ -88,7 +131,13 @@ def get_session(
             builder = builder.config(k, v)
     for k, v in (conf or {}).items():
         builder = builder.config(k, v)
-    spark = builder.getOrCreate()
+    if not submitted and active is None:
+        # the JVM (if not running yet) starts here: its stderr goes through a filter of Python workers' own
+        # prints (`_WORKER_NOISE`). Under spark-submit the JVM already runs with the cluster's own console.
+        with _jvm_stderr_filtered():
+            spark = builder.getOrCreate()
+    else:
+        spark = builder.getOrCreate()
     # `tidegauge -v` shows Spark's warnings too
     spark.sparkContext.setLogLevel("WARN" if logging.getLogger().isEnabledFor(logging.DEBUG) else "ERROR")
     return spark

@@ -55,8 +55,23 @@ def _credentials(env: dict[str, str]) -> dict[str, str]:
 
 
 @contextlib.contextmanager
-def s3_server() -> Iterator[S3Server]:
-    """Start the server and point this process's environment at it (restored afterwards)."""
+def environ(env: dict[str, str]) -> Iterator[None]:
+    """This process's AWS environment set to `env` meanwhile (restored afterwards)."""
+    saved = {k: os.environ.get(k) for k in ENV_KEYS}
+    os.environ.update(env)
+    try:
+        yield
+    finally:
+        for k, v in saved.items():
+            if v is None:
+                os.environ.pop(k, None)
+            else:
+                os.environ[k] = v
+
+
+@contextlib.contextmanager
+def s3_server(point_environ: bool = True) -> Iterator[S3Server]:
+    """Start the server and (`point_environ`) point this process's environment at it (restored afterwards)."""
     from moto.server import ThreadedMotoServer
 
     port = free_port()
@@ -70,14 +85,8 @@ def s3_server() -> Iterator[S3Server]:
         "AWS_REGION": "us-east-1",
         "AWS_DEFAULT_REGION": "us-east-1",
     }
-    saved = {k: os.environ.get(k) for k in ENV_KEYS}
-    os.environ.update(env)
     try:
-        yield S3Server(endpoint, env)
+        with environ(env) if point_environ else contextlib.nullcontext():
+            yield S3Server(endpoint, env)
     finally:
-        for k, v in saved.items():
-            if v is None:
-                os.environ.pop(k, None)
-            else:
-                os.environ[k] = v
         server.stop()

@@ -18,7 +18,7 @@ import sys
 import time
 import urllib.request
 from collections.abc import Iterator
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 
 import pyspark
@@ -35,21 +35,25 @@ class Cluster:
     master_url: str
     ui_url: str
     root: Path
+    extra_env: dict[str, str] = field(default_factory=dict)
 
     def env(self) -> dict[str, str]:
-        """Environment for a driver process of this cluster: loopback, and this venv's Python on executors."""
+        """Environment for a driver process of this cluster: loopback, this venv's Python on executors, and the
+        environment the cluster was started with (`standalone_cluster(env=...)`)."""
         return {
             **os.environ,
+            **self.extra_env,
             "SPARK_LOCAL_IP": "127.0.0.1",
             "PYSPARK_PYTHON": sys.executable,
             "PYSPARK_DRIVER_PYTHON": sys.executable,
         }
 
 
-def _spark_env(root: Path) -> dict[str, str]:
+def _spark_env(root: Path, extra: dict[str, str]) -> dict[str, str]:
     home = os.path.dirname(pyspark.__file__)
     return {
         **os.environ,
+        **extra,
         "SPARK_HOME": home,
         "SPARK_LOCAL_IP": "127.0.0.1",
         "SPARK_LOG_DIR": str(root / "logs"),
@@ -68,12 +72,21 @@ def _alive_workers(ui_url: str) -> int:
 
 @contextlib.contextmanager
 def standalone_cluster(
-    root: Path, workers: int = 2, cores: int = 1, memory: str = "1536m", timeout_s: float = 90
+    root: Path,
+    workers: int = 2,
+    cores: int = 1,
+    memory: str = "1536m",
+    timeout_s: float = 90,
+    env: dict[str, str] | None = None,
 ) -> Iterator[Cluster]:
-    """Start a master and `workers` workers; yields the Cluster once every worker has registered; stops all."""
+    """Start a master and `workers` workers; yields the Cluster once every worker has registered; stops all.
+
+    `env`: more environment for the master and workers (and so their executors) and for the drivers started with
+    `Cluster.env()`, e.g. an S3 endpoint's AWS variables."""
     root.mkdir(parents=True, exist_ok=True)
     spark_class = os.path.join(os.path.dirname(pyspark.__file__), "bin", "spark-class")
-    env = _spark_env(root)
+    extra = dict(env or {})
+    env = _spark_env(root, extra)
     port, ui = free_port(), free_port()
     procs: list[subprocess.Popen] = []
     logs = []
@@ -133,7 +146,7 @@ def standalone_cluster(
                 tails = {f.name: Path(f.name).read_bytes()[-2000:].decode(errors="replace") for f in logs}
                 raise RuntimeError(f"the standalone cluster did not come up: {tails}")
             time.sleep(0.5)
-        yield Cluster(url, ui_url, root)
+        yield Cluster(url, ui_url, root, extra)
     finally:
         for p in reversed(procs):
             with contextlib.suppress(ProcessLookupError):

@@ -3,6 +3,7 @@ a nightly run over the whole archives gives — each once — and a restart re-r
 
 from __future__ import annotations
 
+import contextlib
 import random
 
 import pyarrow.parquet as pq
@@ -103,43 +104,65 @@ def test_growing_archives_watched_from_one_checkpoint_equal_a_nightly_run(spark,
 
 
 def test_kill_9_at_random_moments_then_restart_loses_and_repeats_nothing(spark, tmp_path):
-    """`tidegauge watch` as users run it (a process of its own), killed with SIGKILL (its whole process group:
-    driver, JVM, Python workers) at random moments and started again from the same checkpoint; in the end the
-    findings equal a nightly run's, each once."""
+    """`tidegauge watch` as users run it (a process of its own), stopped at random moments and started again from
+    the same checkpoint: killed twice with SIGKILL (its whole process group: driver, JVM, Python workers), then
+    stopped with SIGTERM (the CLI alone, as `kill PID` does: it exits 0 once no micro-batch runs); each stop after
+    the run committed a micro-batch of its own. In the end (a restart after the SIGTERM) the findings equal a
+    nightly run's, each once. The console of every run shows none of Spark's Python workers' own prints.
+
+    Small on purpose (three JVM starts are the price of the property): ten partitions of every mix's histories
+    (each micro-batch reads every region partition with records left as a Spark task of its own; thirty made
+    each micro-batch of a run ~90 tasks a query), a cap of 30 offsets a micro-batch (9 micro-batches: some left
+    for each run, given a trigger every 3 s), two state partitions."""
     import os
     import signal
     import subprocess
     import sys
     import time
 
-    histories = [h for h in generated(20) if h.n_regions == 3][:30]
+    histories = [h for h in generated(20) if h.n_regions == 3][:30][::3]
     dirs = write_archives(histories, tmp_path / "archives")
     expected = nightly(spark, dirs, tmp_path / "batch")
+    assert expected, "no finding: losing or repeating one could not be seen"
+    conf = tmp_path / "watch.yaml"
+    conf.write_text("spark:\n  conf:\n    spark.sql.shuffle.partitions: 2\n")
     argv = [sys.executable, "-m", "pipelines.cli", "watch", "--store", STORE, "--version", "1"]
     argv += [f"--source={x}={d}" for x, d in dirs.items()]
-    argv += ["--checkpoint", str(tmp_path / "ck"), "--out", str(tmp_path / "watch")]
-    argv += ["--trigger-interval", "1 second", "--max-records-per-trigger", "150"]
+    argv += ["--checkpoint", str(tmp_path / "ck"), "--out", str(tmp_path / "watch"), "--conf", str(conf)]
+    argv += ["--trigger-interval", "3 seconds", "--max-records-per-trigger", "30"]
     rng = random.Random(7)
     commits = tmp_path / "ck" / "leapfrog" / "commits"
 
     def committed() -> int:
         return len([f for f in commits.iterdir() if f.name.isdigit()]) if commits.exists() else 0
 
-    seen = []
-    for _ in range(3):
+    for i, stop in enumerate((signal.SIGKILL, signal.SIGKILL, signal.SIGTERM)):
         before = committed()
-        proc = subprocess.Popen(
-            argv, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, start_new_session=True
-        )
-        deadline = time.monotonic() + 240
+        out, err = tmp_path / f"run-{i}.out", tmp_path / f"run-{i}.err"
+        with open(out, "wb") as o, open(err, "wb") as e:
+            proc = subprocess.Popen(argv, stdout=o, stderr=e, start_new_session=True)
+        deadline = time.monotonic() + 300
         while committed() == before and proc.poll() is None and time.monotonic() < deadline:
-            time.sleep(0.5)  # until this run has finished a micro-batch of its own
-        time.sleep(rng.uniform(0, 4))  # then a random moment: inside a micro-batch, between two, ...
-        assert proc.poll() is None, "the watch stopped by itself"
-        os.killpg(proc.pid, signal.SIGKILL)
-        proc.wait()
-        seen.append(committed())
-    assert seen[0] > 0 and seen[0] < seen[-1], f"micro-batches committed after each kill: {seen}"
+            time.sleep(0.2)  # until this run has finished a micro-batch of its own
+        assert committed() > before, f"run {i} committed no micro-batch of its own: {err.read_text()[-3000:]}"
+        # then a random moment within a trigger interval: inside the next micro-batch, between two, ... (a killed
+        # run takes one or two micro-batches of the 9; the SIGTERM, last, may let several more finish: the CLI
+        # waits for a moment when no micro-batch runs, which a backlog of micro-batches back to back defers)
+        time.sleep(rng.uniform(0, 3))
+        assert proc.poll() is None, f"the watch stopped by itself: {err.read_text()[-3000:]}"
+        if stop == signal.SIGKILL:
+            os.killpg(proc.pid, signal.SIGKILL)
+            proc.wait()
+        else:
+            proc.send_signal(signal.SIGTERM)
+            assert proc.wait(timeout=300) == 0, err.read_text()[-3000:]
+            assert "SIGTERM received, stopping after the current micro-batch" in err.read_text()
+            with contextlib.suppress(ProcessLookupError):  # what the JVM left running (it ends with the CLI)
+                os.killpg(proc.pid, signal.SIGKILL)
+        console = out.read_text() + err.read_text()
+        for noise in ("Python worker", "Using Spark's default log4j profile", " WARN "):
+            assert noise not in console, console[-3000:]
+        assert "tidegauge watch: watching" in out.read_text()
     # then a run that reads what is left, from the same checkpoint
     opts = WatchOptions(
         store=STORE,
