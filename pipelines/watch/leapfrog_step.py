@@ -59,6 +59,9 @@ WAITING_SCHEMA = pa.schema(
         ("headers", pa.list_(pa.field("element", archive.HEADER_TYPE))),
     ]
 )
+# a region's records as a step reads them; a micro-batch's frame whose records all lack headers comes from pandas
+# with a null-typed column, which must not change the table's type
+RECORD_SCHEMA = pa.schema([f for f in WAITING_SCHEMA if f.name != "region"])
 # chunks waiting for the manifest that names them (chunks precede their manifest in a VT)
 CHUNKS_SCHEMA = pa.schema(
     [("region", pa.int32()), ("offset", pa.int64()), ("key", pa.binary()), ("payload", pa.binary())]
@@ -325,7 +328,11 @@ def _narrow(t: pa.Table, n: int, region: int, partition: int) -> pa.RecordBatch:
 
 def _with_waiting(records: dict[int, pa.Table], waiting: pa.Table | None) -> tuple[dict[int, pa.Table], int]:
     """The records held from earlier micro-batches followed by the new ones, per region, and how many."""
-    out = {x: t.select(RECORD_COLUMNS) for x, t in records.items() if t is not None and t.num_rows}
+    out = {
+        x: t.select(RECORD_COLUMNS).cast(RECORD_SCHEMA)
+        for x, t in records.items()
+        if t is not None and t.num_rows
+    }
     if waiting is not None:
         region = waiting.column("region").to_numpy()
         for x in np.unique(region):

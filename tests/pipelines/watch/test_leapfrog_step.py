@@ -186,3 +186,24 @@ def test_no_finding_rests_on_an_undecodable_record(world, damaged_world, seed, c
         assert set(expected) <= set(named(found))
         clean = set(world[2])
         assert set(named(found)) - set(expected) <= clean, "a finding the undamaged records do not support"
+
+
+def test_records_without_headers_are_held_beside_records_with_them(world):
+    """A micro-batch whose records all lack headers reaches the step with a null-typed headers column (pandas);
+    held until every region has sent records, it must join the next micro-batch's typed ones."""
+    histories, dirs, _ = world
+    step = LeapfrogStep(((0, 1), (0, 2), (1, 2)), 3)
+    whole = {
+        x: pa.Table.from_batches(list(archive.iter_partition(d, TOPIC, 0, columns=RECORD_COLUMNS)))
+        for x, d in dirs.items()
+    }
+    bare = whole[0].slice(0, 2)
+    bare = bare.set_column(
+        3, "headers", pa.nulls(2)
+    )  # what pandas gives for a frame of records without headers
+    first = step(0, {0: bare}, None)
+    assert first.waiting
+    state = PartitionState.from_bytes(first.state.to_bytes())
+    second = step(0, {0: whole[0].slice(2), 1: whole[1], 2: whole[2]}, state)
+    assert not second.waiting and not second.failed
+    assert second.state.facts
