@@ -197,13 +197,16 @@ def test_records_without_headers_are_held_beside_records_with_them(world):
         x: pa.Table.from_batches(list(archive.iter_partition(d, TOPIC, 0, columns=RECORD_COLUMNS)))
         for x, d in dirs.items()
     }
-    bare = whole[0].slice(0, 2)
+    first = step(0, {0: whole[0].slice(0, 2)}, None)
+    assert first.waiting
+    state = PartitionState.from_bytes(first.state.to_bytes())
+    bare = whole[0].slice(2, 2)
     bare = bare.set_column(
         3, "headers", pa.nulls(2)
     )  # what pandas gives for a frame of records without headers
-    first = step(0, {0: bare}, None)
-    assert first.waiting
-    state = PartitionState.from_bytes(first.state.to_bytes())
-    second = step(0, {0: whole[0].slice(2), 1: whole[1], 2: whole[2]}, state)
+    rest = whole[0].slice(4)
+    second = step(0, {0: bare, 1: whole[1], 2: whole[2]}, state)
     assert not second.waiting and not second.failed
-    assert second.state.facts
+    third = step(0, {0: rest}, PartitionState.from_bytes(second.state.to_bytes()))
+    assert not third.failed
+    assert third.state.facts
