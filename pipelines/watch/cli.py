@@ -7,6 +7,7 @@ import logging
 import signal
 import textwrap
 import threading
+import time
 
 from pipelines.core import config as cfg
 from pipelines.core.errors import UsageError, exit_codes, spark_gone
@@ -151,6 +152,12 @@ def _jvm_going(exc: BaseException) -> bool:
     return spark_gone(exc) or type(exc).__module__.split(".")[0] in ("py4j", "pyspark")
 
 
+def _batch_id(query) -> int:
+    """The id of the query's last finished micro-batch (-1 before the first)."""
+    progress = query.lastProgress
+    return int(progress.get("batchId", -1)) if progress else -1
+
+
 class _Restarts:
     """A failed query is started again from its checkpoint (its unfinished micro-batch runs again, so nothing is
     lost or repeated): what fails a query is the machine or a source — a Python worker that could not start in
@@ -281,10 +288,12 @@ def run(args: argparse.Namespace) -> int:
             except (OSError, ValueError):
                 sources = None  # not written yet (the first planning), or being replaced
             observe_sources(metrics, queries[0].lastProgress, sources, opts)
-        # let the running micro-batches finish: stopping inside one would only make the restart redo it
+        # let the running micro-batch finish (stopping inside one would only make the restart redo it), but not
+        # the ones after it: with a backlog they run back to back
         for q in queries:
-            while q.isActive and q.status.get("isTriggerActive"):
-                stop.wait(0.2)
+            last = _batch_id(q)
+            while q.isActive and q.status.get("isTriggerActive") and _batch_id(q) <= last:
+                time.sleep(0.2)
             q.stop()
     except Exception as exc:
         if not (stop.is_set() and _jvm_going(exc)):
