@@ -51,20 +51,12 @@ from pathlib import Path
 HERE = Path(__file__).resolve().parent
 sys.path.insert(0, str(HERE))
 
-from bench_scale import workload  # noqa: E402
+from bench_scale import _label, workload  # noqa: E402
 from leapfrog_workload import Workload  # noqa: E402
 
 GOAL_PER_REGION = 20_000  # VT records/s per region with 3 regions (issue 19)
 DEFAULT_TRIGGER_S = 10  # the watch's default --trigger-interval
 STATE_VAR = "partition_state"  # LeapfrogProcessor's value state
-
-
-def _label(n: int) -> str:
-    if n % 1_000_000 == 0:
-        return f"{n // 1_000_000}M"
-    if n % 1000 == 0:
-        return f"{n // 1000}k"
-    return str(n)
 
 
 def _ints(text: str) -> list[int]:
