@@ -88,7 +88,7 @@ def register(sub) -> None:
         "--faults",
         metavar="SPEC",
         help="faults at set times, as `simulate --faults` takes them (default: "
-        "dropped@60,poisoned@75,silent@90+45,isolated@145+20,failover@170,broker@180)",
+        "dropped@60,poisoned@75,gap@85,silent@90+45,corrupt@100,duplicate@110,isolated@145+20,failover@170,broker@180)",
     )
     live.add_argument(
         "--metrics-port",

@@ -49,9 +49,10 @@ from pipelines.demo.job import (
 )
 
 MARKER = "demo.json"  # shared with the batch demo: a demo's directory may be replaced by another demo run
-DEFAULT_FAULTS = "dropped@60,poisoned@75,silent@90+45,isolated@145+20,failover@170,broker@180"
+DEFAULT_FAULTS = "dropped@60,poisoned@75,gap@85,silent@90+45,corrupt@100,duplicate@110,isolated@145+20,failover@170,broker@180"
 """From a minute in, once the watch has started and caught up: a dropped and a poisoned write (found by Leap
-Frog), a leader silent for 45 s (3 intervals + 1.5 + margin at the default 5 s interval), a region that stops
+Frog), a gap, a corrupted value and a duplicate in an RT (found by DIV, which the demo's watch runs with --rt), a
+leader silent for 45 s (3 intervals + 1.5 + margin at the default 5 s interval), a region that stops
 replicating for 20 s, a leader failover and a broker outage (of those, nothing may be found)."""
 
 
@@ -158,18 +159,19 @@ def committed_offsets(checkpoint: Path) -> dict[str, int] | None:
     return {k: int(v) for k, v in offsets.items()}
 
 
-def caught_up(checkpoint: Path, truth: dict, topics: set[str]) -> bool:
-    """Whether both queries committed every record the run wrote to `topics` (truth.json's end offsets)."""
+def caught_up(checkpoint: Path, truth: dict, topics: dict[str, set[str]]) -> bool:
+    """Whether each query (`leapfrog`, `div`) committed every record the run wrote to the topics it reads
+    (`topics[query]`; truth.json's end offsets)."""
     ends = (truth.get("run") or {}).get("end_offsets")
     if not ends:
         return False
-    want = {
-        f"{x}/{tp.split('[')[0]}/{int(tp.split('[')[1].rstrip(']'))}": e
-        for x, parts in ends.items()
-        for tp, e in parts.items()
-        if tp.split("[")[0] in topics
-    }
-    for query in ("leapfrog", "div"):
+    for query, names in topics.items():
+        want = {
+            f"{x}/{tp.split('[')[0]}/{int(tp.split('[')[1].rstrip(']'))}": e
+            for x, parts in ends.items()
+            for tp, e in parts.items()
+            if tp.split("[")[0] in names
+        }
         got = committed_offsets(checkpoint / query)
         if got is None or any(got.get(k, 0) < e for k, e in want.items()):
             return False
@@ -391,7 +393,7 @@ def _run(
             *[f"--source={r['region']}={r['uri']}" for r in live["regions"]],
             "--checkpoint", str(out / "watch-checkpoint"), "--out", str(out / "watch"),
             "--metrics-port", str(opts.metrics_port), "--trigger-interval", opts.trigger,
-            "--heartbeat-interval-ms", str(interval), *(["--master", opts.master] if opts.master else []),
+            "--heartbeat-interval-ms", str(interval), "--rt", *(["--master", opts.master] if opts.master else []),
         ),
         out / "watch.log",
     )  # fmt: skip
@@ -425,7 +427,8 @@ def _run(
         raise DemoError(f"the simulation ended before the watch could read to the end; see {sim.log}")
     emit(f"  {follow.t(time.time() * 1000)}  simulation stopped; waiting for the watch to read to the end")
     vt = live["vt_topic"]
-    while not caught_up(out / "watch-checkpoint", truth, {vt}):
+    read = {"leapfrog": {vt}, "div": {vt, live["rt_topic"]}}
+    while not caught_up(out / "watch-checkpoint", truth, read):
         follow.findings_from(str(out / "watch"))
         follow.ages_from(scrape(url))
         if not watch.alive():
@@ -523,7 +526,6 @@ def _judge(
     emit(f"  running leapfrog and div validate on the archives, to compare (their logs: {out / 'batch.log'})")
     with _logs_to(out / "batch.log", True):
         batch_lf, batch_dv = _batch(out, truth, archives, opts)
-    batch_dv = {d for d in batch_dv if d[1] == vt}  # the watch validates the version topics
     checks.append(
         Check(
             lf == batch_lf,
@@ -539,7 +541,7 @@ def _judge(
     checks.append(
         Check(
             dv == batch_dv,
-            "the watch's DIV findings equal div validate's on the version topics",
+            "the watch's DIV findings equal div validate's on every topic (VT and RT)",
             f"{len(dv)} and {len(batch_dv)}"
             + (
                 ""

@@ -93,17 +93,20 @@ def test_caught_up_only_when_both_queries_committed_every_record(tmp_path):
         (d / "offsets" / str(batch)).write_text("v1\n{}\n" + json.dumps(offsets) + "\n")
         (d / "commits" / str(batch)).write_text("v1\n{}\n")
 
-    assert not caught_up(tmp_path, truth, {"s_v1"})
+    read = {"leapfrog": {"s_v1"}, "div": {"s_v1", "s_rt"}}
+    assert not caught_up(tmp_path, truth, read)
     commit("leapfrog", 0, {"0/s_v1/0": 10, "1/s_v1/0": 7})
-    assert not caught_up(tmp_path, truth, {"s_v1"})  # DIV has not committed yet
-    commit("div", 0, {"0/s_v1/0": 10, "1/s_v1/0": 6})
-    assert not caught_up(tmp_path, truth, {"s_v1"})  # one record short
+    assert not caught_up(tmp_path, truth, read)  # DIV has not committed yet
+    commit("div", 0, {"0/s_v1/0": 10, "1/s_v1/0": 7, "0/s_rt/0": 98})
+    assert not caught_up(tmp_path, truth, read)  # one RT record short
     # planned but not committed: not yet
-    (tmp_path / "div" / "offsets" / "1").write_text("v1\n{}\n" + json.dumps({"0/s_v1/0": 10, "1/s_v1/0": 7}))
-    assert not caught_up(tmp_path, truth, {"s_v1"})
+    (tmp_path / "div" / "offsets" / "1").write_text(
+        "v1\n{}\n" + json.dumps({"0/s_v1/0": 10, "1/s_v1/0": 7, "0/s_rt/0": 99})
+    )
+    assert not caught_up(tmp_path, truth, read)
     (tmp_path / "div" / "commits" / "1").write_text("v1\n{}\n")
-    assert caught_up(tmp_path, truth, {"s_v1"})  # the RT is not watched: its end does not count
-    assert not caught_up(tmp_path, {"run": {"end_offsets": None}}, {"s_v1"})  # the run has not ended
+    assert caught_up(tmp_path, truth, read)  # Leap Frog does not read the RT: its end does not count there
+    assert not caught_up(tmp_path, {"run": {"end_offsets": None}}, read)  # the run has not ended
 
 
 def test_a_silent_leaders_threshold_counts_from_its_last_heartbeat_in_each_region():
