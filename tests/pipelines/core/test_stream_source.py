@@ -13,6 +13,7 @@ import uuid
 from collections import defaultdict
 
 import pyarrow as pa
+import pyarrow.compute as pc
 import pyarrow.parquet as pq
 import pytest
 from confluent_kafka import Producer
@@ -118,6 +119,7 @@ def test_fair_shares_never_exceed_the_budget_and_leave_no_partition_behind():
         ({"sources": '{"0": "/a"}', "topics": VT, "max_records_per_trigger": "0"}, "max_records_per_trigger"),
         ({"sources": '{"0": "/a"}', "topics": VT, "max_records_per_split": "x"}, "max_records_per_split"),
         ({"sources": '{"0": "/a"}', "topics": VT, "plan_timeout_s": "-1"}, "plan_timeout_s"),
+        ({"sources": '{"0": "/a"}', "topics": VT, "packed": "yes"}, "'packed'"),
     ],
 )
 def test_bad_options_are_named(options, message):
@@ -187,6 +189,33 @@ def test_reads_yield_the_archive_records_with_the_region_in_the_spark_schema(tmp
     assert got.column("topic").to_pylist() == [VT] * 25
     for name in ("partition", "offset", "key", "value", "headers", "timestamp"):
         assert got.column(name).to_pylist() == want.column(name).to_pylist(), name
+
+
+def test_packed_rows_hold_the_same_records_in_batches_of_at_most_pack_records(tmp_path, monkeypatch):
+    monkeypatch.setattr(stream_source, "PACK_RECORDS", 7)
+    _write(tmp_path, VT, 3, range(100, 130))
+    _write(tmp_path, RT, 0, range(0, 3))
+    reader = _reader({4: tmp_path}, max_records_per_split="12", packed="true")
+    end = {"4/store_v1/3": 130, "4/store_rt/0": 3}
+    splits = reader.partitions({"4/store_v1/3": 105, "4/store_rt/0": 0}, end)
+    rows = pa.Table.from_batches([b for s in splits for b in reader.read(s)])
+    assert rows.schema.names == stream_source.PACKED_SCHEMA.fieldNames()
+    # the RT's 3 records, then the VT's splits of 12, 12 and 1 records: a split of 12 gives packed rows of 7 and 5
+    assert [stream_source.unpack([b]).num_rows for b in rows.column("records").to_pylist()] == [
+        3,
+        7,
+        5,
+        7,
+        5,
+        1,
+    ]
+    vt = rows.filter(pc.equal(rows.column("topic"), VT))
+    assert set(vt.column("region").to_pylist()) == {4} and set(vt.column("partition").to_pylist()) == {3}
+    got = stream_source.unpack(vt.column("records").to_pylist())
+    want = pa.Table.from_batches(list(archive.iter_partition(tmp_path, VT, 3, 105, 130)))
+    for name in ("offset", "key", "value", "headers", "timestamp"):
+        assert got.column(name).to_pylist() == want.column(name).to_pylist(), name
+    assert stream_source.unpack([]) is None
 
 
 def test_the_read_limit_is_shared_over_partitions_and_reaches_the_end(tmp_path):
