@@ -3,7 +3,9 @@
 Three rooms, as in the batch job:
 
 - input: `pipelines.core.stream_source` (`tidegauge_stream`) reads every region's VT; its offsets live in the
-  query's checkpoint;
+  query's checkpoint. Its rows are packed (a batch of up to 16,384 records per row, `stream_source.unpack`):
+  Spark hands a `transformWithStateInPandas` function its input one row at a time through pandas, which cost
+  more than the rules when a row was a record;
 - the rule: the rows are grouped by VT partition and handed to `LeapfrogProcessor`, a `StatefulProcessor` for
   `transformWithStateInPandas` whose only job is to keep each partition's `PartitionState` in Spark's state store
   (RocksDB) and run `pipelines.watch.leapfrog_step.LeapfrogStep` — the nightly incremental job's own code;
@@ -35,10 +37,10 @@ import numpy as np
 import pandas as pd
 import pyarrow as pa
 from pyspark.sql import DataFrame, SparkSession
-from pyspark.sql import functions as F
 from pyspark.sql.streaming import StatefulProcessor, StatefulProcessorHandle
 from pyspark.sql.types import BinaryType, StructField, StructType
 
+from div import archive
 from pipelines.core.errors import UsageError
 from pipelines.core.output import check_disjoint, check_output, source_inputs
 from pipelines.core.publish import MARKER, marker_text
@@ -61,9 +63,9 @@ FINDINGS_SCHEMA = pa.schema(
     + [OUT_SCHEMA.field(c) for c in _STEP_COLUMNS]
     + [("detected_at", pa.timestamp("ms", tz="UTC"))]
 )
-# what the processor emits: findings ("F"), each region's running mark in a partition ("M"), pending keys ("C"),
-# the newest heartbeat from each source region in a region partition ("H") and what it could not judge ("W", the
-# reason in `type`)
+# what the processor emits: findings ("F"), each region's running mark and unverified keys in a partition ("M"),
+# pending keys ("C"), the newest heartbeat from each source region in a region partition ("H"), the records read
+# of each region partition ("N") and what it could not judge ("W", the reason in `type`)
 OUTPUT_SCHEMA = pa.schema(
     [("row", pa.string())]
     + [OUT_SCHEMA.field(c) for c in _STEP_COLUMNS]
@@ -75,6 +77,8 @@ OUTPUT_SCHEMA = pa.schema(
         ("source_region", pa.int32()),
         ("origin_ms", pa.int64()),
         ("arrival_ms", pa.int64()),
+        ("records", pa.int64()),
+        ("unverified", pa.int64()),
     ]
 )
 _DDL = {
@@ -95,6 +99,22 @@ def finding_id(store: str, version: int, partition: int, a: int, b: int, key: by
     return h.hexdigest()[:32]
 
 
+def _unpacked(frames: Iterator[pd.DataFrame], by: str | None = None) -> dict[int, pa.Table]:
+    """A group's packed rows (`stream_source.PACKED_SCHEMA`) as records: per value of the column `by` (e.g. the
+    region), or all under 0."""
+    from pipelines.core.stream_source import unpack
+
+    blobs: dict[int, list[bytes]] = {}
+    for f in frames:
+        if not len(f):
+            continue
+        groups = f[by].to_numpy() if by else np.zeros(len(f), np.int64)
+        for g, blob in zip(groups.tolist(), f["records"].tolist(), strict=True):
+            blobs.setdefault(int(g), []).append(blob)
+    out = {g: unpack(bs) for g, bs in sorted(blobs.items())}
+    return {g: t for g, t in out.items() if t is not None and t.num_rows}
+
+
 class LeapfrogProcessor(StatefulProcessor):
     """Keeps one VT partition's `PartitionState` in the state store and runs `LeapfrogStep` on its new rows."""
 
@@ -109,23 +129,15 @@ class LeapfrogProcessor(StatefulProcessor):
         self, key: Any, rows: Iterator[pd.DataFrame], timerValues: Any
     ) -> Iterator[pd.DataFrame]:
         partition = int(key[0])
-        frames = [f for f in rows if len(f)]
-        table = (
-            pa.Table.from_pandas(pd.concat(frames, ignore_index=True), preserve_index=False)
-            if frames
-            else None
-        )
         records: dict[int, pa.Table] = {}
         out: list[dict] = []
-        if table is not None:
-            region = table.column("region").to_numpy()
-            for x in np.unique(region):
-                mine = table.filter(pa.array(region == x))
-                records[int(x)] = mine.select(RECORD_COLUMNS)
-                arrivals = mine.column("arrival_ms").combine_chunks()
-                out.extend(
-                    {"row": "H", **h} for h in newest_heartbeats(int(x), partition, records[int(x)], arrivals)
-                )
+        for region, mine in _unpacked(rows, "region").items():
+            records[region] = mine.select(RECORD_COLUMNS)
+            arrivals = pa.array(archive.timestamps_ms(mine), pa.int64())
+            out.extend(
+                {"row": "H", **h} for h in newest_heartbeats(region, partition, records[region], arrivals)
+            )
+            out.append({"row": "N", "partition": partition, "region": region, "records": mine.num_rows})
         before = PartitionState.from_bytes(self.state.get()[0]) if self.state.exists() else None
         result = self.step(partition, records, before)
         self.state.update((result.state.to_bytes(),))
@@ -134,7 +146,13 @@ class LeapfrogProcessor(StatefulProcessor):
             out.append({"row": "F", **f, "detected_ms": now_ms})
         for fact in result.state.facts.values():
             out.append(
-                {"row": "M", "partition": partition, "region": fact["region"], "mark": fact["final_hw"]}
+                {
+                    "row": "M",
+                    "partition": partition,
+                    "region": fact["region"],
+                    "mark": fact["final_hw"],
+                    "unverified": len({k for k, _ in fact.get("unverified") or ()}),
+                }
             )
         # what this partition's micro-batch could not judge: said on the driver, never silently dropped
         if result.chunked_late:
@@ -175,6 +193,9 @@ class WatchOptions:
     starting: str = "earliest"
     # DIV also validates this real-time topic of every region (`--rt`, `--rt-topic`); None: the VTs only
     rt_topic: str | None = None
+    # micro-batches whose state versions and offset logs the checkpoint keeps (Spark's default, 100, kept about
+    # 4 GB of state at 400k keys); a restart needs only the last one
+    batches_to_retain: int = 10
 
     @property
     def topic(self) -> str:
@@ -211,6 +232,7 @@ def _records(
         opts.starting,
         opts.max_records_per_trigger,
         status_file=status,
+        packed=True,
     )
 
 
@@ -253,7 +275,7 @@ def findings_query(spark: SparkSession, opts: WatchOptions) -> DataFrame:
     pairs = opts.pairs or tuple((a, b) for i, a in enumerate(regions) for b in regions[i + 1 :])
     rows = _records(spark, opts, status_file(opts))
     return (
-        rows.select("region", "partition", *RECORD_COLUMNS, F.unix_millis("timestamp").alias("arrival_ms"))
+        rows.select("region", "partition", "records")
         .groupBy("partition")
         .transformWithStateInPandas(LeapfrogProcessor(pairs, n), OUTPUT_DDL, "Append", "None")
     )
@@ -268,6 +290,7 @@ class FindingsSink:
         self.dir.makedirs()
         self.warned: set[tuple] = set()
         self.pending: dict[tuple[int, int, int], int] = {}  # (partition, region_a, region_b) → its last count
+        self.unverified: dict[tuple[int, int], int] = {}  # (partition, region) → its last count
 
     def __call__(self, df: DataFrame, batch_id: int) -> None:
         table = df.toArrow()
@@ -308,17 +331,26 @@ class FindingsSink:
                     )
                     log.warning("tidegauge watch: %s: %s", where, r["type"])
         if self.metrics is not None and table.num_rows:
-            observe_rows(self.metrics, table, self.pending)
+            observe_rows(self.metrics, table, self.pending, self.opts.topic, self.unverified)
         log.debug("micro-batch %d: %d rows", batch_id, table.num_rows)
 
 
-def observe_rows(metrics, table: pa.Table, pending: dict[tuple[int, int, int], int] | None = None) -> None:
+def observe_rows(
+    metrics,
+    table: pa.Table,
+    pending: dict[tuple[int, int, int], int] | None = None,
+    topic: str | None = None,
+    unverified: dict[tuple[int, int], int] | None = None,
+) -> None:
     """The processor's other rows to the metrics: pending keys per pair ("C"), each region partition's running
-    high-water mark ("M") and the newest heartbeats ("H").
+    high-water mark and unverified keys ("M"), the newest heartbeats ("H") and, with the VT's name as `topic`,
+    the records read ("N").
 
-    A partition reports its pending keys only in the micro-batches that bring it records, so `pending` keeps each
-    partition's last count across micro-batches and the metric is their sum over every partition seen."""
+    A partition reports its counts only in the micro-batches that bring it records, so `pending` ((partition,
+    region_a, region_b)) and `unverified` ((partition, region)) keep each partition's last count across
+    micro-batches and the metrics are their sums over every partition seen."""
     pending = {} if pending is None else pending
+    unverified = {} if unverified is None else unverified
     kind = table.column("row").to_numpy(zero_copy_only=False)
     pairs: set[tuple[int, int]] = set()
     for r in table.filter(pa.array(kind == "C", pa.bool_())).to_pylist():
@@ -326,9 +358,18 @@ def observe_rows(metrics, table: pa.Table, pending: dict[tuple[int, int, int], i
         pairs.add((r["region_a"], r["region_b"]))
     for a, b in sorted(pairs):
         metrics.set_pending_keys(a, b, sum(n for (_, x, y), n in pending.items() if (x, y) == (a, b)))
+    if topic is not None:
+        for r in table.filter(pa.array(kind == "N", pa.bool_())).to_pylist():
+            metrics.add_records(r["region"], topic, r["records"])
+    regions: set[int] = set()
     for r in table.filter(pa.array(kind == "M", pa.bool_())).to_pylist():
         if r["mark"] is not None:
             metrics.set_high_water_marks(r["region"], r["partition"], r["mark"])
+        if r["unverified"] is not None:
+            unverified[(r["partition"], r["region"])] = r["unverified"]
+            regions.add(r["region"])
+    for x in sorted(regions):
+        metrics.set_unverified_keys(x, sum(n for (_, y), n in unverified.items() if y == x))
     heartbeats = table.filter(pa.array(kind == "H", pa.bool_()))
     if heartbeats.num_rows:
         metrics.observe_heartbeats(
@@ -373,10 +414,9 @@ class DivProcessor(StatefulProcessor):
         from pipelines.watch.div_step import DivPartitionState
 
         region, topic, partition = int(key[0]), str(key[1]), int(key[2])
-        frames = [f for f in rows if len(f)]
-        if not frames:
+        table = _unpacked(rows).get(0)
+        if table is None:
             return
-        table = pa.Table.from_pandas(pd.concat(frames, ignore_index=True), preserve_index=False)
         before = DivPartitionState.from_bytes(self.state.get()[0]) if self.state.exists() else None
         result = self.step(region, topic, partition, table.select(DIV_COLUMNS), before)
         self.state.update((result.state.to_bytes(),))
@@ -396,7 +436,7 @@ def div_query(spark: SparkSession, opts: WatchOptions) -> DataFrame:
     rows = _records(spark, opts, topics=opts.div_topics)
     ddl = ", ".join(f"{f.name} {_DDL[str(f.type)]}" for f in DIV_SCHEMA)
     return (
-        rows.select("region", "topic", "partition", "offset", "key", "value", "headers", "timestamp")
+        rows.select("region", "topic", "partition", "records")
         .groupBy("region", "topic", "partition")
         .transformWithStateInPandas(DivProcessor(), ddl, "Append", "None")
     )
@@ -467,6 +507,10 @@ def start_query(
     """Start one of the two queries (`leapfrog` or `div`) with its checkpoint under --checkpoint/<name>: again
     after a failure, it goes on from its last committed micro-batch."""
     spark.conf.set("spark.sql.streaming.stateStore.providerClass", ROCKSDB)
+    # a commit appends the micro-batch's changes to a changelog instead of flushing and uploading a snapshot of
+    # every state file (snapshots are made in the background); Spark reads either kind of checkpoint
+    spark.conf.set("spark.sql.streaming.stateStore.rocksdb.changelogCheckpointing.enabled", "true")
+    spark.conf.set("spark.sql.streaming.minBatchesToRetain", str(opts.batches_to_retain))
     checkpoint = absolute(opts.checkpoint).rstrip("/")
     df, sink = (
         (findings_query(spark, opts), FindingsSink(opts, metrics))

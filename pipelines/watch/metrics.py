@@ -130,7 +130,7 @@ class WatchMetrics:
         )
         self._records = Counter(
             "tidegauge_records",
-            "Records the watch read, by region and topic.",
+            "Records the Leap Frog query read, by region and topic (each region's VT).",
             ["region", "topic"],
             registry=r,
         )
@@ -440,7 +440,11 @@ def _families() -> Iterator[Metric]:
         "Time the last micro-batch spent in each phase (Spark's durationMs).",
         labels=["phase"],
     )
-    yield g("tidegauge_microbatch_input_rows", "Rows the last micro-batch read (numInputRows).")
+    yield g(
+        "tidegauge_microbatch_input_rows",
+        "Spark rows the last micro-batch read (numInputRows): the watch reads packed batches of records, so "
+        "these are batches; tidegauge_records_total counts records.",
+    )
     yield g("tidegauge_input_rows_per_second", "Spark's inputRowsPerSecond of the last micro-batch.")
     yield g("tidegauge_processed_rows_per_second", "Spark's processedRowsPerSecond of the last micro-batch.")
     yield g(

@@ -35,7 +35,7 @@ def test_lag_per_partition_from_progress_and_sources_up_from_status():
     assert value("tidegauge_source_up", region="1") == 0
 
 
-def test_pending_keys_per_pair_and_marks_from_the_processor_rows():
+def test_pending_and_unverified_keys_records_and_marks_from_the_processor_rows():
     import pyarrow as pa
 
     from pipelines.watch.job import OUTPUT_SCHEMA, observe_rows
@@ -44,18 +44,30 @@ def test_pending_keys_per_pair_and_marks_from_the_processor_rows():
     rows = [
         {"row": "C", "partition": 0, "region_a": 0, "region_b": 1, "pending": 2},
         {"row": "C", "partition": 1, "region_a": 0, "region_b": 1, "pending": 3},
-        {"row": "M", "partition": 1, "region": 1, "mark": [7, 9]},
+        {"row": "M", "partition": 1, "region": 1, "mark": [7, 9], "unverified": 2},
+        {"row": "M", "partition": 0, "region": 1, "mark": [3, 4], "unverified": 1},
+        {"row": "N", "partition": 0, "region": 1, "records": 40},
+        {"row": "N", "partition": 1, "region": 1, "records": 2},
         {"row": "F", "partition": 1, "region_a": 0, "region_b": 1, "type": "VALUE_MISMATCH", "key": b"k"},
     ]
     pending: dict = {}
-    observe_rows(m, pa.Table.from_pylist(rows, OUTPUT_SCHEMA), pending)
+    unverified: dict = {}
+    observe_rows(m, pa.Table.from_pylist(rows, OUTPUT_SCHEMA), pending, "s_v1", unverified)
     assert m.registry.get_sample_value("tidegauge_pending_keys", {"region_a": "0", "region_b": "1"}) == 5
-    # a later micro-batch brings records of partition 1 only: partition 0's count still counts
-    later = [{"row": "C", "partition": 1, "region_a": 0, "region_b": 1, "pending": 1}]
-    observe_rows(m, pa.Table.from_pylist(later, OUTPUT_SCHEMA), pending)
+    assert m.registry.get_sample_value("tidegauge_unverified_keys", {"region": "1"}) == 3
+    assert m.registry.get_sample_value("tidegauge_records_total", {"region": "1", "topic": "s_v1"}) == 42
+    # a later micro-batch brings records of partition 1 only: partition 0's counts still count
+    later = [
+        {"row": "C", "partition": 1, "region_a": 0, "region_b": 1, "pending": 1},
+        {"row": "M", "partition": 1, "region": 1, "mark": [8, 9], "unverified": 0},
+        {"row": "N", "partition": 1, "region": 1, "records": 5},
+    ]
+    observe_rows(m, pa.Table.from_pylist(later, OUTPUT_SCHEMA), pending, "s_v1", unverified)
     assert m.registry.get_sample_value("tidegauge_pending_keys", {"region_a": "0", "region_b": "1"}) == 3
+    assert m.registry.get_sample_value("tidegauge_unverified_keys", {"region": "1"}) == 1
+    assert m.registry.get_sample_value("tidegauge_records_total", {"region": "1", "topic": "s_v1"}) == 47
     mark = {"region": "1", "partition": "1", "source_region": "0"}
-    assert m.registry.get_sample_value("tidegauge_high_water_mark", mark) == 7
+    assert m.registry.get_sample_value("tidegauge_high_water_mark", mark) == 8  # the later row's
     assert m.registry.get_sample_value("tidegauge_heartbeat_age_seconds", mark) is None  # no heartbeat seen
 
 
