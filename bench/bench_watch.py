@@ -15,8 +15,13 @@ given on the micro-batches after the first (`records_per_s_per_region`) and on a
 default cap, 600,000, is what 3 regions at the goal rate (20k records/s each) write in the watch's default
 trigger interval (10 s): the goal is met when such a micro-batch takes at most the interval. The same backlog is
 read by a decode-only streaming query (the same source and cap, every record decoded as Leap Frog decodes it,
-nothing else), and `ratio_to_decode_only` is the watch's rate over that one, measured in the same run.
-Leap Frog and DIV are measured one after the other, each alone on the 2 cores (`leapfrog`, `div`).
+nothing else; its rows packed as the watch's are), and `ratio_to_decode_only` is a query's rate over that one,
+measured in the same run. Leap Frog and DIV are measured one after the other, each alone on the 2 cores
+(`leapfrog`, `div`), then together as `tidegauge watch` runs them (`watch`): the goal is the whole watch's. Its
+rate is taken over the window in which both queries were past their first micro-batch and neither had finished
+(each query's records per second per region in its micro-batches inside the window; the lower of the two, since
+the watch keeps up only when both do); `records_per_s_per_region_wall` is the records per region over the wall
+time from start to the end of both, start-up included.
 
 State. The Leap Frog query keeps one value per VT partition in RocksDB: `PartitionState.to_bytes()`, the region
 partitions' facts, the (pair, key) already reported and the carried records. Which records are carried is
@@ -46,6 +51,7 @@ import statistics
 import sys
 import time
 import zipfile
+from datetime import datetime
 from pathlib import Path
 
 HERE = Path(__file__).resolve().parent
@@ -83,6 +89,7 @@ def _options(dirs: dict[int, str], work: Path, name: str, cap: int):
         checkpoint=str(work / "checkpoint" / name),
         out=str(work / "out" / name),
         max_records_per_trigger=cap,
+        batches_to_retain=100_000,  # the state is read back at earlier micro-batches after the run
     )
 
 
@@ -128,22 +135,40 @@ def _until_done(launch, name: str, attempts: int = 5) -> list[dict]:
 
 
 def run_decode_only(spark, dirs: dict[int, str], work: Path, cap: int) -> tuple[list[dict], float]:
-    """The watch's source over the same archives with the same cap, every record decoded as Leap Frog's decode
-    stage decodes it (`pipelines.leapfrog.decode.VtDecoder`), the rows dropped (noop sink)."""
-    from pipelines.core.stream_source import read_stream
+    """The watch's source over the same archives with the same cap, its rows packed as the watch reads them,
+    every record decoded as Leap Frog's decode stage decodes it (`pipelines.leapfrog.decode.VtDecoder`), the rows
+    dropped (noop sink)."""
+    from pipelines.core.stream_source import read_stream, unpack
     from pipelines.leapfrog import decode as V
 
     opts = _options(dirs, work, "decode-only", cap)
 
     def fn(batches):
+        import pyarrow as pa
+
         dec = V.VtDecoder()
         for b in batches:
-            yield dec.decode(b, None)
+            for region, partition, blob in zip(
+                *(b.column(c).to_pylist() for c in ("region", "partition", "records")), strict=True
+            ):
+                t = unpack([blob])
+                n = t.num_rows
+                rows = pa.table(
+                    {
+                        "region": pa.array([region] * n, pa.int32()),
+                        "partition": pa.array([partition] * n, pa.int32()),
+                        **{c: t.column(c) for c in ("offset", "key", "value", "headers")},
+                    }
+                )
+                for rb in rows.to_batches():
+                    yield dec.decode(rb, None)
 
     def launch():
-        df = read_stream(spark, {s.region: s.uri for s in opts.sources}, [opts.topic], None, "earliest", cap)
+        df = read_stream(
+            spark, {s.region: s.uri for s in opts.sources}, [opts.topic], None, "earliest", cap, packed=True
+        )
         return (
-            df.select("region", "partition", "offset", "key", "value", "headers")
+            df.select("region", "partition", "records")
             .mapInArrow(fn, V.DECODED_DDL)
             .writeStream.format("noop")
             .option("checkpointLocation", opts.checkpoint)
@@ -153,6 +178,23 @@ def run_decode_only(spark, dirs: dict[int, str], work: Path, cap: int) -> tuple[
 
     t = time.perf_counter()
     progress = _until_done(launch, "decode-only")
+    return progress, time.perf_counter() - t
+
+
+def run_watch_together(
+    spark, dirs: dict[int, str], work: Path, cap: int
+) -> tuple[dict[str, list[dict]], float]:
+    """The whole watch: both queries started together, as `tidegauge watch` starts them, sharing the cores; each
+    query's progress reports and the wall seconds until both were done."""
+    from pipelines.watch.job import QUERIES, start
+
+    opts = _options(dirs, work, "watch", cap)
+    t = time.perf_counter()
+    queries = start(spark, opts, available_now=True)
+    progress = {}
+    for name, q in zip(QUERIES, queries, strict=True):
+        q.awaitTermination()
+        progress[name] = [json.loads(p.json) for p in q.recentProgress]
     return progress, time.perf_counter() - t
 
 
@@ -179,14 +221,16 @@ def batches(progress: list[dict]) -> list[dict]:
     """The micro-batches that read records, in order: rows, rows per region, seconds."""
     out = []
     for p in progress:
-        rows = int(p.get("numInputRows") or 0)
-        if not rows:
+        if not int(p.get("numInputRows") or 0):
             continue
+        by_region = _by_region(p)
         out.append(
             {
                 "batch_id": p["batchId"],
-                "rows": rows,
-                "by_region": _by_region(p),
+                # records, from the offsets (the workload is not compacted): the watch's rows are packed batches
+                "rows": sum(by_region.values()),
+                "by_region": by_region,
+                "start": datetime.fromisoformat(p["timestamp"]).timestamp(),
                 "s": p["durationMs"]["triggerExecution"] / 1000,
                 "state": (p.get("stateOperators") or [None])[0],
             }
@@ -228,26 +272,69 @@ def rates(bs: list[dict], regions: int) -> dict:
     }
 
 
+def together(runs: dict[str, list[dict]], regions: int) -> dict:
+    """The whole watch's rate: over the time both queries were past their first micro-batch and neither had
+    finished, each query's records per second per region in its micro-batches wholly inside that window; the
+    watch keeps up with the lower of the two (both must)."""
+    per = {name: batches(p) for name, p in runs.items()}
+    if not all(per.values()):
+        return {}
+    ends = {name: [b["start"] + b["s"] for b in bs] for name, bs in per.items()}
+    start = max(e[0] for e in ends.values())
+    stop = min(e[-1] for e in ends.values())
+    out: dict = {"window_s": round(stop - start, 1), "queries": {}}
+    for name, bs in per.items():
+        inside = [b for b, e in zip(bs, ends[name], strict=True) if b["start"] >= start and e <= stop]
+        if not inside:
+            out["queries"][name] = {"micro_batches": 0}
+            continue
+        secs = ends[name][bs.index(inside[-1])] - inside[0]["start"]
+        tot: dict[int, int] = {}
+        for b in inside:
+            for x, n in b["by_region"].items():
+                tot[x] = tot.get(x, 0) + n
+        out["queries"][name] = {
+            "micro_batches": len(inside),
+            "s": round(secs, 1),
+            "records_per_s_per_region": round(min(tot.values()) / secs),
+            "batch_s": [round(b["s"], 2) for b in inside],
+        }
+    measured = [
+        q["records_per_s_per_region"] for q in out["queries"].values() if "records_per_s_per_region" in q
+    ]
+    if len(measured) == len(per):
+        out["records_per_s_per_region"] = min(measured)
+    return out
+
+
 # -- the Leap Frog query's state -----------------------------------------------------------------------------------
 def version_bytes(checkpoint: Path, version: int) -> dict:
-    """Bytes on disk of one RocksDB state version, summed over the state store partitions: the files its
-    `<version>.zip` names (SST and log files, with their sizes) plus the zip itself."""
+    """Bytes on disk that one RocksDB state version needs, summed over the state store partitions. The watch
+    checkpoints with changelogs: a version is its latest snapshot at or before it (`<v>.zip`, which names its SST
+    and log files, with their sizes) plus the changelogs after that snapshot up to it (`<v>.changelog`)."""
     total = files = keys = 0
     parts = 0
     for part in sorted((checkpoint / "state" / "0").iterdir()):
-        z = part / f"{version}.zip"
-        if not part.name.isdigit() or not z.exists():
+        if not part.name.isdigit():
+            continue
+        snapshots = [int(z.stem) for z in part.glob("*.zip") if z.stem.isdigit() and int(z.stem) <= version]
+        if not snapshots:
             continue
         parts += 1
+        snap = max(snapshots)
+        z = part / f"{snap}.zip"
         with zipfile.ZipFile(z) as zf:
             meta_name = next(n for n in zf.namelist() if n.endswith("metadata"))
             text = zf.read(meta_name).decode()
         meta = json.loads(text[text.index("{") :])
         named = meta.get("sstFiles", []) + meta.get("logFiles", [])
+        changelogs = [part / f"{v}.changelog" for v in range(snap + 1, version + 1)]
+        changelogs = [c for c in changelogs if c.exists()]
         total += z.stat().st_size + sum(int(f.get("sizeBytes", 0)) for f in named)
-        files += len(named)
+        total += sum(c.stat().st_size for c in changelogs)
+        files += len(named) + len(changelogs)
         keys += int(meta.get("numKeys", 0))
-    return {"bytes": total, "files": files, "rocksdb_keys": keys, "store_partitions": parts}
+    return {"bytes": total, "files": files, "rocksdb_keys_at_snapshot": keys, "store_partitions": parts}
 
 
 def partition_states(spark, checkpoint: Path, batch_id: int) -> dict:
@@ -352,7 +439,9 @@ def main() -> None:
         help="records read at which the state is measured (default 10%%, 50%% and 100%% of --records)",
     )
     ap.add_argument(
-        "--queries", default="decode,leapfrog,div", help="which runs (default decode,leapfrog,div)"
+        "--queries",
+        default="decode,leapfrog,div,watch",
+        help="which runs (default decode,leapfrog,div,watch; watch: both queries together)",
     )
     ap.add_argument("--master", default="local[2]")
     ap.add_argument(
@@ -360,8 +449,8 @@ def main() -> None:
     )
     args = ap.parse_args()
     runs = [q for q in args.queries.split(",") if q]
-    if set(runs) - {"decode", "leapfrog", "div"}:
-        ap.error("--queries: decode, leapfrog, div")
+    if set(runs) - {"decode", "leapfrog", "div", "watch"}:
+        ap.error("--queries: decode, leapfrog, div, watch")
     points = args.points or [args.records // 10, args.records // 2, args.records]
     work = Path(args.work)
     work.mkdir(parents=True, exist_ok=True)
@@ -396,7 +485,7 @@ def main() -> None:
             "records_planned": args.records,
         },
         "workload": built,
-        "goal": f"leapfrog.records_per_s_per_region >= {GOAL_PER_REGION} with 3 regions",
+        "goal": f"watch.records_per_s_per_region >= {GOAL_PER_REGION} with 3 regions",
     }
     if "decode" in runs:
         load = os.getloadavg()[0]
@@ -419,10 +508,22 @@ def main() -> None:
         if query == "leapfrog":
             r["state"] = state_points(spark, checkpoint, bs, points)
         result[query] = r
+    if "watch" in runs:
+        load = os.getloadavg()[0]
+        progress, wall = run_watch_together(spark, dirs, work, cap)
+        for name, p in progress.items():
+            _keep(work, f"watch-{name}", p, wall)
+        records = sum(_region_records(dirs).values()) / args.regions
+        result["watch"] = {
+            "load_avg_before": round(load, 2),
+            "wall_s": round(wall, 1),
+            "records_per_s_per_region_wall": round(records / wall),
+            **together(progress, args.regions),
+        }
     spark.stop()
-    lf = result.get("leapfrog", {})
-    if "records_per_s_per_region" in lf:
-        result["goal_met"] = args.regions >= 3 and lf["records_per_s_per_region"] >= GOAL_PER_REGION
+    watch = result.get("watch", {})
+    if "records_per_s_per_region" in watch:
+        result["goal_met"] = args.regions >= 3 and watch["records_per_s_per_region"] >= GOAL_PER_REGION
     result["records_per_region"] = {str(x): n for x, n in sorted(_region_records(dirs).items())}
     result["query_restarts"] = RESTARTS["count"]
     result["wall_s"] = round(time.perf_counter() - t0, 1)
@@ -433,7 +534,7 @@ def main() -> None:
 def _keep(work: Path, name: str, progress: list[dict], wall: float) -> None:
     """Every progress report of a run, beside the checkpoints (for a closer look), and a line on stderr."""
     (work / f"progress-{name}.json").write_text(json.dumps(progress, indent=1))
-    rows = sum(int(p.get("numInputRows") or 0) for p in progress)
+    rows = sum(b["rows"] for b in batches(progress))
     print(
         f"{name}: {rows} records in {wall:.1f} s, {len(progress)} progress reports",
         file=sys.stderr,

@@ -132,8 +132,8 @@ BENCHES: dict[str, list[str]] = {
         "--warmup",
         "0",
     ],
-    "watch": ["bench/bench_watch.py", "--queries", "leapfrog"],
-    "watch_1m": ["bench/bench_watch.py", "--records", "1000000"],
+    "watch": ["bench/bench_watch.py", "--queries", "leapfrog,watch"],
+    "watch_1m": ["bench/bench_watch.py", "--records", "1000000", "--queries", "decode,leapfrog,div"],
 }
 
 
@@ -427,14 +427,18 @@ SHOWN: dict[str, tuple[str, list[str]]] = {
         ],
     ),
     "watch": (
-        "`tidegauge watch` (local[2], RocksDB state), its Leap Frog query alone, 3 regions, about 10 M VT records in "
-        "all with heartbeats, 400k keys, as a backlog read with `--max-records-per-trigger 600000` (3 regions at "
-        "20k records/s for the default 10 s trigger): VT records/s per region on the micro-batches after the "
-        "first (Spark's progress), the median micro-batch time and the last third's median over the first "
-        "third's; the state after 1 M, 5 M and 10 M records: RocksDB bytes on disk of that version, the largest "
-        "partition's state value, the carried records (keys still in play, and settled keys' current records) "
-        "and their distinct keys",
+        "`tidegauge watch` (local[2], RocksDB state), 3 regions, about 10 M VT records in all with heartbeats, "
+        "400k keys, as a backlog read with `--max-records-per-trigger 600000` (3 regions at 20k records/s for the "
+        "default 10 s trigger). The whole watch, both queries together as the command runs them: VT records/s per "
+        "region while both ran (the slower query's, on its micro-batches inside that window). Its Leap Frog query "
+        "alone: records/s per region on the micro-batches after the first (Spark's progress), the median "
+        "micro-batch time and the last third's median over the first third's; the state after 1 M, 5 M and 10 M "
+        "records: RocksDB bytes on disk of that version, the largest partition's state value, the carried records "
+        "(keys still in play, and settled keys' current records) and their distinct keys",
         [
+            "watch.records_per_s_per_region",
+            "watch.queries.leapfrog.records_per_s_per_region",
+            "watch.queries.div.records_per_s_per_region",
             "leapfrog.records_per_s_per_region",
             "leapfrog.batch_s_median",
             "leapfrog.batch_s_trend",
@@ -455,7 +459,7 @@ SHOWN: dict[str, tuple[str, list[str]]] = {
     "watch_1m": (
         "the same at 1 M VT records (40k keys), the Leap Frog and DIV queries each against a decode-only "
         "streaming read of the same backlog with the same cap, one after the other in one run: records/s per "
-        "region and the ratios",
+        "region and the ratios (two micro-batches each: the whole watch's window needs the 10 M run)",
         [
             "decode_only.records_per_s_per_region",
             "leapfrog.records_per_s_per_region",
@@ -488,8 +492,7 @@ GOALS: dict[str, list[tuple[str, str, float]]] = {
     ],
     "scale_cluster": [("cluster.speedup", ">=", 1.7)],
     "scale_cluster_4m": [("cluster.speedup", ">=", 1.7)],
-    "watch": [("leapfrog.records_per_s_per_region", ">=", 20_000)],
-    "watch_1m": [("leapfrog.records_per_s_per_region", ">=", 20_000)],
+    "watch": [("watch.records_per_s_per_region", ">=", 20_000)],
 }
 
 
