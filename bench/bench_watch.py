@@ -30,11 +30,13 @@ the records that can still take part in a comparison; once every pair's current 
 *settled* and each region keeps only its current record (flagged settled) until a new record touches it. So a
 settled key leaves the records before its current ones behind, but not the state: the state is bounded by the
 keys written (times regions), not by the records. It is measured at the first micro-batches that end at or past
-each of `--points` records: bytes on disk of that state version (the RocksDB checkpoint files it references,
-read from its `<version>.zip` metadata, summed over state partitions), the largest and mean
-`PartitionState.to_bytes()` (read back with Spark's state data source), its carried records and distinct keys,
-and Spark's own `stateOperators` (numRowsTotal, memoryUsedBytes, RocksDB's SST size). `state_growth` is the last
-point's on-disk bytes over the first's, beside `records_growth` and `keys_growth` (distinct keys carried).
+each of `--points` records: the largest, mean and total `PartitionState.to_bytes()` (the values themselves, LZ4
+inside, read back with Spark's state data source), its carried records and distinct keys, the checkpoint bytes
+on disk that version needs (its latest snapshot's RocksDB files, read from the `<version>.zip` metadata, and the
+changelogs after it, summed over state partitions: this depends on where the version falls between snapshots,
+which Spark makes every 10 versions), and Spark's own `stateOperators` (numRowsTotal, memoryUsedBytes, RocksDB's
+SST size). `state_growth` is the last point's total value bytes over the first's, beside `records_growth` and
+`keys_growth` (distinct keys carried).
 
 Prints one JSON object (`machine.load_avg_*`: the load average when it started and ended; others share these
 cores). `--records 30000 --keys 2000` is a smoke run of well under a minute once the session has started.
@@ -403,7 +405,9 @@ def state_points(spark, checkpoint: Path, bs: list[dict], points: list[int]) -> 
         }
     if len(out) >= 2:
         first, last = out[next(iter(out))], out[list(out)[-1]]
-        out["state_growth"] = round(last["on_disk"]["bytes"] / max(1, first["on_disk"]["bytes"]), 3)
+        out["state_growth"] = round(
+            last["partition_state"]["to_bytes_total"] / max(1, first["partition_state"]["to_bytes_total"]), 3
+        )
         out["records_growth"] = round(last["records_read"] / first["records_read"], 3)
         out["keys_growth"] = round(
             last["partition_state"]["carried_keys"] / max(1, first["partition_state"]["carried_keys"]), 3

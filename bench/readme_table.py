@@ -433,8 +433,9 @@ SHOWN: dict[str, tuple[str, list[str]]] = {
         "region while both ran (the slower query's, on its micro-batches inside that window). Its Leap Frog query "
         "alone: records/s per region on the micro-batches after the first (Spark's progress), the median "
         "micro-batch time and the last third's median over the first third's; the state after 1 M, 5 M and 10 M "
-        "records: RocksDB bytes on disk of that version, the largest partition's state value, the carried records "
-        "(keys still in play, and settled keys' current records) and their distinct keys",
+        "records: RocksDB checkpoint bytes on disk that version needs (a snapshot and the changelogs after it), the "
+        "partitions' state values in all (LZ4) and the largest, the carried records (keys still in play, and "
+        "settled keys' current records) and their distinct keys; state_growth is the values' growth from 1 M to 10 M",
         [
             "watch.records_per_s_per_region",
             "watch.queries.leapfrog.records_per_s_per_region",
@@ -445,6 +446,9 @@ SHOWN: dict[str, tuple[str, list[str]]] = {
             "leapfrog.state.1M.on_disk.bytes",
             "leapfrog.state.5M.on_disk.bytes",
             "leapfrog.state.10M.on_disk.bytes",
+            "leapfrog.state.1M.partition_state.to_bytes_total",
+            "leapfrog.state.5M.partition_state.to_bytes_total",
+            "leapfrog.state.10M.partition_state.to_bytes_total",
             "leapfrog.state.10M.partition_state.to_bytes_max",
             "leapfrog.state.1M.partition_state.carried_records",
             "leapfrog.state.5M.partition_state.carried_records",
