@@ -193,8 +193,8 @@ class WatchOptions:
     starting: str = "earliest"
     # DIV also validates this real-time topic of every region (`--rt`, `--rt-topic`); None: the VTs only
     rt_topic: str | None = None
-    # micro-batches whose state versions and offset logs the checkpoint keeps (Spark's default, 100, kept about
-    # 4 GB of state at 400k keys); a restart needs only the last one
+    # micro-batches whose state versions and offset logs the checkpoint keeps, not Spark's default 100: each
+    # micro-batch writes every touched partition's whole value again, and a restart needs only the last one
     batches_to_retain: int = 10
 
     @property
