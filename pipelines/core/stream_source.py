@@ -82,7 +82,9 @@ from concurrent.futures import wait as wait_all
 from dataclasses import dataclass
 from typing import Any
 
+import numpy as np
 import pyarrow as pa
+import pyarrow.compute as pc
 from pyspark.sql import DataFrame, SparkSession
 from pyspark.sql.datasource import DataSource, DataSourceStreamReader, InputPartition
 from pyspark.sql.streaming.datasource import (
@@ -142,6 +144,9 @@ PACKED_SCHEMA = StructType(
 )
 # records per packed row: enough that the rows are few, small enough that a task's rows stream through Spark
 PACK_RECORDS = 16384
+# and bytes of keys and values per packed row: a chunked version's records are up to 1 MB each, and one Spark
+# binary value holds at most 2 GB (a row always holds at least one record)
+PACK_BYTES = 32 << 20
 # What reading or listing a source raises when the source, not our code, is at fault.
 _SOURCE_ERRORS = (SourceError, archive.ArchiveError, kafka_log.KafkaLogError, OSError, pa.ArrowException)
 
@@ -536,12 +541,13 @@ class TidegaugeStreamReader(DataSourceStreamReader, SupportsTriggerAvailableNow)
             ):
                 n = b.num_rows
                 if self.options.packed:
+                    packs = list(_packs(b))
                     yield pa.RecordBatch.from_arrays(
                         [
-                            pa.array([s.region], pa.int32()),
-                            pa.array([s.topic], pa.string()),
-                            pa.array([s.partition], pa.int32()),
-                            pa.array([pack(b)], pa.binary()),
+                            pa.repeat(pa.scalar(s.region, pa.int32()), len(packs)),
+                            pa.repeat(pa.scalar(s.topic, pa.string()), len(packs)),
+                            pa.repeat(pa.scalar(s.partition, pa.int32()), len(packs)),
+                            pa.array(packs, pa.binary()),
                         ],
                         names=PACKED_SCHEMA.fieldNames(),
                     )
@@ -586,6 +592,20 @@ class TidegaugeStreamDataSource(DataSource):
 def register(spark: SparkSession) -> None:
     """Make `tidegauge_stream` available to `spark.readStream.format(...)` (idempotent)."""
     spark.dataSource.register(TidegaugeStreamDataSource)
+
+
+def _packs(batch: pa.RecordBatch) -> Iterator[bytes]:
+    """A batch of records as packed rows of at most `PACK_BYTES` of keys and values each (at least one record)."""
+    size = np.zeros(batch.num_rows, np.int64)
+    for name in ("key", "value"):
+        size += pc.fill_null(pc.binary_length(batch.column(name)), 0).to_numpy().astype(np.int64)
+    total = np.cumsum(size)
+    start = 0
+    while start < batch.num_rows:
+        before = int(total[start - 1]) if start else 0
+        end = max(start + 1, int(np.searchsorted(total, before + PACK_BYTES, side="right")))
+        yield pack(batch.slice(start, end - start))
+        start = end
 
 
 def pack(batch: pa.RecordBatch) -> bytes:

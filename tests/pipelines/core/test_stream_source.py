@@ -216,6 +216,16 @@ def test_packed_rows_hold_the_same_records_in_batches_of_at_most_pack_records(tm
     for name in ("offset", "key", "value", "headers", "timestamp"):
         assert got.column(name).to_pylist() == want.column(name).to_pylist(), name
     assert stream_source.unpack([]) is None
+    # and at most PACK_BYTES of keys and values a row, at least one record each: a key and a value here are 4
+    # bytes each (b"k105", b"v105"), so 3 records fit in 30 bytes; the split of 12 is read as batches of 7 and 5
+    monkeypatch.setattr(stream_source, "PACK_BYTES", 30)
+    rows = pa.Table.from_batches(list(reader.read(splits[1])))
+    assert [stream_source.unpack([b]).num_rows for b in rows.column("records").to_pylist()] == [3, 3, 1, 3, 2]
+    monkeypatch.setattr(stream_source, "PACK_BYTES", 1)
+    rows = pa.Table.from_batches(list(reader.read(splits[1])))
+    assert rows.num_rows == 12
+    got = stream_source.unpack(rows.column("records").to_pylist())
+    assert got.column("offset").to_pylist() == list(range(105, 117))
 
 
 def test_the_read_limit_is_shared_over_partitions_and_reaches_the_end(tmp_path):
