@@ -11,22 +11,23 @@ from __future__ import annotations
 import pyarrow as pa
 import pyarrow.compute as pc
 
+from div import archive
 from div.envelope import EnvelopeCodec
 from div.keys import HEARTBEAT_KEY
 from div.records import iter_records
 from heartbeat.lag import LagMonitor
 
 
-def newest_heartbeats(region: int, partition: int, records: pa.Table, arrival_ms: pa.Array) -> list[dict]:
+def newest_heartbeats(region: int, partition: int, records: pa.Table) -> list[dict]:
     """The newest VT heartbeat from each source region among one region partition's `records` (the archive's
-    offset, key, value and headers; any order) with `arrival_ms` the records' broker times in epoch ms (≤ 0 or
-    null: none, the origin time stands in, as in `lag`). One row per source region: region, partition,
+    offset, key, value, headers and timestamp, the broker's time, which is when a heartbeat arrived: ≤ 0 or null
+    and the origin time stands in, as in `lag`; any order). One row per source region: region, partition,
     source_region, origin_ms, arrival_ms. Heartbeats that cannot be decoded are left out (DIV reports them)."""
     is_hb = pc.fill_null(pc.equal(records.column("key"), pa.scalar(HEARTBEAT_KEY, pa.binary())), False)
     if not pc.any(is_hb).as_py():
         return []
     hb = records.filter(is_hb)
-    times = arrival_ms.filter(is_hb).to_pylist()
+    times = archive.timestamps_ms(hb)  # of the heartbeats only: a Python list, not one per record
     monitor = LagMonitor(vt_region=region, partition=partition, keep_series=False)
     newest: dict[int, tuple[int, int]] = {}
     for rec, ms in zip(iter_records(hb, EnvelopeCodec()), times, strict=True):

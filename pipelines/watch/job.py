@@ -40,7 +40,6 @@ from pyspark.sql import DataFrame, SparkSession
 from pyspark.sql.streaming import StatefulProcessor, StatefulProcessorHandle
 from pyspark.sql.types import BinaryType, StructField, StructType
 
-from div import archive
 from pipelines.core.errors import UsageError
 from pipelines.core.output import check_disjoint, check_output, source_inputs
 from pipelines.core.publish import MARKER, marker_text
@@ -133,10 +132,7 @@ class LeapfrogProcessor(StatefulProcessor):
         out: list[dict] = []
         for region, mine in _unpacked(rows, "region").items():
             records[region] = mine.select(RECORD_COLUMNS)
-            arrivals = pa.array(archive.timestamps_ms(mine), pa.int64())
-            out.extend(
-                {"row": "H", **h} for h in newest_heartbeats(region, partition, records[region], arrivals)
-            )
+            out.extend({"row": "H", **h} for h in newest_heartbeats(region, partition, mine))
             out.append({"row": "N", "partition": partition, "region": region, "records": mine.num_rows})
         before = PartitionState.from_bytes(self.state.get()[0]) if self.state.exists() else None
         result = self.step(partition, records, before)
