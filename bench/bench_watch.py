@@ -39,7 +39,7 @@ SST size). `state_growth` is the last point's total value bytes over the first's
 `keys_growth` (distinct keys carried).
 
 Prints one JSON object (`machine.load_avg_*`: the load average when it started and ended; others share these
-cores). `--records 30000 --keys 2000` is a smoke run of well under a minute once the session has started.
+cores). `--records 30000 --records-per-key 15` is a smoke run of well under a minute once the session has started.
 """
 
 from __future__ import annotations
@@ -274,7 +274,7 @@ def rates(bs: list[dict], regions: int) -> dict:
     }
 
 
-def together(runs: dict[str, list[dict]], regions: int) -> dict:
+def together(runs: dict[str, list[dict]]) -> dict:
     """The whole watch's rate: over the time both queries were past their first micro-batch and neither had
     finished, each query's records per second per region in its micro-batches wholly inside that window; the
     watch keeps up with the lower of the two (both must)."""
@@ -522,7 +522,7 @@ def main() -> None:
             "load_avg_before": round(load, 2),
             "wall_s": round(wall, 1),
             "records_per_s_per_region_wall": round(records / wall),
-            **together(progress, args.regions),
+            **together(progress),
         }
     spark.stop()
     watch = result.get("watch", {})
