@@ -77,7 +77,8 @@ def register(sub) -> None:
     p.add_argument(
         "--checkpoint",
         metavar="DIR",
-        help="Spark's checkpoint (offsets and state): a local path, file:// or hdfs:// URI (required)",
+        help="Spark's checkpoint (offsets and state, the last 10 micro-batches' of them): a local path, file:// "
+        "or hdfs:// URI (required)",
     )
     p.add_argument("--out", metavar="DIR", help="where findings are appended (required)")
     p.add_argument(
