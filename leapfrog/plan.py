@@ -44,6 +44,9 @@ class RegionPartition:
     heartbeats_by_origin: dict[str, int] = field(default_factory=dict)
     out_of_range: int = 0
     out_of_range_offsets: list[int] = field(default_factory=list)
+    # the longest heartbeat vector the scan met: wider than the run's region count means the run was planned with
+    # too few of the store's regions (pipelines.leapfrog.regions) and must run again with this many
+    widest_hbw: int = 0
     final_hw: tuple[int, ...] = ()
     gaps: list[tuple[int, int, tuple[int, ...]]] = field(default_factory=list)
     # resumed runs (--state): the previous run's final mark and the mark before the first gap of any earlier run
@@ -117,6 +120,7 @@ def plan_marks(
         hbws = [sm for sm in splits if sm["hbw_boundary"] is not None]
         rp.chunked = any(sm["chunked"] for sm in splits)
         rp.chunk_rows = sum(sm.get("chunk_rows", 0) for sm in splits)
+        rp.widest_hbw = max((sm.get("widest_hbw", 0) for sm in splits), default=0)
         rp.undecodable = sum(sm["undecodable"] for sm in splits)
         rp.undecodable_offsets = [o for sm in splits for o in sm["undecodable_offsets"]][:MAX_LISTED_OFFSETS]
         rp.unverified = [list(u) for u in (state or {}).get("unverified") or []]

@@ -13,12 +13,13 @@ usage error naming the file, the key and the closest valid one. Kafka and Spark 
 
 from __future__ import annotations
 
+import argparse
 import difflib
 from pathlib import Path
 from typing import Any, Literal
 
 import yaml
-from pydantic import BaseModel, ConfigDict, PositiveInt, ValidationError
+from pydantic import BaseModel, ConfigDict, Field, PositiveInt, ValidationError
 
 from pipelines.core.errors import UsageError
 from pipelines.core.sources import SourceSpec, check_unique, parse_source
@@ -44,6 +45,7 @@ class JobConfig(_Strict):
     mode: Literal["heartbeat", "footer", "rmd"] | None = None
     sources: dict[int, str] = {}
     rt_sources: dict[int, str] = {}
+    regions: int | None = Field(default=None, ge=2)  # the store's region count (leapfrog, watch: --regions)
     rt: bool | None = None  # `tidegauge watch`: DIV validates each region's RT too
     rt_topic: str | None = None  # `tidegauge watch`: that RT's name when it is not <store>_rt
     heartbeat_interval_ms: PositiveInt | None = (
@@ -136,6 +138,17 @@ def store_version_regions(args: Any, conf: dict[str, Any], job: str) -> tuple[st
     if len(specs) < 2:
         raise UsageError(f"{job} compares regions: give at least two --source ID=URI")
     return store, int(version), specs
+
+
+def region_count(text: str) -> int:
+    """`--regions N`: a store has at least two regions (argparse type; its error names the flag)."""
+    try:
+        n = int(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"not a whole number: {text!r}") from None
+    if n < 2:
+        raise argparse.ArgumentTypeError(f"a store has at least 2 regions, not {n}")
+    return n
 
 
 def kafka_conf(conf: dict[str, Any], region: int) -> dict[str, Any]:

@@ -68,6 +68,13 @@ def register(sub) -> None:
         "--pairs", default="all", metavar="all|A-B,...", help="region pairs to compare (default all)"
     )
     p.add_argument(
+        "--regions",
+        type=cfg.region_count,
+        metavar="N",
+        help="how many regions the store has (ids 0..N-1), when the sources are some of them; default: learned "
+        "from the heartbeats' vectors, else the highest --source id + 1",
+    )
+    p.add_argument(
         "--mode", choices=["heartbeat", "footer", "rmd"], help="comparison mode (default heartbeat)"
     )
     p.add_argument(
@@ -108,5 +115,6 @@ def run(args: argparse.Namespace) -> int:
         master=master,
         spark_conf=spark_conf,
         kafka_conf={s.region: cfg.kafka_conf(conf, s.region) for s in specs},
+        regions=args.regions if args.regions is not None else conf.get("regions"),
     )
     return run_job(opts)

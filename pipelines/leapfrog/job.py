@@ -84,6 +84,7 @@ class LeapfrogOptions:
     master: str | None = None
     spark_conf: dict[str, str] = field(default_factory=dict)
     kafka_conf: dict[int, dict[str, Any]] = field(default_factory=dict)
+    regions: int | None = None  # the store's region count; None: learned (pipelines.leapfrog.regions)
 
     def __post_init__(self) -> None:
         # executors read the state's carried files: a relative path would resolve in their working directory
@@ -197,10 +198,33 @@ def parse_pairs(text: str | None, regions: list[int]) -> list[tuple[int, int]]:
     return sorted(out)
 
 
+class _Wider(Exception):
+    """The scan met heartbeat vectors wider than the region count the run was planned with."""
+
+    def __init__(self, count: int) -> None:
+        self.count = count
+
+
 def run(opts: LeapfrogOptions, spark: SparkSession | None = None) -> int:
     """Run the job; writes OUT/inconsistencies and OUT/summary.json (and the next --state); returns the exit code."""
+    try:
+        return _run(opts, spark)
+    except _Wider as wider:
+        # the probe read only the sources' tails; nothing was published, the scan runs again with the store's width
+        log.warning(
+            "the heartbeats name %d regions, more than this run was planned with: reading again with %d "
+            "(give --regions %d to spare the first read)",
+            wider.count,
+            wider.count,
+            wider.count,
+        )
+        return _run(opts, spark, learned=wider.count)
+
+
+def _run(opts: LeapfrogOptions, spark: SparkSession | None, learned: int | None = None) -> int:
     from pipelines.core.spark_session import get_session, warn_local_paths
     from pipelines.leapfrog import state as S
+    from pipelines.leapfrog.regions import FROM_HEARTBEATS, StoreRegions, check_distinct, store_regions, tails
     from pipelines.leapfrog.source import check_sources, chunked_version, compaction_deadlines, plan
 
     guard("leapfrog", {"--out": opts.out, "--state": opts.state_dir}, source_inputs(opts.sources))
@@ -209,7 +233,6 @@ def run(opts: LeapfrogOptions, spark: SparkSession | None = None) -> int:
     regions = sorted(s.region for s in opts.sources)
     if len(regions) < 2:
         raise SourceError("leapfrog compares regions: give at least two --source ID=URI")
-    n = max(regions) + 1
     pairs = opts.pairs or parse_pairs(None, regions)
     state = None
     if opts.state_dir is not None:
@@ -234,6 +257,17 @@ def run(opts: LeapfrogOptions, spark: SparkSession | None = None) -> int:
     starting = {k: v["last_offset"] + 1 for k, v in carried.items()}
     planned_ms = int(time.time() * 1000)
     splits = [sp for sp in plan(_sources(opts), opts.topic, opts.kafka_conf, starting) if sp.end > sp.start]
+    probed = tails(splits, opts.topic, opts.kafka_conf)
+    check_distinct(_sources(opts), probed)
+    width = store_regions(regions, probed, opts.regions)
+    if learned is not None:
+        width = StoreRegions(learned, FROM_HEARTBEATS)
+    n = width.count
+    if state is not None:
+        try:
+            S.check_width(state, n)
+        except S.StateError as exc:
+            raise SourceError(str(exc)) from None
     deadlines = compaction_deadlines(_sources(opts), opts.topic, opts.kafka_conf, planned_ms)
     ends: dict[tuple[int, int], int] = {}
     for sp in splits:
@@ -281,6 +315,10 @@ def run(opts: LeapfrogOptions, spark: SparkSession | None = None) -> int:
             result, facts = job.two_phase(chunked)
             counter_rows, _, _ = _counters(result)
             read_errors = job.read_errors
+        widest = max((rp.widest_hbw for rp in facts.values()), default=0)
+        if widest > n and opts.regions is None:
+            result.unpersist()
+            raise _Wider(widest)
         timings["scan_and_compare_s"] = round(time.time() - t0, 3)
         for (r, p), rp in sorted(facts.items()):
             if rp.gaps and not rp.latest_kept:
@@ -344,6 +382,8 @@ def run(opts: LeapfrogOptions, spark: SparkSession | None = None) -> int:
         result.unpersist()
         summary = _summary(opts, facts, counter_rows, finding_counts, pairs, failed, unverified, overflow)
         summary["totals"]["withheld_findings"] = withheld
+        summary["store_regions"], summary["store_regions_from"] = n, width.learned_from
+        _warn_out_of_range(summary["totals"]["out_of_range"], width)
         total_findings = sum(summary["totals"]["findings"].values())
         evidence = _evidence(
             opts.topic, splits, ends, facts, failed, {s.region for s in opts.sources if s.is_kafka}
@@ -370,6 +410,31 @@ def run(opts: LeapfrogOptions, spark: SparkSession | None = None) -> int:
         out.published / "summary.json",
     )
     return code
+
+
+def _warn_out_of_range(count: int, width) -> None:
+    """Say what records outside the store's regions cost: they raise no mark and their values do not stand."""
+    from pipelines.leapfrog.regions import FROM_SOURCES
+
+    if not count:
+        return
+    if width.learned_from == FROM_SOURCES:
+        log.warning(
+            "%d records name a region above %d or have no footer, and no heartbeat says how many regions the "
+            "store has: they were left out, so their positions raised no mark and their values were not "
+            "compared. If the store has more regions than the sources, findings in their partitions may be "
+            "false or missed: give --regions (the store's region count)",
+            count,
+            width.count - 1,
+        )
+    else:
+        log.warning(
+            "%d records name a region outside the store's %d (%s) or have no footer: left out as damaged "
+            "(their positions raised no mark, their values were not compared); see out_of_range_offsets",
+            count,
+            width.count,
+            "from " + width.learned_from,
+        )
 
 
 FINDINGS_ON_DRIVER = 1_000_000

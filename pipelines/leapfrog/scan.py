@@ -20,6 +20,7 @@ from collections import Counter
 
 import numpy as np
 import pyarrow as pa
+import pyarrow.compute as pc
 
 from pipelines.leapfrog import decode as V
 from pipelines.leapfrog import rows as R
@@ -129,6 +130,7 @@ class SplitScan:
         unverified: list[list] = []  # [key hex, offset] of undecodable records whose key is readable
         unverified_overflow = False
         chunk_rows = 0
+        widest_hbw = 0  # a vector wider than n: the store has more regions than this run was planned with
         error: str | None = None
         for batch in batches:
             if batch.num_rows == 0:
@@ -152,7 +154,10 @@ class SplitScan:
             offsets = d.column("offset").to_numpy()
             src = d.column("src").fill_null(-1).to_numpy().astype(np.int64)
             src_off = d.column("src_offset").fill_null(-1).to_numpy()
-            hbw = d.column("hbw").to_pylist()
+            hbw_col = d.column("hbw")
+            hbw = hbw_col.to_pylist()
+            if hbw_col.null_count < len(hbw_col):
+                widest_hbw = max(widest_hbw, pc.max(pc.list_value_length(hbw_col)).as_py() or 0)
             if first_offset is None:
                 first_offset = int(offsets[0])
             rows = len(kind)
@@ -263,6 +268,7 @@ class SplitScan:
             "baseline": baseline,
             "chunked": chunked,
             "chunk_rows": chunk_rows,
+            "widest_hbw": widest_hbw,
             "undecodable": undecodable,
             "undecodable_offsets": undecodable_offsets,
             "unverified": unverified,

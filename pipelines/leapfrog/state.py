@@ -176,6 +176,18 @@ def load(
     return State(where, meta, regions_state)
 
 
+def check_width(state: State, n: int) -> None:
+    """Raise StateError when `state`'s marks are not `n` wide: a state built for another region count of the
+    store (by a run that was told another `--regions`, or one that counted only its sources' regions) cannot be
+    resumed."""
+    widths = sorted({len(r["final_hw"]) for r in state.regions.values()})
+    if widths and widths != [n]:
+        raise StateError(
+            f"--state {state.path}: it was built for a store of {widths[0]} regions, and this run's store has {n} "
+            "(use another --state directory, or remove this one for a full rescan)"
+        )
+
+
 def stage(path: str | os.PathLike) -> Publication:
     """The next state's publication: `.stage()` gives the directory to build it in, `.publish()` commits it."""
     return Publication(locate(path), "leapfrog state")

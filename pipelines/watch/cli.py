@@ -107,6 +107,14 @@ def register(sub) -> None:
         help="cap on the records one micro-batch reads (default: all that are there)",
     )
     p.add_argument(
+        "--regions",
+        type=cfg.region_count,
+        metavar="N",
+        help="how many regions the store has (ids 0..N-1), when the sources are some of them; default: learned "
+        "from the heartbeats' vectors on the first start, else the highest --source id + 1 (kept in the "
+        "checkpoint)",
+    )
+    p.add_argument(
         "--starting",
         choices=["earliest", "latest"],
         default="earliest",
@@ -240,6 +248,7 @@ def run(args: argparse.Namespace) -> int:
         max_records_per_trigger=args.max_records_per_trigger,
         starting=args.starting,
         rt_topic=rt_topic,
+        regions=args.regions if args.regions is not None else conf.get("regions"),
     )
     interval = args.heartbeat_interval_ms
     if interval is None:

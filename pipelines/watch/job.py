@@ -157,6 +157,16 @@ class LeapfrogProcessor(StatefulProcessor):
             )
         for region, error in sorted(result.failed.items()):
             out.append({"row": "W", "partition": partition, "region": region, "type": f"unreadable: {error}"})
+        if result.widest_hbw > self.n:
+            out.append(
+                {
+                    "row": "W",
+                    "partition": partition,
+                    "type": f"heartbeats name {result.widest_hbw} regions and the watch counts {self.n}: the "
+                    "other regions' records raise no mark, so findings may be false or missed; start it again "
+                    f"with --regions {result.widest_hbw} and a new --checkpoint",
+                }
+            )
         for c in result.counters.to_pylist():
             out.append(
                 {
@@ -192,6 +202,11 @@ class WatchOptions:
     # micro-batches whose state versions and offset logs the checkpoint keeps, not Spark's default 100: each
     # micro-batch writes every touched partition's whole value again, and a restart needs only the last one
     batches_to_retain: int = 10
+    regions: int | None = (
+        None  # the store's region count (--regions); None: learned (pipelines.leapfrog.regions)
+    )
+    # the region count the watch runs with: set by `prepare` (and kept in the checkpoint for every restart)
+    store_regions: int | None = None
 
     @property
     def topic(self) -> str:
@@ -267,7 +282,7 @@ def findings_query(spark: SparkSession, opts: WatchOptions) -> DataFrame:
     """The streaming DataFrame of the processor's rows (findings, marks, pending counts)."""
 
     regions = sorted(s.region for s in opts.sources)
-    n = max(regions) + 1
+    n = opts.store_regions or max(regions) + 1
     pairs = opts.pairs or tuple((a, b) for i, a in enumerate(regions) for b in regions[i + 1 :])
     rows = _records(spark, opts, status_file(opts))
     return (
@@ -488,10 +503,43 @@ def prepare(opts: WatchOptions) -> None:
         log.warning("tidegauge watch: %s; watching it anyway: it is read once it answers", why)
     if opts.rt_topic:
         check_rt_topic(opts)
+    opts.store_regions = store_regions_of(opts, set(down))
     out = locate(opts.out)
     out.makedirs()
     if not (out / MARKER).exists():
         (out / MARKER).write_text(marker_text("watch"))
+
+
+def store_regions_of(opts: WatchOptions, down: set[int] = frozenset()) -> int:
+    """The store's region count the watch runs with (pipelines.leapfrog.regions), refusing one log given for two
+    regions. The first start learns it and keeps it in the checkpoint: the state's marks have that width, so
+    every restart must use it too."""
+    from pipelines.leapfrog.regions import FROM_SOURCES, check_distinct, store_regions, tails
+    from pipelines.leapfrog.source import plan
+
+    kept = locate(opts.checkpoint) / "store-regions.json"
+    sources = {s.region: s.uri for s in opts.sources if s.region not in down}
+    splits = plan(sources, opts.topic, opts.kafka_conf) if len(sources) else []
+    probed = tails(splits, opts.topic, opts.kafka_conf)
+    check_distinct(sources, probed)
+    if kept.exists():
+        count = int(json.loads(kept.read_bytes())["store_regions"])
+        if opts.regions is not None and opts.regions != count:
+            raise UsageError(
+                f"--regions {opts.regions}: the checkpoint {opts.checkpoint} was started with {count} regions; "
+                "give a new --checkpoint to watch with another count"
+            )
+        return count
+    width = store_regions(sorted(s.region for s in opts.sources), probed, opts.regions)
+    if width.learned_from == FROM_SOURCES:
+        log.warning(
+            "tidegauge watch: no heartbeat says how many regions the store has yet: counting %d (the sources'); "
+            "if it has more, stop and start again with --regions and a new --checkpoint",
+            width.count,
+        )
+    kept.parent.makedirs()
+    kept.write_bytes(json.dumps({"store_regions": width.count, "from": width.learned_from}).encode())
+    return width.count
 
 
 QUERIES = ("leapfrog", "div")

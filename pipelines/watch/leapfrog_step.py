@@ -153,6 +153,9 @@ class PartitionStep:
     # differ from a nightly run's
     chunked_late: bool = False
     waiting: bool = False  # nothing compared yet: some region has sent no record
+    # the longest heartbeat vector met: wider than the step's region count means the watch was started with too
+    # few of the store's regions (before any heartbeat said how many): it must be restarted with --regions
+    widest_hbw: int = 0
 
 
 class LeapfrogStep:
@@ -242,6 +245,7 @@ class LeapfrogStep:
             counters=out.filter(pa.array(kind == "C")),
             failed={r: e for (r, _p), e in failed_reads(summaries).items()},
             chunked_late=chunked and not state.chunked and bool(state.facts),
+            widest_hbw=max((sm.get("widest_hbw", 0) for sm in summaries), default=0),
         )
 
 

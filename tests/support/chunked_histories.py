@@ -72,11 +72,11 @@ def region_records(h, x: int) -> tuple[list[tuple[int, bytes, bytes, list | None
             out.append((e.vt_offset, K.control_key(_guid(x), 0, 0), _CODEC.encode(env), None))
             shift, first = 1, False
         if not isinstance(e, DataEntry):
-            key, value, headers = record_of(e, h.n_regions)
+            key, value, headers = record_of(e, h.n_regions, x)
             out.append((e.vt_offset + shift, key, value, headers))
             continue
-        footer = E.leader_footer("leader", e.source_offset, e.source_region)
-        key, whole, _ = record_of(e, h.n_regions)
+        footer = E.leader_footer(f"leader-dc{x}", e.source_offset, e.source_region)
+        key, whole, _ = record_of(e, h.n_regions, x)
         content = key[1:] + NON_CHUNK_SUFFIX
         if e.value_hash is not None and chunked(e.value_hash):
             data = value_bytes(e.value_hash)

@@ -32,6 +32,7 @@ last-writer-wins over the writes it had processed (a tombstone equals an absent 
 
 from __future__ import annotations
 
+import itertools
 import random
 from dataclasses import dataclass, field
 from functools import cache
@@ -317,10 +318,10 @@ def _compact(vt: list[Entry], rng: random.Random) -> tuple[list[Entry], set[int]
     return kept, removed
 
 
-def generate(seed: int, mix: Mix) -> History:
-    """The history of ``seed`` under fault mix ``mix``."""
+def generate(seed: int, mix: Mix, regions: tuple[int, int] = (2, 4)) -> History:
+    """The history of ``seed`` under fault mix ``mix``, with between ``regions[0]`` and ``regions[1]`` regions."""
     rng = random.Random(f"{mix.name}:{seed}")
-    n = rng.randint(2, 4)
+    n = rng.randint(*regions)
     keys = tuple(f"k{i}".encode() for i in range(rng.randint(1, 3)))
     n_values = rng.randint(1, 3)
     quiet = rng.randrange(n) if mix.quiet else None
@@ -386,6 +387,12 @@ def generate(seed: int, mix: Mix) -> History:
 
 
 @cache
-def generated(seeds_per_mix: int) -> tuple[History, ...]:
+def generated(seeds_per_mix: int, regions: tuple[int, int] = (2, 4)) -> tuple[History, ...]:
     """Seeds ``0..seeds_per_mix-1`` of every mix, generated once per test process."""
-    return tuple(generate(seed, mix) for mix in MIXES.values() for seed in range(seeds_per_mix))
+    return tuple(generate(seed, mix, regions) for mix in MIXES.values() for seed in range(seeds_per_mix))
+
+
+def subsets(n: int, rng: random.Random, count: int = 2) -> list[tuple[int, ...]]:
+    """Up to `count` random proper subsets of a store's `n` regions, each of at least two regions."""
+    every = [s for k in range(2, n) for s in itertools.combinations(range(n), k)]
+    return rng.sample(every, min(count, len(every)))

@@ -40,11 +40,13 @@ def _env(payload, footer, seq: int, ts: int = 1_700_000_000_000) -> dict:
     }
 
 
-def record_of(entry, n_regions: int) -> tuple[bytes, bytes, list | None]:
-    """(key, value, headers) of one generated VT entry."""
+def record_of(entry, n_regions: int, region: int = 0) -> tuple[bytes, bytes, list | None]:
+    """(key, value, headers) of one generated VT entry of `region`'s VT (whose leader names itself in footers
+    and heartbeats, as a real one does: no two regions' VTs are byte-identical)."""
     off = entry.vt_offset
+    host = f"leader-dc{region}"
     if isinstance(entry, DataEntry):
-        footer = E.leader_footer("leader", entry.source_offset, entry.source_region)
+        footer = E.leader_footer(host, entry.source_offset, entry.source_region)
         rmd = encode_value_level_rmd(0, list(entry.rmd_vector)) if entry.rmd_vector is not None else b""
         rmd_v = 1 if entry.rmd_vector is not None else -1
         if entry.value_hash is None:
@@ -70,16 +72,14 @@ def record_of(entry, n_regions: int) -> tuple[bytes, bytes, list | None]:
             "payloadUnion": E.control_message(
                 E.START_OF_SEGMENT, {"checksumType": 4, "upcomingAggregates": []}
             ),
-            "leaderMetadataFooter": E.leader_footer("leader", entry.origin_offset, entry.origin_region),
+            "leaderMetadataFooter": E.leader_footer(host, entry.origin_offset, entry.origin_region),
         }
-        hbw = encode_hbw(
-            Watermarks(entry.origin_region, entry.origin_offset, list(entry.watermarks), "leader")
-        )
+        hbw = encode_hbw(Watermarks(entry.origin_region, entry.origin_offset, list(entry.watermarks), host))
         return K.HEARTBEAT_KEY, _CODEC.encode(env), [("hbw", hbw)]
     assert isinstance(entry, OtherEntry)
     ctype = E.END_OF_PUSH if off == 0 else E.START_OF_INCREMENTAL_PUSH
     body = {} if ctype == E.END_OF_PUSH else {"version": "noise"}
-    env = _env(E.control_message(ctype, body), E.default_footer("leader"), off)
+    env = _env(E.control_message(ctype, body), E.default_footer(host), off)
     return K.control_key(_GUID, 0, off), _CODEC.encode(env), None
 
 
@@ -98,7 +98,7 @@ def write_archives(histories, root, keep=None) -> dict[int, str]:
                     continue
                 if keep is not None and not keep(p, x, e.vt_offset):
                     continue
-                key, value, headers = record_of(e, h.n_regions)
+                key, value, headers = record_of(e, h.n_regions, x)
                 writers[x].append_record(TOPIC, p, e.vt_offset, key, value, 1_700_000_000_000, 0, headers)
     for w in writers.values():
         w.close()

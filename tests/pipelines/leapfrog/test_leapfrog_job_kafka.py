@@ -61,7 +61,7 @@ def _history_logs(histories) -> dict[int, list[RegionVt]]:
         for x in REGIONS:
             vt = RegionVt(x, partition=p)
             for e in h.vt[x]:
-                vt.raw(*record_of(e, h.n_regions))
+                vt.raw(*record_of(e, h.n_regions, x))
             logs[x].append(vt)
     return logs
 
