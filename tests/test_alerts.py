@@ -9,6 +9,7 @@ the alerts that must fire or not, and their rendered annotations) are run.
 
 from __future__ import annotations
 
+import os
 import re
 import shutil
 import subprocess
@@ -190,16 +191,59 @@ def test_a_rule_reading_an_unknown_metric_would_be_caught():
     assert exported["tidegauge_div_findings_total"] == {"type", "fatal", "region", "topic"}
 
 
+def _fetch_promtool(cache: Path) -> tuple[Path | None, list[str]]:
+    """promtool from Debian's `prometheus` package, taken out of the package into `cache` (`apt-get download`,
+    `dpkg-deb -x`) rather than installed: installing would also install and, where services start, start a
+    Prometheus server and its node exporter. `apt-get download` needs no root; the package lists are refreshed
+    (`apt-get update`, as root) only when the download fails. Returns (its path or None, the errors met)."""
+    binary = cache / "promtool"
+    if binary.exists():
+        return binary, []
+    if not shutil.which("apt-get") or not shutil.which("dpkg-deb"):
+        return None, ["no apt-get and dpkg-deb here"]
+    env = {**os.environ, "DEBIAN_FRONTEND": "noninteractive"}
+    errors: list[str] = []
+
+    def run(cmd: list[str]) -> bool:
+        try:
+            proc = subprocess.run(cmd, cwd=cache, env=env, capture_output=True, text=True, timeout=1200)
+        except subprocess.TimeoutExpired:
+            errors.append(f"{' '.join(cmd)} timed out")
+            return False
+        if proc.returncode != 0:
+            errors.append(f"{' '.join(cmd)}: {proc.stderr.strip()[-300:]}")
+        return proc.returncode == 0
+
+    download = ["apt-get", "download", "-qq", "prometheus"]
+    ok = run(download) or (os.geteuid() == 0 and run(["apt-get", "update", "-qq"]) and run(download))
+    debs = sorted(cache.glob("prometheus_*.deb"))
+    if ok and debs and run(["dpkg-deb", "-x", debs[-1].name, "package"]):
+        extracted = cache / "package" / "usr" / "bin" / "promtool"
+        if extracted.exists():
+            extracted.replace(binary)
+    # only promtool is kept: the package (about 19 MB) and the rest of it (the server) are not needed again
+    for deb in debs:
+        deb.unlink()
+    shutil.rmtree(cache / "package", ignore_errors=True)
+    return (binary, []) if binary.exists() else (None, errors or ["no promtool in the package"])
+
+
 @pytest.fixture(scope="module")
-def promtool() -> str:
+def promtool(request) -> str:
+    """Prometheus' promtool: on PATH, else taken from Debian's `prometheus` package into pytest's cache
+    (`.pytest_cache/d/promtool`) on first use, as the browser test installs Chromium with apt; else the tests that
+    need it skip, saying why."""
     path = shutil.which("promtool")
-    if path is None:
+    if path is not None:
+        return path
+    found, errors = _fetch_promtool(Path(request.config.cache.mkdir("promtool")))
+    if found is None:
         pytest.skip(
-            "promtool is not on PATH: Prometheus' own check of conf/alerts.yaml and its unit tests did not run "
-            "(Debian's `prometheus` package has it; `apt-get download prometheus && dpkg-deb -x prometheus_*.deb "
-            "DIR` gives DIR/usr/bin/promtool without the server)"
+            "promtool is not on PATH and could not be taken from Debian's `prometheus` package ("
+            + "; ".join(errors)
+            + "): Prometheus' own check of conf/alerts.yaml and its unit tests did not run"
         )
-    return path
+    return str(found)
 
 
 def test_promtool_accepts_the_rules(promtool):
