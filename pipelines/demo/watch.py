@@ -303,12 +303,17 @@ class _Follower:
 
     def ages_from(self, metrics: dict) -> None:
         """Heartbeat ages as the alert rules read them (conf/alerts.yaml): older than 3 intervals alerts, unless
-        the watch itself is stalled (its last progress older than 3 intervals), when the rules hold back."""
+        the Leap Frog query, which reads the heartbeats, is stalled (its last progress older than 3 intervals),
+        when the rules hold back."""
         self.scrapes += 1
         now = time.time()
         threshold = 3 * self.interval / 1000
-        last = metrics.get("tidegauge_last_progress_timestamp_seconds")
-        if not last or now - last[0][1] > threshold:
+        last = [
+            v
+            for labels, v in metrics.get("tidegauge_last_progress_timestamp_seconds", [])
+            if labels.get("query") == "leapfrog"
+        ]
+        if not last or now - last[0] > threshold:
             self.stalled_scrapes += 1
             return
         for labels, age in metrics.get("tidegauge_heartbeat_age_seconds", []):
@@ -550,7 +555,9 @@ def _judge(
             ),
         )
     )
-    micro = {labels.get("phase"): v for labels, v in metrics.get("tidegauge_microbatch_duration_seconds", [])}
+    micro: dict[str, dict[str, float]] = {}  # query → phase → seconds
+    for labels, v in metrics.get("tidegauge_microbatch_duration_seconds", []):
+        micro.setdefault(labels.get("query", ""), {})[labels.get("phase", "")] = v
     result.figures.update(
         {
             "heartbeat_interval_ms": interval,

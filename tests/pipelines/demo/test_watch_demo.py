@@ -53,7 +53,10 @@ def test_detection_delay_counts_from_when_both_regions_heartbeats_covered_the_wr
 
 def metrics(now: float, progress_age: float, ages: dict[tuple[int, int, int], float]) -> dict:
     return {
-        "tidegauge_last_progress_timestamp_seconds": [({}, now - progress_age)],
+        "tidegauge_last_progress_timestamp_seconds": [
+            ({"query": "div"}, now),  # the DIV query's progress holds no heartbeat alert back
+            ({"query": "leapfrog"}, now - progress_age),
+        ],
         "tidegauge_heartbeat_age_seconds": [
             ({"region": str(x), "partition": str(p), "source_region": str(s)}, age)
             for (x, p, s), age in ages.items()
