@@ -24,6 +24,7 @@ from __future__ import annotations
 
 import json
 import os
+import shlex
 import signal
 import subprocess
 import sys
@@ -179,6 +180,24 @@ def caught_up(checkpoint: Path, truth: dict, topics: dict[str, set[str]]) -> boo
 
 
 # -- the measures ------------------------------------------------------------------------------------------
+def watch_argv(opts: WatchDemoOptions, out: Path, live: dict) -> list[str]:
+    """The watch's process arguments on the live simulation (`live`: its live.json)."""
+    return _cli(
+        "watch", "--store", live["store"], "--version", str(live["version"]),
+        *[f"--source={r['region']}={r['uri']}" for r in live["regions"]],
+        "--checkpoint", str(out / "watch-checkpoint"), "--out", str(out / "watch"),
+        "--metrics-port", str(opts.metrics_port), "--trigger-interval", opts.trigger,
+        "--heartbeat-interval-ms", str(opts.heartbeat_ms), "--rt",
+        *(["--master", opts.master] if opts.master else []),
+    )  # fmt: skip
+
+
+def watch_command(argv: list[str]) -> str:
+    """The watch's command line as the demo prints it, to paste into a shell: `tidegauge` and its arguments,
+    each quoted as the shell needs (`--trigger-interval '2 seconds'`); `argv` is the process's, from `_cli`."""
+    return shlex.join(["tidegauge", *argv[3:]])
+
+
 def heartbeat_series(archives: dict[int, str], topic: str) -> dict[tuple[int, int], list]:
     """(region, partition) → the VT heartbeats in offset order, read by the `lag` job's reader."""
     from pipelines.core.sources import SourceSpec, open_source
@@ -392,16 +411,8 @@ def _run(
         180,
         sim,
     )
-    watch = _Proc(
-        _cli(
-            "watch", "--store", live["store"], "--version", str(live["version"]),
-            *[f"--source={r['region']}={r['uri']}" for r in live["regions"]],
-            "--checkpoint", str(out / "watch-checkpoint"), "--out", str(out / "watch"),
-            "--metrics-port", str(opts.metrics_port), "--trigger-interval", opts.trigger,
-            "--heartbeat-interval-ms", str(interval), "--rt", *(["--master", opts.master] if opts.master else []),
-        ),
-        out / "watch.log",
-    )  # fmt: skip
+    argv = watch_argv(opts, out, live)
+    watch = _Proc(argv, out / "watch.log")
     line = _wait(
         "the watch's metrics",
         lambda: next((x for x in watch.text().splitlines() if "metrics on http" in x), None),
@@ -409,9 +420,9 @@ def _run(
         watch,
     )
     url = line.split("metrics on ", 1)[1].strip()
-    emit(f"watch: tidegauge {' '.join(watch.p.args[3:])}")
+    emit(f"watch: {watch_command(argv)}")
     emit(f"       (its output: {watch.log})")
-    emit(f"metrics: curl -s {url} | grep -E '^tidegauge_(divergences|heartbeat_age|offset_lag)'")
+    emit(f"metrics: curl -s {shlex.quote(url)} | grep -E '^tidegauge_(divergences|heartbeat_age|offset_lag)'")
     follow = _Follower(emit, live["started_at"], interval)
     truth_path = out / "sim" / "truth.json"
     while sim.alive():

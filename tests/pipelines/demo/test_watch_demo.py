@@ -125,3 +125,26 @@ def test_a_silent_leaders_threshold_counts_from_its_last_heartbeat_in_each_regio
     ]
     assert last_arrival(series, 0, 9_000) == 7_500
     assert last_arrival(series, 2, 9_000) is None
+
+
+# -- what the demo prints, and how it judges its timing goals -------------------------------------------------
+def test_the_printed_watch_command_pastes_into_a_shell_as_the_exact_argv():
+    import shlex
+    from pathlib import Path
+
+    from pipelines.demo.watch import WatchDemoOptions, watch_argv, watch_command
+
+    live = {
+        "store": "demo_store",
+        "version": 1,
+        "regions": [
+            {"region": 0, "uri": "kafka://127.0.0.1:4001"},
+            {"region": 1, "uri": "kafka://h:2?a=1&b=2"},
+        ],
+    }
+    opts = WatchDemoOptions(master="local[2]")  # its default trigger: "2 seconds"
+    argv = watch_argv(opts, Path("/tmp/demo out/it's $HOME"), live)
+    line = watch_command(argv)
+    assert argv[3] == "watch" and shlex.split(line) == ["tidegauge", *argv[3:]]
+    assert "--trigger-interval '2 seconds'" in line
+    assert "--out '/tmp/demo out/it'\"'\"'s $HOME/watch'" in line
