@@ -9,7 +9,7 @@ from types import SimpleNamespace
 
 import pytest
 
-from pipelines.demo.watch import _Follower, caught_up, covered_at, detection_delays
+from pipelines.demo.watch import THRESHOLD, _Follower, caught_up, covered_at, detection_delays
 
 
 def hb(ts: int, marks: list[int] | None) -> SimpleNamespace:
@@ -67,7 +67,9 @@ def metrics(now: float, progress_age: float, ages: dict[tuple[int, int, int], fl
 def test_heartbeat_ages_are_judged_as_the_alert_rules_judge_them():
     lines: list[str] = []
     now = time.time()
-    f = _Follower(lines.append, int(now * 1000) - 60_000, 1_000)  # 1 s interval: alert above 3 s
+    f = _Follower(
+        lines.append, int(now * 1000) - 60_000, 1_000, clock=lambda: now
+    )  # 1 s interval: alert > 3 s
     f.faults = {1: {"id": 1, "kind": "silent", "region": 0, "partition": 1, "at": int(now * 1000) - 4_000}}
     # the watch itself stalled: nothing is judged (the rules hold heartbeat alerts back)
     f.ages_from(metrics(now, 10, {(1, 1, 0): 9.0, (1, 0, 0): 9.0}))
@@ -75,9 +77,13 @@ def test_heartbeat_ages_are_judged_as_the_alert_rules_judge_them():
     # running: the silent leader's partition alerts in region 1, 4 s after it stopped = 1 interval after the
     # threshold; a healthy series's age is the figure for false alerts
     f.ages_from(metrics(now, 1, {(1, 1, 0): 3.5, (1, 0, 0): 1.2, (1, 1, 1): 0.4}))
-    assert list(f.crossings[1]) == [1]
-    assert "alert: no heartbeat from region 0 in region 1's partition 1" in lines[-1]
-    assert "+1.0" in lines[-1]
+    # its last heartbeat arrived 4.5 s ago (the age counts up to the Leap Frog query's last planning, 1 s ago):
+    # the threshold passed 1.5 s ago
+    assert f.crossings[1] == {1: (now, pytest.approx(now - 4.5))}
+    assert lines[-1].endswith(
+        f"alert: no heartbeat from region 0 in region 1's partition 1 for 3.5 s (1.5 s = 1.50 intervals after "
+        f"{THRESHOLD})"
+    ), lines[-1]
     assert f.worst_healthy == (1.2, {"region": "1", "partition": "0", "source_region": "0"})
     # once the outage ended and a fresh heartbeat arrived, the series counts as healthy again
     f.faults[1]["end_at"] = int(now * 1000) - 1_000
@@ -148,3 +154,22 @@ def test_the_printed_watch_command_pastes_into_a_shell_as_the_exact_argv():
     assert argv[3] == "watch" and shlex.split(line) == ["tidegauge", *argv[3:]]
     assert "--trigger-interval '2 seconds'" in line
     assert "--out '/tmp/demo out/it'\"'\"'s $HOME/watch'" in line
+
+
+def test_delays_are_written_one_way_from_their_baseline_never_negative_never_a_repr():
+    import numpy as np
+
+    from pipelines.demo.watch import COVERED, THRESHOLD, delay_text, span_text
+
+    assert delay_text(np.float64(4_200.0000001), 5_000, COVERED) == (
+        "4.2 s = 0.84 intervals after heartbeats of both regions covered it"
+    )
+    assert delay_text(np.int64(11_500), np.int64(5_000), THRESHOLD) == (
+        "11.5 s = 2.30 intervals after the alert threshold (3 intervals after its last heartbeat arrived)"
+    )
+    assert span_text(0.1 + 0.2, 1_000) == "0.0 s = 0.00 intervals"  # 0.30000000000000004 ms
+    assert span_text(300.00000000000006, 1_000) == "0.3 s = 0.30 intervals"
+    for below_zero in (-1e-9, -0.0, -2_500, np.float64(-40.0)):
+        assert span_text(below_zero, 5_000) == "0.0 s = 0.00 intervals"
+    for text in (delay_text(np.float64(1e-7), 5_000, COVERED), span_text(np.float32(1234.5), 5_000)):
+        assert "np." not in text and "e-" not in text and "-" not in text.split(" after ")[0]
