@@ -188,7 +188,7 @@ def caught_up(checkpoint: Path, truth: dict, topics: dict[str, set[str]]) -> boo
 # -- the measures ------------------------------------------------------------------------------------------
 COVERED = "heartbeats of both regions covered it"
 """What a detection delay counts from."""
-THRESHOLD = "the alert threshold (3 intervals after its last heartbeat arrived)"
+THRESHOLD = "the alert threshold, 3 intervals after its last heartbeat arrived"
 """What a silent leader's alert delay counts from, in each region: the moment its heartbeat age there passes 3
 intervals, as conf/alerts.yaml's rule reads it."""
 
@@ -278,6 +278,16 @@ def watch_command(argv: list[str]) -> str:
     """The watch's command line as the demo prints it, to paste into a shell: `tidegauge` and its arguments,
     each quoted as the shell needs (`--trigger-interval '2 seconds'`); `argv` is the process's, from `_cli`."""
     return shlex.join(["tidegauge", *argv[3:]])
+
+
+def _series_text(labels: dict) -> str:
+    """A heartbeat age series in words (not a dict's repr)."""
+    if not labels:
+        return "no series"
+    return (
+        f"region {labels['region']}'s partition {labels['partition']}, heartbeats from region "
+        f"{labels['source_region']}"
+    )
 
 
 def heartbeat_series(archives: dict[int, str], topic: str) -> dict[tuple[int, int], list]:
@@ -646,7 +656,7 @@ def _judge(
         load = load_during(follow.loads, follow.worst_healthy_at - worst, follow.worst_healthy_at)
         detail = (
             f"the largest age no outage explains: {span_text(worst * 1000, interval)} "
-            f"(threshold 3 intervals; {where or 'none'}); {unheld}"
+            f"(threshold 3 intervals; {_series_text(where)}); {unheld}"
         )
         checks.append(
             timing_check(

@@ -165,7 +165,7 @@ def test_delays_are_written_one_way_from_their_baseline_never_negative_never_a_r
         "4.2 s = 0.84 intervals after heartbeats of both regions covered it"
     )
     assert delay_text(np.int64(11_500), np.int64(5_000), THRESHOLD) == (
-        "11.5 s = 2.30 intervals after the alert threshold (3 intervals after its last heartbeat arrived)"
+        "11.5 s = 2.30 intervals after the alert threshold, 3 intervals after its last heartbeat arrived"
     )
     assert span_text(0.1 + 0.2, 1_000) == "0.0 s = 0.00 intervals"  # 0.30000000000000004 ms
     assert span_text(300.00000000000006, 1_000) == "0.3 s = 0.30 intervals"
@@ -233,3 +233,11 @@ def test_the_load_of_a_measure_is_the_highest_while_it_was_measured():
     assert load_during(samples, 125, 135) == 9.0
     assert load_during(samples, 50, 99) is None  # nothing sampled up to its end
     assert load_during([], 0, 1) is None
+
+
+def test_a_heartbeat_series_is_named_in_words():
+    from pipelines.demo.watch import _series_text
+
+    labels = {"partition": "0", "region": "1", "source_region": "0"}
+    assert _series_text(labels) == "region 1's partition 0, heartbeats from region 0"
+    assert _series_text({}) == "no series"
