@@ -230,14 +230,16 @@ def _fetch_promtool(cache: Path) -> tuple[Path | None, list[str]]:
 
 
 @pytest.fixture(scope="module")
-def promtool(request) -> str:
+def promtool(request, tmp_path_factory) -> str:
     """Prometheus' promtool: on PATH, else taken from Debian's `prometheus` package into pytest's cache
-    (`.pytest_cache/d/promtool`) on first use, as the browser test installs Chromium with apt; else the tests that
-    need it skip, saying why."""
+    (`.pytest_cache/d/promtool`; a temporary directory when the cache is off) on first use, as the browser test
+    installs Chromium with apt; else the tests that need it skip, saying why."""
     path = shutil.which("promtool")
     if path is not None:
         return path
-    found, errors = _fetch_promtool(Path(request.config.cache.mkdir("promtool")))
+    cache = getattr(request.config, "cache", None)  # None under -p no:cacheprovider
+    where = Path(cache.mkdir("promtool")) if cache is not None else tmp_path_factory.mktemp("promtool")
+    found, errors = _fetch_promtool(where)
     if found is None:
         pytest.skip(
             "promtool is not on PATH and could not be taken from Debian's `prometheus` package ("
