@@ -9,6 +9,7 @@ the alerts that must fire or not, and their rendered annotations) are run.
 
 from __future__ import annotations
 
+import os
 import re
 import shutil
 import subprocess
@@ -38,7 +39,7 @@ def _watch_with_everything() -> WatchMetrics:
     m.observe_heartbeats(
         [{"region": 0, "partition": 0, "source_region": 1, "origin_ms": 1, "arrival_ms": 2, "mark": 3}]
     )
-    m.set_lag(0, "s_v1", 0, 10, 5)
+    m.set_lag(0, "s_v1", 0, 10, 5, query="leapfrog")
     m.set_source_up(0, True)
     m.add_records(0, "s_v1", 1)
     m.observe_divergences([{"type": "VALUE_MISMATCH", "region_a": 0, "region_b": 1}])
@@ -54,7 +55,8 @@ def _watch_with_everything() -> WatchMetrics:
             "processedRowsPerSecond": 2.0,
             "durationMs": {"addBatch": 3},
             "stateOperators": [{"operatorName": "x", "numRowsTotal": 1, "memoryUsedBytes": 1}],
-        }
+        },
+        query="leapfrog",
     )
     m.observe_heartbeats([{"nonsense": 1}])  # one rejected row, so that counter has a sample too
     return m
@@ -190,16 +192,61 @@ def test_a_rule_reading_an_unknown_metric_would_be_caught():
     assert exported["tidegauge_div_findings_total"] == {"type", "fatal", "region", "topic"}
 
 
+def _fetch_promtool(cache: Path) -> tuple[Path | None, list[str]]:
+    """promtool from Debian's `prometheus` package, taken out of the package into `cache` (`apt-get download`,
+    `dpkg-deb -x`) rather than installed: installing would also install and, where services start, start a
+    Prometheus server and its node exporter. `apt-get download` needs no root; the package lists are refreshed
+    (`apt-get update`, as root) only when the download fails. Returns (its path or None, the errors met)."""
+    binary = cache / "promtool"
+    if binary.exists():
+        return binary, []
+    if not shutil.which("apt-get") or not shutil.which("dpkg-deb"):
+        return None, ["no apt-get and dpkg-deb here"]
+    env = {**os.environ, "DEBIAN_FRONTEND": "noninteractive"}
+    errors: list[str] = []
+
+    def run(cmd: list[str]) -> bool:
+        try:
+            proc = subprocess.run(cmd, cwd=cache, env=env, capture_output=True, text=True, timeout=1200)
+        except subprocess.TimeoutExpired:
+            errors.append(f"{' '.join(cmd)} timed out")
+            return False
+        if proc.returncode != 0:
+            errors.append(f"{' '.join(cmd)}: {proc.stderr.strip()[-300:]}")
+        return proc.returncode == 0
+
+    download = ["apt-get", "download", "-qq", "prometheus"]
+    ok = run(download) or (os.geteuid() == 0 and run(["apt-get", "update", "-qq"]) and run(download))
+    debs = sorted(cache.glob("prometheus_*.deb"))
+    if ok and debs and run(["dpkg-deb", "-x", debs[-1].name, "package"]):
+        extracted = cache / "package" / "usr" / "bin" / "promtool"
+        if extracted.exists():
+            extracted.replace(binary)
+    # only promtool is kept: the package (about 19 MB) and the rest of it (the server) are not needed again
+    for deb in debs:
+        deb.unlink()
+    shutil.rmtree(cache / "package", ignore_errors=True)
+    return (binary, []) if binary.exists() else (None, errors or ["no promtool in the package"])
+
+
 @pytest.fixture(scope="module")
-def promtool() -> str:
+def promtool(request, tmp_path_factory) -> str:
+    """Prometheus' promtool: on PATH, else taken from Debian's `prometheus` package into pytest's cache
+    (`.pytest_cache/d/promtool`; a temporary directory when the cache is off) on first use, as the browser test
+    installs Chromium with apt; else the tests that need it skip, saying why."""
     path = shutil.which("promtool")
-    if path is None:
+    if path is not None:
+        return path
+    cache = getattr(request.config, "cache", None)  # None under -p no:cacheprovider
+    where = Path(cache.mkdir("promtool")) if cache is not None else tmp_path_factory.mktemp("promtool")
+    found, errors = _fetch_promtool(where)
+    if found is None:
         pytest.skip(
-            "promtool is not on PATH: Prometheus' own check of conf/alerts.yaml and its unit tests did not run "
-            "(Debian's `prometheus` package has it; `apt-get download prometheus && dpkg-deb -x prometheus_*.deb "
-            "DIR` gives DIR/usr/bin/promtool without the server)"
+            "promtool is not on PATH and could not be taken from Debian's `prometheus` package ("
+            + "; ".join(errors)
+            + "): Prometheus' own check of conf/alerts.yaml and its unit tests did not run"
         )
-    return path
+    return str(found)
 
 
 def test_promtool_accepts_the_rules(promtool):
@@ -221,3 +268,113 @@ def test_the_rules_fire_when_they_should(promtool):
     assert proc.returncode == 0, proc.stdout + proc.stderr
     tested = set(re.findall(r"alertname: (\w+)", PROMTOOL_TESTS.read_text(encoding="utf-8")))
     assert tested == {r["alert"] for r in _rules()}, "every rule has a promtool test"
+
+
+# -- one query stalls: the metrics' own series, through promtool ---------------------------------------------
+STEP_S = 15  # the scrape interval the series below are sampled at (and promtool's evaluation interval)
+
+
+def _progress(at_s: float, batch: int) -> dict:
+    """A Spark progress report of a trigger at `at_s` (epoch seconds; promtool's time starts at 0)."""
+    from datetime import UTC, datetime
+
+    stamp = datetime.fromtimestamp(at_s, UTC).isoformat()
+    return {"timestamp": stamp, "batchId": batch, "numInputRows": 1, "durationMs": {"triggerExecution": 100}}
+
+
+def _scraped(stalled: str | None, stall_at_s: float, steps: int) -> dict[str, str]:
+    """The watch's series as Prometheus would scrape them every STEP_S seconds from time 0, in promtool's
+    `input_series` form (series → values): at each step the Leap Frog and DIV queries hand WatchMetrics their
+    progress as the watch's driver does (`observe_progress`, Leap Frog's with heartbeats_read), and the Leap Frog
+    query a fresh heartbeat, except that the query `stalled` reports nothing after `stall_at_s`."""
+    from prometheus_client.exposition import generate_latest
+    from prometheus_client.parser import text_string_to_metric_families
+
+    now = [0.0]
+    m = WatchMetrics(heartbeat_interval_ms=60_000, clock=lambda: now[0])
+    values: dict[str, list[str]] = {}
+    for step in range(steps + 1):
+        now[0] = t = float(step * STEP_S)
+        for query in ("leapfrog", "div"):
+            if query == stalled and t > stall_at_s:
+                continue
+            m.observe_progress(_progress(t, step), query=query, heartbeats_read=query == "leapfrog")
+            if query == "leapfrog":
+                ms = int(t * 1000)
+                m.observe_heartbeats(
+                    [{"region": 0, "partition": 0, "source_region": 1, "origin_ms": ms, "arrival_ms": ms}]
+                )
+        text = generate_latest(m.registry).decode()
+        for family in text_string_to_metric_families(text):
+            for sample in family.samples:
+                labels = {"job": "watch", "instance": "w:9400", **sample.labels}
+                inner = ",".join(f'{k}="{v}"' for k, v in sorted(labels.items()))
+                series = values.setdefault(f"{sample.name}{{{inner}}}", ["_"] * step)
+                series.append(repr(float(sample.value)))
+        for series in values.values():
+            series.extend(["_"] * (step + 1 - len(series)))
+    return {name: " ".join(vals) for name, vals in values.items()}
+
+
+def _stalled_alert(query: str, age: str) -> dict:
+    return {
+        "exp_labels": {"severity": "critical", "job": "watch", "instance": "w:9400", "query": query},
+        "exp_annotations": {
+            "summary": f"tidegauge watch w:9400: the {query} query made no progress for {age}",
+            "description": (
+                f"Spark's last progress report of the {query} query of the watch at w:9400 is {age} old, more "
+                "than 3 heartbeat intervals: that query is not reading, and its findings wait (the leapfrog "
+                "query's stall also holds the heartbeat alerts back). See the driver's log."
+            ),
+        },
+    }
+
+
+@pytest.mark.parametrize("stalled", ["leapfrog", "div", None])
+def test_a_stalled_query_fires_the_stalled_watch_alert_while_the_other_progresses(
+    promtool, tmp_path, stalled
+):
+    """One query stops reporting progress at 60 s while the other reports every 15 s (the metrics fed through
+    WatchMetrics.observe_progress, scraped from its registry): conf/alerts.yaml's TidegaugeWatchStalled, run by
+    promtool, fires for the stalled query alone once its last report is over 3 intervals (180 s) old and `for:
+    1m` has passed; with both queries progressing it never fires. Neither stall raises a heartbeat alert: the
+    heartbeats keep coming, and a stalled Leap Frog query's ages stop where it stopped reading."""
+    series = _scraped(stalled, stall_at_s=60, steps=28)  # 0 .. 7 minutes
+    progress = {k: v for k, v in series.items() if k.startswith("tidegauge_last_progress_timestamp_seconds")}
+    assert len(progress) == 2 and all('query="' in k for k in progress)  # one series per query
+    # over 180 s old from 255 s on: pending then, firing a minute later (promtool evaluates every 15 s)
+    firing = [] if stalled is None else [_stalled_alert(stalled, "5m 0s")]
+    checks = [
+        {"eval_time": "5m", "alertname": "TidegaugeWatchStalled", "exp_alerts": []},
+        {"eval_time": "6m", "alertname": "TidegaugeWatchStalled", "exp_alerts": firing},
+        {"eval_time": "7m", "alertname": "TidegaugeHeartbeatMissing", "exp_alerts": []},
+    ]
+    if stalled is not None:
+        checks.append(
+            {
+                "eval_time": "7m",
+                "alertname": "TidegaugeWatchStalled",
+                "exp_alerts": [_stalled_alert(stalled, "6m 0s")],
+            }
+        )
+    doc = {
+        "rule_files": [str(ALERTS)],
+        "evaluation_interval": f"{STEP_S}s",
+        "tests": [
+            {
+                "name": f"{stalled or 'no'} query stalled",
+                "interval": f"{STEP_S}s",
+                "input_series": [{"series": k, "values": v} for k, v in sorted(series.items())],
+                "alert_rule_test": checks,
+            }
+        ],
+    }
+    (tmp_path / "stalled_test.yaml").write_text(yaml.safe_dump(doc, sort_keys=False), encoding="utf-8")
+    proc = subprocess.run(
+        [promtool, "test", "rules", "stalled_test.yaml"],
+        cwd=tmp_path,
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
+    assert proc.returncode == 0, proc.stdout + proc.stderr

@@ -67,7 +67,9 @@ def register(sub) -> None:
         "heartbeat alert as the watch sees it, then checks: dropped/poisoned writes found <= 2 heartbeat "
         "intervals after heartbeats of both regions cover them, a silent leader's heartbeat age over the "
         "alert threshold <= 1.5 intervals after it, no false alert or finding, and the watch's findings equal "
-        "leapfrog's and div validate's on the same records. Default --out: ./tidegauge-demo-watch. "
+        "leapfrog's and div validate's on the same records. A timing goal missed while the 1-minute load "
+        "average was over 2 per core is reported as not judged, with the load, and does not fail the exit code; "
+        "a missed or false finding always does. Default --out: ./tidegauge-demo-watch. "
         "A few minutes on 2 cores.",
     )
     live.add_argument("--watch", action="store_true", help="run the live demo of `tidegauge watch` instead")

@@ -286,7 +286,9 @@ def run(args: argparse.Namespace) -> int:
             stop.wait(1.0)
             for i, q in enumerate(queries):
                 if q.lastProgress is not None:
-                    metrics.observe_progress(q.lastProgress, heartbeats_read=QUERIES[i] == "leapfrog")
+                    metrics.observe_progress(
+                        q.lastProgress, query=QUERIES[i], heartbeats_read=QUERIES[i] == "leapfrog"
+                    )
                     restarts.progressed(QUERIES[i], q.lastProgress.get("batchId"))
                 if not q.isActive and not stop.is_set():
                     queries[i] = restarts.restart(
@@ -297,7 +299,16 @@ def run(args: argparse.Namespace) -> int:
                 sources = read_status(status) if status else None
             except (OSError, ValueError):
                 sources = None  # not written yet (the first planning), or being replaced
-            observe_sources(metrics, queries[0].lastProgress, sources, opts)
+            # each query reads with offsets of its own, so each has its own lag (the status file is Leap Frog's)
+            for i, q in enumerate(queries):
+                leapfrog = QUERIES[i] == "leapfrog"
+                observe_sources(
+                    metrics,
+                    q.lastProgress,
+                    sources if leapfrog else None,
+                    opts if leapfrog else None,
+                    query=QUERIES[i],
+                )
         # let the running micro-batch finish (stopping inside one would only make the restart redo it), but not
         # the ones after it: with a backlog they run back to back
         for q in queries:

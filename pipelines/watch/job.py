@@ -248,13 +248,20 @@ def _records(
 
 
 def observe_sources(
-    metrics, progress: dict | None, status: dict | None, opts: WatchOptions | None = None
+    metrics,
+    progress: dict | None,
+    status: dict | None,
+    opts: WatchOptions | None = None,
+    *,
+    query: str,
 ) -> None:
-    """Offset lag per region partition from a query's progress (the source reports the latest offsets it
-    saw beside the end of the micro-batch), and which sources were reachable from the source's status.
+    """Offset lag per region partition from the progress of the query `query` (`leapfrog` or `div`; the
+    source reports the latest offsets it saw beside the end of the micro-batch), and which sources were
+    reachable from the source's status.
 
     With `opts`, every partition of the version topic the source knows of expects a heartbeat from every region
-    from now on: a partition whose heartbeats never come is seen too, not only one whose heartbeats stop."""
+    from now on: a partition whose heartbeats never come is seen too, not only one whose heartbeats stop (only
+    the Leap Frog query reads heartbeats: the DIV query's progress gives its lag only)."""
     from pipelines.core.stream_source import parse_offset_key
 
     regions = sorted(s.region for s in opts.sources) if opts is not None else []
@@ -262,8 +269,8 @@ def observe_sources(
         latest, end = (_offsets(src.get(k)) for k in ("latestOffset", "endOffset"))
         for key, last in latest.items():
             region, topic, partition = parse_offset_key(key)
-            metrics.set_lag(region, topic, partition, int(last), int(end.get(key, last)))
-            if opts is not None and topic == opts.topic:
+            metrics.set_lag(region, topic, partition, int(last), int(end.get(key, last)), query=query)
+            if opts is not None and query == "leapfrog" and topic == opts.topic:
                 metrics.expect_heartbeats(region, [partition], regions)
     for region, s in ((status or {}).get("sources") or {}).items():
         metrics.set_source_up(region, bool(s.get("up")))

@@ -12,6 +12,11 @@ growing while no micro-batch runs and while nobody writes: a region whose leader
 watch that stopped reading, crosses its alert threshold without any update. An older heartbeat that arrives late
 never makes it go backwards.
 
+The watch runs two streaming queries, Leap Frog and DIV. Every metric fed from one query's progress (its
+micro-batch timings, rows, state, last batch, last progress time, and the offset lag its source reports) carries
+a `query` label, `leapfrog` or `div` (`QUERY_NAMES`), so each query has series of its own: one stalled query is
+seen while the other runs.
+
 The metric names and labels are a contract: `conf/alerts.yaml` and docs/watch.md use them. Label values are
 strings; region ids and partitions are written in decimal, booleans as `true`/`false`.
 """
@@ -36,6 +41,7 @@ from prometheus_client.metrics_core import GaugeMetricFamily, Metric
 log = logging.getLogger("tidegauge.watch.metrics")
 
 HEARTBEAT_LABELS = ("region", "partition", "source_region")
+QUERY_NAMES = ("leapfrog", "div")  # the `query` label's values: the watch's two streaming queries
 
 
 class BadRow(ValueError):
@@ -84,7 +90,7 @@ class WatchMetrics:
         self.clock = clock
         self._lock = threading.Lock()
         self._heartbeats: dict[tuple[str, str, str], _Heartbeats] = {}
-        self._progress: _Progress | None = None
+        self._progress: dict[str, _Progress] = {}  # query → its last progress
         self._read_until_s: float | None = None  # heartbeats that arrived before it have all been read
         self.registry.register(_DriverCollector(self))
         r = self.registry
@@ -94,8 +100,8 @@ class WatchMetrics:
         self._interval.set(heartbeat_interval_ms / 1000)
         self._lag = Gauge(
             "tidegauge_offset_lag_records",
-            "Records not read yet: the partition's latest offset minus the next offset the watch reads.",
-            ["region", "topic", "partition"],
+            "Records not read yet: the partition's latest offset minus the next offset the query reads.",
+            ["query", "region", "topic", "partition"],
             registry=r,
         )
         self._source_up = Gauge(
@@ -135,7 +141,10 @@ class WatchMetrics:
             registry=r,
         )
         self._input_rows = Counter(
-            "tidegauge_input_rows", "Rows Spark read, summed over its progress reports.", registry=r
+            "tidegauge_input_rows",
+            "Rows Spark read, summed over the query's progress reports.",
+            ["query"],
+            registry=r,
         )
         self._rejected = Counter(
             "tidegauge_metric_rows_rejected",
@@ -194,15 +203,18 @@ class WatchMetrics:
                     state.mark = mark
 
     # -- sources -------------------------------------------------------------------------------------------
-    def set_lag(self, region: Any, topic: str, partition: Any, latest_offset: int, next_offset: int) -> None:
-        """Offset lag of one partition when offsets are planned: `latest_offset` (Kafka's end offset, the
-        offset the next record will get) minus `next_offset` (the next one the watch reads), never below 0
-        (an end offset read before the read position moved can be the older of the two)."""
+    def set_lag(
+        self, region: Any, topic: str, partition: Any, latest_offset: int, next_offset: int, *, query: str
+    ) -> None:
+        """Offset lag of one partition for one query (`leapfrog` or `div`: each reads with its own offsets) when
+        its offsets are planned: `latest_offset` (Kafka's end offset, the offset the next record will get) minus
+        `next_offset` (the next one the query reads), never below 0 (an end offset read before the read position
+        moved can be the older of the two)."""
         try:
-            labels = (_label(region), _label(topic), _label(partition))
+            labels = (_query(query), _label(region), _label(topic), _label(partition))
             lag = max(0, _int(latest_offset, "latest_offset") - _int(next_offset, "next_offset"))
         except BadRow as exc:
-            self._reject("set_lag", 1, (region, topic, partition, latest_offset, next_offset), exc)
+            self._reject("set_lag", 1, (query, region, topic, partition, latest_offset, next_offset), exc)
             return
         self._lag.labels(*labels).set(lag)
 
@@ -262,15 +274,20 @@ class WatchMetrics:
         self._unverified.labels(label).set(n)
 
     # -- Spark's progress ------------------------------------------------------------------------------
-    def observe_progress(self, progress: Mapping[str, Any] | str, *, heartbeats_read: bool = False) -> None:
-        """One `StreamingQueryProgress` (`query.lastProgress`, a listener event's `progress`, or its JSON).
-        A report older than the last one shown, or the same one again, is ignored.
+    def observe_progress(
+        self, progress: Mapping[str, Any] | str, *, query: str, heartbeats_read: bool = False
+    ) -> None:
+        """One `StreamingQueryProgress` (`query.lastProgress`, a listener event's `progress`, or its JSON) of the
+        streaming query `query` (`leapfrog` or `div`, the `query` label of the series it feeds). A report older
+        than that query's last one shown, or the same one again, is ignored; the other query's reports never
+        replace it.
 
         `heartbeats_read`: this is the progress of the query whose rows feed `observe_heartbeats`. Its timestamp
         (when the micro-batch's offsets were planned) is then the time up to which every heartbeat has been
         read, and heartbeat ages count up to it rather than up to the scrape: a watch that runs behind must not
         make every partition look silent (a watch that stopped making progress has an alert of its own)."""
         try:
+            name = _query(query)
             if isinstance(progress, str | bytes):
                 progress = json.loads(progress)
             parsed = _progress(progress)
@@ -282,15 +299,15 @@ class WatchMetrics:
                 if self._read_until_s is None or parsed.timestamp_s > self._read_until_s:
                     self._read_until_s = parsed.timestamp_s
         with self._lock:
-            last = self._progress
+            last = self._progress.get(name)
             if last is not None and (
                 parsed.timestamp_s < last.timestamp_s
                 or (parsed.timestamp_s, parsed.batch_id) == (last.timestamp_s, last.batch_id)
             ):
                 return
-            self._progress = parsed
+            self._progress[name] = parsed
         if parsed.input_rows:
-            self._input_rows.inc(parsed.input_rows)
+            self._input_rows.labels(name).inc(parsed.input_rows)
 
     # -- serving ---------------------------------------------------------------------------------------
     def serve(self, port: int, addr: str = "127.0.0.1") -> MetricsServer:
@@ -330,11 +347,13 @@ class WatchMetrics:
             reason,
         )
 
-    def _snapshot(self) -> tuple[float, list[tuple[tuple[str, str, str], _Heartbeats]], _Progress | None]:
-        """(the time heartbeat ages count up to, the heartbeat series, the last progress)."""
+    def _snapshot(
+        self,
+    ) -> tuple[float, list[tuple[tuple[str, str, str], _Heartbeats]], dict[str, _Progress]]:
+        """(the time heartbeat ages count up to, the heartbeat series, each query's last progress)."""
         with self._lock:
             beats = [(k, _Heartbeats(v.last, v.since_s, v.mark)) for k, v in self._heartbeats.items()]
-            progress, read_until = self._progress, self._read_until_s
+            progress, read_until = dict(self._progress), self._read_until_s
         return (self.clock() if read_until is None else read_until), beats, progress
 
 
@@ -390,23 +409,22 @@ class _DriverCollector:
                 fams["tidegauge_heartbeat_age_seconds"].add_metric(labels, max(0.0, now - st.since_s))
             if st.mark is not None:
                 fams["tidegauge_high_water_mark"].add_metric(labels, st.mark)
-        if progress is not None:
-            p = progress
-            fams["tidegauge_last_progress_timestamp_seconds"].add_metric([], p.timestamp_s)
-            fams["tidegauge_last_batch_id"].add_metric([], p.batch_id)
+        for query, p in sorted(progress.items()):
+            fams["tidegauge_last_progress_timestamp_seconds"].add_metric([query], p.timestamp_s)
+            fams["tidegauge_last_batch_id"].add_metric([query], p.batch_id)
             for phase, ms in sorted(p.duration_ms.items()):
-                fams["tidegauge_microbatch_duration_seconds"].add_metric([phase], ms / 1000)
+                fams["tidegauge_microbatch_duration_seconds"].add_metric([query, phase], ms / 1000)
             for name, value in (
                 ("tidegauge_microbatch_input_rows", p.input_rows),
                 ("tidegauge_input_rows_per_second", p.input_rows_per_second),
                 ("tidegauge_processed_rows_per_second", p.processed_rows_per_second),
             ):
                 if value is not None:
-                    fams[name].add_metric([], value)
+                    fams[name].add_metric([query], value)
             for op, rows in sorted(p.state_rows.items()):
-                fams["tidegauge_state_rows"].add_metric([op], rows)
+                fams["tidegauge_state_rows"].add_metric([query, op], rows)
             for op, size in sorted(p.state_memory_bytes.items()):
-                fams["tidegauge_state_memory_bytes"].add_metric([op], size)
+                fams["tidegauge_state_memory_bytes"].add_metric([query, op], size)
         yield from fams.values()
 
 
@@ -430,32 +448,43 @@ def _families() -> Iterator[Metric]:
         "The running high-water mark of source_region's RT in region's VT partition.",
         labels=hb,
     )
+    q = ["query"]
     yield g(
         "tidegauge_last_progress_timestamp_seconds",
-        "Start of the trigger of Spark's last progress report (epoch seconds).",
+        "Start of the trigger of the query's last Spark progress report (epoch seconds).",
+        labels=q,
     )
-    yield g("tidegauge_last_batch_id", "Micro-batch id of Spark's last progress report.")
+    yield g("tidegauge_last_batch_id", "Micro-batch id of the query's last Spark progress report.", labels=q)
     yield g(
         "tidegauge_microbatch_duration_seconds",
-        "Time the last micro-batch spent in each phase (Spark's durationMs).",
-        labels=["phase"],
+        "Time the query's last micro-batch spent in each phase (Spark's durationMs).",
+        labels=[*q, "phase"],
     )
     yield g(
         "tidegauge_microbatch_input_rows",
-        "Spark rows the last micro-batch read (numInputRows): the watch reads packed batches of records, so "
-        "these are batches; tidegauge_records_total counts records.",
+        "Spark rows the query's last micro-batch read (numInputRows): the watch reads packed batches of "
+        "records, so these are batches; tidegauge_records_total counts records.",
+        labels=q,
     )
-    yield g("tidegauge_input_rows_per_second", "Spark's inputRowsPerSecond of the last micro-batch.")
-    yield g("tidegauge_processed_rows_per_second", "Spark's processedRowsPerSecond of the last micro-batch.")
+    yield g(
+        "tidegauge_input_rows_per_second",
+        "Spark's inputRowsPerSecond of the query's last micro-batch.",
+        labels=q,
+    )
+    yield g(
+        "tidegauge_processed_rows_per_second",
+        "Spark's processedRowsPerSecond of the query's last micro-batch.",
+        labels=q,
+    )
     yield g(
         "tidegauge_state_rows",
-        "Rows in the state store after the last micro-batch, by stateful operator (numRowsTotal).",
-        labels=["operator"],
+        "Rows in the query's state store after its last micro-batch, by stateful operator (numRowsTotal).",
+        labels=[*q, "operator"],
     )
     yield g(
         "tidegauge_state_memory_bytes",
-        "State store memory after the last micro-batch, by stateful operator (memoryUsedBytes).",
-        labels=["operator"],
+        "The query's state store memory after its last micro-batch, by stateful operator (memoryUsedBytes).",
+        labels=[*q, "operator"],
     )
 
 
@@ -481,6 +510,12 @@ def _label(value: Any) -> str:
     if isinstance(value, float) and value.is_integer():
         return str(int(value))
     raise BadRow(f"label value {value!r} is neither a string, an integer nor a boolean")
+
+
+def _query(value: Any) -> str:
+    if value not in QUERY_NAMES:
+        raise BadRow(f"query {value!r} is not one of the watch's queries {QUERY_NAMES}")
+    return value
 
 
 def _flag(value: Any, name: str) -> str:

@@ -207,8 +207,10 @@ class SparkRow(tuple):
 
 def test_lag_sources_records_findings_and_key_counts(watch):
     metrics, url = watch
-    metrics.set_lag(0, "s_v1", 3, latest_offset=1_500, next_offset=1_200)
-    metrics.set_lag(1, "s_v1", 3, latest_offset=90, next_offset=100)  # end read before the position moved
+    metrics.set_lag(0, "s_v1", 3, latest_offset=1_500, next_offset=1_200, query="leapfrog")
+    metrics.set_lag(0, "s_v1", 3, latest_offset=1_500, next_offset=1_450, query="div")  # offsets of its own
+    # end read before the position moved
+    metrics.set_lag(1, "s_v1", 3, latest_offset=90, next_offset=100, query="leapfrog")
     metrics.set_source_up(0, True)
     metrics.set_source_up(2, False)
     metrics.add_records(0, "s_v1", 400)
@@ -234,8 +236,9 @@ def test_lag_sources_records_findings_and_key_counts(watch):
     metrics.set_unverified_keys(2, 3)
     got = scrape(url)
     assert samples(got, "tidegauge_offset_lag_records") == {
-        labels(region=0, topic="s_v1", partition=3): 300,
-        labels(region=1, topic="s_v1", partition=3): 0,
+        labels(query="leapfrog", region=0, topic="s_v1", partition=3): 300,
+        labels(query="div", region=0, topic="s_v1", partition=3): 50,
+        labels(query="leapfrog", region=1, topic="s_v1", partition=3): 0,
     }
     assert samples(got, "tidegauge_source_up") == {labels(region=0): 1, labels(region=2): 0}
     assert samples(got, "tidegauge_records_total") == {
@@ -276,10 +279,12 @@ def test_a_bad_row_is_skipped_counted_and_named_and_the_rest_applied(watch, cloc
         ]
     )
     metrics.observe_div_findings([{"type": "MISSING", "fatal": "maybe", "region": 0, "topic": "t"}])
-    metrics.set_lag(0, "s_v1", 0, latest_offset=None, next_offset=3)
+    metrics.set_lag(0, "s_v1", 0, latest_offset=None, next_offset=3, query="leapfrog")
+    metrics.set_lag(0, "s_v1", 0, latest_offset=4, next_offset=3, query="nightly")  # not a query of the watch
     metrics.add_records(0, "s_v1", -5)
-    metrics.observe_progress({"batchId": 1})  # no timestamp
-    metrics.observe_progress("{not json")
+    metrics.observe_progress({"batchId": 1}, query="div")  # no timestamp
+    metrics.observe_progress("{not json", query="leapfrog")
+    metrics.observe_progress(REAL_PROGRESS, query="Leapfrog")
     got = scrape(url)
     assert samples(got, "tidegauge_heartbeat_age_seconds") == {
         labels(region=0, partition=1, source_region=1): 1.0
@@ -287,9 +292,9 @@ def test_a_bad_row_is_skipped_counted_and_named_and_the_rest_applied(watch, cloc
     assert samples(got, "tidegauge_metric_rows_rejected_total") == {
         labels(method="observe_heartbeats"): 3,
         labels(method="observe_div_findings"): 1,
-        labels(method="set_lag"): 1,
+        labels(method="set_lag"): 2,
         labels(method="add_records"): 1,
-        labels(method="observe_progress"): 2,
+        labels(method="observe_progress"): 3,
     }
     assert samples(got, "tidegauge_div_findings_total") == {}
     assert samples(got, "tidegauge_offset_lag_records") == {}
@@ -299,6 +304,8 @@ def test_a_bad_row_is_skipped_counted_and_named_and_the_rest_applied(watch, cloc
     assert "latest_offset None is not an integer" in text
     assert "count -5 is negative" in text
     assert "timestamp None is not an ISO-8601 string" in text
+    assert "query 'Leapfrog' is not one of the watch's queries ('leapfrog', 'div')" in text
+    assert samples(got, "tidegauge_last_progress_timestamp_seconds") == {}
 
 
 # -- Spark's progress ------------------------------------------------------------------------------------
@@ -370,39 +377,87 @@ def _idle_after(progress: dict) -> dict:
 
 def test_a_real_progress_report_becomes_timings_rows_and_state(watch):
     metrics, url = watch
-    metrics.observe_progress(REAL_PROGRESS)
+    metrics.observe_progress(REAL_PROGRESS, query="leapfrog")
     got = scrape(url)
+    lf = {"query": "leapfrog"}
     assert samples(got, "tidegauge_microbatch_duration_seconds") == {
-        labels(phase=phase): ms / 1000 for phase, ms in REAL_PROGRESS["durationMs"].items()
+        labels(**lf, phase=phase): ms / 1000 for phase, ms in REAL_PROGRESS["durationMs"].items()
     }
-    assert samples(got, "tidegauge_last_progress_timestamp_seconds") == {labels(): REAL_TIMESTAMP}
-    assert samples(got, "tidegauge_last_batch_id") == {labels(): 9}
-    assert samples(got, "tidegauge_microbatch_input_rows") == {labels(): 50}
-    assert samples(got, "tidegauge_input_rows_total") == {labels(): 50}
-    assert samples(got, "tidegauge_input_rows_per_second") == {labels(): 50.0}
-    assert samples(got, "tidegauge_processed_rows_per_second") == {labels(): 56.8}
-    assert samples(got, "tidegauge_state_rows") == {labels(operator="stateStoreSave"): 3}
-    assert samples(got, "tidegauge_state_memory_bytes") == {labels(operator="stateStoreSave"): 1944}
+    assert samples(got, "tidegauge_last_progress_timestamp_seconds") == {labels(**lf): REAL_TIMESTAMP}
+    assert samples(got, "tidegauge_last_batch_id") == {labels(**lf): 9}
+    assert samples(got, "tidegauge_microbatch_input_rows") == {labels(**lf): 50}
+    assert samples(got, "tidegauge_input_rows_total") == {labels(**lf): 50}
+    assert samples(got, "tidegauge_input_rows_per_second") == {labels(**lf): 50.0}
+    assert samples(got, "tidegauge_processed_rows_per_second") == {labels(**lf): 56.8}
+    assert samples(got, "tidegauge_state_rows") == {labels(**lf, operator="stateStoreSave"): 3}
+    assert samples(got, "tidegauge_state_memory_bytes") == {labels(**lf, operator="stateStoreSave"): 1944}
 
     # the same report again (say from a listener and from lastProgress), or an older one: nothing changes
-    metrics.observe_progress(json.dumps(REAL_PROGRESS))
+    metrics.observe_progress(json.dumps(REAL_PROGRESS), query="leapfrog")
     older = {**REAL_PROGRESS, "timestamp": "2026-11-26T07:08:30.000Z", "batchId": 8, "numInputRows": 7}
-    metrics.observe_progress(older)
+    metrics.observe_progress(older, query="leapfrog")
     assert scrape(url) == got
 
     # an idle trigger: its phases replace the last batch's, rates Spark left out are not shown
-    metrics.observe_progress(_idle_after(REAL_PROGRESS))
+    metrics.observe_progress(_idle_after(REAL_PROGRESS), query="leapfrog")
     idle = scrape(url)
     assert samples(idle, "tidegauge_microbatch_duration_seconds") == {
-        labels(phase="latestOffset"): 0.001,
-        labels(phase="triggerExecution"): 0.001,
+        labels(**lf, phase="latestOffset"): 0.001,
+        labels(**lf, phase="triggerExecution"): 0.001,
     }
-    assert samples(idle, "tidegauge_last_progress_timestamp_seconds") == {labels(): REAL_TIMESTAMP + 10}
-    assert samples(idle, "tidegauge_microbatch_input_rows") == {labels(): 0}
-    assert samples(idle, "tidegauge_input_rows_total") == {labels(): 50}
+    assert samples(idle, "tidegauge_last_progress_timestamp_seconds") == {labels(**lf): REAL_TIMESTAMP + 10}
+    assert samples(idle, "tidegauge_microbatch_input_rows") == {labels(**lf): 0}
+    assert samples(idle, "tidegauge_input_rows_total") == {labels(**lf): 50}
     assert samples(idle, "tidegauge_input_rows_per_second") == {}
     assert samples(idle, "tidegauge_processed_rows_per_second") == {}
     assert samples(idle, "tidegauge_metric_rows_rejected_total") == {}
+
+
+def test_each_query_has_series_of_its_own_and_one_query_never_replaces_the_others(watch):
+    """The watch runs two queries: reports of both, interleaved as the driver hands them over every second,
+    give two sets of series, each the last report of its own query. Before, both wrote one unlabelled set, so a
+    scrape showed whichever query reported last (and a report older than the other query's was dropped)."""
+    metrics, url = watch
+    div = {
+        **REAL_PROGRESS,
+        "timestamp": "2026-11-26T07:08:40.000Z",  # newer than Leap Frog's
+        "batchId": 31,
+        "numInputRows": 4,
+        "durationMs": {"addBatch": 20, "triggerExecution": 30},
+        "stateOperators": [{"operatorName": "transformWithStateInPandasExec", "numRowsTotal": 12}],
+    }
+    for _ in range(2):  # the same reports again change nothing
+        metrics.observe_progress(div, query="div")
+        metrics.observe_progress(REAL_PROGRESS, query="leapfrog", heartbeats_read=True)
+    got = scrape(url)
+    assert samples(got, "tidegauge_last_progress_timestamp_seconds") == {
+        labels(query="leapfrog"): REAL_TIMESTAMP,
+        labels(query="div"): REAL_TIMESTAMP + 6,
+    }
+    assert samples(got, "tidegauge_last_batch_id") == {labels(query="leapfrog"): 9, labels(query="div"): 31}
+    assert samples(got, "tidegauge_microbatch_input_rows") == {
+        labels(query="leapfrog"): 50,
+        labels(query="div"): 4,
+    }
+    assert samples(got, "tidegauge_input_rows_total") == {
+        labels(query="leapfrog"): 50,
+        labels(query="div"): 4,
+    }
+    durations = samples(got, "tidegauge_microbatch_duration_seconds")
+    assert durations[labels(query="div", phase="addBatch")] == 0.02
+    assert durations[labels(query="leapfrog", phase="addBatch")] == 0.717
+    assert samples(got, "tidegauge_state_rows") == {
+        labels(query="leapfrog", operator="stateStoreSave"): 3,
+        labels(query="div", operator="transformWithStateInPandasExec"): 12,
+    }
+    # each query's idle trigger moves its own series only
+    metrics.observe_progress(_idle_after(REAL_PROGRESS), query="leapfrog")
+    later = scrape(url)
+    assert samples(later, "tidegauge_last_progress_timestamp_seconds") == {
+        labels(query="leapfrog"): REAL_TIMESTAMP + 10,
+        labels(query="div"): REAL_TIMESTAMP + 6,
+    }
+    assert samples(later, "tidegauge_last_batch_id") == {labels(query="leapfrog"): 9, labels(query="div"): 31}
 
 
 @pytest.mark.spark
@@ -435,17 +490,18 @@ def test_the_progress_of_a_streaming_query_run_here(spark, tmp_path, clock):
 
     metrics = WatchMetrics(clock=clock)
     for report in reports:
-        metrics.observe_progress(report)
-    metrics.observe_progress(last)  # the last report again, as lastProgress: counted once
+        metrics.observe_progress(report, query="leapfrog")
+    metrics.observe_progress(last, query="leapfrog")  # the last report again, as lastProgress: counted once
     with metrics.serve(0) as server:
         got = scrape(server.url)
     assert samples(got, "tidegauge_metric_rows_rejected_total") == {}
-    assert samples(got, "tidegauge_input_rows_total") == {labels(): 11}  # every row of both files, once
-    assert samples(got, "tidegauge_last_batch_id") == {labels(): last["batchId"]}
-    assert samples(got, "tidegauge_microbatch_input_rows") == {labels(): last["numInputRows"]}
+    lf = {"query": "leapfrog"}
+    assert samples(got, "tidegauge_input_rows_total") == {labels(**lf): 11}  # every row of both files, once
+    assert samples(got, "tidegauge_last_batch_id") == {labels(**lf): last["batchId"]}
+    assert samples(got, "tidegauge_microbatch_input_rows") == {labels(**lf): last["numInputRows"]}
     durations = samples(got, "tidegauge_microbatch_duration_seconds")
-    assert durations == {labels(phase=p): ms / 1000 for p, ms in last["durationMs"].items()}
-    assert labels(phase="triggerExecution") in durations
+    assert durations == {labels(**lf, phase=p): ms / 1000 for p, ms in last["durationMs"].items()}
+    assert labels(**lf, phase="triggerExecution") in durations
     state_rows = samples(got, "tidegauge_state_rows")
     assert sum(state_rows.values()) == 3  # keys 0, 1, 2 in the state store
 

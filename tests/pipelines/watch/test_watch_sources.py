@@ -22,16 +22,23 @@ def test_lag_per_partition_from_progress_and_sources_up_from_status():
         ],
     }
     status = {"checked_ms": 1, "sources": {"0": {"up": True}, "1": {"up": False, "error": "down"}}}
-    observe_sources(m, progress, status)
+    observe_sources(m, progress, status, query="leapfrog")
+    # the DIV query reads the same partitions with offsets of its own (and, with --rt, the RT): its own series
+    div = json.dumps({"0/s_v1/0": 100, "1/s_v1/0": 25, "0/s_rt/0": 9})
+    ends = json.dumps({"0/s_v1/0": 90, "1/s_v1/0": 20, "0/s_rt/0": 9})
+    observe_sources(m, {"sources": [{"latestOffset": div, "endOffset": ends}]}, None, query="div")
 
     def value(name, **labels):
         return m.registry.get_sample_value(name, labels)
 
-    assert value("tidegauge_offset_lag_records", region="0", topic="s_v1", partition="0") == 60
-    assert value("tidegauge_offset_lag_records", region="1", topic="s_v1", partition="0") == 0
+    def lag(query, region, topic="s_v1"):
+        return value("tidegauge_offset_lag_records", query=query, region=region, topic=topic, partition="0")
+
+    assert (lag("leapfrog", "0"), lag("leapfrog", "1")) == (60, 0)
+    assert (lag("div", "0"), lag("div", "1"), lag("div", "0", "s_rt")) == (10, 5, 0)
     assert value("tidegauge_source_up", region="0") == 1
     assert value("tidegauge_source_up", region="1") == 0
-    observe_sources(m, None, None)  # no progress yet, no status file yet: nothing changes, nothing raised
+    observe_sources(m, None, None, query="leapfrog")  # no progress yet, no status file yet: nothing changes
     assert value("tidegauge_source_up", region="1") == 0
 
 
@@ -81,13 +88,16 @@ def test_heartbeat_rows_give_age_and_delay_and_every_planned_partition_waits_for
     m = WatchMetrics(heartbeat_interval_ms=2_000, clock=lambda: now[0])
     opts = WatchOptions("s", 1, [SourceSpec(0, "a"), SourceSpec(1, "b")], "ck", "out")
     progress = {"sources": [{"latestOffset": {"0/s_v1/0": 5, "0/s_v1/1": 5, "0/s_rt/0": 9}, "endOffset": {}}]}
-    observe_sources(m, progress, None, opts)
+    observe_sources(m, progress, None, opts, query="leapfrog")
+    # only the Leap Frog query reads heartbeats: the DIV query's planning expects none
+    observe_sources(m, {"sources": [{"latestOffset": {"0/s_v1/2": 5}}]}, None, opts, query="div")
     now[0] = 1_004.0
     age = "tidegauge_heartbeat_age_seconds"
     # planned VT partitions wait for a heartbeat from every region; an RT partition does not
     assert m.registry.get_sample_value(age, {"region": "0", "partition": "1", "source_region": "1"}) == 4
     assert m.registry.get_sample_value(age, {"region": "0", "partition": "0", "source_region": "0"}) == 4
     assert m.registry.get_sample_value(age, {"region": "0", "partition": "9", "source_region": "0"}) is None
+    assert m.registry.get_sample_value(age, {"region": "0", "partition": "2", "source_region": "0"}) is None
     rows = [
         {
             "row": "H",
@@ -165,12 +175,11 @@ def test_heartbeat_ages_count_up_to_what_the_watch_has_read_not_up_to_the_scrape
 
         return {"batchId": batch, "timestamp": datetime.fromtimestamp(at_s, UTC).isoformat()}
 
-    m.observe_progress(progress(4, 1_995.0), heartbeats_read=True)
+    m.observe_progress(progress(4, 1_995.0), query="leapfrog", heartbeats_read=True)
     now[0] = 2_030.0  # the watch is 35 s behind: the age says what it knows, 5 s
     assert m.registry.get_sample_value("tidegauge_heartbeat_age_seconds", labels) == 5
-    m.observe_progress(progress(9, 2_025.0))  # the DIV query's progress moves nothing
+    m.observe_progress(progress(9, 2_025.0), query="div")  # the DIV query's progress moves nothing
     assert m.registry.get_sample_value("tidegauge_heartbeat_age_seconds", labels) == 5
-    m.observe_progress(
-        progress(5, 2_020.0), heartbeats_read=True
-    )  # no heartbeat since: it grows, batch by batch
+    # no heartbeat since: it grows, batch by batch (a Leap Frog report older than DIV's last counts too)
+    m.observe_progress(progress(5, 2_020.0), query="leapfrog", heartbeats_read=True)
     assert m.registry.get_sample_value("tidegauge_heartbeat_age_seconds", labels) == 30
