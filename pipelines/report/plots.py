@@ -8,12 +8,14 @@ Every function returns an `<svg>` element as a string, or None when there is not
 
 from __future__ import annotations
 
+import datetime as dt
 import io
 import re
 from collections.abc import Sequence
 from typing import Any
 
 import matplotlib
+import matplotlib.dates as mdates
 import numpy as np
 import pandas as pd
 from matplotlib.figure import Figure
@@ -63,13 +65,30 @@ def _style(ax) -> None:
     ax.set_axisbelow(True)
 
 
+def _dates(ms: np.ndarray) -> np.ndarray:
+    """Epoch milliseconds as matplotlib dates (whatever date epoch matplotlib is configured with)."""
+    return mdates.date2num(np.asarray(ms, dtype="int64").astype("datetime64[ms]"))
+
+
 def _time_axis(ax, ms: np.ndarray) -> None:
-    """Label an epoch-ms x axis in UTC clock time (or dates, for spans over two days)."""
-    span = float(ms.max() - ms.min()) if len(ms) else 0.0
-    ticks = np.linspace(ms.min(), ms.max(), 6) if span > 0 else ms[:1]
-    fmt = "%m-%d %H:%M" if span > 2 * 86_400_000 or span == 0 else "%H:%M"
-    ax.set_xticks(ticks)
-    ax.set_xticklabels([pd.Timestamp(int(t), unit="ms", tz="UTC").strftime(fmt) for t in ticks])
+    """Label an x axis drawn over `_dates(ms)` in UTC, with ticks and labels chosen by the span.
+
+    matplotlib's AutoDateLocator picks round steps (seconds to years) and ConciseDateFormatter labels each tick
+    with only what changes between them, so a run of a few minutes reads 22:13, 22:13:30, 22:14 rather than
+    six identical 22:13. The date the labels leave out is in the axis' offset text. Seconds-level ticks show
+    the whole clock time (matplotlib's default would show bare seconds, `20`, `40`, repeated each minute).
+    """
+    locator = mdates.AutoDateLocator(tz=dt.UTC, minticks=3, maxticks=7)
+    formatter = mdates.ConciseDateFormatter(
+        locator,
+        tz=dt.UTC,
+        formats=["%Y", "%b", "%d", "%H:%M", "%H:%M", "%H:%M:%S.%f"],
+        offset_formats=["", "%Y", "%Y-%m", "%Y-%m-%d", "%Y-%m-%d", "%Y-%m-%d"],
+    )
+    ax.xaxis.set_major_locator(locator)
+    ax.xaxis.set_major_formatter(formatter)
+    if len(ms) and ms.max() == ms.min():  # one instant: a minute either side, not matplotlib's years
+        ax.set_xlim(_dates(np.array([ms.min() - 60_000, ms.max() + 60_000])))
     ax.set_xlabel("time (UTC)")
 
 
@@ -95,7 +114,7 @@ def lag_over_time(heartbeats: pd.DataFrame, max_lag_ms: float | None = None) -> 
     ax = fig.add_subplot()
     for i, (region, group) in enumerate(worst.groupby("region")):
         ax.plot(
-            group["t"],
+            _dates(group["t"].to_numpy()),
             group["delay_s"],
             label=f"region {region}",
             color=_COLORS[i % len(_COLORS)],
