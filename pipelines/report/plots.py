@@ -70,7 +70,7 @@ def _dates(ms: np.ndarray) -> np.ndarray:
     return mdates.date2num(np.asarray(ms, dtype="int64").astype("datetime64[ms]"))
 
 
-def _time_axis(ax, ms: np.ndarray) -> None:
+def _time_axis(ax, ms: np.ndarray, maxticks: int = 7, fontsize: float | None = None) -> None:
     """Label an x axis drawn over `_dates(ms)` in UTC, with ticks and labels chosen by the span.
 
     matplotlib's AutoDateLocator picks round steps (seconds to years) and ConciseDateFormatter labels each tick
@@ -78,7 +78,7 @@ def _time_axis(ax, ms: np.ndarray) -> None:
     six identical 22:13. The date the labels leave out is in the axis' offset text. Seconds-level ticks show
     the whole clock time (matplotlib's default would show bare seconds, `20`, `40`, repeated each minute).
     """
-    locator = mdates.AutoDateLocator(tz=dt.UTC, minticks=3, maxticks=7)
+    locator = mdates.AutoDateLocator(tz=dt.UTC, minticks=3, maxticks=maxticks)
     formatter = mdates.ConciseDateFormatter(
         locator,
         tz=dt.UTC,
@@ -89,7 +89,10 @@ def _time_axis(ax, ms: np.ndarray) -> None:
     ax.xaxis.set_major_formatter(formatter)
     if len(ms) and ms.max() == ms.min():  # one instant: a minute either side, not matplotlib's years
         ax.set_xlim(_dates(np.array([ms.min() - 60_000, ms.max() + 60_000])))
-    ax.set_xlabel("time (UTC)")
+    if fontsize is not None:
+        ax.tick_params(axis="x", labelsize=fontsize)
+        ax.xaxis.get_offset_text().set_fontsize(fontsize)
+    ax.set_xlabel("time (UTC)", fontsize=fontsize)
 
 
 def lag_over_time(heartbeats: pd.DataFrame, max_lag_ms: float | None = None) -> str | None:
@@ -277,22 +280,11 @@ def trends(runs: Sequence[Any]) -> str | None:
     ]
     for ax, title, lines in series:
         for label, values, color in lines:
-            ax.plot(when, values, marker="o", markersize=3, linewidth=1.3, color=color, label=label)
+            ax.plot(_dates(when), values, marker="o", markersize=3, linewidth=1.3, color=color, label=label)
         ax.set_title(title, fontsize=9)
         ax.set_ylim(bottom=0)
         ax.yaxis.set_major_locator(MaxNLocator(integer=True))
         _style(ax)
-        span = when.max() - when.min()
-        ticks = np.linspace(when.min(), when.max(), 3)
-        ax.set_xticks(ticks)
-        ax.set_xticklabels(
-            [
-                pd.Timestamp(int(t), unit="ms", tz="UTC").strftime(
-                    "%m-%d" if span > 2 * 86_400_000 else "%m-%d %H:%M"
-                )
-                for t in ticks
-            ],
-            fontsize=7,
-        )
+        _time_axis(ax, when, maxticks=4, fontsize=7)
     axes[0].legend(loc="upper left", frameon=False, fontsize=7)
     return _to_svg(fig, "trends", "Findings, worst lag and pending keys across report runs")

@@ -2,8 +2,10 @@
 
 from __future__ import annotations
 
+import datetime as dt
 import re
 import xml.etree.ElementTree as ET
+from types import SimpleNamespace
 
 import numpy as np
 import pandas as pd
@@ -24,12 +26,13 @@ def _heartbeats(span_ms: int, points: int = 40) -> pd.DataFrame:
     )
 
 
-def _x_tick_labels(svg: str, plot: str) -> list[str]:
-    """The x tick labels drawn into one plot's SVG (matplotlib groups each as `<g id="xtick_N">`)."""
-    root = ET.fromstring(svg)
+def _x_tick_labels(svg: str, plot: str, axes: int = 1) -> list[str]:
+    """The x tick labels drawn into one panel of a plot's SVG (matplotlib writes `<g id="axes_N">` per panel,
+    `<g id="xtick_M">` per tick in it; `_to_svg` prefixes the ids with the plot's name)."""
+    panel = next(g for g in ET.fromstring(svg).iter(f"{SVG}g") if g.get("id") == f"{plot}-axes_{axes}")
     return [
         "".join(text.itertext()).strip()
-        for group in root.iter(f"{SVG}g")
+        for group in panel.iter(f"{SVG}g")
         if re.fullmatch(rf"{plot}-xtick_\d+", group.get("id", ""))
         for text in group.iter(f"{SVG}text")
     ]
@@ -61,3 +64,27 @@ def test_seconds_ticks_show_the_clock_time_not_bare_seconds():
     assert all(re.fullmatch(r"14:2[67](:\d\d)?", label) for label in labels), labels
     assert any(label.count(":") == 2 for label in labels), labels
     assert len(set(labels)) == len(labels) >= 3, labels
+
+
+@pytest.mark.parametrize(
+    "step", [dt.timedelta(seconds=20), dt.timedelta(hours=5), dt.timedelta(days=1)], ids=["20s", "5h", "1d"]
+)
+def test_trend_plot_time_ticks_are_distinct_for_runs_seconds_or_days_apart(step):
+    """Its ticks were three times at minute precision: the same label twice for runs a minute apart in all."""
+    start = dt.datetime(2026, 9, 21, 14, 26, 27, tzinfo=dt.UTC)
+    runs = [
+        SimpleNamespace(
+            run_at=start + i * step,
+            divergences=i,
+            fatal_div_findings=0,
+            div_warnings=1,
+            max_lag_ms=1_500.0,
+            pending_keys=10 - i,
+        )
+        for i in range(4)
+    ]
+    svg = plots.trends(runs)
+    for panel in (1, 2, 3):  # findings, worst lag, keys pending: each has its own x axis
+        labels = _x_tick_labels(svg, "trends", panel)
+        assert len(labels) >= 2 and all(labels), (panel, labels)
+        assert len(set(labels)) == len(labels), (panel, labels)
