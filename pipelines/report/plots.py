@@ -70,20 +70,27 @@ def _dates(ms: np.ndarray) -> np.ndarray:
     return mdates.date2num(np.asarray(ms, dtype="int64").astype("datetime64[ms]"))
 
 
-def _time_axis(ax, ms: np.ndarray, maxticks: int = 7, fontsize: float | None = None) -> None:
+def _time_axis(ax, ms: np.ndarray, fontsize: float | None = None) -> None:
     """Label an x axis drawn over `_dates(ms)` in UTC, with ticks and labels chosen by the span.
 
     matplotlib's AutoDateLocator picks round steps (seconds to years) and ConciseDateFormatter labels each tick
     with only what changes between them, so a run of a few minutes reads 22:13, 22:13:30, 22:14 rather than
     six identical 22:13. The date the labels leave out is in the axis' offset text. Seconds-level ticks show
-    the whole clock time (matplotlib's default would show bare seconds, `20`, `40`, repeated each minute).
+    the whole clock time (matplotlib's default would show bare seconds, `20`, `40`, repeated each minute), and
+    days show their month (`Sep 29`, `Oct 06`: weeks of nightly runs), as does midnight among hourly ticks.
+    Hourly ticks over more than a day, and monthly ones over more than a year, repeat (`12:00`, `Sep 22`,
+    `12:00`): the date or year between them tells them apart.
+
+    maxticks=7 is the fewest with which AutoDateLocator never warns (under three hours it counts minutes, and
+    179 minutes in 30-minute steps need seven ticks); with fewer it warns, on stderr, and draws more anyway.
     """
-    locator = mdates.AutoDateLocator(tz=dt.UTC, minticks=3, maxticks=maxticks)
+    locator = mdates.AutoDateLocator(tz=dt.UTC, minticks=3, maxticks=7)
     formatter = mdates.ConciseDateFormatter(
         locator,
         tz=dt.UTC,
-        formats=["%Y", "%b", "%d", "%H:%M", "%H:%M", "%H:%M:%S.%f"],
-        offset_formats=["", "%Y", "%Y-%m", "%Y-%m-%d", "%Y-%m-%d", "%Y-%m-%d"],
+        formats=["%Y", "%b", "%b %d", "%H:%M", "%H:%M", "%H:%M:%S.%f"],
+        zero_formats=["", "%Y", "%b %d", "%b %d", "%H:%M", "%H:%M"],
+        offset_formats=["", "%Y", "%Y", "%Y-%m-%d", "%Y-%m-%d", "%Y-%m-%d"],
     )
     ax.xaxis.set_major_locator(locator)
     ax.xaxis.set_major_formatter(formatter)
@@ -285,6 +292,6 @@ def trends(runs: Sequence[Any]) -> str | None:
         ax.set_ylim(bottom=0)
         ax.yaxis.set_major_locator(MaxNLocator(integer=True))
         _style(ax)
-        _time_axis(ax, when, maxticks=4, fontsize=7)
+        _time_axis(ax, when, fontsize=7)
     axes[0].legend(loc="upper left", frameon=False, fontsize=7)
     return _to_svg(fig, "trends", "Findings, worst lag and pending keys across report runs")

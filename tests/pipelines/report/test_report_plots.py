@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import datetime as dt
 import re
+import warnings
 import xml.etree.ElementTree as ET
 from types import SimpleNamespace
 
@@ -88,3 +89,64 @@ def test_trend_plot_time_ticks_are_distinct_for_runs_seconds_or_days_apart(step)
         labels = _x_tick_labels(svg, "trends", panel)
         assert len(labels) >= 2 and all(labels), (panel, labels)
         assert len(set(labels)) == len(labels), (panel, labels)
+
+
+DAY, YEAR = dt.timedelta(days=1), dt.timedelta(days=365)
+SPANS = [
+    dt.timedelta(seconds=2),
+    dt.timedelta(seconds=40),
+    dt.timedelta(minutes=2, seconds=59),
+    dt.timedelta(minutes=50),
+    dt.timedelta(hours=2, minutes=59),
+    dt.timedelta(hours=20),
+    dt.timedelta(hours=47),
+    dt.timedelta(hours=71),
+    dt.timedelta(days=29),
+    dt.timedelta(days=89),
+    dt.timedelta(days=400),
+    dt.timedelta(days=4000),
+]
+
+
+@pytest.mark.parametrize("span", SPANS, ids=[str(s).replace(" ", "") for s in SPANS])
+def test_time_axes_of_any_span_draw_distinct_labels_that_do_not_overlap_and_warn_nothing(span, monkeypatch):
+    """Both time plots, drawn and read back from their Axes: the labels inside the view are distinct (but for the
+    repeats plots._time_axis explains) and do not touch, and matplotlib warned nothing (a warning would reach
+    the report's stderr, which stays quiet)."""
+    from matplotlib.backends.backend_agg import FigureCanvasAgg
+
+    monkeypatch.setattr(plots, "_to_svg", lambda fig, name, label: fig)  # the Figure, not its SVG
+    start = dt.datetime(2026, 9, 21, 14, 26, 27, tzinfo=dt.UTC)
+    runs = [
+        SimpleNamespace(
+            run_at=start + span * i / 3,
+            divergences=i,
+            fatal_div_findings=0,
+            div_warnings=1,
+            max_lag_ms=1_500.0,
+            pending_keys=3,
+        )
+        for i in range(4)
+    ]
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        figures = [plots.lag_over_time(_heartbeats(int(span.total_seconds() * 1000))), plots.trends(runs)]
+        for fig in figures:
+            canvas = FigureCanvasAgg(fig)
+            canvas.draw()
+            for ax in fig.axes:
+                low, high = sorted(ax.get_xlim())
+                shown = [
+                    label
+                    for loc, label in zip(
+                        ax.xaxis.get_majorticklocs(), ax.xaxis.get_majorticklabels(), strict=True
+                    )
+                    if low <= loc <= high
+                ]
+                texts = [label.get_text() for label in shown]
+                assert len(texts) >= 2 and all(texts), texts
+                assert all(a != b for a, b in zip(texts, texts[1:], strict=False)), texts
+                if not (DAY < span < 3 * DAY or YEAR < span < 3 * YEAR):  # see plots._time_axis
+                    assert len(set(texts)) == len(texts), texts
+                boxes = [label.get_window_extent(canvas.get_renderer()) for label in shown]
+                assert all(a.x1 < b.x0 for a, b in zip(boxes, boxes[1:], strict=False)), texts
