@@ -184,9 +184,13 @@ def _flagged(page: Page, table: str) -> set[str]:
     return out
 
 
-def _figure(svg: str | None, caption: str, empty: str) -> str:
+def _figure(svg: str | None, caption: str, empty: str, narrow: str | None = None) -> str:
+    """A plot and its caption; with a `narrow` drawing of it, narrow screens show that one instead (the CSS
+    switches between the two, the page carries no script)."""
     if svg is None:
         return f'<p class="empty">{_e(empty)}</p>'
+    if narrow is not None:
+        svg = svg.replace('class="plot"', 'class="plot wide"', 1) + narrow
     return f"<figure>{svg}<figcaption>{_e(caption)}</figcaption></figure>"
 
 
@@ -539,6 +543,7 @@ def _changes(page: Page) -> str:
         plots.trends(trend.runs),
         "Findings, worst lag and pending keys across runs (oldest left).",
         "Trends appear from the second run on.",
+        plots.trends(trend.runs, narrow=True),
     )
     if trend.previous is None:
         return (
@@ -758,6 +763,7 @@ def _div(page: Page) -> str:
         plots.div_findings_by_type(errors),
         "DIV findings per type: fatal (red) and warnings (amber).",
         "No DIV findings: every segment, sequence number and checksum checked out.",
+        plots.div_findings_by_type(errors, narrow=True),
     )
     detail = ""
     if len(errors):
@@ -820,6 +826,7 @@ def _lag(page: Page) -> str:
         "Heartbeat delay per region over time: time from a heartbeat's origin to its write into the "
         "region's version topic; the worst partition and source region in each time slice.",
         "No heartbeats in the lag output.",
+        plots.lag_over_time(page.inputs.lag.heartbeats, limit, narrow=True),
     )
     flagged = _flagged(page, "lag")
     items = []
@@ -942,6 +949,7 @@ def _coverage(page: Page) -> str:
         plots.coverage(pairs, page.thresholds.get("max_pending_percent")),
         "Keys still pending per region pair and partition (percent of its keys; dashed line: limit).",
         "No region pairs in the leapfrog output.",
+        plots.coverage(pairs, page.thresholds.get("max_pending_percent"), narrow=True),
     )
     return f"""
 <section id="coverage">
@@ -1052,11 +1060,14 @@ code { font-family: ui-monospace, "DejaVu Sans Mono", Menlo, Consolas, monospace
 code.key { word-break: break-all; } .ascii { font-size: 12px; color: var(--muted); }
 ul.rows { margin: 4px 0 0; padding-left: 18px; font-size: 13px; }
 figure { margin: 8px 0; } figcaption { font-size: 13px; color: var(--muted); }
-svg.plot { width: 100%; height: auto; display: block; }
+svg.plot { width: 100%; height: auto; display: block; } svg.plot.narrow { display: none; }
 details { margin: 6px 0; } details summary { cursor: pointer; color: #0645ad; font-size: 14px; }
 nav.toc { font-size: 14px; margin: 10px 0; display: flex; flex-wrap: wrap; gap: 2px 12px; }
 .nowrap { white-space: nowrap; }
 table.about td { overflow-wrap: anywhere; }
+@media (max-width: 720px) {
+  svg.plot.wide { display: none; } svg.plot.narrow { display: block; }
+}
 @media (max-width: 600px) {
   main { padding: 8px 8px 32px; }
   section { padding: 4px 10px 12px; }

@@ -44,7 +44,8 @@ window.addEventListener('load', () => {
   const verdict = document.getElementById('verdict');
   const out = {
     verdict: verdict ? {size: size(verdict), text: verdict.innerText.slice(0, 3000)} : null,
-    plots: Array.from(document.querySelectorAll('svg.plot')).map(s => ({name: s.dataset.plot, size: size(s),
+    plots: Array.from(document.querySelectorAll('svg.plot')).filter(s => s.getClientRects().length)  // shown
+      .map(s => ({name: s.dataset.plot, size: size(s),
       shapes: s.querySelectorAll('path, rect, use, text').length})),
     tables: Array.from(document.querySelectorAll('table')).filter(t => t.offsetParent !== null)
       .map(t => ({size: size(t), rows: t.rows.length})),
@@ -224,11 +225,15 @@ LAYOUT = r"""
     block.style.width = before;
     return {natural, squeezed, text: range.toString()};
   });
-  const plots = Array.from(document.querySelectorAll('svg.plot')).map(s => {
+  // the plots shown (each wide plot has a narrow drawing beside it; CSS shows one of the two)
+  const plots = Array.from(document.querySelectorAll('svg.plot')).filter(s => s.getClientRects().length).map(s => {
     const r = s.getBoundingClientRect();
     const box = s.viewBox.baseVal;
-    return {name: s.dataset.plot, left: r.left, right: r.right, width: r.width, height: r.height,
-            drawn: parseFloat(s.style.maxWidth), room: s.parentElement.clientWidth, aspect: box.height / box.width};
+    const scale = r.width / box.width;  // matplotlib's font sizes are in the SVG's own units
+    const text = Array.from(s.querySelectorAll('text')).map(t => parseFloat(getComputedStyle(t).fontSize) * scale);
+    return {name: s.dataset.plot, cls: s.getAttribute('class'), left: r.left, right: r.right, width: r.width,
+            height: r.height, drawn: parseFloat(s.style.maxWidth), room: s.parentElement.clientWidth,
+            aspect: box.height / box.width, smallestText: Math.min(...text)};
   });
   return {innerWidth: window.innerWidth, scrollWidth: document.documentElement.scrollWidth,
           bodyScrollWidth: document.body.scrollWidth, needs, plots};
@@ -241,8 +246,9 @@ LAYOUT = r"""
 )
 def test_the_page_fits_the_screen(chromium, report, tmp_path, width, height, mobile):
     """Issue 28: no sideways scrolling on a 390 px phone (the nav bar and the expectations path overflowed),
-    plots scaled to the width, "(needs --lag)" never broken inside the flag. A phone (mobile emulation) zooms
-    out a page wider than its screen, so window.innerWidth must stay the emulated width as well."""
+    plots scaled to the width and their text still legible (a desktop plot scaled to a phone showed 4-6 px
+    text: the phone gets the narrow drawings), "(needs --lag)" never broken inside the flag. A phone (mobile
+    emulation) zooms out a page wider than its screen, so window.innerWidth must stay the emulated width."""
     profile = tmp_path / "chromium-profile"
     with Browser(chromium, [*_FLAGS, f"--user-data-dir={profile}"], log=tmp_path / "chromium.log") as browser:
         tab = Tab(browser, width, height, scale=2 if mobile else 1, mobile=mobile)
@@ -261,6 +267,9 @@ def test_the_page_fits_the_screen(chromium, report, tmp_path, width, height, mob
         # scaled to its box (never beyond its drawn size), not cropped, and not squashed
         assert plot["width"] == pytest.approx(min(plot["drawn"], plot["room"]), abs=1), (name, plot)
         assert plot["height"] / plot["width"] == pytest.approx(plot["aspect"], rel=0.02), (name, plot)
+        assert plot["smallestText"] >= 8, (name, plot)  # CSS px: the smallest text of the plot as shown
+        if name != "divergences":  # the heatmap is small already and has one drawing
+            assert plot["cls"] == ("plot narrow" if mobile else "plot wide"), (name, plot)
 
     assert got["needs"], "the page no longer says (needs --lag)"
     for needs in got["needs"]:

@@ -93,8 +93,10 @@ def test_trend_plot_time_ticks_are_distinct_for_runs_seconds_or_days_apart(step)
 
 DAY, YEAR = dt.timedelta(days=1), dt.timedelta(days=365)
 SPANS = [
-    dt.timedelta(seconds=2),
+    dt.timedelta(seconds=2, milliseconds=900),
+    dt.timedelta(seconds=12),
     dt.timedelta(seconds=40),
+    dt.timedelta(seconds=100),
     dt.timedelta(minutes=2, seconds=59),
     dt.timedelta(minutes=50),
     dt.timedelta(hours=2, minutes=59),
@@ -102,20 +104,24 @@ SPANS = [
     dt.timedelta(hours=47),
     dt.timedelta(hours=71),
     dt.timedelta(days=29),
+    dt.timedelta(days=60),
     dt.timedelta(days=89),
     dt.timedelta(days=400),
     dt.timedelta(days=4000),
 ]
 
 
+@pytest.mark.parametrize("narrow", [False, True], ids=["wide", "narrow"])
 @pytest.mark.parametrize("span", SPANS, ids=[str(s).replace(" ", "") for s in SPANS])
-def test_time_axes_of_any_span_draw_distinct_labels_that_do_not_overlap_and_warn_nothing(span, monkeypatch):
+def test_time_axes_of_any_span_draw_distinct_labels_that_do_not_overlap_and_warn_nothing(
+    span, narrow, monkeypatch
+):
     """Both time plots, drawn and read back from their Axes: the labels inside the view are distinct (but for the
     repeats plots._time_axis explains) and do not touch, and matplotlib warned nothing (a warning would reach
     the report's stderr, which stays quiet)."""
     from matplotlib.backends.backend_agg import FigureCanvasAgg
 
-    monkeypatch.setattr(plots, "_to_svg", lambda fig, name, label: fig)  # the Figure, not its SVG
+    monkeypatch.setattr(plots, "_to_svg", lambda fig, *args: fig)  # the Figure, not its SVG
     start = dt.datetime(2026, 9, 21, 14, 26, 27, tzinfo=dt.UTC)
     runs = [
         SimpleNamespace(
@@ -130,7 +136,10 @@ def test_time_axes_of_any_span_draw_distinct_labels_that_do_not_overlap_and_warn
     ]
     with warnings.catch_warnings():
         warnings.simplefilter("error")
-        figures = [plots.lag_over_time(_heartbeats(int(span.total_seconds() * 1000))), plots.trends(runs)]
+        figures = [
+            plots.lag_over_time(_heartbeats(int(span.total_seconds() * 1000)), narrow=narrow),
+            plots.trends(runs, narrow=narrow),
+        ]
         for fig in figures:
             canvas = FigureCanvasAgg(fig)
             canvas.draw()
@@ -150,3 +159,46 @@ def test_time_axes_of_any_span_draw_distinct_labels_that_do_not_overlap_and_warn
                     assert len(set(texts)) == len(texts), texts
                 boxes = [label.get_window_extent(canvas.get_renderer()) for label in shown]
                 assert all(a.x1 < b.x0 for a, b in zip(boxes, boxes[1:], strict=False)), texts
+
+
+def test_narrow_drawings_are_four_inches_wide_and_their_ids_differ_from_the_wide_ones():
+    """The page holds both drawings of a plot (CSS shows one): the narrow one must be narrow, marked as such,
+    and share no id with the wide one."""
+    pairs = pd.DataFrame(
+        {
+            "region_a": [0, 0],
+            "region_b": [1, 2],
+            "partition": [0, 1],
+            "pending_percent": [1.0, 7.5],
+            "pending_keys": [1, 9],
+        }
+    )
+    errors = pd.DataFrame({"type": ["DUPLICATE", "MISSING" * 10], "fatal": [True, False]})
+    start = dt.datetime(2026, 9, 21, 6, tzinfo=dt.UTC)
+    runs = [
+        SimpleNamespace(
+            run_at=start + i * dt.timedelta(days=1),
+            divergences=i,
+            fatal_div_findings=0,
+            div_warnings=1,
+            max_lag_ms=None,
+            pending_keys=3,
+        )
+        for i in range(3)
+    ]
+    drawings = {
+        "lag": lambda narrow: plots.lag_over_time(_heartbeats(3_600_000), 5_000, narrow=narrow),
+        "trends": lambda narrow: plots.trends(runs, narrow=narrow),
+        "div": lambda narrow: plots.div_findings_by_type(errors, narrow=narrow),
+        "coverage": lambda narrow: plots.coverage(pairs, 5.0, narrow=narrow),
+    }
+    for name, draw in drawings.items():
+        wide, narrow = ET.fromstring(draw(False)), ET.fromstring(draw(True))
+        assert wide.get("class") == "plot" and narrow.get("class") == "plot narrow", name
+        assert narrow.get("data-plot") == wide.get("data-plot") == name
+        assert narrow.get("style") == "max-width: 384px", name  # 4 inches at 96 px an inch
+        assert float(wide.get("style").split(":")[1].rstrip("px")) >= 768, name
+        ids = {e.get("id") for e in wide.iter() if e.get("id")}
+        narrow_ids = {e.get("id") for e in narrow.iter() if e.get("id")}
+        assert narrow_ids and all(i.startswith(f"{name}-narrow-") for i in narrow_ids), name
+        assert not ids & narrow_ids, name
