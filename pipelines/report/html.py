@@ -1064,7 +1064,8 @@ svg.plot { width: 100%; height: auto; display: block; } svg.plot.narrow { displa
 details { margin: 6px 0; } details summary { cursor: pointer; color: #0645ad; font-size: 14px; }
 nav.toc { font-size: 14px; margin: 10px 0; display: flex; flex-wrap: wrap; gap: 2px 12px; }
 .nowrap { white-space: nowrap; }
-table.about td { overflow-wrap: anywhere; }
+table.about td, table.changes td { overflow-wrap: anywhere; }  /* paths, hex keys: wrap in their cell */
+td.num { white-space: nowrap; }  /* 1.5 s, 6 (1.0 %): a number and its unit stay together */
 @media (max-width: 720px) {
   svg.plot.wide { display: none; } svg.plot.narrow { display: block; }
 }
