@@ -17,6 +17,7 @@ import datetime as dt
 import hashlib
 import html
 import math
+import re
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
 from typing import Any
@@ -67,6 +68,18 @@ def _n(value: Any) -> str:
     if isinstance(value, float) and not value.is_integer():
         return f"{value:,.2f}"
     return f"{int(value):,}"
+
+
+# a command-line flag, with "(needs " before it when the text says so: "(needs --lag)", "--history"
+_FLAG = re.compile(r"\(needs --[a-z][a-z0-9-]*\)|--[a-z][a-z0-9-]*")
+
+
+def _flags_whole(escaped: str) -> str:
+    """Keep each command-line flag in already escaped text on one line: browsers may break a line after a
+    hyphen, which split "(needs --lag)" between "--" and "lag". A white-space:nowrap span keeps the real
+    hyphen-minus characters, so a reader who copies the flag gets one the shell accepts (non-breaking hyphens,
+    U+2011, would look the same and fail)."""
+    return _FLAG.sub(lambda m: f'<span class="nowrap">{m.group(0)}</span>', escaped)
 
 
 def _plural(count: int, word: str, plural: str | None = None) -> str:
@@ -171,9 +184,13 @@ def _flagged(page: Page, table: str) -> set[str]:
     return out
 
 
-def _figure(svg: str | None, caption: str, empty: str) -> str:
+def _figure(svg: str | None, caption: str, empty: str, narrow: str | None = None) -> str:
+    """A plot and its caption; with a `narrow` drawing of it, narrow screens show that one instead (the CSS
+    switches between the two, the page carries no script)."""
     if svg is None:
         return f'<p class="empty">{_e(empty)}</p>'
+    if narrow is not None:
+        svg = svg.replace('class="plot"', 'class="plot wide"', 1) + narrow
     return f"<figure>{svg}<figcaption>{_e(caption)}</figcaption></figure>"
 
 
@@ -261,7 +278,7 @@ def _verdict(page: Page) -> str:
         tiles.append(
             _tile_html(
                 "How far behind is each region?",
-                '<div class="big muted">NOT MEASURED</div><div class="sub">Run with --lag DIR '
+                '<div class="big muted">NOT MEASURED</div><div class="sub">Run with <span class="nowrap">--lag</span> DIR '
                 "(the output of `tidegauge lag`) to see lag.</div>",
                 None,
                 "#lag",
@@ -299,7 +316,7 @@ def _verdict(page: Page) -> str:
         tiles.append(
             _tile_html(
                 "What changed since the last run?",
-                '<div class="big muted">NO HISTORY</div><div class="sub">Run with --history DIR to '
+                '<div class="big muted">NO HISTORY</div><div class="sub">Run with <span class="nowrap">--history</span> DIR to '
                 "compare each run with the previous one.</div>",
                 None,
                 "#changes",
@@ -442,15 +459,15 @@ def _checks(page: Page) -> str:
             if first:
                 cells.append(
                     f'<td rowspan="{len(exps)}" id="check-{_e(suite.name)}"><b>{_e(suite.name)}</b>'
-                    f'<div class="muted">{_e(suite.meaning)}</div></td>'
+                    f'<div class="muted">{_flags_whole(_e(suite.meaning))}</div></td>'
                 )
             first = False
             if exp is None:
-                cells.append(f'<td colspan="4" class="muted">{_e(suite.skipped_reason)}</td>')
+                cells.append(f'<td colspan="4" class="muted">{_flags_whole(_e(suite.skipped_reason))}</td>')
                 cells.append(f"<td>{_badge(None)}</td>")
             else:
                 cells.append(
-                    f'<td>{_e(exp.meaning)}<div class="muted"><code>{_e(exp.type)}</code>'
+                    f'<td>{_flags_whole(_e(exp.meaning))}<div class="muted"><code>{_e(exp.type)}</code>'
                     f"{' on ' + _e(exp.column) if exp.column else ''}</div></td>"
                 )
                 cells.append(f"<td>{_e(_limit(exp))}</td>")
@@ -519,13 +536,14 @@ def _changes(page: Page) -> str:
     if trend is None:
         return (
             head
-            + "<p>No history directory was given (<code>--history DIR</code>), so this run is not compared "
-            "with earlier ones.</p></section>"
+            + '<p>No history directory was given (<code class="nowrap">--history DIR</code>), so this run is '
+            "not compared with earlier ones.</p></section>"
         )
     plot = _figure(
         plots.trends(trend.runs),
         "Findings, worst lag and pending keys across runs (oldest left).",
         "Trends appear from the second run on.",
+        plots.trends(trend.runs, narrow=True),
     )
     if trend.previous is None:
         return (
@@ -745,6 +763,7 @@ def _div(page: Page) -> str:
         plots.div_findings_by_type(errors),
         "DIV findings per type: fatal (red) and warnings (amber).",
         "No DIV findings: every segment, sequence number and checksum checked out.",
+        plots.div_findings_by_type(errors, narrow=True),
     )
     detail = ""
     if len(errors):
@@ -796,7 +815,8 @@ def _lag(page: Page) -> str:
     head = '<section id="lag"><h2>Lag: how far behind each region is</h2>'
     if "lag" not in page.tables:
         return (
-            head + "<p>Not measured: run the report with <code>--lag DIR</code> (the output of "
+            head
+            + '<p>Not measured: run the report with <code class="nowrap">--lag DIR</code> (the output of '
             "<code>tidegauge lag</code>).</p></section>"
         )
     lag = page.tables["lag"]
@@ -806,6 +826,7 @@ def _lag(page: Page) -> str:
         "Heartbeat delay per region over time: time from a heartbeat's origin to its write into the "
         "region's version topic; the worst partition and source region in each time slice.",
         "No heartbeats in the lag output.",
+        plots.lag_over_time(page.inputs.lag.heartbeats, limit, narrow=True),
     )
     flagged = _flagged(page, "lag")
     items = []
@@ -928,6 +949,7 @@ def _coverage(page: Page) -> str:
         plots.coverage(pairs, page.thresholds.get("max_pending_percent")),
         "Keys still pending per region pair and partition (percent of its keys; dashed line: limit).",
         "No region pairs in the leapfrog output.",
+        plots.coverage(pairs, page.thresholds.get("max_pending_percent"), narrow=True),
     )
     return f"""
 <section id="coverage">
@@ -1000,7 +1022,7 @@ _CSS = """
 :root { --good:#1b7f3b; --bad:#b00020; --warn:#b36b00; --muted:#666; --line:#ddd; }
 * { box-sizing: border-box; }
 body { font-family: system-ui, -apple-system, "Segoe UI", Roboto, Helvetica, Arial, sans-serif; margin: 0;
-       color: #1a1a1a; background: #fafafa; line-height: 1.45; }
+       color: #1a1a1a; background: #fafafa; line-height: 1.45; overflow-wrap: break-word; }
 main { max-width: 1280px; margin: 0 auto; padding: 16px 24px 48px; }
 header.top { color: var(--muted); font-size: 14px; margin-bottom: 8px; }
 h1 { font-size: 26px; margin: 0 0 12px; }
@@ -1038,9 +1060,21 @@ code { font-family: ui-monospace, "DejaVu Sans Mono", Menlo, Consolas, monospace
 code.key { word-break: break-all; } .ascii { font-size: 12px; color: var(--muted); }
 ul.rows { margin: 4px 0 0; padding-left: 18px; font-size: 13px; }
 figure { margin: 8px 0; } figcaption { font-size: 13px; color: var(--muted); }
-svg.plot { width: 100%; height: auto; display: block; }
+svg.plot { width: 100%; height: auto; display: block; } svg.plot.narrow { display: none; }
 details { margin: 6px 0; } details summary { cursor: pointer; color: #0645ad; font-size: 14px; }
-nav.toc { font-size: 14px; margin: 10px 0; } nav.toc a { margin-right: 12px; }
+nav.toc { font-size: 14px; margin: 10px 0; display: flex; flex-wrap: wrap; gap: 2px 12px; }
+.nowrap { white-space: nowrap; }
+table.about td, table.changes td { overflow-wrap: anywhere; }  /* paths, hex keys: wrap in their cell */
+td.num { white-space: nowrap; }  /* 1.5 s, 6 (1.0 %): a number and its unit stay together */
+@media (max-width: 720px) {
+  svg.plot.wide { display: none; } svg.plot.narrow { display: block; }
+}
+@media (max-width: 600px) {
+  main { padding: 8px 8px 32px; }
+  section { padding: 4px 10px 12px; }
+  .verdict { padding: 10px; }
+  h1 { font-size: 22px; }
+}
 :target { outline: 3px solid #ffbf00; }
 """
 

@@ -4,16 +4,22 @@ Figures are built with `matplotlib.figure.Figure`, never pyplot: no GUI backend 
 figure state leaks between plots or into a caller's process. Text stays text in the SVG (searchable,
 readable by screen readers); matplotlib escapes it as XML, so data strings cannot inject markup.
 Every function returns an `<svg>` element as a string, or None when there is nothing to draw.
+
+A plot drawn for a desktop page (8-9 inches wide) and scaled down to a phone's 390 px would show its text at
+4-6 px. So the wide plots can also be drawn `narrow=True`: 4 inches wide, stacked where the wide one puts
+panels side by side, for the page to show on narrow screens instead (html.py switches with a media query).
 """
 
 from __future__ import annotations
 
+import datetime as dt
 import io
 import re
 from collections.abc import Sequence
 from typing import Any
 
 import matplotlib
+import matplotlib.dates as mdates
 import numpy as np
 import pandas as pd
 from matplotlib.figure import Figure
@@ -22,25 +28,29 @@ from matplotlib.ticker import MaxNLocator
 _COLORS = ["#1f77b4", "#d62728", "#2ca02c", "#9467bd", "#ff7f0e", "#8c564b", "#e377c2", "#17becf"]
 _MAX_POINTS_PER_LINE = 400
 _MAX_BARS = 24
+_NARROW_WIDTH = 4.0  # inches: 384 px drawn, so on a phone's ~350 px the text keeps ~90 % of its size
 
 
-def _to_svg(fig: Figure, name: str, label: str) -> str:
-    """Serialise `fig`; ids inside the SVG are salted with `name` so several plots can share one page."""
+def _to_svg(fig: Figure, name: str, label: str, narrow: bool = False) -> str:
+    """Serialise `fig`; ids inside the SVG are salted with `name` (and `-narrow` for a narrow drawing) so
+    several plots can share one page."""
+    cls = "plot narrow" if narrow else "plot"
+    salt = f"{name}-narrow" if narrow else name
     buf = io.StringIO()
-    with matplotlib.rc_context({"svg.fonttype": "none", "svg.hashsalt": f"tidegauge-{name}"}):
+    with matplotlib.rc_context({"svg.fonttype": "none", "svg.hashsalt": f"tidegauge-{salt}"}):
         fig.savefig(buf, format="svg", metadata={"Date": None, "Creator": None})
     svg = buf.getvalue()
     svg = svg[svg.index("<svg") :]  # drop the XML prolog and DOCTYPE, which are invalid inside HTML
     svg = re.sub(r"<metadata>.*?</metadata>", "", svg, count=1, flags=re.S)
     # matplotlib numbers its ids per figure (figure_1, axes_1, ...): prefix them, one page holds several plots
-    svg = re.sub(r'\bid="', f'id="{name}-', svg)
-    svg = re.sub(r'(xlink:href|href)="#', lambda m: f'{m.group(1)}="#{name}-', svg)
-    svg = svg.replace("url(#", f"url(#{name}-")
+    svg = re.sub(r'\bid="', f'id="{salt}-', svg)
+    svg = re.sub(r'(xlink:href|href)="#', lambda m: f'{m.group(1)}="#{salt}-', svg)
+    svg = svg.replace("url(#", f"url(#{salt}-")
     # scale down with the page but never beyond the drawn size (small plots would get giant letters)
     svg = re.sub(
         r'<svg([^>]*?) width="([0-9.]+)pt" height="[^"]*"',
         lambda m: (
-            f'<svg{m.group(1)} class="plot" role="img" data-plot="{name}" '
+            f'<svg{m.group(1)} class="{cls}" role="img" data-plot="{name}" '
             f'style="max-width: {float(m.group(2)) * 4 / 3:.0f}px"'
         ),
         svg,
@@ -63,17 +73,70 @@ def _style(ax) -> None:
     ax.set_axisbelow(True)
 
 
-def _time_axis(ax, ms: np.ndarray) -> None:
-    """Label an epoch-ms x axis in UTC clock time (or dates, for spans over two days)."""
-    span = float(ms.max() - ms.min()) if len(ms) else 0.0
-    ticks = np.linspace(ms.min(), ms.max(), 6) if span > 0 else ms[:1]
-    fmt = "%m-%d %H:%M" if span > 2 * 86_400_000 or span == 0 else "%H:%M"
-    ax.set_xticks(ticks)
-    ax.set_xticklabels([pd.Timestamp(int(t), unit="ms", tz="UTC").strftime(fmt) for t in ticks])
-    ax.set_xlabel("time (UTC)")
+def _dates(ms: np.ndarray) -> np.ndarray:
+    """Epoch milliseconds as matplotlib dates (whatever date epoch matplotlib is configured with)."""
+    return mdates.date2num(np.asarray(ms, dtype="int64").astype("datetime64[ms]"))
 
 
-def lag_over_time(heartbeats: pd.DataFrame, max_lag_ms: float | None = None) -> str | None:
+def _time_axis(ax, ms: np.ndarray, fontsize: float | None = None, narrow: bool = False) -> None:
+    """Label an x axis drawn over `_dates(ms)` in UTC, with ticks and labels chosen by the span.
+
+    matplotlib's AutoDateLocator picks round steps (seconds to years) and ConciseDateFormatter labels each tick
+    with only what changes between them, so a run of a few minutes reads 22:13, 22:13:30, 22:14 rather than
+    six identical 22:13. The date the labels leave out is in the axis' offset text. Seconds-level ticks show
+    the whole clock time (matplotlib's default would show bare seconds, `20`, `40`, repeated each minute), and
+    days show their month (`Sep 29`, `Oct 06`: weeks of nightly runs), as does midnight among hourly ticks.
+    Hourly ticks over more than a day, and monthly ones over more than a year, repeat (`12:00`, `Sep 22`,
+    `12:00`): the date or year between them tells them apart.
+
+    maxticks=7 is the fewest with which AutoDateLocator never warns (under three hours it counts minutes, and
+    179 minutes in 30-minute steps need seven ticks); with fewer it warns, on stderr, and draws more anyway.
+    A narrow axis has room for about four labels: there the locator may also step a whole minute, hour, day
+    or year, which lets it keep to five ticks (four below a second, where labels are longest) without warning.
+    """
+    if narrow:
+        locator = mdates.AutoDateLocator(
+            tz=dt.UTC,
+            minticks=3,
+            maxticks=dict.fromkeys(
+                (
+                    mdates.YEARLY,
+                    mdates.MONTHLY,
+                    mdates.DAILY,
+                    mdates.HOURLY,
+                    mdates.MINUTELY,
+                    mdates.SECONDLY,
+                ),
+                5,
+            )
+            | {mdates.MICROSECONDLY: 4},
+        )
+        locator.intervald[mdates.MONTHLY] = [1, 2, 3, 4, 6, 12]
+        locator.intervald[mdates.HOURLY] = [1, 2, 3, 4, 6, 12, 24]
+        locator.intervald[mdates.MINUTELY] = [1, 5, 10, 15, 30, 60]
+        locator.intervald[mdates.SECONDLY] = [1, 5, 10, 15, 30, 60]
+    else:
+        locator = mdates.AutoDateLocator(tz=dt.UTC, minticks=3, maxticks=7)
+    formatter = mdates.ConciseDateFormatter(
+        locator,
+        tz=dt.UTC,
+        formats=["%Y", "%b", "%b %d", "%H:%M", "%H:%M", "%H:%M:%S.%f"],
+        zero_formats=["", "%Y", "%b %d", "%b %d", "%H:%M", "%H:%M"],
+        offset_formats=["", "%Y", "%Y", "%Y-%m-%d", "%Y-%m-%d", "%Y-%m-%d"],
+    )
+    ax.xaxis.set_major_locator(locator)
+    ax.xaxis.set_major_formatter(formatter)
+    if len(ms) and ms.max() == ms.min():  # one instant: a minute either side, not matplotlib's years
+        ax.set_xlim(_dates(np.array([ms.min() - 60_000, ms.max() + 60_000])))
+    if fontsize is not None:
+        ax.tick_params(axis="x", labelsize=fontsize)
+        ax.xaxis.get_offset_text().set_fontsize(fontsize)
+    ax.set_xlabel("time (UTC)", fontsize=fontsize)
+
+
+def lag_over_time(
+    heartbeats: pd.DataFrame, max_lag_ms: float | None = None, narrow: bool = False
+) -> str | None:
     """Heartbeat delay (VT write time minus origin time) per VT region over time: the worst partition and
     source region in each time slice, so a single stuck partition shows."""
     if heartbeats is None or not len(heartbeats):
@@ -91,11 +154,11 @@ def lag_over_time(heartbeats: pd.DataFrame, max_lag_ms: float | None = None) -> 
     width = max((t1 - t0) / _MAX_POINTS_PER_LINE, 1.0)
     frame["slice"] = ((frame["t"] - t0) // width).astype("int64")
     worst = frame.groupby(["region", "slice"]).agg(t=("t", "max"), delay_s=("delay_s", "max")).reset_index()
-    fig = _figure(9, 3.2)
+    fig = _figure(_NARROW_WIDTH, 3.0) if narrow else _figure(9, 3.2)
     ax = fig.add_subplot()
     for i, (region, group) in enumerate(worst.groupby("region")):
         ax.plot(
-            group["t"],
+            _dates(group["t"].to_numpy()),
             group["delay_s"],
             label=f"region {region}",
             color=_COLORS[i % len(_COLORS)],
@@ -118,11 +181,13 @@ def lag_over_time(heartbeats: pd.DataFrame, max_lag_ms: float | None = None) -> 
     if top > 0 and worst["delay_s"].max() > 0 and top / max(worst["delay_s"].median(), 1e-3) > 100:
         ax.set_yscale("symlog", linthresh=1.0)
     ax.set_ylabel("heartbeat delay (s)")
-    _time_axis(ax, worst["t"].to_numpy())
+    _time_axis(ax, worst["t"].to_numpy(), fontsize=9 if narrow else None, narrow=narrow)
     ax.set_ylim(bottom=0)
-    fig.legend(loc="outside upper left", frameon=False, ncols=min(len(worst["region"].unique()), 8))
+    fig.legend(
+        loc="outside upper left", frameon=False, ncols=min(len(worst["region"].unique()), 3 if narrow else 8)
+    )
     _style(ax)
-    return _to_svg(fig, "lag", "Heartbeat delay per region over time, in seconds")
+    return _to_svg(fig, "lag", "Heartbeat delay per region over time, in seconds", narrow)
 
 
 def divergences_heatmap(pairs: pd.DataFrame) -> str | None:
@@ -169,7 +234,7 @@ def divergences_heatmap(pairs: pd.DataFrame) -> str | None:
     return _to_svg(fig, "divergences", "Divergent keys per region pair and partition")
 
 
-def div_findings_by_type(errors: pd.DataFrame) -> str | None:
+def div_findings_by_type(errors: pd.DataFrame, narrow: bool = False) -> str | None:
     """DIV findings per type, fatal and warning stacked."""
     if errors is None or not len(errors):
         return None
@@ -180,8 +245,9 @@ def div_findings_by_type(errors: pd.DataFrame) -> str | None:
         if col not in table.columns:
             table[col] = 0
     table = table.loc[(table[True] + table[False]).sort_values().index]
-    labels = [t if len(t) <= 40 else t[:39] + "…" for t in table.index]
-    fig = _figure(8, 0.9 + 0.35 * len(labels))
+    room = 24 if narrow else 40
+    labels = [t if len(t) <= room else t[: room - 1] + "…" for t in table.index]
+    fig = _figure(_NARROW_WIDTH if narrow else 8, 0.9 + 0.35 * len(labels))
     ax = fig.add_subplot()
     y = np.arange(len(labels))
     ax.barh(y, table[True], color="#b00020", label="fatal")
@@ -191,15 +257,17 @@ def div_findings_by_type(errors: pd.DataFrame) -> str | None:
     ax.set_yticks(y, labels)
     ax.set_xlabel("findings")
     ax.xaxis.set_major_locator(MaxNLocator(integer=True))
-    ax.set_xlim(0, (table[True] + table[False]).max() * 1.15)
+    ax.set_xlim(0, (table[True] + table[False]).max() * (1.3 if narrow else 1.15))
     fig.legend(loc="outside upper right", frameon=False, ncols=2)
     _style(ax)
     ax.grid(axis="y", visible=False)
     ax.grid(axis="x", color="#dddddd", linewidth=0.6)
-    return _to_svg(fig, "div", "DIV findings per type, fatal and warnings")
+    return _to_svg(fig, "div", "DIV findings per type, fatal and warnings", narrow)
 
 
-def coverage(pairs: pd.DataFrame, max_pending_percent: float | None = None) -> str | None:
+def coverage(
+    pairs: pd.DataFrame, max_pending_percent: float | None = None, narrow: bool = False
+) -> str | None:
     """Pending keys (not yet comparable) per region pair and partition, as a percent of its keys."""
     if pairs is None or not len(pairs):
         return None
@@ -212,7 +280,7 @@ def coverage(pairs: pd.DataFrame, max_pending_percent: float | None = None) -> s
         for a, b, p in zip(pairs["region_a"], pairs["region_b"], pairs["partition"], strict=True)
     ]
     values = pairs["pending_percent"].to_numpy(dtype=float)
-    fig = _figure(8, 0.9 + 0.28 * len(labels))
+    fig = _figure(_NARROW_WIDTH if narrow else 8, 0.9 + 0.28 * len(labels))
     ax = fig.add_subplot()
     y = np.arange(len(labels))
     over = values > (max_pending_percent if max_pending_percent is not None else np.inf)
@@ -226,19 +294,21 @@ def coverage(pairs: pd.DataFrame, max_pending_percent: float | None = None) -> s
     ax.set_xlabel("keys pending (% of the pair's keys)")
     if title:
         ax.set_title(title, fontsize=9)
-    ax.set_xlim(0, max(values.max() if len(values) else 0, max_pending_percent or 0, 1) * 1.35)
+    room = 1.8 if narrow else 1.35  # for the "1.0 % (6 keys)" beside the longest bar
+    ax.set_xlim(0, max(values.max() if len(values) else 0, max_pending_percent or 0, 1) * room)
     _style(ax)
     ax.grid(axis="y", visible=False)
-    return _to_svg(fig, "coverage", "Keys still pending per region pair and partition, in percent")
+    return _to_svg(fig, "coverage", "Keys still pending per region pair and partition, in percent", narrow)
 
 
-def trends(runs: Sequence[Any]) -> str | None:
-    """Counts across report runs (history): findings, worst lag, pending keys. Needs two runs or more."""
+def trends(runs: Sequence[Any], narrow: bool = False) -> str | None:
+    """Counts across report runs (history): findings, worst lag, pending keys. Needs two runs or more.
+    Three panels side by side, or one above the other when `narrow`."""
     if len(runs) < 2:
         return None
     when = np.array([int(r.run_at.timestamp() * 1000) for r in runs])
-    fig = _figure(9, 3.0)
-    axes = fig.subplots(1, 3)
+    fig = _figure(_NARROW_WIDTH, 6.6) if narrow else _figure(9, 3.0)
+    axes = fig.subplots(3, 1) if narrow else fig.subplots(1, 3)
     series = [
         (
             axes[0],
@@ -258,22 +328,11 @@ def trends(runs: Sequence[Any]) -> str | None:
     ]
     for ax, title, lines in series:
         for label, values, color in lines:
-            ax.plot(when, values, marker="o", markersize=3, linewidth=1.3, color=color, label=label)
+            ax.plot(_dates(when), values, marker="o", markersize=3, linewidth=1.3, color=color, label=label)
         ax.set_title(title, fontsize=9)
         ax.set_ylim(bottom=0)
         ax.yaxis.set_major_locator(MaxNLocator(integer=True))
         _style(ax)
-        span = when.max() - when.min()
-        ticks = np.linspace(when.min(), when.max(), 3)
-        ax.set_xticks(ticks)
-        ax.set_xticklabels(
-            [
-                pd.Timestamp(int(t), unit="ms", tz="UTC").strftime(
-                    "%m-%d" if span > 2 * 86_400_000 else "%m-%d %H:%M"
-                )
-                for t in ticks
-            ],
-            fontsize=7,
-        )
+        _time_axis(ax, when, fontsize=8 if narrow else 7, narrow=narrow)
     axes[0].legend(loc="upper left", frameon=False, fontsize=7)
-    return _to_svg(fig, "trends", "Findings, worst lag and pending keys across report runs")
+    return _to_svg(fig, "trends", "Findings, worst lag and pending keys across report runs", narrow)

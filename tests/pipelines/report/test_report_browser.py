@@ -11,6 +11,7 @@ import base64
 import datetime as dt
 import hashlib
 import html
+import io
 import json
 import os
 import pathlib
@@ -18,6 +19,7 @@ import shutil
 import subprocess
 
 import pytest
+from devtools_pipe import Browser, Tab
 from report_fixtures import build_outputs
 
 from pipelines.report.job import run_report
@@ -42,7 +44,8 @@ window.addEventListener('load', () => {
   const verdict = document.getElementById('verdict');
   const out = {
     verdict: verdict ? {size: size(verdict), text: verdict.innerText.slice(0, 3000)} : null,
-    plots: Array.from(document.querySelectorAll('svg.plot')).map(s => ({name: s.dataset.plot, size: size(s),
+    plots: Array.from(document.querySelectorAll('svg.plot')).filter(s => s.getClientRects().length)  // shown
+      .map(s => ({name: s.dataset.plot, size: size(s),
       shapes: s.querySelectorAll('path, rect, use, text').length})),
     tables: Array.from(document.querySelectorAll('table')).filter(t => t.offsetParent !== null)
       .map(t => ({size: size(t), rows: t.rows.length})),
@@ -180,3 +183,107 @@ def test_screenshot_shows_a_page(chromium, report, tmp_path):
     keep = os.environ.get("TIDEGAUGE_KEEP_SCREENSHOT")
     if keep:
         shutil.copy(shot, keep)
+
+
+# Measured in the page through the DevTools protocol (which runs it whatever the page's policy). Every <details>
+# is opened first: a reader may open any of them, and the page must fit then too.
+LAYOUT = r"""
+(async () => {
+  await document.fonts.ready;
+  document.querySelectorAll('details').forEach(d => { d.open = true; });
+  const lines = (rects) => {  // text lines a set of boxes spans: boxes that overlap vertically share a line
+    const boxes = Array.from(rects).filter(r => r.width > 0 && r.height > 0).sort((a, b) => a.top - b.top);
+    let count = 0, bottom = -Infinity;
+    for (const r of boxes) {
+      if (r.top >= bottom - 1) { count += 1; bottom = r.bottom; } else { bottom = Math.max(bottom, r.bottom); }
+    }
+    return count;
+  };
+  const find = (text) => {  // a Range over each occurrence of `text` in the page, across element boundaries
+    const walker = document.createTreeWalker(document.body, NodeFilter.SHOW_TEXT);
+    const nodes = [];
+    let all = '';
+    for (let n = walker.nextNode(); n; n = walker.nextNode()) { nodes.push([all.length, n]); all += n.data; }
+    const at = (i) => { let k = nodes.length - 1; while (nodes[k][0] > i) k -= 1; return [nodes[k][1], i - nodes[k][0]]; };
+    const ranges = [];
+    for (let i = all.indexOf(text); i >= 0; i = all.indexOf(text, i + 1)) {
+      const range = document.createRange();
+      range.setStart(...at(i));
+      range.setEnd(...at(i + text.length - 1));
+      range.setEnd(range.endContainer, range.endOffset + 1);
+      ranges.push(range);
+    }
+    return ranges;
+  };
+  const needs = find('(needs --lag)').map(range => {
+    let block = range.startContainer.parentElement;
+    while (getComputedStyle(block).display.startsWith('inline')) block = block.parentElement;
+    const natural = lines(range.getClientRects());
+    const before = block.style.width;
+    block.style.width = '1px';  // as narrow as it gets: the text breaks wherever the browser may break it
+    const squeezed = lines(range.getClientRects());
+    block.style.width = before;
+    return {natural, squeezed, text: range.toString()};
+  });
+  // the plots shown (each wide plot has a narrow drawing beside it; CSS shows one of the two)
+  const plots = Array.from(document.querySelectorAll('svg.plot')).filter(s => s.getClientRects().length).map(s => {
+    const r = s.getBoundingClientRect();
+    const box = s.viewBox.baseVal;
+    const scale = r.width / box.width;  // matplotlib's font sizes are in the SVG's own units
+    const text = Array.from(s.querySelectorAll('text')).map(t => parseFloat(getComputedStyle(t).fontSize) * scale);
+    return {name: s.dataset.plot, cls: s.getAttribute('class'), left: r.left, right: r.right, width: r.width,
+            height: r.height, drawn: parseFloat(s.style.maxWidth), room: s.parentElement.clientWidth,
+            aspect: box.height / box.width, smallestText: Math.min(...text)};
+  });
+  return {innerWidth: window.innerWidth, scrollWidth: document.documentElement.scrollWidth,
+          bodyScrollWidth: document.body.scrollWidth, needs, plots};
+})()
+"""
+
+
+@pytest.mark.parametrize(
+    "width, height, mobile", [(1280, 900, False), (390, 844, True)], ids=["desktop-1280", "phone-390"]
+)
+def test_the_page_fits_the_screen(chromium, report, tmp_path, width, height, mobile):
+    """Issue 28: no sideways scrolling on a 390 px phone (the nav bar and the expectations path overflowed),
+    plots scaled to the width and their text still legible (a desktop plot scaled to a phone showed 4-6 px
+    text: the phone gets the narrow drawings), "(needs --lag)" never broken inside the flag. A phone (mobile
+    emulation) zooms out a page wider than its screen, so window.innerWidth must stay the emulated width."""
+    profile = tmp_path / "chromium-profile"
+    with Browser(chromium, [*_FLAGS, f"--user-data-dir={profile}"], log=tmp_path / "chromium.log") as browser:
+        tab = Tab(browser, width, height, scale=2 if mobile else 1, mobile=mobile)
+        tab.open(report.as_uri())
+        got = tab.evaluate(LAYOUT)
+        shot = tab.screenshot() if mobile else None
+
+    assert got["innerWidth"] == width, got  # a phone zooms out to fit a page that is too wide
+    assert got["scrollWidth"] <= got["innerWidth"], got
+    assert got["bodyScrollWidth"] <= got["innerWidth"], got
+
+    plots = {p["name"]: p for p in got["plots"]}
+    assert set(plots) == {"trends", "divergences", "div", "lag", "coverage"}
+    for name, plot in plots.items():
+        assert plot["width"] <= width and 0 <= plot["left"] and plot["right"] <= width, (name, plot)
+        # scaled to its box (never beyond its drawn size), not cropped, and not squashed
+        assert plot["width"] == pytest.approx(min(plot["drawn"], plot["room"]), abs=1), (name, plot)
+        assert plot["height"] / plot["width"] == pytest.approx(plot["aspect"], rel=0.02), (name, plot)
+        assert plot["smallestText"] >= 8, (name, plot)  # CSS px: the smallest text of the plot as shown
+        if name != "divergences":  # the heatmap is small already and has one drawing
+            assert plot["cls"] == ("plot narrow" if mobile else "plot wide"), (name, plot)
+
+    assert got["needs"], "the page no longer says (needs --lag)"
+    for needs in got["needs"]:
+        assert needs["text"] == "(needs --lag)"
+        assert needs["natural"] == 1, needs
+        assert needs["squeezed"] == 1, needs  # on one line even where the browser breaks every word
+
+    if shot is not None:
+        from PIL import Image
+
+        with Image.open(io.BytesIO(shot)) as image:
+            assert image.width == 2 * width  # the whole page is as wide as the phone
+            colours = image.convert("RGB").resize((195, 400)).getcolors(maxcolors=100_000)
+        assert colours is not None and len(colours) > 50  # text, tiles and plots, not a blank page
+        keep = os.environ.get("TIDEGAUGE_KEEP_PHONE_SCREENSHOT")
+        if keep:
+            pathlib.Path(keep).write_bytes(shot)
