@@ -51,37 +51,31 @@ class StoreRegions:
 def tails(
     splits: Sequence[VtSplit], topic: str, kafka_conf: Mapping[int, Mapping] | None = None
 ) -> dict[tuple[int, int], pa.Table]:
-    """The last `PROBE_RECORDS` records of the first `PROBE_PARTITIONS` partitions of every region, keyed by
-    (region, partition). A range that cannot be read is left out (the job reports it when it reads it)."""
+    """The last `PROBE_RECORDS` records of every region's partitions, keyed by (region, partition): a partition
+    of every region at a time, up to `PROBE_PARTITIONS`, until one holds a heartbeat vector. A range that cannot
+    be read is left out (the job reports it when it reads it)."""
     last: dict[tuple[int, int], VtSplit] = {}
     for s in splits:
         k = (s.region, s.partition)
         if k not in last or s.end > last[k].end:
             last[k] = s
-    first_of = {}
-    for s in sorted(last.values(), key=lambda s: (s.region, s.partition)):
-        first_of.setdefault(s.region, []).append(s)
     out: dict[tuple[int, int], pa.Table] = {}
-    for region_splits in first_of.values():
-        for s in region_splits[:PROBE_PARTITIONS]:
-            start = max(s.end - PROBE_RECORDS, 0)
-            conf = (kafka_conf or {}).get(s.region)
+    for partition in sorted({p for _, p in last})[:PROBE_PARTITIONS]:
+        for (region, p), s in sorted(last.items()):
+            if p != partition:
+                continue
+            conf = (kafka_conf or {}).get(region)
+            columns = ["offset", "key", "value", "headers"]
             try:
                 batches = list(
-                    read_range(
-                        s.uri,
-                        conf,
-                        topic,
-                        s.partition,
-                        start,
-                        s.end,
-                        columns=["offset", "key", "value", "headers"],
-                    )
+                    read_range(s.uri, conf, topic, p, max(s.end - PROBE_RECORDS, 0), s.end, columns)
                 )
             except _READ_ERRORS:
                 continue
             if batches:
-                out[(s.region, s.partition)] = pa.Table.from_batches(batches)
+                out[(region, p)] = pa.Table.from_batches(batches)
+        if any(widest_hbw(t) for (_, p), t in out.items() if p == partition):
+            break
     return out
 
 

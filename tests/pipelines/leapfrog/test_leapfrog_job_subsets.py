@@ -146,3 +146,19 @@ def test_the_watch_on_a_subset_names_the_full_runs_findings_of_its_pairs(store, 
             }
             state = result.state
     assert found == {r[:5] for r in _inside(full, set(s))}, s
+
+
+def test_a_probe_that_misses_the_heartbeats_costs_a_second_read_not_a_wrong_answer(
+    spark, store, monkeypatch, caplog
+):
+    # the probe reads the sources' tails only; when they hold no heartbeat vector, the scan still meets one and
+    # the nightly job reads again with the store's width
+    from pipelines.leapfrog import regions
+
+    n, _, dirs, root, full, _, _ = store
+    monkeypatch.setattr(regions, "PROBE_PARTITIONS", 0)
+    s = (0, 1)  # the sources alone would say 2 regions
+    code, summary = _run(spark, dirs, s, root / "missed")
+    assert _rows(root / "missed") == _inside(full, set(s))
+    assert summary["store_regions"] == n and summary["store_regions_from"] == "heartbeats"
+    assert f"give --regions {n} to spare the first read" in caplog.text
