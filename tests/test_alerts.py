@@ -380,3 +380,26 @@ def test_a_stalled_query_fires_the_stalled_watch_alert_while_the_other_progresse
         timeout=120,
     )
     assert proc.returncode == 0, proc.stdout + proc.stderr
+
+
+# -- the real server ------------------------------------------------------------------------------------------
+def test_the_prometheus_server_loads_the_rules_and_is_gone_afterwards_even_when_the_test_fails(
+    prometheus_binaries,
+):
+    """tests/support/prometheus_server.py's server, as tests/test_alerts_prometheus.py uses it: started on a free
+    loopback port with conf/alerts.yaml (its `for:`s scaled) it lists every rule through /api/v1/rules; when the
+    code using it raises, its process is gone and its directory removed all the same."""
+    from prometheus_server import prometheus_server, scale_for_durations
+
+    binary = prometheus_binaries.get("prometheus")
+    if binary is None:
+        pytest.skip(prometheus_binaries.why_missing("prometheus"))
+    rules = scale_for_durations(ALERTS.read_text(encoding="utf-8"), 1 / 12)
+    with pytest.raises(RuntimeError, match="the test failed"):
+        with prometheus_server(binary, {"nothing": ["127.0.0.1:1"]}, rules) as prom:
+            process, root = prom.process, prom.log.parent
+            loaded = {r["name"]: r["duration"] for g in prom.api("rules")["groups"] for r in g["rules"]}
+            raise RuntimeError("the test failed")
+    assert loaded["TidegaugeHeartbeatMissing"] == 5 and set(loaded) == {r["alert"] for r in _rules()}
+    assert process.poll() is not None, "the server still runs"
+    assert not root.exists(), f"{root} is left behind"

@@ -1,6 +1,7 @@
 """Prometheus itself for the tests: its two binaries, `promtool` and the `prometheus` server, taken from Debian's
-`prometheus` package into a cache; and a copy of conf/alerts.yaml whose `for:` durations are scaled to a test's
-heartbeat interval.
+`prometheus` package into a cache; a copy of conf/alerts.yaml whose `for:` durations are scaled to a test's
+heartbeat interval; and a Prometheus server on loopback, started with a temporary data directory and stopped
+(its process and directories removed) afterwards.
 
 The package is downloaded (`apt-get download`) and unpacked (`dpkg-deb -x`), never installed: installing would
 also install and, where services start, start a Prometheus server and its node exporter. Only the two binaries
@@ -9,14 +10,24 @@ are kept (about 100 MB together); the package (about 19 MB) and the rest of it a
 
 from __future__ import annotations
 
+import contextlib
+import json
 import os
 import re
 import shutil
+import signal
 import subprocess
+import tempfile
+import time
+import urllib.error
+import urllib.parse
+import urllib.request
+from collections.abc import Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
 
 import yaml
+from standalone_cluster import free_port
 
 BINARIES = ("promtool", "prometheus")
 PACKAGE = "prometheus"
@@ -147,3 +158,144 @@ def scale_for_durations(rules_text: str, factor: float) -> str:
             f"{scaled} `for:` lines found for {sum('for' in r for r in rules)} rules with a `for`"
         )
     return "".join(lines)
+
+
+# -- the server ----------------------------------------------------------------------------------------------
+class PrometheusError(RuntimeError):
+    """The server did not start, or its API answered with an error."""
+
+
+@dataclass
+class Prometheus:
+    """A running server: `url` (http://127.0.0.1:PORT) and its HTTP API."""
+
+    url: str
+    process: subprocess.Popen
+    log: Path
+
+    def api(self, path: str, **params: object) -> object:
+        """GET /api/v1/`path` with `params`; returns its `data` (raises PrometheusError on an error status)."""
+        query = urllib.parse.urlencode({k: str(v) for k, v in params.items()})
+        url = f"{self.url}/api/v1/{path}" + (f"?{query}" if query else "")
+        try:
+            with urllib.request.urlopen(url, timeout=30) as response:  # noqa: S310 - our loopback server
+                body = json.loads(response.read())
+        except urllib.error.HTTPError as exc:
+            body = json.loads(exc.read() or b"{}")
+        if body.get("status") != "success":
+            raise PrometheusError(f"{url}: {body.get('errorType')}: {body.get('error')}")
+        return body["data"]
+
+    def alerts(self) -> list[dict]:
+        """/api/v1/alerts: every active alert, pending or firing, with its labels, state and activeAt."""
+        return self.api("alerts")["alerts"]
+
+    def query(self, expr: str, at: float | None = None) -> dict:
+        """/api/v1/query: {"resultType", "result"} of `expr` evaluated now, or at `at` (epoch seconds)."""
+        return self.api("query", query=expr, **({} if at is None else {"time": f"{at:.3f}"}))
+
+    def log_tail(self, chars: int = 3000) -> str:
+        try:
+            return self.log.read_text(errors="replace")[-chars:]
+        except OSError:
+            return ""
+
+
+def config_text(
+    jobs: dict[str, list[str]], rule_files: list[Path], scrape_interval_s: float, evaluation_interval_s: float
+) -> str:
+    """prometheus.yml: one scrape job per name (its targets, host:port), the rule files, the intervals. A scrape
+    may take up to its interval (Prometheus refuses a longer timeout)."""
+    every = duration_text(round(scrape_interval_s * 1000))
+    doc = {
+        "global": {
+            "scrape_interval": every,
+            "scrape_timeout": every,
+            "evaluation_interval": duration_text(round(evaluation_interval_s * 1000)),
+        },
+        "rule_files": [str(p) for p in rule_files],
+        "scrape_configs": [
+            {"job_name": name, "static_configs": [{"targets": list(targets)}]}
+            for name, targets in jobs.items()
+        ],
+    }
+    return yaml.safe_dump(doc, sort_keys=False)
+
+
+@contextlib.contextmanager
+def prometheus_server(
+    binary: str,
+    jobs: dict[str, list[str]],
+    rules: str,
+    *,
+    scrape_interval_s: float = 1.0,
+    evaluation_interval_s: float = 1.0,
+    ready_timeout_s: float = 120.0,
+) -> Iterator[Prometheus]:
+    """Prometheus on a free loopback port, scraping `jobs` (name → targets) with `rules` (a rules file's text)
+    loaded, its data in a new temporary directory. Ready once /-/ready answers. On the way out, however the
+    body ended, the server gets SIGTERM (SIGKILL after 30 s) and its directory (config, rules, data, log) is
+    removed; the log's tail is printed first, so a failing test shows it."""
+    root = Path(tempfile.mkdtemp(prefix="tg-prometheus-"))
+    proc: subprocess.Popen | None = None
+    log = root / "prometheus.log"
+    try:
+        (root / "alerts.yaml").write_text(rules, encoding="utf-8")
+        (root / "prometheus.yml").write_text(
+            config_text(jobs, [root / "alerts.yaml"], scrape_interval_s, evaluation_interval_s),
+            encoding="utf-8",
+        )
+        for _attempt in range(3):  # another process may take the free port first: try another
+            port = free_port()
+            with open(log, "ab") as out:
+                proc = subprocess.Popen(
+                    [
+                        binary,
+                        f"--config.file={root / 'prometheus.yml'}",
+                        f"--storage.tsdb.path={root / 'data'}",
+                        f"--web.listen-address=127.0.0.1:{port}",
+                        "--storage.tsdb.retention.time=1d",
+                    ],
+                    cwd=root,
+                    stdout=out,
+                    stderr=subprocess.STDOUT,
+                    start_new_session=True,  # its own group: nothing of it outlives the stop below
+                )
+            server = Prometheus(f"http://127.0.0.1:{port}", proc, log)
+            if _ready(server, ready_timeout_s):
+                break
+            if proc.poll() is None:
+                raise PrometheusError(f"not ready within {ready_timeout_s:g} s:\n{server.log_tail()}")
+            if "address already in use" not in server.log_tail():
+                raise PrometheusError(f"exited with {proc.returncode}:\n{server.log_tail()}")
+        else:
+            raise PrometheusError(f"no free port after 3 attempts:\n{server.log_tail()}")
+        try:
+            yield server
+        except BaseException:
+            print(f"prometheus's log (tail):\n{server.log_tail()}")
+            raise
+    finally:
+        if proc is not None and proc.poll() is None:
+            os.killpg(proc.pid, signal.SIGTERM)
+            try:
+                proc.wait(30)
+            except subprocess.TimeoutExpired:
+                os.killpg(proc.pid, signal.SIGKILL)
+                proc.wait()
+        shutil.rmtree(root, ignore_errors=True)
+
+
+def _ready(server: Prometheus, timeout_s: float) -> bool:
+    deadline = time.monotonic() + timeout_s
+    while time.monotonic() < deadline:
+        if server.process.poll() is not None:
+            return False
+        try:
+            with urllib.request.urlopen(f"{server.url}/-/ready", timeout=5) as response:  # noqa: S310
+                if response.status == 200:
+                    return True
+        except OSError:
+            pass
+        time.sleep(0.2)
+    return False
