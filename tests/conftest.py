@@ -66,3 +66,18 @@ def spark_cluster(tmp_path_factory):
         standalone_cluster(root, workers=2, cores=2, memory="2560m", env=s3.env) as cluster,
     ):
         yield cluster, s3
+
+
+@pytest.fixture(scope="session")
+def prometheus_binaries(request, tmp_path_factory):
+    """Prometheus' `promtool` and `prometheus` server (`prometheus_server.Binaries`): each from PATH, else both taken
+    from Debian's `prometheus` package into pytest's cache (`.pytest_cache/d/prometheus`; a temporary directory when
+    the cache is off) on first use, as the browser test installs Chromium with apt. A test that needs one skips,
+    saying why, when it could not be had (`Binaries.why_missing`)."""
+    from prometheus_server import find_binaries
+
+    cache = getattr(request.config, "cache", None)  # None under -p no:cacheprovider
+    where = (
+        tmp_path_factory.mktemp("prometheus") if cache is None else pathlib.Path(cache.mkdir("prometheus"))
+    )
+    return find_binaries(where, where)

@@ -9,9 +9,7 @@ the alerts that must fire or not, and their rendered annotations) are run.
 
 from __future__ import annotations
 
-import os
 import re
-import shutil
 import subprocess
 from pathlib import Path
 
@@ -192,61 +190,17 @@ def test_a_rule_reading_an_unknown_metric_would_be_caught():
     assert exported["tidegauge_div_findings_total"] == {"type", "fatal", "region", "topic"}
 
 
-def _fetch_promtool(cache: Path) -> tuple[Path | None, list[str]]:
-    """promtool from Debian's `prometheus` package, taken out of the package into `cache` (`apt-get download`,
-    `dpkg-deb -x`) rather than installed: installing would also install and, where services start, start a
-    Prometheus server and its node exporter. `apt-get download` needs no root; the package lists are refreshed
-    (`apt-get update`, as root) only when the download fails. Returns (its path or None, the errors met)."""
-    binary = cache / "promtool"
-    if binary.exists():
-        return binary, []
-    if not shutil.which("apt-get") or not shutil.which("dpkg-deb"):
-        return None, ["no apt-get and dpkg-deb here"]
-    env = {**os.environ, "DEBIAN_FRONTEND": "noninteractive"}
-    errors: list[str] = []
-
-    def run(cmd: list[str]) -> bool:
-        try:
-            proc = subprocess.run(cmd, cwd=cache, env=env, capture_output=True, text=True, timeout=1200)
-        except subprocess.TimeoutExpired:
-            errors.append(f"{' '.join(cmd)} timed out")
-            return False
-        if proc.returncode != 0:
-            errors.append(f"{' '.join(cmd)}: {proc.stderr.strip()[-300:]}")
-        return proc.returncode == 0
-
-    download = ["apt-get", "download", "-qq", "prometheus"]
-    ok = run(download) or (os.geteuid() == 0 and run(["apt-get", "update", "-qq"]) and run(download))
-    debs = sorted(cache.glob("prometheus_*.deb"))
-    if ok and debs and run(["dpkg-deb", "-x", debs[-1].name, "package"]):
-        extracted = cache / "package" / "usr" / "bin" / "promtool"
-        if extracted.exists():
-            extracted.replace(binary)
-    # only promtool is kept: the package (about 19 MB) and the rest of it (the server) are not needed again
-    for deb in debs:
-        deb.unlink()
-    shutil.rmtree(cache / "package", ignore_errors=True)
-    return (binary, []) if binary.exists() else (None, errors or ["no promtool in the package"])
-
-
 @pytest.fixture(scope="module")
-def promtool(request, tmp_path_factory) -> str:
-    """Prometheus' promtool: on PATH, else taken from Debian's `prometheus` package into pytest's cache
-    (`.pytest_cache/d/promtool`; a temporary directory when the cache is off) on first use, as the browser test
-    installs Chromium with apt; else the tests that need it skip, saying why."""
-    path = shutil.which("promtool")
-    if path is not None:
-        return path
-    cache = getattr(request.config, "cache", None)  # None under -p no:cacheprovider
-    where = Path(cache.mkdir("promtool")) if cache is not None else tmp_path_factory.mktemp("promtool")
-    found, errors = _fetch_promtool(where)
-    if found is None:
+def promtool(prometheus_binaries) -> str:
+    """Prometheus' promtool (tests/conftest.py's `prometheus_binaries`: on PATH, else from Debian's `prometheus`
+    package); else the tests that need it skip, saying why."""
+    path = prometheus_binaries.get("promtool")
+    if path is None:
         pytest.skip(
-            "promtool is not on PATH and could not be taken from Debian's `prometheus` package ("
-            + "; ".join(errors)
-            + "): Prometheus' own check of conf/alerts.yaml and its unit tests did not run"
+            prometheus_binaries.why_missing("promtool")
+            + ": Prometheus' own check of conf/alerts.yaml and its unit tests did not run"
         )
-    return str(found)
+    return path
 
 
 def test_promtool_accepts_the_rules(promtool):
@@ -255,6 +209,54 @@ def test_promtool_accepts_the_rules(promtool):
     )
     assert proc.returncode == 0, proc.stdout + proc.stderr
     assert f"SUCCESS: {len(_rules())} rules found" in proc.stdout
+
+
+def test_the_test_copy_of_the_rules_differs_in_its_for_durations_only(promtool, tmp_path):
+    """tests/test_alerts_prometheus.py runs Prometheus on a copy of conf/alerts.yaml whose `for:` durations are
+    scaled to its heartbeat interval (`scale_for_durations`, interval / the 60 s the file was written for): every
+    other line is the real file's, every `for:` is scaled, and promtool accepts the copy."""
+    from prometheus_server import PRODUCTION_INTERVAL_S, duration_ms, scale_for_durations
+
+    text = ALERTS.read_text(encoding="utf-8")
+    assert "chosen for Venice's default 60 s interval" in text and PRODUCTION_INTERVAL_S == 60
+    factor = 5 / PRODUCTION_INTERVAL_S
+    scaled = scale_for_durations(text, factor)
+    before, after = text.splitlines(), scaled.splitlines()
+    changed = [(a, b) for a, b in zip(before, after, strict=True) if a != b]
+    assert changed and all(a.strip().startswith("for:") and b.strip().startswith("for:") for a, b in changed)
+    real, copy = _rules(), [r for g in yaml.safe_load(scaled)["groups"] for r in g["rules"]]
+    assert [{k: v for k, v in r.items() if k != "for"} for r in copy] == [
+        {k: v for k, v in r.items() if k != "for"} for r in real
+    ]
+    for r, c in zip(real, copy, strict=True):
+        assert duration_ms(str(c["for"])) == round(duration_ms(str(r["for"])) * factor), r["alert"]
+    assert {str(c["for"]) for c in copy} == {"0s", "5s", "10s", "25s"}  # 0m, 1m, 2m, 5m at a 5 s interval
+    (tmp_path / "alerts.yaml").write_text(scaled, encoding="utf-8")
+    proc = subprocess.run(
+        [promtool, "check", "rules", str(tmp_path / "alerts.yaml")],
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
+    assert proc.returncode == 0, proc.stdout + proc.stderr
+
+
+def test_durations_read_and_write_as_prometheus_writes_them():
+    from prometheus_server import duration_ms, duration_text, scale_for_durations
+
+    assert [duration_ms(d) for d in ("0m", "90s", "1m", "1h30m", "250ms")] == [
+        0,
+        90_000,
+        60_000,
+        5_400_000,
+        250,
+    ]
+    assert [duration_text(ms) for ms in (0, 5_000, 2_500)] == ["0s", "5s", "2500ms"]
+    for bad in ("", "1", "m", "1 m", "1m30"):
+        with pytest.raises(ValueError):
+            duration_ms(bad)
+    with pytest.raises(ValueError):
+        scale_for_durations(ALERTS.read_text(encoding="utf-8"), 0)
 
 
 def test_the_rules_fire_when_they_should(promtool):
@@ -378,3 +380,26 @@ def test_a_stalled_query_fires_the_stalled_watch_alert_while_the_other_progresse
         timeout=120,
     )
     assert proc.returncode == 0, proc.stdout + proc.stderr
+
+
+# -- the real server ------------------------------------------------------------------------------------------
+def test_the_prometheus_server_loads_the_rules_and_is_gone_afterwards_even_when_the_test_fails(
+    prometheus_binaries,
+):
+    """tests/support/prometheus_server.py's server, as tests/test_alerts_prometheus.py uses it: started on a free
+    loopback port with conf/alerts.yaml (its `for:`s scaled) it lists every rule through /api/v1/rules; when the
+    code using it raises, its process is gone and its directory removed all the same."""
+    from prometheus_server import prometheus_server, scale_for_durations
+
+    binary = prometheus_binaries.get("prometheus")
+    if binary is None:
+        pytest.skip(prometheus_binaries.why_missing("prometheus"))
+    rules = scale_for_durations(ALERTS.read_text(encoding="utf-8"), 1 / 12)
+    with pytest.raises(RuntimeError, match="the test failed"):
+        with prometheus_server(binary, {"nothing": ["127.0.0.1:1"]}, rules) as prom:
+            process, root = prom.process, prom.log.parent
+            loaded = {r["name"]: r["duration"] for g in prom.api("rules")["groups"] for r in g["rules"]}
+            raise RuntimeError("the test failed")
+    assert loaded["TidegaugeHeartbeatMissing"] == 5 and set(loaded) == {r["alert"] for r in _rules()}
+    assert process.poll() is not None, "the server still runs"
+    assert not root.exists(), f"{root} is left behind"
