@@ -27,6 +27,15 @@ _JOBS = [
 ]
 
 
+def _commands(parser: argparse.ArgumentParser, path: tuple[str, ...] = ()):
+    """(the words of a command, its parser) for every command and subcommand under `parser`."""
+    for action in parser._actions:
+        if isinstance(action, argparse._SubParsersAction):
+            for name, sub in action.choices.items():
+                yield (*path, name), sub
+                yield from _commands(sub, (*path, name))
+
+
 def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(
         prog="tidegauge",
@@ -41,6 +50,9 @@ def build_parser() -> argparse.ArgumentParser:
     sub = parser.add_subparsers(dest="command", metavar="COMMAND")
     for mod in _JOBS:
         importlib.import_module(mod).register(sub)
+    for words, p in _commands(parser):
+        # what error lines name (`tidegauge div validate: ...`): the command as typed, subcommand included
+        p.set_defaults(command_name=" ".join(words))
     return parser
 
 

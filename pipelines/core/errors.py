@@ -39,7 +39,7 @@ def exit_codes(*usage: type[Exception]) -> Callable[[Command], Command]:
     def decorate(run: Command) -> Command:
         @functools.wraps(run)
         def entry(args: Any) -> int:
-            name = getattr(args, "command", None) or "?"
+            name = command_name(args)
             try:
                 return int(run(args))
             except (UsageError, *usage) as exc:
@@ -68,6 +68,11 @@ def exit_codes(*usage: type[Exception]) -> Callable[[Command], Command]:
         return entry
 
     return decorate
+
+
+def command_name(args: Any) -> str:
+    """The command as typed, e.g. `div validate` (`pipelines.cli` sets `command_name` for every subcommand)."""
+    return getattr(args, "command_name", None) or getattr(args, "command", None) or "?"
 
 
 def spark_gone(exc: BaseException) -> bool:
