@@ -43,8 +43,8 @@ def build_parser() -> argparse.ArgumentParser:
             "Measure how far the replicas of an active/active Venice-style store have come (high-water marks), "
             "whether they agree (Leap Frog) and whether their logs are whole (DIV)."
         ),
-        epilog="Exit codes: 0 clean, 1 findings, 2 bad usage or unreadable input, 3 partial. "
-        "Run `tidegauge demo` for a first look.",
+        epilog="Exit codes: 0 clean, 1 findings, 2 bad usage or unreadable input, 3 partial, 130 interrupted "
+        "(Ctrl-C). Run `tidegauge demo` for a first look.",
     )
     parser.add_argument("-v", "--verbose", action="store_true", help="log debug details to stderr")
     sub = parser.add_subparsers(dest="command", metavar="COMMAND")
