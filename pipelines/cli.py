@@ -11,8 +11,11 @@ from __future__ import annotations
 import argparse
 import importlib
 import logging
+import re
 import sys
+from typing import NoReturn
 
+from pipelines.core.config import closest
 from pipelines.core.errors import EXIT_USAGE
 
 # module path, in the order `--help` lists them
@@ -27,6 +30,45 @@ _JOBS = [
 ]
 
 
+class _Parser(argparse.ArgumentParser):
+    """argparse, with a command's unknown flags refused by that command, with its own usage.
+
+    argparse leaves the flags a subcommand does not know to the top-level parser, which then prints its own
+    usage (`tidegauge [-h] [-v] COMMAND ...`) under a message that does not say which command was meant; and
+    a misspelled flag beside a missing required one is reported as the missing one. Here each (sub)command
+    names its unknown flags first, with the closest flag it has."""
+
+    def parse_known_args(self, args=None, namespace=None):
+        self._given = list(sys.argv[1:] if args is None else args)
+        parsed, extras = super().parse_known_args(args, namespace)
+        if extras:
+            self.error(self._unrecognized(extras))
+        return parsed, extras
+
+    def error(self, message: str) -> NoReturn:
+        if message.startswith("the following arguments are required"):
+            unknown = [a for a in getattr(self, "_given", []) if self._unknown_flag(a)]
+            if unknown:
+                message = self._unrecognized(unknown)
+        super().error(message)
+
+    def _unknown_flag(self, token: str) -> bool:
+        if not token.startswith("-") or token in ("-", "--") or _NUMBER.fullmatch(token):
+            return False
+        flag = token.split("=", 1)[0]
+        known = self._option_string_actions
+        return not (flag in known or (flag.startswith("--") and any(o.startswith(flag) for o in known)))
+
+    def _unrecognized(self, extras: list[str]) -> str:
+        flags = [a.split("=", 1)[0] for a in extras if a.startswith("--")]
+        # (a stricter likeness than for configuration keys: flag names are short, `--bogus` is not `--out`)
+        hint = closest(flags[0], self._option_string_actions, prefix="--", cutoff=0.6) if flags else ""
+        return f"unrecognized arguments: {' '.join(extras)}{hint}"
+
+
+_NUMBER = re.compile(r"-\d+(\.\d*)?|-\.\d+")  # a negative number is a value, not a flag
+
+
 def _commands(parser: argparse.ArgumentParser, path: tuple[str, ...] = ()):
     """(the words of a command, its parser) for every command and subcommand under `parser`."""
     for action in parser._actions:
@@ -37,7 +79,7 @@ def _commands(parser: argparse.ArgumentParser, path: tuple[str, ...] = ()):
 
 
 def build_parser() -> argparse.ArgumentParser:
-    parser = argparse.ArgumentParser(
+    parser = _Parser(
         prog="tidegauge",
         description=(
             "Measure how far the replicas of an active/active Venice-style store have come (high-water marks), "

@@ -56,10 +56,12 @@ class JobConfig(_Strict):
     simulate: dict[str, Any] | None = None  # checked by sim.config (tidegauge simulate)
 
 
-def closest(name: str, valid) -> str:
-    """ " (did you mean X?)" for the valid name closest to a misspelled one, or ""."""
-    match = difflib.get_close_matches(str(name), [str(v) for v in valid], n=1, cutoff=0.5)
-    return f" (did you mean {match[0]!r}?)" if match else ""
+def closest(name: str, valid, prefix: str = "", cutoff: float = 0.5) -> str:
+    """ " (did you mean X?)" for the valid name closest to a misspelled one, or "". With `prefix` (a flag's
+    `--`), names are compared without it, so that it does not make every flag look alike."""
+    bare = [str(v).removeprefix(prefix) for v in valid]
+    match = difflib.get_close_matches(str(name).removeprefix(prefix), bare, n=1, cutoff=cutoff)
+    return f" (did you mean {prefix + match[0]!r}?)" if match else ""
 
 
 def _model_at(loc: tuple) -> type[BaseModel] | None:
