@@ -17,6 +17,7 @@ from typing import NoReturn
 
 from pipelines.core.config import closest
 from pipelines.core.errors import EXIT_USAGE
+from pipelines.core.publish import tidegauge_version
 
 # module path, in the order `--help` lists them
 _JOBS = [
@@ -89,6 +90,9 @@ def build_parser() -> argparse.ArgumentParser:
         "(Ctrl-C). Run `tidegauge demo` for a first look.",
     )
     parser.add_argument("-v", "--verbose", action="store_true", help="log debug details to stderr")
+    parser.add_argument(
+        "--version", action="version", version=f"tidegauge {tidegauge_version()}", help="print the version"
+    )
     sub = parser.add_subparsers(dest="command", metavar="COMMAND")
     for mod in _JOBS:
         importlib.import_module(mod).register(sub)

@@ -43,3 +43,12 @@ def test_a_misspelled_flag_is_refused_by_its_command_with_its_usage(capsys, argv
 def test_abbreviations_and_negative_values_are_not_unknown_flags(capsys):
     usage, line = _usage_error(capsys, ["div", "validate", "--max-age-ms", "-1", "--fail"])
     assert line == "tidegauge div validate: error: the following arguments are required: --out"
+
+
+def test_version_prints_the_installed_package_version(capsys):
+    from importlib.metadata import version
+
+    with pytest.raises(SystemExit) as exc:
+        main(["--version"])
+    assert exc.value.code == 0
+    assert capsys.readouterr().out == f"tidegauge {version('tidegauge')}\n"
