@@ -20,6 +20,7 @@ from typing import Any, Literal
 import yaml
 from pydantic import BaseModel, ConfigDict, PositiveInt, ValidationError
 
+from pipelines.core import spark_flags
 from pipelines.core.errors import UsageError
 from pipelines.core.sources import SourceSpec, check_unique, parse_source
 from pipelines.core.storage import locate
@@ -149,5 +150,11 @@ def kafka_conf(conf: dict[str, Any], region: int) -> dict[str, Any]:
 
 
 def spark_settings(conf: dict[str, Any], master: str | None) -> tuple[str | None, dict[str, str]]:
+    """The Spark master (--master, else `spark: master:` in the file), checked as Spark would check it before
+    Spark starts (`spark_flags.master`), and the `spark: conf:` settings, passed as they are."""
     spark = conf.get("spark") or {}
-    return master or spark.get("master"), {str(k): str(v) for k, v in (spark.get("conf") or {}).items()}
+    if master is not None:
+        spark_flags.master(master)
+    else:
+        master = spark_flags.master(spark.get("master"), "`spark: master:` in --conf")
+    return master, {str(k): str(v) for k, v in (spark.get("conf") or {}).items()}

@@ -5,6 +5,7 @@ from __future__ import annotations
 import argparse
 import textwrap
 
+from pipelines.core import spark_flags
 from pipelines.core.errors import UsageError, exit_codes
 from pipelines.demo.job import DemoError
 
@@ -104,6 +105,7 @@ def register(sub) -> None:
 def run(args: argparse.Namespace) -> int:
     from pipelines.demo.job import DemoOptions, run_demo
 
+    spark_flags.master(args.master)  # before the simulation, not when Spark starts minutes later
     if args.watch:
         return _run_watch(args)
     if args.records < 3000:

@@ -10,6 +10,7 @@ import threading
 import time
 
 from pipelines.core import config as cfg
+from pipelines.core import spark_flags
 from pipelines.core.errors import UsageError, exit_codes, spark_gone
 from pipelines.core.sources import SourceError
 
@@ -98,7 +99,8 @@ def register(sub) -> None:
         "--trigger-interval",
         default="10 seconds",
         metavar="T",
-        help="how often a micro-batch starts, e.g. '10 seconds' (default)",
+        help="how often a micro-batch starts: a number and a unit, as Spark reads intervals: '10 seconds' "
+        "(default), '1 minute', '500 milliseconds'",
     )
     p.add_argument(
         "--max-records-per-trigger",
@@ -228,6 +230,11 @@ def run(args: argparse.Namespace) -> int:
     store, version, specs = cfg.store_version_regions(args, conf, "watch")
     if not args.checkpoint or not args.out:
         raise UsageError("--checkpoint and --out are required")
+    # what Spark (and the stream source) would refuse only once the query starts, refused before anything is made
+    spark_flags.trigger_interval(args.trigger_interval)
+    if args.max_records_per_trigger is not None and args.max_records_per_trigger < 1:
+        raise UsageError(f"--max-records-per-trigger {args.max_records_per_trigger}: must be 1 or more")
+    master, spark_conf = cfg.spark_settings(conf, args.master)
     rt_topic = rt_topic_of(args, conf, store)
     opts = WatchOptions(
         store=store,
@@ -247,7 +254,6 @@ def run(args: argparse.Namespace) -> int:
     if not isinstance(interval, int) or interval <= 0:
         raise UsageError(f"--heartbeat-interval-ms must be positive, got {interval}")
     prepare(opts)  # a bad --out or --checkpoint is said before Spark starts
-    master, spark_conf = cfg.spark_settings(conf, args.master)
     spark = get_session(master, app_name="tidegauge watch", conf=spark_conf)
     metrics = WatchMetrics(heartbeat_interval_ms=int(interval))
     server = metrics.serve(args.metrics_port, args.metrics_address) if args.metrics_port is not None else None
