@@ -1,18 +1,24 @@
 """Every job's output files, as a user finds them (issue 28): one file mode for all of them (0666 less the umask,
-0644 under the usual 022, as Parquet written by Spark's tasks). One small simulation, then every job on it through
-the command line, in this process."""
+0644 under the usual 022, as Parquet written by Spark's tasks), and every figure of every job's summary described in
+docs/outputs.md. One small simulation, then every job on it through the command line, in this process."""
 
 from __future__ import annotations
 
+import json
 import os
+import re
 import stat
 from pathlib import Path
 
 import pytest
 
 from pipelines.cli import main
+from sim.config import FAULT_KINDS
 
 pytestmark = [pytest.mark.spark, pytest.mark.slow]
+
+REPO = Path(__file__).resolve().parents[1]
+OUTPUTS_MD = REPO / "docs" / "outputs.md"
 
 
 @pytest.fixture(scope="module")
@@ -66,3 +72,59 @@ def test_every_output_file_has_the_same_mode(outputs):
     assert {"summary.json", "report.html", "report.json", "lag.json", "state.json", ".tidegauge"} <= names
     assert {"truth.json", "partition_state.bin"} <= names and any(n.endswith(".parquet") for n in names)
     assert {p: oct(m) for p, m in modes.items() if m != 0o666 & ~umask} == {}
+
+
+def _sections() -> dict[str, str]:
+    """docs/outputs.md by command (`## \\`tidegauge CMD --out DIR\\``), and "" for what every summary has."""
+    text = OUTPUTS_MD.read_text()
+    parts = re.split(r"^## ", text, flags=re.M)
+    out = {"": parts[0]}
+    for part in parts[1:]:
+        m = re.match(r"`tidegauge ([a-z ]+?) --out DIR`", part)
+        if m:
+            out[m.group(1)] = part
+    return out
+
+
+def _documented(text: str) -> set[str]:
+    """The names a section gives in code spans (`a.b[]`, tables) and as keys of its JSON examples."""
+    spans = re.findall(r"`((?:[^`\n]|\n(?!\n))+)`", text)  # (a span may run over lines, not paragraphs)
+    spans += re.findall(r'"([A-Za-z_][A-Za-z0-9_]*)"\s*:', text)
+    return {name for span in spans for name in re.findall(r"[A-Za-z_][A-Za-z0-9_]*", span)}
+
+
+def _figures(doc, out: set[str]) -> set[str]:
+    """Every field name in a summary; keys that are data (region ids, topics, finding types, fault kinds, GUIDs)
+    are not."""
+    if isinstance(doc, dict):
+        for key, value in doc.items():
+            data = (
+                re.fullmatch(r"\d+|[0-9a-f]{32}|[A-Z_]+(:.*)?|rt\d+:.*|.*_(rt|v\d+)", key)
+                or key in FAULT_KINDS
+            )
+            if not data:
+                out.add(key)
+            _figures(value, out)
+    elif isinstance(doc, list):
+        for value in doc:
+            _figures(value, out)
+    return out
+
+
+@pytest.mark.parametrize(
+    "command, file",
+    [
+        ("simulate", "summary.json"),
+        ("leapfrog", "summary.json"),
+        ("div validate", "summary.json"),
+        ("div restore", "summary.json"),
+        ("lag", "lag.json"),
+    ],
+)
+def test_every_summary_figure_is_described_in_docs_outputs_md(outputs, command, file):
+    sections = _sections()
+    assert command in sections, f"docs/outputs.md has no section `tidegauge {command} --out DIR`"
+    figures = _figures(json.loads((outputs[command] / file).read_text()), set())
+    assert len(figures) > 10
+    undocumented = figures - _documented(sections[""] + sections[command])
+    assert not undocumented, f"{command} {file}: not in docs/outputs.md: {sorted(undocumented)}"
