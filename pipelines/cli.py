@@ -17,6 +17,7 @@ from typing import NoReturn
 
 from pipelines.core.config import closest
 from pipelines.core.errors import EXIT_USAGE
+from pipelines.core.helptext import HelpFormatter
 from pipelines.core.publish import tidegauge_version
 
 # module path, in the order `--help` lists them
@@ -37,7 +38,11 @@ class _Parser(argparse.ArgumentParser):
     argparse leaves the flags a subcommand does not know to the top-level parser, which then prints its own
     usage (`tidegauge [-h] [-v] COMMAND ...`) under a message that does not say which command was meant; and
     a misspelled flag beside a missing required one is reported as the missing one. Here each (sub)command
-    names its unknown flags first, with the closest flag it has."""
+    names its unknown flags first, with the closest flag it has. Every parser lays out its --help with
+    `pipelines.core.helptext.HelpFormatter`: prose wraps at the terminal's width, examples stay as written."""
+
+    def __init__(self, *args, formatter_class=HelpFormatter, **kwargs) -> None:
+        super().__init__(*args, formatter_class=formatter_class, **kwargs)
 
     def parse_known_args(self, args=None, namespace=None):
         self._given = list(sys.argv[1:] if args is None else args)

@@ -37,7 +37,6 @@ def register(sub) -> None:
         help="simulate three regions with faults on embedded Kafka, run every job, "
         "check the findings against the truth",
         description=HELP,
-        formatter_class=argparse.RawDescriptionHelpFormatter,
     )
     p.add_argument(
         "--out",

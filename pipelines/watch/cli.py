@@ -35,11 +35,11 @@ HELP = textwrap.dedent("""\
 
 EPILOG = textwrap.dedent("""\
     examples:
-      tidegauge watch --store demo --version 1 --source 0=kafka://dc0:9092 --source 1=kafka://dc1:9092 \\
+      tidegauge watch --store sim_store --version 1 --source 0=kafka://dc0:9092 --source 1=kafka://dc1:9092 \\
           --checkpoint /var/lib/tidegauge/checkpoint --out /var/lib/tidegauge/watch --metrics-port 9464
       curl -s localhost:9464/metrics | grep tidegauge_divergences_total
-      tidegauge watch --store sim_store --version 1 --rt --source 0=out/archive/dc-0 \\
-          --source 1=out/archive/dc-1 --checkpoint out/watch-checkpoint --out out/watch""")
+      tidegauge watch --store sim_store --version 1 --rt --source 0=out/sim/archive/dc-0 \\
+          --source 1=out/sim/archive/dc-1 --checkpoint out/watch-checkpoint --out out/watch""")
 
 
 def register(sub) -> None:
@@ -48,7 +48,6 @@ def register(sub) -> None:
         help="continuous Leap Frog on Spark Structured Streaming, with Prometheus metrics",
         description=HELP,
         epilog=EPILOG,
-        formatter_class=argparse.RawDescriptionHelpFormatter,
     )
     p.add_argument(
         "--source",
