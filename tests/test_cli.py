@@ -6,11 +6,14 @@ from __future__ import annotations
 
 import argparse
 import shlex
+from pathlib import Path
 
 import pytest
 
 from pipelines.cli import build_parser, main
 from pipelines.core.helptext import COMMANDS
+
+REPO = Path(__file__).resolve().parents[1]
 
 
 def _usage_error(capsys, argv: list[str]) -> tuple[str, str]:
@@ -159,3 +162,12 @@ def test_the_help_examples_on_archives_run_as_printed(spark, tmp_path, monkeypat
     for words in runs:
         assert main(words[1:]) in (0, 1), " ".join(words)
     assert (tmp_path / "reports" / "2026-09-21" / "report.html").is_file()
+
+
+def test_the_demos_default_output_directories_are_ignored_by_git():
+    """A first `tidegauge demo` in a checkout must not leave hundreds of untracked files in `git status`."""
+    from pipelines.demo.watch import WatchDemoOptions
+
+    ignored = (REPO / ".gitignore").read_text().splitlines()
+    for out in (_parsers()["tidegauge demo"].get_default("out"), WatchDemoOptions.out):
+        assert f"/{out}/" in ignored, out

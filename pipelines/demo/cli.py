@@ -127,7 +127,7 @@ def _run_watch(args: argparse.Namespace) -> int:
     if args.duration <= 0 or args.rate <= 0 or args.heartbeat_ms <= 0:
         raise UsageError("--duration, --rate and --heartbeat-ms must be positive")
     opts = WatchDemoOptions(
-        out=args.out if args.out != "tidegauge-demo" else "tidegauge-demo-watch",
+        out=args.out if args.out != "tidegauge-demo" else WatchDemoOptions.out,
         seed=args.seed,
         duration_s=args.duration,
         rate=args.rate,
