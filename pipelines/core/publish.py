@@ -130,7 +130,9 @@ class Publication:
         assert self.staging is not None
         with interrupts.held():  # Ctrl-C between the two renames would leave the previous content aside
             self._publish()
-        _unfinished.discard(self)
+            # (inside: on an object store the staging directory *is* the published run from now on, and a Ctrl-C
+            # raised as the block ends must not have it removed as unfinished)
+            _unfinished.discard(self)
 
     def _publish(self) -> None:
         assert self.staging is not None
