@@ -3,7 +3,7 @@
 Each command package's `cli` module exposes `register(subparsers)`, which adds its parser and sets `func`: the
 command's entry point, taking the parsed arguments and returning the exit code, wrapped in
 `pipelines.core.errors.exit_codes`. Exit codes are the contract of `pipelines.core.errors`: 0 clean, 1 findings,
-2 bad usage or unreadable input, 3 partial. An unexpected error (a bug) also exits 2, never 1.
+2 bad usage or unreadable input, 3 partial, 130 interrupted. An unexpected error (a bug) also exits 2, never 1.
 """
 
 from __future__ import annotations

@@ -65,6 +65,7 @@ def command_name(args: Any) -> str:
 
 
 def _failed(name: str, exc: BaseException, usage: tuple[type[Exception], ...]) -> int:
+    """The exit code of a run `exc` ended, after its line on stderr and the removal of its staging directories."""
     interrupted = interrupts.interrupted() or interrupts.caused_by_interrupt(exc)
     if interrupted:
         interrupts.ignore()  # a second Ctrl-C must not cut the clean-up short with a traceback of its own

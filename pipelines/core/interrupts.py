@@ -35,9 +35,8 @@ _interrupted = threading.Event()
 _held = 0  # depth of `held()` blocks in the main thread
 _pending = False  # an interrupt arrived inside a `held()` block
 _hooks: list[Callable[[], None]] = []
-_wakeup: int | None = (
-    None  # read end of the pipe Python's C-level signal handler writes each signal number to
-)
+# the read end of the pipe Python's C-level signal handler writes each signal's number to (`_watch_arrivals`)
+_wakeup: int | None = None
 _arrived = False  # a SIGINT for our handler was seen in that pipe
 
 

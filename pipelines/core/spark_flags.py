@@ -186,7 +186,7 @@ def trigger_interval(text: str, flag: str = "--trigger-interval") -> str:
     return text
 
 
-_SPACE = "[ \t\n\x0b\f\r]*"  # Java's \\s
+_SPACE = "[ \t\n\x0b\f\r]*"  # what \\s matches in Java
 _LOCAL = re.compile(rf"local(\[([0-9]+|\*)\]|\[([0-9]+|\*){_SPACE},{_SPACE}([0-9]+)\])?")
 _LOCAL_CLUSTER = re.compile(
     rf"local-cluster\[{_SPACE}([0-9]+){_SPACE},{_SPACE}([0-9]+){_SPACE},{_SPACE}([0-9]+){_SPACE}]"

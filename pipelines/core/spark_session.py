@@ -140,6 +140,9 @@ def get_session(
     if not submitted and active is None:
         # the JVM (if not running yet) starts here: its stderr goes through a filter of Python workers' own
         # prints (`_WORKER_NOISE`). Under spark-submit the JVM already runs with the cluster's own console.
+        # It stays in the terminal's process group (pyspark starts it ignoring SIGINT; its Python workers do get
+        # a Ctrl-C, and what they then say is not copied, `_forward`): a kill of the whole group, by a service
+        # manager, `timeout` or a test, stops Spark with the driver, and nothing of it lingers on the outputs.
         with _jvm_stderr_filtered():
             spark = builder.getOrCreate()
     else:
