@@ -11,7 +11,7 @@ from __future__ import annotations
 import os
 import re
 import struct
-import tempfile
+import uuid
 import zlib
 from pathlib import Path
 
@@ -26,10 +26,13 @@ class CorruptCheckpointError(Exception):
 
 
 def atomic_write(path: Path, data: bytes) -> None:
-    """Write `data` to `path` so that readers see either the old file or the complete new one."""
+    """Write `data` to `path` so that readers see either the old file or the complete new one. The file gets the
+    mode of any file a program creates, 0666 less the umask (0644 under the usual 022), as the Parquet files
+    beside it do: a temporary file from `tempfile` would be private (0600), and so would the file renamed from it."""
     path = Path(path)
     path.parent.mkdir(parents=True, exist_ok=True)
-    fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", suffix=".tmp", dir=path.parent)
+    tmp = path.parent / f".{path.name}.{uuid.uuid4().hex[:8]}.tmp"
+    fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o666)
     try:
         with os.fdopen(fd, "wb") as f:
             f.write(data)

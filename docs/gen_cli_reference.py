@@ -72,11 +72,12 @@ def generate() -> str:
 
     root = build_parser()
     root.prog = "tidegauge"
+    usage = " ".join(root.format_usage().split()[1:])
     lines = [
         START,
         "",
-        "Global flags: `tidegauge [-h] [-v] COMMAND ...` (`-v`, `--verbose`: log debug details "
-        "to stderr). Every command and subcommand has `--help` with a longer description and examples.",
+        f"Global flags: `{usage}` (`-v`, `--verbose`: log debug details to stderr; `--version`: print "
+        "`tidegauge <version>`). Every command and subcommand has `--help` with a longer description and examples.",
         "",
     ]
     for name, purpose, sub in _subcommands(root):

@@ -391,7 +391,14 @@ class ProcessWorker:
         self._proc = ctx.Process(
             target=_serve, args=(child,), name=f"tidegauge-sim-dc{spec.region}", daemon=True
         )
-        self._proc.start()
+        # born with SIGINT blocked (the mask is inherited): a Ctrl-C while the worker still imports, before
+        # `_serve` ignores it, would otherwise end it with a KeyboardInterrupt traceback of its own. This thread
+        # gets a Ctrl-C that arrives meanwhile as soon as the mask is restored.
+        mask = signal.pthread_sigmask(signal.SIG_BLOCK, {signal.SIGINT})
+        try:
+            self._proc.start()
+        finally:
+            signal.pthread_sigmask(signal.SIG_SETMASK, mask)
         child.close()
         self._pending = 0
         self.region = spec.region
@@ -442,8 +449,10 @@ class ProcessWorker:
 
 def _serve(conn) -> None:
     # Ctrl-C reaches every process of the terminal's group: the coordinator alone decides how to stop (a
-    # live run stops cleanly through its workers), and tells them.
+    # live run stops cleanly through its workers), and tells them. (Ignoring it also drops one that arrived while
+    # the worker started, blocked until now.)
     signal.signal(signal.SIGINT, signal.SIG_IGN)
+    signal.pthread_sigmask(signal.SIG_UNBLOCK, {signal.SIGINT})
     worker: RegionWorker | None = None
     try:
         while True:

@@ -21,6 +21,7 @@ from typing import Any, Literal
 import yaml
 from pydantic import BaseModel, ConfigDict, Field, PositiveInt, ValidationError
 
+from pipelines.core import spark_flags
 from pipelines.core.errors import UsageError
 from pipelines.core.sources import SourceSpec, check_unique, parse_source
 from pipelines.core.storage import locate
@@ -58,10 +59,12 @@ class JobConfig(_Strict):
     simulate: dict[str, Any] | None = None  # checked by sim.config (tidegauge simulate)
 
 
-def closest(name: str, valid) -> str:
-    """ " (did you mean X?)" for the valid name closest to a misspelled one, or ""."""
-    match = difflib.get_close_matches(str(name), [str(v) for v in valid], n=1, cutoff=0.5)
-    return f" (did you mean {match[0]!r}?)" if match else ""
+def closest(name: str, valid, prefix: str = "", cutoff: float = 0.5) -> str:
+    """ " (did you mean X?)" for the valid name closest to a misspelled one, or "". With `prefix` (a flag's
+    `--`), names are compared without it, so that it does not make every flag look alike."""
+    bare = [str(v).removeprefix(prefix) for v in valid]
+    match = difflib.get_close_matches(str(name).removeprefix(prefix), bare, n=1, cutoff=cutoff)
+    return f" (did you mean {prefix + match[0]!r}?)" if match else ""
 
 
 def _model_at(loc: tuple) -> type[BaseModel] | None:
@@ -160,5 +163,11 @@ def kafka_conf(conf: dict[str, Any], region: int) -> dict[str, Any]:
 
 
 def spark_settings(conf: dict[str, Any], master: str | None) -> tuple[str | None, dict[str, str]]:
+    """The Spark master (--master, else `spark: master:` in the file), checked as Spark would check it before
+    Spark starts (`spark_flags.master`), and the `spark: conf:` settings, passed as they are."""
     spark = conf.get("spark") or {}
-    return master or spark.get("master"), {str(k): str(v) for k, v in (spark.get("conf") or {}).items()}
+    if master is not None:
+        spark_flags.master(master)
+    else:
+        master = spark_flags.master(spark.get("master"), "`spark: master:` in --conf")
+    return master, {str(k): str(v) for k, v in (spark.get("conf") or {}).items()}

@@ -13,6 +13,8 @@ at any point changes nothing a reader sees.
   each new run. Readers follow the pointer with `current`.
 
 A staging directory holds a `.tidegauge` marker from its first moment, so clean-up removes only what tidegauge wrote.
+A run that ends early (an error, Ctrl-C) removes the staging directories it started (`abandon_unfinished`), and
+Ctrl-C does not cut a publication between its two renames (`pipelines.core.interrupts.held`).
 """
 
 from __future__ import annotations
@@ -21,8 +23,10 @@ import datetime as dt
 import json
 import logging
 import os
+import time
 import uuid
 
+from pipelines.core import interrupts
 from pipelines.core.storage import Location
 
 log = logging.getLogger("tidegauge")
@@ -30,6 +34,8 @@ log = logging.getLogger("tidegauge")
 MARKER = ".tidegauge"
 POINTER = "_published.json"
 RUNS = "_runs"
+
+_unfinished: set[Publication] = set()  # staged in this process, neither published nor abandoned yet
 
 
 def current(target: Location) -> Location:
@@ -115,11 +121,20 @@ class Publication:
         else:
             self.staging = self.target.parent / f".{self.target.name}.staging-{os.getpid()}"
             self.staging.remove()
+        _unfinished.add(self)  # before anything is written: an interrupt from here on finds it
         self.staging.makedirs()
         (self.staging / MARKER).write_text(marker_text(self.label))
         return self.staging
 
     def publish(self) -> None:
+        assert self.staging is not None
+        with interrupts.held():  # Ctrl-C between the two renames would leave the previous content aside
+            self._publish()
+            # (inside: on an object store the staging directory *is* the published run from now on, and a Ctrl-C
+            # raised as the block ends must not have it removed as unfinished)
+            _unfinished.discard(self)
+
+    def _publish(self) -> None:
         assert self.staging is not None
         if self.target.is_object_store:
             (self.target / POINTER).write_text(
@@ -136,12 +151,15 @@ class Publication:
         if old is not None:
             old.remove()
 
-    def abandon(self) -> None:
+    def abandon(self) -> bool:
+        """Remove the staging directory; False when it could not be removed (it stays listed as unfinished)."""
         if self.staging is not None:
             try:
                 self.staging.remove()
             except OSError:
-                pass
+                return False
+        _unfinished.discard(self)
+        return True
 
     def _remove_abandoned(self) -> None:
         """Staging directories (local) or runs (object stores) no reader can reach: tidegauge's only."""
@@ -155,3 +173,17 @@ class Publication:
         for d in self.target.parent.children():
             if d.name.startswith(prefix) and d != self.staging and _ours(d):
                 d.remove()
+
+
+def abandon_unfinished(attempts: int = 5) -> list[str]:
+    """Remove every staging directory this process started and neither published nor abandoned: a run that ends
+    early leaves none behind. A Spark task cancelled a moment ago may still be writing into one, so removal is
+    tried a few times. Returns the ones that could not be removed."""
+    for attempt in range(attempts):
+        for pub in list(_unfinished):
+            pub.abandon()
+        if not _unfinished:
+            return []
+        if attempt < attempts - 1:
+            time.sleep(0.2 * (attempt + 1))
+    return sorted(p.staging.uri for p in _unfinished if p.staging is not None)

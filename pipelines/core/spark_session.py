@@ -19,6 +19,8 @@ from pathlib import Path
 
 from pyspark.sql import SparkSession
 
+from pipelines.core import interrupts
+
 
 class JavaMissingError(RuntimeError):
     """Spark needs a Java 17 runtime and none was found."""
@@ -51,10 +53,14 @@ _WORKER_NOISE = re.compile(rb"(Starting )?Streaming TransformWithStateInPandas P
 
 def _forward(pipe: int, console: int) -> None:
     """Copy the JVM's stderr (`pipe`) to the console line by line, less `_WORKER_NOISE` and the empty line after
-    each of those; until the JVM and whatever it started have closed their end."""
+    each of those; until the JVM and whatever it started have closed their end. Nothing once the run is
+    interrupted: what the JVM and its Python workers say while their jobs are cancelled under them (broken pipes,
+    killed tasks) is not the user's business, who asked for the run to stop."""
     after_noise = False
     with open(pipe, "rb") as lines:
         for line in lines:
+            if interrupts.arrived():
+                continue  # read on: a JVM writing into a full pipe would block
             noise = _WORKER_NOISE.match(line) is not None
             if noise or (after_noise and not line.strip()):
                 after_noise = noise
@@ -134,13 +140,29 @@ def get_session(
     if not submitted and active is None:
         # the JVM (if not running yet) starts here: its stderr goes through a filter of Python workers' own
         # prints (`_WORKER_NOISE`). Under spark-submit the JVM already runs with the cluster's own console.
+        # It stays in the terminal's process group (pyspark starts it ignoring SIGINT; its Python workers do get
+        # a Ctrl-C, and what they then say is not copied, `_forward`): a kill of the whole group, by a service
+        # manager, `timeout` or a test, stops Spark with the driver, and nothing of it lingers on the outputs.
         with _jvm_stderr_filtered():
             spark = builder.getOrCreate()
     else:
         spark = builder.getOrCreate()
+    # a new SparkContext puts pyspark's SIGINT handler in place of ours; ours goes back, and cancels Spark's jobs
+    # from a thread of its own (pipelines.core.interrupts says why not from the handler, as pyspark's does)
+    interrupts.install()
+    interrupts.on_interrupt(_cancel_jobs)
     # `tidegauge -v` shows Spark's warnings too
     spark.sparkContext.setLogLevel("WARN" if logging.getLogger().isEnabledFor(logging.DEBUG) else "ERROR")
     return spark
+
+
+def _cancel_jobs() -> None:
+    """Ctrl-C: stop Spark's running jobs at once (the driver's wait for them ends with an error, not their end)."""
+    from pyspark import SparkContext
+
+    sc = SparkContext._active_spark_context
+    if sc is not None:
+        sc.cancelAllJobs()
 
 
 def warn_local_paths(spark: SparkSession, paths: dict[str, str | None]) -> None:

@@ -74,12 +74,12 @@ from __future__ import annotations
 import json
 import logging
 import os
-import tempfile
 import time
 from collections.abc import Iterable, Iterator, Mapping, Sequence
 from concurrent.futures import ThreadPoolExecutor
 from concurrent.futures import wait as wait_all
 from dataclasses import dataclass
+from pathlib import Path
 from typing import Any
 
 import numpy as np
@@ -105,6 +105,7 @@ from pyspark.sql.types import (
 )
 
 from div import archive, kafka_log
+from div.checkpoint import atomic_write
 from pipelines.core.sources import SourceError, SourceSpec, open_source, read_range
 
 log = logging.getLogger(__name__)
@@ -428,13 +429,9 @@ class TidegaugeStreamReader(DataSourceStreamReader, SupportsTriggerAvailableNow)
         path = self.options.status_file
         if not path:
             return
-        directory = os.path.dirname(os.path.abspath(path))
         try:
-            os.makedirs(directory, exist_ok=True)
-            fd, tmp = tempfile.mkstemp(prefix=".status.", dir=directory)
-            with os.fdopen(fd, "w", encoding="utf-8") as f:
-                json.dump(self.status(), f, indent=1)
-            os.replace(tmp, path)  # whole or not at all: the metrics may read it at any moment
+            # whole or not at all: the metrics may read it at any moment
+            atomic_write(Path(path), json.dumps(self.status(), indent=1).encode())
         except OSError as exc:
             log.warning("cannot write the stream source status to %s: %s", path, exc)
 

@@ -5,6 +5,7 @@ from __future__ import annotations
 import argparse
 import textwrap
 
+from pipelines.core import spark_flags
 from pipelines.core.errors import UsageError, exit_codes
 from pipelines.demo.job import DemoError
 
@@ -36,7 +37,6 @@ def register(sub) -> None:
         help="simulate three regions with faults on embedded Kafka, run every job, "
         "check the findings against the truth",
         description=HELP,
-        formatter_class=argparse.RawDescriptionHelpFormatter,
     )
     p.add_argument(
         "--out",
@@ -106,6 +106,7 @@ def register(sub) -> None:
 def run(args: argparse.Namespace) -> int:
     from pipelines.demo.job import DemoOptions, run_demo
 
+    spark_flags.master(args.master)  # before the simulation, not when Spark starts minutes later
     if args.watch:
         return _run_watch(args)
     if args.records < 3000:
@@ -128,7 +129,7 @@ def _run_watch(args: argparse.Namespace) -> int:
     if args.duration <= 0 or args.rate <= 0 or args.heartbeat_ms <= 0:
         raise UsageError("--duration, --rate and --heartbeat-ms must be positive")
     opts = WatchDemoOptions(
-        out=args.out if args.out != "tidegauge-demo" else "tidegauge-demo-watch",
+        out=args.out if args.out != "tidegauge-demo" else WatchDemoOptions.out,
         seed=args.seed,
         duration_s=args.duration,
         rate=args.rate,

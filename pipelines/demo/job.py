@@ -31,8 +31,10 @@ from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
 
+from pipelines.core import interrupts
 from pipelines.core.errors import EXIT_CLEAN as EXIT_MATCH
 from pipelines.core.errors import EXIT_FINDINGS as EXIT_MISMATCH
+from pipelines.core.errors import EXIT_INTERRUPTED
 from pipelines.core.errors import EXIT_PARTIAL as EXIT_STEP_FAILED
 from pipelines.core.progress import duration
 from sim.config import QuietPeriod, SimConfig
@@ -573,7 +575,18 @@ def run_demo(opts: DemoOptions, emit: Callable[[str], None] | None = None, spark
     try:
         with _logs_to(log_path, not opts.verbose):
             _run_steps(opts, cfg, out, progress, result, spark, java)
-    except Exception as exc:  # a step crashed: say which, keep the traceback in the log
+    except BaseException as exc:
+        if interrupts.interrupted() or interrupts.caused_by_interrupt(exc):
+            # Ctrl-C (whatever error it turned into in the step it cut short): the marker says so, so that the next
+            # demo may replace what this one wrote
+            result.exit_code = EXIT_INTERRUPTED
+            result.steps = progress.steps
+            result.elapsed_s = time.perf_counter() - progress.t0
+            _write_marker(out, opts, result)
+            raise
+        if not isinstance(exc, Exception):
+            raise
+        # a step crashed: say which, keep the traceback in the log
         with open(log_path, "a", encoding="utf-8") as log:
             log.write(traceback.format_exc())
         where = progress.steps[-1].name if progress.steps and not progress.steps[-1].ok else "setup"
@@ -624,7 +637,7 @@ def _run_steps(
     try:
         _run_jobs(out, truth, sources, spark, progress, result)
     finally:
-        if own_session:
+        if own_session and not interrupts.interrupted():  # interrupted: the process ends, and Spark with it
             spark.stop()
 
 

@@ -41,6 +41,8 @@ from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
 
+from pipelines.core import interrupts
+from pipelines.core.errors import EXIT_INTERRUPTED
 from pipelines.demo.job import (
     EXIT_MATCH,
     EXIT_MISMATCH,
@@ -481,15 +483,25 @@ def run_watch_demo(opts: WatchDemoOptions, emit: Callable[[str], None] | None = 
         sim, watch = _run(opts, out, emit, result)
     except DemoError:
         raise
-    except Exception as exc:  # noqa: BLE001 - a step crashed: say which, keep going to the marker
+    except Exception as exc:
+        if interrupts.interrupted():  # Ctrl-C, turned into another error by the step it cut short
+            result.exit_code = EXIT_INTERRUPTED
+            raise
+        # a step crashed: say which, keep going to the marker
         emit(f"✗ the live demo failed: {type(exc).__name__}: {exc}")
         result.exit_code = EXIT_STEP_FAILED
+    except KeyboardInterrupt:
+        result.exit_code = EXIT_INTERRUPTED
+        raise
     finally:
-        for proc in (watch, sim):
-            if proc is not None and proc.alive():
-                proc.stop(60)
-        result.figures["elapsed_s"] = round(time.perf_counter() - t_start, 1)
-        _write_marker(out, opts, result)
+        # not cut short by another Ctrl-C: the simulation and the watch run in sessions of their own (the terminal's
+        # Ctrl-C does not reach them), so nothing else would stop them
+        with interrupts.held():
+            for proc in (watch, sim):
+                if proc is not None and proc.alive():
+                    proc.stop(60)
+            result.figures["elapsed_s"] = round(time.perf_counter() - t_start, 1)
+            _write_marker(out, opts, result)
     return result
 
 

@@ -23,10 +23,10 @@ VALIDATE_HELP = textwrap.dedent("""\
 
 VALIDATE_EPILOG = textwrap.dedent("""\
     examples:
-      tidegauge div validate --source 0=out/archive/dc-0 --out out/div
+      tidegauge div validate --source 0=out/sim/archive/dc-0 --out out/div
       tidegauge div validate --source 1=kafka://broker:9092 --topic store_v1 --min-compaction-lag-ms 86400000 \\
           --now-ms 1700000000000 --out out/div-dc1
-      tidegauge div validate --source 0=out/archive/dc-0 --engine spark --master local[*] --out out/div""")
+      tidegauge div validate --source 0=out/sim/archive/dc-0 --engine spark --master 'local[*]' --out out/div""")
 
 
 RESTORE_HELP = textwrap.dedent("""\
@@ -46,10 +46,10 @@ RESTORE_HELP = textwrap.dedent("""\
 
 RESTORE_EPILOG = textwrap.dedent("""\
     examples:
-      tidegauge div restore --source 0=out/archive/dc-0 --store sim_store --version 1 --partition 0 \\
+      tidegauge div restore --source 0=out/sim/archive/dc-0 --store sim_store --version 1 --partition 0 \\
           --at-offset 1200 --out out/restore
-      tidegauge div restore --source 1=kafka://broker-b:9092 --rt-source 0=out/archive/dc-0 \\
-          --rt-source 1=kafka://broker-b:9092 --rt-source 2=out/archive/dc-2 --store s --version 3 \\
+      tidegauge div restore --source 1=kafka://broker-b:9092 --rt-source 0=s3://backups/archive/dc-0 \\
+          --rt-source 1=kafka://broker-b:9092 --rt-source 2=s3://backups/archive/dc-2 --store s --version 3 \\
           --partition 5 --at-offset 88000 --out out/restore-p5""")
 
 
@@ -77,7 +77,6 @@ def register(sub) -> None:
         help="validate topics with DIV (segments, sequences, checksums)",
         description=VALIDATE_HELP,
         epilog=VALIDATE_EPILOG,
-        formatter_class=argparse.RawDescriptionHelpFormatter,
     )
     v.add_argument(
         "--source",
@@ -199,7 +198,6 @@ def _register_restore(div_sub) -> None:
         help="rebuild a replica's DIV state at a VT offset from heartbeats",
         description=RESTORE_HELP,
         epilog=RESTORE_EPILOG,
-        formatter_class=argparse.RawDescriptionHelpFormatter,
     )
     p.add_argument(
         "--source",

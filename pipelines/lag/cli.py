@@ -26,9 +26,10 @@ HELP = textwrap.dedent("""\
 
 EPILOG = textwrap.dedent("""\
     examples:
-      tidegauge lag --source 0=out/archive/dc-0 --source 1=out/archive/dc-1 --store s --version 1 --out out/lag
-      tidegauge lag --source 0=kafka://dc0:9092 --source 1=kafka://dc1:9092 --store s --version 1
-      tidegauge lag --source 0=out/archive/dc-0 --rt-source 1=out/archive/rt-dc-1 --now-ms 1700000000000""")
+      tidegauge lag --source 0=out/sim/archive/dc-0 --source 1=out/sim/archive/dc-1 --store sim_store \\
+          --version 1 --out out/lag
+      tidegauge lag --source 0=kafka://dc0:9092 --source 1=kafka://dc1:9092 --store sim_store --version 1
+      tidegauge lag --source 0=out/sim/archive/dc-0 --rt-source 1=out/sim/archive/dc-1 --now-ms 1700000000000""")
 
 
 def register(sub) -> None:
@@ -37,7 +38,6 @@ def register(sub) -> None:
         help="replication lag per region from VT heartbeats (time and offsets)",
         description=HELP,
         epilog=EPILOG,
-        formatter_class=argparse.RawDescriptionHelpFormatter,
     )
     p.add_argument(
         "--source",

@@ -30,11 +30,13 @@ HELP = textwrap.dedent("""\
 
 EPILOG = textwrap.dedent("""\
     examples:
-      tidegauge leapfrog --store demo --version 1 --source 0=out/archive/dc-0 --source 1=out/archive/dc-1 \\
-          --source 2=out/archive/dc-2 --out out/leapfrog
-      tidegauge leapfrog --store demo --version 1 --source 0=kafka://dc0:9092 --source 1=kafka://dc1:9092 \\
+      tidegauge leapfrog --store sim_store --version 1 --source 0=out/sim/archive/dc-0 \\
+          --source 1=out/sim/archive/dc-1 --source 2=out/sim/archive/dc-2 --out out/leapfrog
+      tidegauge leapfrog --store sim_store --version 1 --source 0=kafka://dc0:9092 --source 1=kafka://dc1:9092 \\
           --pairs 0-1 --mode footer --out out/lilypad
-      tidegauge leapfrog ... --state state/leapfrog     # nightly incremental runs
+      tidegauge leapfrog --store sim_store --version 1 --source 0=out/sim/archive/dc-0 \\
+          --source 1=out/sim/archive/dc-1 --source 2=out/sim/archive/dc-2 --out out/leapfrog \\
+          --state state/leapfrog     # nightly: each run reads only what came after the previous one
 
     on a cluster (see docs/spark.md):
       spark-submit --master yarn --py-files tidegauge.zip "$(python -m pipelines.submit --path)" leapfrog ...""")
@@ -46,7 +48,6 @@ def register(sub) -> None:
         help="find divergences between regions (Leap Frog, on Spark)",
         description=HELP,
         epilog=EPILOG,
-        formatter_class=argparse.RawDescriptionHelpFormatter,
     )
     p.add_argument("--store", metavar="S", help="store name (the VT is S_vN)")
     p.add_argument("--version", type=int, metavar="N", help="store version (the VT is S_vN)")

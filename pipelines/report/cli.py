@@ -16,19 +16,6 @@ DESCRIPTION = """\
 Make the morning report from the outputs of the nightly jobs: run the Great Expectations suites of
 conf/expectations.yaml over them, write one self-contained HTML page (no network needed to view it) and
 its JSON twin, and remember the run so the next report can say what is new, still present or healed.
-
-What each flag reads:
-  --leapfrog DIR      the output of `tidegauge leapfrog --out DIR`: summary.json and inconsistencies/
-                      (divergences between regions, coverage, heartbeats per partition, undecodable records)
-  --div DIR           the output of `tidegauge div validate --out DIR`: summary.json and errors/
-                      (DIV findings: gaps, corruption, duplicates; fatal or not)
-  --lag DIR           optional: the output of `tidegauge lag --out DIR`: lag.json, lag/ and heartbeats/
-                      (how far behind each region is); without it, lag is reported as not measured
-  --history DIR       optional: a directory of earlier runs (Parquet, one file per run, created if absent);
-                      this run is added to it
-  --expectations FILE optional: YAML read on top of conf/expectations.yaml; its thresholds and suites
-                      replace those of the same name (e.g. `thresholds: {max_lag_ms: 60000}`)
-  --out DIR           where report.html and report.json are written (created if absent)
 """
 
 EPILOG = """\
@@ -53,23 +40,44 @@ def register(subparsers: argparse._SubParsersAction) -> None:
         help="HTML + JSON data-quality report (Great Expectations) over the job outputs",
         description=DESCRIPTION,
         epilog=EPILOG,
-        formatter_class=argparse.RawDescriptionHelpFormatter,
     )
     parser.add_argument(
-        "--leapfrog", required=True, metavar="DIR", help="output directory of `tidegauge leapfrog`"
+        "--leapfrog",
+        required=True,
+        metavar="DIR",
+        help="the output of `tidegauge leapfrog --out DIR`: summary.json and inconsistencies/ (divergences "
+        "between regions, coverage, heartbeats per partition, undecodable records)",
     )
     parser.add_argument(
-        "--div", required=True, metavar="DIR", help="output directory of `tidegauge div validate`"
+        "--div",
+        required=True,
+        metavar="DIR",
+        help="the output of `tidegauge div validate --out DIR`: summary.json and errors/ (DIV findings: gaps, "
+        "corruption, duplicates; fatal or not)",
     )
-    parser.add_argument("--lag", metavar="DIR", help="output directory of `tidegauge lag` (optional)")
     parser.add_argument(
-        "--history", metavar="DIR", help="history of earlier runs; this run is appended (optional)"
+        "--lag",
+        metavar="DIR",
+        help="optional: the output of `tidegauge lag --out DIR`: lag.json, lag/ and heartbeats/ (how far behind "
+        "each region is); without it, lag is reported as not measured",
     )
-    parser.add_argument("--out", required=True, metavar="DIR", help="where report.html and report.json go")
+    parser.add_argument(
+        "--history",
+        metavar="DIR",
+        help="optional: a directory of earlier runs (Parquet, one file per run, created if absent); this run is "
+        "added to it",
+    )
+    parser.add_argument(
+        "--out",
+        required=True,
+        metavar="DIR",
+        help="where report.html and report.json are written (created if absent)",
+    )
     parser.add_argument(
         "--expectations",
         metavar="FILE",
-        help="YAML overriding thresholds or suites of conf/expectations.yaml (optional)",
+        help="optional: YAML read on top of conf/expectations.yaml; its thresholds and suites replace those of the "
+        "same name (e.g. `thresholds: {max_lag_ms: 60000}`)",
     )
     parser.set_defaults(func=run)
 

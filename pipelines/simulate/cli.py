@@ -67,7 +67,7 @@ EPILOG = textwrap.dedent("""\
           --faults dropped=2,poisoned=1,failover=1,duplicate=1,gap=1,corrupt=1,compaction=1
       tidegauge simulate --out out/sim-legacy --legacy-rmd          # also write per-record offset vectors
       tidegauge simulate --out out/sim --kafka 0=kafka-a:9092 1=kafka-b:9092 2=kafka-c:9092 --conf my.yaml
-      tidegauge simulate --live --out out/live --duration 600 --rate 200 --heartbeat-ms 2000 \
+      tidegauge simulate --live --out out/live --duration 600 --rate 200 --heartbeat-ms 2000 \\
           --faults failover@60,dropped@120,poisoned@150,silent@200+30,isolated@300+40,broker@400+5
       tidegauge simulate --live --out out/live --rate 50          # until Ctrl-C; prints the kafka:// URIs
 
@@ -83,7 +83,6 @@ def register(sub) -> None:
         help="simulate an active/active store on Kafka; archive it; write the truth",
         description=HELP,
         epilog=EPILOG,
-        formatter_class=argparse.RawDescriptionHelpFormatter,
     )
     p.add_argument(
         "--out", required=True, metavar="DIR", help="output directory (its archive/ must be empty)"

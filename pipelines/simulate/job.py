@@ -7,12 +7,14 @@ from __future__ import annotations
 import contextlib
 import dataclasses
 import os
+import shutil
 import signal
 import sys
 import threading
 from collections.abc import Iterator
 from pathlib import Path
 
+from pipelines.core import interrupts
 from pipelines.core.errors import EXIT_CLEAN, EXIT_PARTIAL, UsageError
 from pipelines.core.progress import duration
 from sim.config import SimConfig
@@ -50,6 +52,7 @@ def run(cfg: SimConfig) -> int:
     check_output(cfg.out, "simulate")
     _check_clusters(cfg)
     out = Path(cfg.out)
+    fresh = not out.exists() or not any(out.iterdir())
     out.mkdir(parents=True, exist_ok=True)
     if not (out / MARKER).exists():
         write_marker(out, "simulate")
@@ -59,9 +62,17 @@ def run(cfg: SimConfig) -> int:
                 result = run(cfg, stop=stop, on_ready=_print_endpoints)
         else:
             result = run(cfg)
-    except (SimulationError, WorkerError, ClusterError) as exc:
-        print(f"tidegauge simulate: the run failed: {exc}", file=sys.stderr)
-        return EXIT_PARTIAL
+    except BaseException as exc:
+        interrupted = interrupts.interrupted() or interrupts.caused_by_interrupt(exc)
+        if not interrupted and isinstance(exc, (SimulationError, WorkerError, ClusterError)):
+            print(f"tidegauge simulate: the run failed: {exc}", file=sys.stderr)
+            return EXIT_PARTIAL
+        if interrupted and fresh and not cfg.live:
+            # the simulator writes in place (a live run's archives grow where a watch reads them): Ctrl-C of a batch
+            # run into a new directory leaves nothing, as a staged output would; a live run aborted by a second
+            # signal keeps what it wrote, as its --help says
+            shutil.rmtree(out, ignore_errors=True)
+        raise
     print(format_summary(result.summary, result.truth_path, result.summary_path))
     return EXIT_CLEAN
 

@@ -10,6 +10,7 @@ import threading
 import time
 
 from pipelines.core import config as cfg
+from pipelines.core import spark_flags
 from pipelines.core.errors import UsageError, exit_codes, spark_gone
 from pipelines.core.sources import SourceError
 
@@ -34,11 +35,11 @@ HELP = textwrap.dedent("""\
 
 EPILOG = textwrap.dedent("""\
     examples:
-      tidegauge watch --store demo --version 1 --source 0=kafka://dc0:9092 --source 1=kafka://dc1:9092 \\
+      tidegauge watch --store sim_store --version 1 --source 0=kafka://dc0:9092 --source 1=kafka://dc1:9092 \\
           --checkpoint /var/lib/tidegauge/checkpoint --out /var/lib/tidegauge/watch --metrics-port 9464
       curl -s localhost:9464/metrics | grep tidegauge_divergences_total
-      tidegauge watch --store sim_store --version 1 --rt --source 0=out/archive/dc-0 \\
-          --source 1=out/archive/dc-1 --checkpoint out/watch-checkpoint --out out/watch""")
+      tidegauge watch --store sim_store --version 1 --rt --source 0=out/sim/archive/dc-0 \\
+          --source 1=out/sim/archive/dc-1 --checkpoint out/watch-checkpoint --out out/watch""")
 
 
 def register(sub) -> None:
@@ -47,7 +48,6 @@ def register(sub) -> None:
         help="continuous Leap Frog on Spark Structured Streaming, with Prometheus metrics",
         description=HELP,
         epilog=EPILOG,
-        formatter_class=argparse.RawDescriptionHelpFormatter,
     )
     p.add_argument(
         "--source",
@@ -98,7 +98,8 @@ def register(sub) -> None:
         "--trigger-interval",
         default="10 seconds",
         metavar="T",
-        help="how often a micro-batch starts, e.g. '10 seconds' (default)",
+        help="how often a micro-batch starts: a number and a unit, as Spark reads intervals: '10 seconds' "
+        "(default), '1 minute', '500 milliseconds'",
     )
     p.add_argument(
         "--max-records-per-trigger",
@@ -236,6 +237,11 @@ def run(args: argparse.Namespace) -> int:
     store, version, specs = cfg.store_version_regions(args, conf, "watch")
     if not args.checkpoint or not args.out:
         raise UsageError("--checkpoint and --out are required")
+    # what Spark (and the stream source) would refuse only once the query starts, refused before anything is made
+    spark_flags.trigger_interval(args.trigger_interval)
+    if args.max_records_per_trigger is not None and args.max_records_per_trigger < 1:
+        raise UsageError(f"--max-records-per-trigger {args.max_records_per_trigger}: must be 1 or more")
+    master, spark_conf = cfg.spark_settings(conf, args.master)
     rt_topic = rt_topic_of(args, conf, store)
     opts = WatchOptions(
         store=store,
@@ -256,7 +262,6 @@ def run(args: argparse.Namespace) -> int:
     if not isinstance(interval, int) or interval <= 0:
         raise UsageError(f"--heartbeat-interval-ms must be positive, got {interval}")
     prepare(opts)  # a bad --out or --checkpoint is said before Spark starts
-    master, spark_conf = cfg.spark_settings(conf, args.master)
     spark = get_session(master, app_name="tidegauge watch", conf=spark_conf)
     metrics = WatchMetrics(heartbeat_interval_ms=int(interval))
     server = metrics.serve(args.metrics_port, args.metrics_address) if args.metrics_port is not None else None

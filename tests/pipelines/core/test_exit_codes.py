@@ -56,3 +56,17 @@ def test_usage_errors_os_errors_and_bugs(capsys):
     assert _entry(bug)(argparse.Namespace(command="lag")) == 2
     err = capsys.readouterr().err
     assert "Traceback" in err and "internal error" in err
+
+
+def test_errors_name_the_command_as_typed(tmp_path, capsys):
+    """`tidegauge div validate: error: ...`, not `tidegauge div: ...`: the subcommand is part of the command."""
+    from pipelines.cli import main
+
+    assert (
+        main(["div", "validate", "--source", f"0={tmp_path / 'nowhere'}", "--out", str(tmp_path / "o")]) == 2
+    )
+    assert capsys.readouterr().err.startswith("tidegauge div validate: error: ")
+    assert (
+        main(["div", "restore", "--source", "0=x", "--partition", "0", "--at-offset", "0", "--out", "o"]) == 2
+    )
+    assert capsys.readouterr().err.startswith("tidegauge div restore: error: --store and --version")

@@ -1,0 +1,195 @@
+"""Ctrl-C in one process (issue 28): whatever error a KeyboardInterrupt turns into, the command says
+`interrupted` once and exits 130, and the staging directories it started are gone (or named when they cannot be
+removed); a publication is never cut between its two renames. tests/test_interrupt.py sends real SIGINTs to real
+jobs, Spark's included."""
+
+from __future__ import annotations
+
+import argparse
+import logging
+import os
+import signal
+import threading
+import time
+
+import pytest
+
+from pipelines.core import errors, interrupts, publish
+from pipelines.core.storage import locate
+
+
+@pytest.fixture(autouse=True)
+def _sigint_restored():
+    """These tests install the recording handler (and, once interrupted, ignore SIGINT) in pytest's own process:
+    put Python's handler back, and logging on, after each."""
+    yield
+    interrupts.reset()
+    signal.signal(signal.SIGINT, signal.default_int_handler)
+    assert not logging.root.manager.disable
+
+
+def _entry(run):
+    return errors.exit_codes()(run)
+
+
+def _ctrl_c() -> None:
+    """What a terminal's Ctrl-C does to this process: SIGINT, handled by whatever handler is in place."""
+    signal.raise_signal(signal.SIGINT)
+
+
+def test_an_error_raised_while_handling_a_keyboard_interrupt_is_an_interrupt(capsys):
+    """pyspark's collect: the KeyboardInterrupt cuts a socket read, its `finally` then fails with a Py4JJavaError."""
+
+    def run(args) -> int:
+        try:
+            raise KeyboardInterrupt
+        finally:
+            raise RuntimeError("An error occurred while calling o205.getResult: broken pipe")
+
+    code = _entry(run)(argparse.Namespace(command="leapfrog"))
+    err = capsys.readouterr().err
+    assert (code, err) == (130, "tidegauge leapfrog: interrupted\n")
+
+
+def test_a_recorded_interrupt_wins_over_whatever_error_ends_the_run(capsys):
+    """The error need not even know of the KeyboardInterrupt (py4j's "reentrant call", a lost connection)."""
+
+    def run(args) -> int:
+        try:
+            _ctrl_c()
+        except KeyboardInterrupt:
+            pass  # swallowed on the way, as some libraries do
+        raise ConnectionRefusedError(111, "Connection refused")
+
+    code = _entry(run)(argparse.Namespace(command_name="div validate"))
+    assert (code, capsys.readouterr().err) == (130, "tidegauge div validate: interrupted\n")
+    assert signal.getsignal(signal.SIGINT) == signal.SIG_IGN  # a second Ctrl-C cannot cut the clean-up short
+
+
+def test_a_swallowed_interrupt_is_no_result(capsys):
+    def run(args) -> int:
+        try:
+            _ctrl_c()
+        except KeyboardInterrupt:
+            pass
+        return 0
+
+    assert _entry(run)(argparse.Namespace(command="lag")) == 130
+    assert capsys.readouterr().err == "tidegauge lag: interrupted\n"
+
+
+def test_nothing_is_logged_once_interrupted(caplog, capsys):
+    def run(args) -> int:
+        try:
+            _ctrl_c()
+        finally:
+            logging.getLogger("py4j.clientserver").error("Exception while sending command.")
+        return 0
+
+    assert _entry(run)(argparse.Namespace(command="leapfrog")) == 130
+    assert not caplog.records
+
+
+def test_the_staging_directories_of_an_interrupted_run_are_removed(tmp_path, capsys):
+    """The output's and the incremental state's (which no `with` block removes)."""
+    stagings = []
+
+    def run(args) -> int:
+        for name in ("out", "state"):
+            staging = publish.Publication(locate(tmp_path / name), "leapfrog").stage()
+            (staging / "part-0.parquet").write_bytes(b"x")
+            stagings.append(staging)
+        _ctrl_c()
+        return 0
+
+    assert _entry(run)(argparse.Namespace(command="leapfrog")) == 130
+    assert capsys.readouterr().err == "tidegauge leapfrog: interrupted\n"
+    assert stagings and not any(s.exists() for s in stagings)
+    assert sorted(p.name for p in tmp_path.iterdir()) == []
+
+
+def test_a_staging_directory_that_cannot_be_removed_is_named(tmp_path, capsys, monkeypatch):
+    Location = type(locate(tmp_path))
+    remove = Location.remove
+
+    def refuse(self):
+        raise PermissionError(13, "Permission denied", self.path)
+
+    def run(args) -> int:
+        publish.Publication(locate(tmp_path / "out"), "lag").stage()
+        monkeypatch.setattr(Location, "remove", refuse)
+        raise KeyboardInterrupt
+
+    monkeypatch.setattr(publish.time, "sleep", lambda s: None)
+    assert _entry(run)(argparse.Namespace(command="lag")) == 130
+    staging = tmp_path / f".out.staging-{os.getpid()}"
+    assert capsys.readouterr().err == (
+        f"tidegauge lag: interrupted; could not remove {staging} (remove it by hand)\n"
+    )
+    monkeypatch.setattr(Location, "remove", remove)
+    assert publish.abandon_unfinished() == [] and not staging.exists()
+
+
+def test_an_interrupt_while_publishing_lets_the_publication_finish_first(tmp_path, monkeypatch):
+    """Between the two renames the previous content is set aside and nothing is at the target: Ctrl-C there waits."""
+    target = locate(tmp_path / "out")
+    first = publish.Publication(target, "leapfrog")
+    (first.stage() / "summary.json").write_text("old")
+    first.publish()
+    second = publish.Publication(target, "leapfrog")
+    (second.stage() / "summary.json").write_text("new")
+    move = type(target).move_to
+
+    def move_then_ctrl_c(self, other):
+        move(self, other)
+        if other.name.startswith(".out.old-"):  # the first of the two renames
+            _ctrl_c()
+
+    monkeypatch.setattr(type(target), "move_to", move_then_ctrl_c)
+    interrupts.install()
+    with pytest.raises(KeyboardInterrupt):
+        second.publish()
+    assert (tmp_path / "out" / "summary.json").read_text() == "new"
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["out"]
+    assert second not in publish._unfinished  # (on an object store its staging run is what readers now read)
+
+
+def test_a_sigint_is_seen_to_arrive_before_its_handler_runs():
+    """The thread copying Spark's stderr stops at the signal itself: Spark's Python workers get the same Ctrl-C, and
+    the JVM may log what it did to them before the driver's main thread gets round to the Python handler."""
+    interrupts.install()
+    seen = {}
+    read, write = os.pipe()
+
+    def elsewhere():  # a SIGINT delivered to this thread: the main thread, blocked in a read, cannot run the handler
+        time.sleep(0.5)  # (the main thread is in its read by then)
+        signal.pthread_kill(threading.get_ident(), signal.SIGINT)
+        seen["arrived"], seen["handled"] = interrupts.arrived(), interrupts.interrupted()
+        os.write(write, b"x")
+
+    threading.Thread(target=elsewhere).start()
+    with pytest.raises(KeyboardInterrupt):
+        os.read(read, 1)  # returns once the thread has looked; the handler runs right after
+    os.close(read)
+    os.close(write)
+    assert seen == {"arrived": True, "handled": False}
+    assert interrupts.interrupted()
+
+
+def test_once_interrupted_nothing_the_jvm_says_reaches_the_console():
+    from pipelines.core.spark_session import _forward
+
+    jvm_r, jvm_w = os.pipe()
+    console_r, console_w = os.pipe()
+    forward = threading.Thread(target=_forward, args=(jvm_r, console_w))
+    forward.start()
+    os.write(jvm_w, b"26/11/27 18:30:00 WARN before the Ctrl-C\n")
+    time.sleep(0.5)  # (forwarded before the signal)
+    interrupts.install()
+    with pytest.raises(KeyboardInterrupt):
+        _ctrl_c()
+    os.write(jvm_w, b"26/11/27 18:30:01 ERROR Executor: Exception in task 0.0 (TID 3)\nTraceback ...\n")
+    os.close(jvm_w)
+    forward.join(10)
+    with open(console_r, "rb") as console:
+        assert console.read() == b"26/11/27 18:30:00 WARN before the Ctrl-C\n"
