@@ -67,69 +67,28 @@ def test_a_copy_of_one_region_under_two_ids_is_one_log(archives, tmp_path):
     assert same_logs(sources, _probe(sources)) == [(1, 2)]
 
 
+def _leapfrog(tmp_path, capsys, *flags: str) -> tuple[int, str]:
+    code = main(["leapfrog", "--store", STORE, "--version", "1", *flags, "--out", str(tmp_path / "out")])
+    return code, capsys.readouterr().err
+
+
 def test_the_cli_refuses_a_copy_given_for_two_regions_naming_both(archives, tmp_path, capsys):
     copy = shutil.copytree(archives[1], tmp_path / "copy")
-    argv = [
-        "leapfrog",
-        "--store",
-        STORE,
-        "--version",
-        "1",
-        "--source",
-        f"1={archives[1]}",
-        "--source",
-        f"0={copy}",
-    ]
-    code = main([*argv, "--out", str(tmp_path / "out")])
-    err = capsys.readouterr().err
+    code, err = _leapfrog(tmp_path, capsys, "--source", f"1={archives[1]}", "--source", f"0={copy}")
     assert code == 2, err
-    assert (
-        f"--source 0={copy}" in err
-        and f"--source 1={archives[1]}" in err
-        and "one log (byte-identical" in err
-    )
+    assert f"--source 0={copy}" in err and f"--source 1={archives[1]}" in err
+    assert "one log (byte-identical" in err
     assert not (tmp_path / "out").exists()
 
 
 def test_the_cli_refuses_the_same_path_for_two_regions(archives, tmp_path, capsys):
-    code = main(
-        [
-            "leapfrog",
-            "--store",
-            STORE,
-            "--version",
-            "1",
-            "--source",
-            f"0={archives[0]}",
-            "--source",
-            f"1={archives[0]}",
-            "--out",
-            str(tmp_path / "out"),
-        ]
-    )
-    err = capsys.readouterr().err
-    assert (
-        code == 2 and "one log (the same location)" in err and "--source 0=" in err and "--source 1=" in err
-    )
+    code, err = _leapfrog(tmp_path, capsys, "--source", f"0={archives[0]}", "--source", f"1={archives[0]}")
+    assert code == 2 and "one log (the same location)" in err
+    assert f"--source 0={archives[0]}" in err and f"--source 1={archives[0]}" in err
     assert not (tmp_path / "out").exists()
 
 
 def test_a_source_id_past_the_given_region_count_is_a_usage_error(archives, tmp_path, capsys):
-    code = main(
-        [
-            "leapfrog",
-            "--store",
-            STORE,
-            "--version",
-            "1",
-            "--source",
-            f"0={archives[0]}",
-            "--source",
-            f"2={archives[2]}",
-            "--regions",
-            "2",
-            "--out",
-            str(tmp_path / "out"),
-        ]
-    )
-    assert code == 2 and "--regions 2" in capsys.readouterr().err
+    flags = ("--source", f"0={archives[0]}", "--source", f"2={archives[2]}", "--regions", "2")
+    code, err = _leapfrog(tmp_path, capsys, *flags)
+    assert code == 2 and "--regions 2: the store's regions are 0..1, but a --source names region 2" in err
