@@ -48,7 +48,7 @@ def embedded_kafka():
     cluster.close()
 
 
-REAL_KAFKA_FIXTURES = {"real_kafka", "real_kafka_three", "real_kafka_three_session"}
+REAL_KAFKA_FIXTURES = {"kafka_jars", "real_kafka", "real_kafka_three", "real_kafka_three_session"}
 
 
 def pytest_collection_modifyitems(items):
@@ -59,8 +59,38 @@ def pytest_collection_modifyitems(items):
             item.add_marker(pytest.mark.kafka_real)
 
 
+def _install_maven() -> None:
+    """Debian's maven when `mvn` is missing and this runs as root with apt-get (as CI does): the suite installs
+    what it needs, as the browser test installs Chromium. Elsewhere `resolve_jars` says what to install."""
+    import os
+    import shutil
+    import subprocess
+
+    if shutil.which("mvn") or os.name != "posix" or os.geteuid() != 0 or not shutil.which("apt-get"):
+        return
+    env = {**os.environ, "DEBIAN_FRONTEND": "noninteractive"}
+    for cmd in (["apt-get", "install", "-y", "-qq", "maven"], ["apt-get", "update", "-qq"]) * 2:
+        try:
+            subprocess.run(cmd, env=env, capture_output=True, timeout=900)
+        except subprocess.TimeoutExpired:
+            continue
+        if shutil.which("mvn"):
+            return
+
+
 @pytest.fixture(scope="session")
-def real_kafka():
+def kafka_jars() -> pathlib.Path:
+    """The Apache Kafka broker's jars, resolved from Maven Central by mvn on the first run of the machine (~45 MB
+    into ~/.cache/tidegauge/jvm, outside the checkout; sim/jvm/kafka/pom.xml says which), then reused. No test
+    skips for want of them: without Maven or Maven Central the real-Kafka tests fail, saying why."""
+    from sim.brokers import resolve_jars
+
+    _install_maven()
+    return resolve_jars()
+
+
+@pytest.fixture(scope="session")
+def real_kafka(kafka_jars):
     """One Apache Kafka cluster (a single broker+controller node, KRaft, on loopback) for the test run; tests
     create their own uniquely named topics, through the AdminClient (`create_topics`). Started on first use
     (the first one resolves the broker's jars from Maven Central into ~/.cache/tidegauge/jvm, once), stopped and
@@ -73,7 +103,7 @@ def real_kafka():
 
 
 @pytest.fixture(scope="session")
-def real_kafka_three_session():
+def real_kafka_three_session(kafka_jars):
     """Three Apache Kafka nodes for the test run (see `real_kafka_three`)."""
     from sim.brokers import KafkaCluster
 

@@ -40,11 +40,10 @@ def _name(prefix: str) -> str:
 
 
 # -- the jars ------------------------------------------------------------------------------------------------
-@pytest.mark.kafka_real
-def test_the_jars_are_resolved_into_a_cache_outside_the_repository_once(monkeypatch):
+def test_the_jars_are_resolved_into_a_cache_outside_the_repository_once(kafka_jars, monkeypatch):
     version = kafka_version()
     assert version.split(".")[0] == "4"
-    lib = resolve_jars()
+    lib = kafka_jars
     assert not lib.resolve().is_relative_to(REPO.resolve())
     assert lib.parent.name == f"kafka-{version}" and lib.parent.parent == brokers.cache_dir()
     names = {p.name for p in lib.glob("*.jar")}
@@ -54,7 +53,7 @@ def test_the_jars_are_resolved_into_a_cache_outside_the_repository_once(monkeypa
     assert stamp["pom_sha256"] == hashlib.sha256(KAFKA_POM.read_bytes()).hexdigest()
     assert sorted(stamp["jars"]) == sorted(names)
     # cached: no Maven needed any more
-    monkeypatch.setattr(brokers.shutil, "which", lambda name: None)
+    monkeypatch.setattr(brokers.shutil, "which", lambda name, *a, **k: None)
     assert resolve_jars() == lib
 
 
@@ -65,10 +64,12 @@ def _empty_cache(monkeypatch, tmp_path: Path) -> None:
 def test_without_maven_or_java_the_error_says_what_to_install(monkeypatch, tmp_path):
     _empty_cache(monkeypatch, tmp_path)
     real_which = brokers.shutil.which
-    monkeypatch.setattr(brokers.shutil, "which", lambda name: None if name == "mvn" else real_which(name))
+    monkeypatch.setattr(
+        brokers.shutil, "which", lambda name, *a, **k: None if name == "mvn" else real_which(name, *a, **k)
+    )
     with pytest.raises(BrokersError, match=r"no 'mvn' is on PATH.*apt-get install -y maven"):
         resolve_jars()
-    monkeypatch.setattr(brokers.shutil, "which", lambda name: None)
+    monkeypatch.setattr(brokers.shutil, "which", lambda name, *a, **k: None)
     monkeypatch.delenv("JAVA_HOME", raising=False)
     with pytest.raises(BrokersError, match=r"Java 17 or newer.*apt-get install -y openjdk-17-jre-headless"):
         brokers.java_command()
@@ -249,9 +250,8 @@ time.sleep(600)
 """
 
 
-@pytest.mark.kafka_real
 @pytest.mark.slow
-def test_a_dying_owner_takes_its_brokers_with_it(tmp_path):
+def test_a_dying_owner_takes_its_brokers_with_it(kafka_jars, tmp_path):
     env = {**os.environ, "PYTHONPATH": os.pathsep.join([str(REPO), os.environ.get("PYTHONPATH", "")])}
     children = {
         how: subprocess.Popen(

@@ -52,7 +52,7 @@ def _alive(pid: int) -> bool:
 
 
 @pytest.fixture(scope="module")
-def run(tmp_path_factory):
+def run(tmp_path_factory, kafka_jars):
     root = tmp_path_factory.mktemp("sim-real")
     out, err = root / "out", root / "stderr.txt"
     argv = [
