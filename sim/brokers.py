@@ -288,8 +288,13 @@ def _free_ports(n: int) -> list[int]:
 
 
 def _cluster_id() -> str:
-    """A Kafka cluster id: 16 random bytes, base64url without padding (what `kafka-storage random-uuid` prints)."""
-    return base64.urlsafe_b64encode(uuid.uuid4().bytes).rstrip(b"=").decode()
+    """A Kafka cluster id: 16 random bytes, base64url without padding (what `kafka-storage random-uuid` prints),
+    never starting with '-' (Kafka's Uuid.randomUuid draws again then too: the storage tool would take it for
+    an option)."""
+    while True:
+        cid = base64.urlsafe_b64encode(uuid.uuid4().bytes).rstrip(b"=").decode()
+        if not cid.startswith("-"):
+            return cid
 
 
 @dataclass
@@ -546,8 +551,7 @@ class KafkaCluster:
             cmd = [
                 *self._jvm(n, "kafka.tools.StorageTool", "256m"),
                 "format",
-                "--cluster-id",
-                self.cluster_id,
+                f"--cluster-id={self.cluster_id}",
                 "--config",
                 str(n.properties),
             ]

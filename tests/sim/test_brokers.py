@@ -103,6 +103,13 @@ def test_a_failing_maven_is_quoted_and_a_hanging_one_stopped(monkeypatch, tmp_pa
     assert not (tmp_path / "cache" / "jvm" / f"kafka-{kafka_version()}").exists()  # nothing half-made is used
 
 
+def test_cluster_ids_are_kafka_uuids_that_never_look_like_an_option():
+    ids = [brokers._cluster_id() for _ in range(5000)]  # one in 64 base64url strings starts with '-'
+    assert all(len(i) == 22 and not i.startswith("-") for i in ids) and len(set(ids)) == len(ids)
+    assert all(set(i) <= set("ABCDEFGHIJKLMNOPQRSTUVWXYZabcdefghijklmnopqrstuvwxyz0123456789-_") for i in ids)
+    assert any("-" in i for i in ids)  # the alphabet is base64url's, '-' included elsewhere than first
+
+
 # -- one broker ----------------------------------------------------------------------------------------------
 def _alive(pid: int) -> bool:
     """The process runs (a zombie waiting for a parent that does not reap it counts as gone)."""
