@@ -12,6 +12,9 @@ injected faults with ground truth, and an archive per region.
     stop = threading.Event()
     run(cfg, stop=stop, on_ready=lambda info: print(info["regions"]))
 
+    # on Apache Kafka brokers started on loopback (sim.brokers) instead of librdkafka's mock cluster
+    run(SimConfig(out="out-real", brokers="real"))
+
 `tidegauge simulate` (and `simulate --live`) is the command-line face of `run`.
 """
 

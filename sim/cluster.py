@@ -12,8 +12,9 @@ Determinism rests on two rules enforced here:
   retention), optionally writes everything to an archive, and hands each partition's records to a handler.
   One consumption serves the archive, the leaders and the followers.
 
-The embedded mock cluster (`sim.embedded_kafka`) is the default; real clusters are reached with the caller's
-librdkafka settings passed through untouched (never logged).
+The embedded mock cluster (`sim.embedded_kafka`) is the default; Apache Kafka brokers started on loopback
+(`sim.brokers`, `brokers: real`) or the caller's clusters are the real ones, reached with the caller's librdkafka
+settings passed through untouched (never logged).
 """
 
 from __future__ import annotations
@@ -21,7 +22,7 @@ from __future__ import annotations
 import logging
 import time
 from collections.abc import Callable, Mapping
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from confluent_kafka import Consumer, KafkaError, KafkaException, Producer, TopicPartition
 
@@ -29,6 +30,9 @@ from div import archive
 from div.kafka_log import consumer_config, messages_to_batch, raise_on_fatal, split_messages
 
 from .embedded_kafka import EmbeddedKafka
+
+if TYPE_CHECKING:
+    from .brokers import KafkaCluster
 
 log = logging.getLogger(__name__)
 
@@ -124,20 +128,33 @@ class RegionProducer:
 
 
 class Region:
-    """A region's cluster: an embedded mock cluster started here, or a given one; creates the run's topics."""
+    """A region's cluster: an embedded mock cluster started here, Apache Kafka brokers started here
+    (`sim.brokers.KafkaCluster`, handed over: the region closes it), or a given one; creates the run's topics."""
 
-    def __init__(self, region: int, bootstrap: str | None, conf: Mapping[str, Any], clock: SimClock) -> None:
+    def __init__(
+        self,
+        region: int,
+        bootstrap: str | None,
+        conf: Mapping[str, Any],
+        clock: SimClock,
+        brokers: KafkaCluster | None = None,
+    ) -> None:
         self.region = region
         self.conf = dict(conf)
         self.embedded: EmbeddedKafka | None = None
-        if bootstrap is None:
+        self.brokers = brokers
+        if brokers is not None:
+            bootstrap = brokers.bootstrap_servers
+        elif bootstrap is None:
             self.embedded = EmbeddedKafka(brokers=1)
             bootstrap = self.embedded.bootstrap_servers
         self.bootstrap = bootstrap
         self.clock = clock
 
     def create_topics(self, names: list[str], partitions: int) -> None:
-        """Create fresh topics with `partitions` partitions (an existing topic is accepted only when empty)."""
+        """Create fresh topics with `partitions` partitions (an existing topic is accepted only when empty):
+        through the AdminClient (CreateTopics), except on the mock cluster, which has no CreateTopics (its own
+        control API, through ctypes)."""
         if self.embedded is not None:
             for name in names:
                 self.embedded.create_topic(name, partitions)
@@ -163,6 +180,12 @@ class Region:
                 raise ClusterError(
                     f"region {self.region}: cannot create topic {name} on {self.bootstrap}: {exc}"
                 ) from None
+        from .brokers import BrokersError, wait_for_leaders
+
+        try:
+            wait_for_leaders(admin, dict.fromkeys(missing, partitions))
+        except BrokersError as exc:
+            raise ClusterError(f"region {self.region}: {self.bootstrap}: {exc}") from None
 
     def _existing_topics(self) -> set[str]:
         c = Consumer(consumer_config(self.bootstrap, self.conf))
@@ -198,6 +221,9 @@ class Region:
         if self.embedded is not None:
             self.embedded.close()
             self.embedded = None
+        if self.brokers is not None:
+            self.brokers.close()
+            self.brokers = None
 
 
 class Reader:

@@ -102,6 +102,10 @@ class SimConfig:
     kafka: dict[int, str] | None = None  # region -> bootstrap servers; None: one embedded cluster per region
     kafka_conf: dict[str, Any] = field(default_factory=dict)  # librdkafka settings, passed through
     kafka_conf_by_region: dict[int, dict[str, Any]] = field(default_factory=dict)
+    # the clusters started here when `kafka` is None: "mock" (librdkafka's mock cluster, in this process) or
+    # "real" (Apache Kafka brokers on loopback, `sim.brokers`), `brokers_per_region` nodes each
+    brokers: str = "mock"
+    brokers_per_region: int = 1
     start_ms: int = 1_700_000_000_000  # simulated epoch of the first write
     step_records: int = 20_000  # writes per simulation step (bounds memory and mock-cluster retention)
     follower_checkpoint_every: int = 50_000  # VT records between follower checkpoints (per partition)
@@ -247,6 +251,22 @@ class SimConfig:
                 sorted(self.kafka) == list(range(self.regions)),
                 f"--kafka names regions {sorted(self.kafka)}; every region 0..{self.regions - 1} needs one",
             )
+        need(
+            self.brokers in ("mock", "real"),
+            f"brokers must be 'mock' or 'real', got {self.brokers!r}",
+        )
+        need(
+            self.kafka is None or self.brokers == "mock",
+            "--brokers real starts a cluster per region; --kafka REGION=BOOTSTRAP names yours: give one of them",
+        )
+        need(
+            1 <= self.brokers_per_region <= 9,
+            f"brokers_per_region must be 1 to 9, got {self.brokers_per_region}",
+        )
+        need(
+            self.brokers_per_region == 1 or self.brokers == "real",
+            f"brokers_per_region {self.brokers_per_region} needs real brokers (--brokers real); the mock has one",
+        )
         need(
             bool(self.store)
             and all(c.isalnum() or c in "._-" for c in self.store)

@@ -57,7 +57,7 @@ from div.writer import SegmentWriter
 from heartbeat.records import rt_heartbeat
 
 from . import faults as F
-from .cluster import Region, RegionProducer, SimClock
+from .cluster import ClusterError, Region, RegionProducer, SimClock
 from .compaction import compact_range
 from .config import STOP_RESUME_KINDS, ConfigError, SimConfig, TimedFault
 from .follower import MetadataBytes
@@ -163,6 +163,7 @@ class _Simulation:
         self.behind_ms = 0
         self.announced: str | None = None  # live.json's state
         self.clusters_up = False  # lingering after the stop (live.json `clusters_up`)
+        self.started_brokers: list[Any] = []  # Apache Kafka clusters started here (closed by close())
 
     # ------------------------------------------------------------------------------------------ setup
     def _prepare_out(self) -> None:
@@ -192,16 +193,23 @@ class _Simulation:
             )
         self.timings["plan_s"] += time.perf_counter() - t0
         n, p = cfg.regions, cfg.partitions
+        started = self._start_brokers() if cfg.kafka is None and cfg.brokers == "real" else None
         confs = {}
         for x in range(n):
             conf = dict(cfg.kafka_conf)
             conf.update(cfg.kafka_conf_by_region.get(x, {}))
             if cfg.kafka is None:
-                # Embedded brokers go down on purpose (broker faults) and at the end of the run: keep
+                # Brokers started here go down on purpose (broker faults) and at the end of the run: keep
                 # librdkafka's connection-refused/disconnected lines off stderr unless the caller asks.
                 conf.setdefault("log_level", 2)
             confs[x] = conf
-            region = Region(x, None if cfg.kafka is None else cfg.kafka[x], conf, self.clock)
+            region = Region(
+                x,
+                None if cfg.kafka is None else cfg.kafka[x],
+                conf,
+                self.clock,
+                brokers=None if started is None else started[x],
+            )
             self.regions.append(region)
             region.create_topics([cfg.rt_topic, cfg.vt_topic], p)
             self.producers.append(RegionProducer(region.bootstrap, conf, self.clock))
@@ -240,6 +248,31 @@ class _Simulation:
             )
             self.workers.append(ProcessWorker(spec) if cfg.workers == "process" else InlineWorker(spec))
         self.timings["start_workers_s"] += time.perf_counter() - t0
+
+    def _start_brokers(self) -> list:
+        """One Apache Kafka cluster per region on loopback (`sim.brokers`), started side by side; each region
+        closes its own."""
+        from .brokers import BrokersError, start_clusters
+
+        cfg = self.cfg
+        say = self.progress or (lambda _line: None)
+        t0 = time.perf_counter()
+        try:
+            clusters = start_clusters(
+                cfg.regions,
+                brokers=cfg.brokers_per_region,
+                name="sim",
+                progress=lambda line: say(f"[simulate] {line}"),
+            )
+        except BrokersError as exc:
+            raise ClusterError(f"starting the Apache Kafka brokers: {exc}") from None
+        self.started_brokers = clusters
+        self.timings["start_brokers_s"] += time.perf_counter() - t0
+        say(
+            f"[simulate] {cfg.regions} Apache Kafka {clusters[0].version} clusters up ({cfg.brokers_per_region} "
+            f"node(s) each) in {time.perf_counter() - t0:.1f} s"
+        )
+        return clusters
 
     def _push_records(self) -> list[tuple[bytes, bytes, list | None, int]]:
         """The push job: StartOfPush, the batch keys, EndOfPush for every partition (identical in every VT)."""
@@ -292,6 +325,7 @@ class _Simulation:
                     "topics": [cfg.rt_topic, cfg.vt_topic],
                     "archive": str(self.out / "archive" / f"dc-{r.region}"),
                 }
+                | ({} if r.brokers is None else {"brokers": _brokers_info(r.brokers)})
                 for r in self.regions
             ],
             "started_at": self.start_ms,
@@ -714,9 +748,12 @@ class _Simulation:
 
     def _broker_fault(self, f: F.Fault) -> None:
         region = self.regions[f.region]
+        if region.brokers is not None:
+            self._kill_broker(f, region.brokers)
+            return
         if region.embedded is None:
-            f.detail = {"skipped": "broker faults need the embedded cluster"}
-            self._started(f, "skipped (needs the embedded cluster)")
+            f.detail = {"skipped": "broker faults need a cluster started here (the mock, or --brokers real)"}
+            self._started(f, "skipped (needs a cluster started here)")
             self._ended(f, "skipped")
             return
         from confluent_kafka import KafkaError
@@ -747,6 +784,36 @@ class _Simulation:
             "then": "3 produce requests fail with NOT_LEADER_OR_FOLLOWER (retriable)",
         }
         self._started(f, f"dc-{f.region}'s broker goes down for {down_s:g} s")
+
+    def _kill_broker(self, f: F.Fault, cluster: Any) -> None:
+        """A real broker killed (SIGKILL, no controlled shutdown) and started again on its ports after the
+        outage: clients see it vanish, the idempotent producers retry, and nothing acknowledged is lost (the
+        machine keeps what the broker had written). With several nodes, its partitions' leadership moves."""
+        node = cluster.broker_ids[0]
+        down_s = self.cfg.broker_down_s if f.end_ms is None else (f.end_ms - f.time_ms) / 1000
+        cluster.kill_broker(node)
+        lock = threading.Lock()
+        done = [False]
+
+        def up() -> None:
+            with lock:
+                if done[0]:
+                    return
+                done[0] = True
+            cluster.restart_broker(node)  # until it serves again (a few seconds: a JVM, log recovery)
+            self._ended(f, f"dc-{f.region}'s broker {node} is back")
+
+        timer = threading.Timer(down_s, up)
+        timer.daemon = True
+        timer.start()
+        self.timers[f.id] = timer
+        self.broker_up[f.id] = up
+        f.detail = {
+            "broker": node,
+            "down_wall_s": down_s,
+            "then": "killed with SIGKILL; started again on its ports once the outage is over",
+        }
+        self._started(f, f"dc-{f.region}'s broker {node} killed; back in {down_s:g} s")
 
     def _end_outages(self) -> None:
         """A live run that stops ends the outages still going, so that it ends like a planned run: every leader
@@ -936,7 +1003,21 @@ class _Simulation:
                     "every_records": cfg.heartbeat_every_records,
                     "every_ms": cfg.heartbeat_every_ms,
                 },
-                "kafka": "embedded" if cfg.kafka is None else {str(k): v for k, v in cfg.kafka.items()},
+                "kafka": (
+                    {str(k): v for k, v in cfg.kafka.items()}
+                    if cfg.kafka is not None
+                    else "real"
+                    if cfg.brokers == "real"
+                    else "embedded"
+                ),
+                **(
+                    {
+                        "kafka_version": self.started_brokers[0].version,
+                        "brokers_per_region": cfg.brokers_per_region,
+                    }
+                    if self.started_brokers
+                    else {}
+                ),
                 "eop_offsets": {str(q): o for q, o in self.eop_offsets.items()},
                 "end_offsets": {
                     str(x): {f"{t}[{q}]": e for (t, q), e in sorted(ends.items())}
@@ -1132,6 +1213,12 @@ class _Simulation:
         # Drop every client before the embedded clusters stop, so none of them sees its brokers vanish.
         self.workers, self.producers = [], []
         gc.collect()
+        if (
+            self.started_brokers
+        ):  # Apache Kafka brokers: all stopped at once (each region's close is then a no-op)
+            from .brokers import close_clusters
+
+            close_clusters(self.started_brokers)
         for region in self.regions:
             try:
                 if region.embedded is not None:
@@ -1139,6 +1226,20 @@ class _Simulation:
                 region.close()
             except Exception as exc:  # noqa: BLE001
                 log.warning("closing region %d: %s", region.region, exc)
+
+
+def _brokers_info(cluster: Any) -> dict:
+    """live.json's word on a region's Apache Kafka cluster: version, directory, and each node's pid and ports (as
+    they were when written: a restarted node has another pid)."""
+    return {
+        "kafka_version": cluster.version,
+        "dir": str(cluster.dir),
+        "nodes": [
+            {"node_id": n.node_id, "roles": list(n.roles), "pid": None if n.proc is None else n.proc.pid}
+            | ({"port": n.broker_port} if n.broker_port else {})
+            for n in cluster.nodes
+        ],
+    }
 
 
 def _version() -> str:

@@ -1,5 +1,5 @@
-"""Shared fixtures: one SparkSession per test run, the embedded Kafka cluster, one standalone Spark cluster (with
-an S3 server), and paths to reference data.
+"""Shared fixtures: one SparkSession per test run, the embedded Kafka cluster, real Apache Kafka clusters (one
+broker, three brokers), one standalone Spark cluster (with an S3 server), and paths to reference data.
 
 The tests mirror the source tree (tests/leapfrog/, tests/div/, tests/heartbeat/, tests/sim/,
 tests/pipelines/<command>/); whole-product contracts sit here at the top and shared helpers in tests/support/.
@@ -46,6 +46,83 @@ def embedded_kafka():
     cluster = EmbeddedKafka(brokers=1)
     yield cluster
     cluster.close()
+
+
+REAL_KAFKA_FIXTURES = {"kafka_jars", "real_kafka", "real_kafka_three", "real_kafka_three_session"}
+
+
+def pytest_collection_modifyitems(items):
+    """A test that uses a real Kafka cluster is marked `kafka_real` whether or not it says so (-m 'not kafka_real'
+    then leaves out every test that starts JVM brokers)."""
+    for item in items:
+        if REAL_KAFKA_FIXTURES & set(getattr(item, "fixturenames", ())):
+            item.add_marker(pytest.mark.kafka_real)
+
+
+def _install_maven() -> None:
+    """Debian's maven when `mvn` is missing and this runs as root with apt-get (as CI does): the suite installs
+    what it needs, as the browser test installs Chromium. Elsewhere `resolve_jars` says what to install."""
+    import os
+    import shutil
+    import subprocess
+
+    if shutil.which("mvn") or os.name != "posix" or os.geteuid() != 0 or not shutil.which("apt-get"):
+        return
+    env = {**os.environ, "DEBIAN_FRONTEND": "noninteractive"}
+    for cmd in (["apt-get", "install", "-y", "-qq", "maven"], ["apt-get", "update", "-qq"]) * 2:
+        try:
+            subprocess.run(cmd, env=env, capture_output=True, timeout=900)
+        except subprocess.TimeoutExpired:
+            continue
+        if shutil.which("mvn"):
+            return
+
+
+@pytest.fixture(scope="session")
+def kafka_jars() -> pathlib.Path:
+    """The Apache Kafka broker's jars, resolved from Maven Central by mvn on the first run of the machine (~45 MB
+    into ~/.cache/tidegauge/jvm, outside the checkout; sim/jvm/kafka/pom.xml says which), then reused. No test
+    skips for want of them: without Maven or Maven Central the real-Kafka tests fail, saying why."""
+    from sim.brokers import resolve_jars
+
+    _install_maven()
+    return resolve_jars()
+
+
+@pytest.fixture(scope="session")
+def real_kafka(kafka_jars):
+    """One Apache Kafka cluster (a single broker+controller node, KRaft, on loopback) for the test run; tests
+    create their own uniquely named topics, through the AdminClient (`create_topics`). Started on first use
+    (the first one resolves the broker's jars from Maven Central into ~/.cache/tidegauge/jvm, once), stopped and
+    its directory removed at the end, whatever happened. Tests must not stop its broker: one that needs a broker
+    killed or restarted uses `real_kafka_three` or a cluster of its own (`sim.brokers.KafkaCluster`)."""
+    from sim.brokers import KafkaCluster
+
+    with KafkaCluster(name="tests") as cluster:
+        yield cluster
+
+
+@pytest.fixture(scope="session")
+def real_kafka_three_session(kafka_jars):
+    """Three Apache Kafka nodes for the test run (see `real_kafka_three`)."""
+    from sim.brokers import KafkaCluster
+
+    with KafkaCluster(3, name="tests-three") as cluster:
+        yield cluster
+
+
+@pytest.fixture
+def real_kafka_three(real_kafka_three_session):
+    """Three Apache Kafka nodes, each broker and controller (a quorum of three), shared by the test run, for
+    tests of broker deaths and leader elections; topics get three replicas and min.insync.replicas 2. A test may
+    kill or stop any one node; whatever it left down is started again after it (pass or fail)."""
+    cluster = real_kafka_three_session
+    yield cluster
+    down = [n.node_id for n in cluster.nodes if not n.alive]
+    for node_id in down:
+        cluster.restart_broker(node_id, wait=False)
+    if down:
+        cluster.wait_ready()
 
 
 @pytest.fixture(scope="session")

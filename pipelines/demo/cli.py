@@ -25,6 +25,11 @@ HELP = textwrap.dedent("""\
     logged). Open OUT/report/report.html in a browser. Running the demo again into the same OUT replaces it
     but keeps OUT/history, so the report shows what changed since the previous run (try another --seed).
 
+    --kafka real runs the same on Apache Kafka instead of the mock: a broker per region (KRaft, one JVM of
+    at most 512 MiB each) started on 127.0.0.1 and stopped at the end; the first time, Maven resolves its jars
+    from Maven Central into ~/.cache/tidegauge/jvm (needs `mvn`). The mock proves the jobs; real brokers prove
+    them against Kafka's own topic creation, fetches, log recovery and timestamps.
+
     Needs Java 17 (for Spark). Takes a few minutes on 2 cores.
 
     Exit codes: 0 every fault found and nothing else, 1 a mismatch (the ✗ lines say which), 2 bad usage
@@ -60,6 +65,14 @@ def register(sub) -> None:
         "fault can be placed)",
     )
     p.add_argument("--master", metavar="URL", help="Spark master (default local[*])")
+    p.add_argument(
+        "--kafka",
+        choices=["mock", "real"],
+        default="mock",
+        help="the regions' clusters: mock (default: librdkafka's mock cluster, in process) or real (an Apache "
+        "Kafka broker per region on 127.0.0.1; its jars are resolved once from Maven Central: needs mvn); "
+        "with --watch too",
+    )
     live = p.add_argument_group(
         "--watch: the continuous watch on a live simulation",
         "Runs `tidegauge simulate --live` and `tidegauge watch` on its clusters (each a process of its own), "
@@ -119,6 +132,7 @@ def run(args: argparse.Namespace) -> int:
         records=args.records,
         verbose=bool(getattr(args, "verbose", False)),
         master=args.master,
+        kafka=args.kafka,
     )
     return run_demo(opts).exit_code
 
@@ -137,5 +151,6 @@ def _run_watch(args: argparse.Namespace) -> int:
         faults=args.faults or DEFAULT_FAULTS,
         metrics_port=args.metrics_port,
         master=args.master,
+        kafka=args.kafka,
     )
     return run_watch_demo(opts).exit_code

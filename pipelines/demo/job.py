@@ -1,6 +1,7 @@
 """`tidegauge demo`: the whole nightly job on embedded defaults, for someone who has just installed tidegauge.
 
-It simulates a three-region store on embedded Kafka clusters with faults whose consequences are known
+It simulates a three-region store on embedded Kafka clusters (or, with `--kafka real`, on an Apache Kafka broker
+per region started on loopback) with faults whose consequences are known
 (`sim`, which writes them to truth.json), runs every job on the archives in one process — `lag`, `leapfrog`,
 `div validate`, `div restore`, `report`, the Spark ones on one SparkSession — and then checks the jobs against
 the truth: every injected fault must be found by the finding truth.json names, and nothing else may be found.
@@ -66,6 +67,7 @@ class DemoOptions:
     partitions: int = 3
     verbose: bool = False  # leave job logs on stderr instead of OUT/demo.log
     master: str | None = None  # Spark master (default local[*])
+    kafka: str = "mock"  # the regions' clusters: librdkafka's mock ("mock") or Apache Kafka brokers ("real")
 
 
 @dataclass
@@ -106,11 +108,21 @@ class DemoResult:
         return bool(self.checks) and all(c.ok for c in self.checks)
 
 
-def demo_config(out: str, seed: int = 1, records: int = 12_000, partitions: int = 3) -> SimConfig:
+KAFKA_KINDS = {
+    "mock": "one embedded Kafka cluster each (librdkafka's mock)",
+    "real": "one Apache Kafka broker each",
+}
+
+
+def demo_config(
+    out: str, seed: int = 1, records: int = 12_000, partitions: int = 3, kafka: str = "mock"
+) -> SimConfig:
     """The demo's simulation: small enough for a couple of minutes on 2 cores, with every fault kind the jobs
-    can find, a leader failover, uneven replication lag and a quiet region (which keeps heartbeating)."""
+    can find, a leader failover, uneven replication lag and a quiet region (which keeps heartbeating); on the
+    mock or on real brokers (`kafka`)."""
     return SimConfig(
         out=out,
+        brokers=kafka,
         seed=seed,
         regions=3,
         partitions=partitions,
@@ -551,6 +563,17 @@ def _restore_step(out: Path, truth: dict, checks: list[Check]) -> str:
     )
 
 
+def check_brokers() -> None:
+    """Real brokers need Java and their jars: resolved now (once, from Maven Central; the progress line says
+    so), else DemoError saying what to install."""
+    from sim.brokers import BrokersError, resolve_jars
+
+    try:
+        resolve_jars(progress=lambda line: print(f"tidegauge demo: {line}", flush=True))
+    except BrokersError as exc:
+        raise DemoError(f"--kafka real: {exc}") from None
+
+
 def run_demo(opts: DemoOptions, emit: Callable[[str], None] | None = None, spark: Any = None) -> DemoResult:
     """Run the demo; `emit` receives every line meant for the user (default: print). `spark`: a session to use
     (the tests pass theirs); otherwise one is started. Raises DemoError when the demo cannot start."""
@@ -568,10 +591,13 @@ def run_demo(opts: DemoOptions, emit: Callable[[str], None] | None = None, spark
     except JavaMissingError as exc:
         raise DemoError(str(exc)) from None
     log_path = out / "demo.log"
-    cfg = demo_config(str(out / "sim"), opts.seed, opts.records, opts.partitions)
+    if opts.kafka == "real":
+        check_brokers()
+    cfg = demo_config(str(out / "sim"), opts.seed, opts.records, opts.partitions, opts.kafka)
     progress = _Progress(7, emit)
     result = DemoResult(out=out, exit_code=EXIT_STEP_FAILED, elapsed_s=0.0)
-    emit(f"tidegauge demo: 3 regions on embedded Kafka, {cfg.records:,} writes, seed {cfg.seed} -> {out}")
+    on = "embedded Kafka" if opts.kafka == "mock" else "Apache Kafka brokers"
+    emit(f"tidegauge demo: 3 regions on {on}, {cfg.records:,} writes, seed {cfg.seed} -> {out}")
     try:
         with _logs_to(log_path, not opts.verbose):
             _run_steps(opts, cfg, out, progress, result, spark, java)
@@ -617,8 +643,7 @@ def _run_steps(
     kinds = ", ".join(f"{k}" if v == 1 else f"{k} x{v}" for k, v in cfg.faults.items())
     with progress.step(
         "simulate",
-        f"{cfg.regions} regions x {cfg.partitions} partitions, one embedded Kafka "
-        f"cluster each; faults: {kinds}",
+        f"{cfg.regions} regions x {cfg.partitions} partitions, {KAFKA_KINDS[cfg.brokers]}; faults: {kinds}",
     ) as res:
         sim = simulate(cfg)
         s = sim.summary

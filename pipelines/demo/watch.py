@@ -1,7 +1,7 @@
 """`tidegauge demo --watch`: the continuous watch, end to end, on a live simulation with faults at set times.
 
 It runs what a user would run, each as a process of its own: `tidegauge simulate --live` (three embedded Kafka
-clusters, faults injected at known times and written to truth.json as they happen) and `tidegauge watch` on
+clusters, or Apache Kafka brokers with `--kafka real`, faults injected at known times and written to truth.json as they happen) and `tidegauge watch` on
 those clusters, with its Prometheus metrics. While they run it follows truth.json, the watch's findings and its
 metrics (scraped over HTTP, as Prometheus would) and prints each fault and each finding or alert as it comes.
 Once the simulation has stopped and the watch has committed every record (read from the watch's checkpoint),
@@ -51,6 +51,7 @@ from pipelines.demo.job import (
     DemoError,
     _key_text,
     _logs_to,
+    check_brokers,
     check_faults,
     prepare_out,
     read_div_findings,
@@ -79,6 +80,7 @@ class WatchDemoOptions:
     # the embedded clusters keep ~5 MiB per partition: four partitions give the watch minutes, not seconds, to
     # start and catch up before unread records are deleted (the watch then stops rather than judge a hole)
     partitions: int = 4
+    kafka: str = "mock"  # the regions' clusters: librdkafka's mock ("mock") or Apache Kafka brokers ("real")
 
 
 @dataclass
@@ -476,6 +478,8 @@ def run_watch_demo(opts: WatchDemoOptions, emit: Callable[[str], None] | None = 
         raise DemoError(f"--out {opts.out}: the demo writes to local disk; give a directory")
     out = Path(str(opts.out).removeprefix("file://")).resolve()
     prepare_out(out)
+    if opts.kafka == "real":
+        check_brokers()
     result = WatchDemoResult(out=out)
     t_start = time.perf_counter()
     sim = watch = None
@@ -510,7 +514,8 @@ def _run(
 ) -> tuple[_Proc, _Proc]:
     interval = opts.heartbeat_ms
     emit(
-        f"tidegauge demo --watch: 3 regions live for {opts.duration_s:g} s at {opts.rate:g} writes/s each, "
+        f"tidegauge demo --watch: 3 regions live on {'embedded Kafka' if opts.kafka == 'mock' else 'Apache Kafka brokers'} "
+        f"for {opts.duration_s:g} s at {opts.rate:g} writes/s each, "
         f"heartbeats every {interval / 1000:g} s; faults {opts.faults} -> {out}"
     )
     # replication lag that differs by region pair, on top of the simulator's 200 ms (and its conflicts: hot keys
@@ -524,6 +529,7 @@ def _run(
             "simulate", "--live", "--out", str(out / "sim"), "--conf", str(conf), "--seed", str(opts.seed), "--regions", "3",
             "--partitions", str(opts.partitions), "--duration", f"{opts.duration_s:g}", "--rate",
             f"{opts.rate:g}", "--heartbeat-ms", str(interval), "--faults", opts.faults, "--linger", "900",
+            "--brokers", opts.kafka,
         ),
         out / "simulate.log",
     )  # fmt: skip

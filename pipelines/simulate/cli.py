@@ -56,7 +56,7 @@ EPILOG = textwrap.dedent("""\
       duplicate   a producer's record delivered twice             -> div DUPLICATE (not fatal); leaders drop it
       failover*   a leader stops; a successor resumes from the last VT heartbeat  -> nothing
       compaction  a VT range of one archive compacted as Kafka would -> nothing (DIV with compaction tolerance)
-      broker*     an embedded broker goes down for a moment        -> nothing
+      broker*     a region's broker goes down for a moment (mock) or is killed and restarted (real) -> nothing
       silent*     a leader stops heartbeating (its data still flows; outage_ms)  -> lag/heartbeat age only
       isolated*   a region stops replicating the others, then catches up (outage_ms) -> lag only
     A live run without --duration takes timed faults only (and compaction=N, done to the archives at the end).
@@ -67,6 +67,7 @@ EPILOG = textwrap.dedent("""\
           --faults dropped=2,poisoned=1,failover=1,duplicate=1,gap=1,corrupt=1,compaction=1
       tidegauge simulate --out out/sim-legacy --legacy-rmd          # also write per-record offset vectors
       tidegauge simulate --out out/sim --kafka 0=kafka-a:9092 1=kafka-b:9092 2=kafka-c:9092 --conf my.yaml
+      tidegauge simulate --out out/sim --brokers real       # an Apache Kafka broker per region, started here
       tidegauge simulate --live --out out/live --duration 600 --rate 200 --heartbeat-ms 2000 \\
           --faults failover@60,dropped@120,poisoned@150,silent@200+30,isolated@300+40,broker@400+5
       tidegauge simulate --live --out out/live --rate 50          # until Ctrl-C; prints the kafka:// URIs
@@ -145,6 +146,13 @@ def register(sub) -> None:
         "per region for real clusters (topics <store>_rt and <store>_v<version> are created)",
     )
     p.add_argument(
+        "--brokers",
+        choices=["mock", "real"],
+        help="the clusters started for the regions when --kafka is not given: mock (default: librdkafka's mock "
+        "cluster, in this process) or real (an Apache Kafka 4 broker per region on 127.0.0.1, its jars resolved "
+        "once from Maven Central: needs mvn and Java 17; `brokers_per_region:` in --conf for more nodes)",
+    )
+    p.add_argument(
         "--legacy-rmd",
         action="store_true",
         help="also write Venice's per-record replication_checkpoint_vector in every RMD payload, to "
@@ -209,6 +217,8 @@ def build_config(args):
             changes["faults"], changes["fault_times"] = parse_fault_spec(args.faults)
         if args.kafka is not None:
             changes["kafka"] = parse_kafka(args.kafka)
+        if args.brokers is not None:
+            changes["brokers"] = args.brokers
         if args.legacy_rmd:
             changes["legacy_rmd"] = True
         if args.no_progress:

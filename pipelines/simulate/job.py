@@ -22,7 +22,15 @@ from sim.config import SimConfig
 
 def _check_clusters(cfg) -> None:
     """Given clusters (--kafka) must answer before anything is written: an unreachable one is a usage error
-    naming the region and bootstrap (exit 2), not a run that failed half-way."""
+    naming the region and bootstrap (exit 2), not a run that failed half-way. Real brokers started here
+    (--brokers real) need Java and their jars: resolved now (once, from Maven Central), else exit 2 saying why."""
+    if cfg.kafka is None and cfg.brokers == "real":
+        from sim.brokers import BrokersError, resolve_jars
+
+        try:
+            resolve_jars(progress=lambda line: print(f"[simulate] {line}", file=sys.stderr, flush=True))
+        except BrokersError as exc:
+            raise UsageError(f"--brokers real: {exc}") from None
     if not cfg.kafka:
         return
     from div.kafka_log import KafkaLog, KafkaLogError

@@ -87,6 +87,10 @@ def test_from_mapping_reads_lags_quiet_periods_and_rates():
         ({"kafka": {0: "a:1"}}, "every region 0..2 needs one"),
         ({"store": "_bad"}, "store name"),
         ({"value_size_max": 2_000_000}, "chunking"),
+        ({"brokers": "zookeeper"}, "brokers must be 'mock' or 'real'"),
+        ({"brokers": "real", "kafka": {0: "a:1", 1: "b:1", 2: "c:1"}}, "--brokers real starts a cluster per"),
+        ({"brokers_per_region": 3}, "brokers_per_region 3 needs real brokers"),
+        ({"brokers": "real", "brokers_per_region": 0}, "brokers_per_region must be 1 to 9"),
     ],
 )
 def test_validate_names_the_bad_setting(change, message):
@@ -107,6 +111,39 @@ def test_cli_rejects_bad_regions_with_exit_2(tmp_path, capsys):
     assert "regions must be at least 1" in capsys.readouterr().err
 
 
+def test_cli_brokers_flag_reaches_the_config_and_excludes_given_clusters(tmp_path, capsys):
+    from pipelines.cli import build_parser
+    from pipelines.simulate.cli import build_config
+
+    def cfg(*flags):
+        return build_config(build_parser().parse_args(["simulate", "--out", str(tmp_path / "o"), *flags]))
+
+    assert (cfg().brokers, cfg("--brokers", "real").brokers, cfg("--brokers", "mock").brokers) == (
+        "mock",
+        "real",
+        "mock",
+    )
+    (tmp_path / "c.yaml").write_text("simulate:\n  brokers: real\n  brokers_per_region: 3\n")
+    assert (
+        cfg("--conf", str(tmp_path / "c.yaml")).brokers_per_region,
+        cfg("--conf", str(tmp_path / "c.yaml")).brokers,
+    ) == (3, "real")
+    argv = [
+        "simulate",
+        "--out",
+        str(tmp_path / "o"),
+        "--brokers",
+        "real",
+        "--kafka",
+        "0=a:1",
+        "1=b:1",
+        "2=c:1",
+    ]
+    assert main(argv) == 2
+    assert "--brokers real starts a cluster per region" in capsys.readouterr().err
+    assert not (tmp_path / "o").exists()
+
+
 def test_cli_help_teaches(capsys):
     with pytest.raises(SystemExit) as exc:
         main(["simulate", "--help"])
@@ -120,6 +157,7 @@ def test_cli_help_teaches(capsys):
         "archive/dc-<id>",
         "--legacy-rmd",
         "--kafka",
+        "--brokers",
     ):
         assert word in out
 

@@ -228,3 +228,35 @@ def test_demo_finds_every_injected_fault_and_nothing_else(spark, tmp_path):
     for name in ("lag/lag.json", "leapfrog/summary.json", "div/summary.json", "report/report.json"):
         assert (result.out / name).exists(), name
     assert any((result.out / "history").iterdir())
+
+
+@pytest.mark.spark
+@pytest.mark.slow
+def test_the_demo_on_real_brokers_finds_every_fault_and_nothing_else(spark, kafka_jars, tmp_path):
+    """`demo --kafka real`: the same simulation on an Apache Kafka broker per region, the same verdict."""
+    lines: list[str] = []
+    result = run_demo(
+        DemoOptions(out=str(tmp_path / "demo"), seed=2, kafka="real"), emit=lines.append, spark=spark
+    )
+    text = "\n".join(lines)
+    assert "3 regions on Apache Kafka brokers" in text and "one Apache Kafka broker each" in text, text
+    truth = json.loads((result.out / "sim" / "truth.json").read_text())
+    assert (truth["run"]["kafka"], truth["run"]["brokers_per_region"]) == ("real", 1)
+    failed = [c.line() for c in result.checks if not c.ok]
+    assert result.matched and not failed and result.exit_code == 0, text
+    assert json.loads((result.out / MARKER).read_text())["options"]["kafka"] == "real"
+
+
+def test_demo_on_real_brokers_without_maven_says_what_to_install(tmp_path, monkeypatch, capsys):
+    from sim import brokers
+
+    monkeypatch.setenv("TIDEGAUGE_CACHE_DIR", str(tmp_path / "cache"))
+    which = brokers.shutil.which
+    monkeypatch.setattr(
+        brokers.shutil, "which", lambda name, *a, **k: None if name == "mvn" else which(name, *a, **k)
+    )
+    for argv in (["demo"], ["demo", "--watch"]):
+        out = tmp_path / "-".join(argv)
+        assert cli_main([*argv, "--kafka", "real", "--out", str(out)]) == 2
+        err = capsys.readouterr().err
+        assert "--kafka real:" in err and "apt-get install -y maven" in err, err
