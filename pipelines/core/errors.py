@@ -43,15 +43,20 @@ def exit_codes(*usage: type[Exception]) -> Callable[[Command], Command]:
     def decorate(run: Command) -> Command:
         @functools.wraps(run)
         def entry(args: Any) -> int:
+            from pipelines.core.publish import unfinished_now
+
             name = command_name(args)
             interrupts.reset()
             interrupts.install()
+            earlier = (
+                unfinished_now()
+            )  # other runs' in this process (tests, the demo): not this run's to remove
             try:
                 code = int(run(args))
             except BaseException as exc:
-                return _failed(name, exc, usage)
+                return _failed(name, exc, usage, earlier)
             if interrupts.interrupted():  # a KeyboardInterrupt was swallowed on the way: no result to trust
-                return _failed(name, KeyboardInterrupt(), usage)
+                return _failed(name, KeyboardInterrupt(), usage, earlier)
             return code
 
         return entry
@@ -64,14 +69,16 @@ def command_name(args: Any) -> str:
     return getattr(args, "command_name", None) or getattr(args, "command", None) or "?"
 
 
-def _failed(name: str, exc: BaseException, usage: tuple[type[Exception], ...]) -> int:
+def _failed(
+    name: str, exc: BaseException, usage: tuple[type[Exception], ...], earlier: frozenset = frozenset()
+) -> int:
     """The exit code of a run `exc` ended, after its line on stderr and the removal of its staging directories."""
     interrupted = interrupts.interrupted() or interrupts.caused_by_interrupt(exc)
     if interrupted:
         interrupts.ignore()  # a second Ctrl-C must not cut the clean-up short with a traceback of its own
     from pipelines.core.publish import abandon_unfinished
 
-    left = abandon_unfinished()
+    left = abandon_unfinished(earlier=earlier)
     if interrupted:
         print(
             f"tidegauge {name}: interrupted"

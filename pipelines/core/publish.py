@@ -175,15 +175,22 @@ class Publication:
                 d.remove()
 
 
-def abandon_unfinished(attempts: int = 5) -> list[str]:
-    """Remove every staging directory this process started and neither published nor abandoned: a run that ends
-    early leaves none behind. A Spark task cancelled a moment ago may still be writing into one, so removal is
-    tried a few times. Returns the ones that could not be removed."""
+def unfinished_now() -> frozenset[Publication]:
+    """The publications unfinished at this moment: what a run that starts now must leave to their owners."""
+    return frozenset(_unfinished)
+
+
+def abandon_unfinished(attempts: int = 5, earlier: frozenset[Publication] = frozenset()) -> list[str]:
+    """Remove every staging directory this process started and neither published nor abandoned, except those of
+    `earlier` (started before this run, by another run in the same process: a test session, the demo): a run
+    that ends early leaves none behind. A Spark task cancelled a moment ago may still be writing into one, so
+    removal is tried a few times. Returns the ones that could not be removed."""
     for attempt in range(attempts):
-        for pub in list(_unfinished):
+        mine = [pub for pub in _unfinished if pub not in earlier]
+        for pub in mine:
             pub.abandon()
-        if not _unfinished:
+        if not any(pub not in earlier for pub in _unfinished):
             return []
         if attempt < attempts - 1:
             time.sleep(0.2 * (attempt + 1))
-    return sorted(p.staging.uri for p in _unfinished if p.staging is not None)
+    return sorted(p.staging.uri for p in _unfinished if p not in earlier and p.staging is not None)

@@ -193,3 +193,22 @@ def test_once_interrupted_nothing_the_jvm_says_reaches_the_console():
     forward.join(10)
     with open(console_r, "rb") as console:
         assert console.read() == b"26/11/27 18:30:00 WARN before the Ctrl-C\n"
+
+
+def test_a_failed_run_removes_its_own_staging_only(tmp_path, capsys):
+    # Runs in one process (a test session, the demo) each clean up after themselves: a failing run must not touch
+    # what another run staged (in CI one such directory was on an S3 server stopped since, and the clean-up hung).
+    other = publish.Publication(locate(tmp_path / "other"), "lag")
+    other_staging = other.stage()
+
+    def run(args) -> int:
+        publish.Publication(locate(tmp_path / "mine"), "lag").stage()
+        raise KeyboardInterrupt
+
+    try:
+        assert _entry(run)(argparse.Namespace(command="lag")) == 130
+        assert capsys.readouterr().err == "tidegauge lag: interrupted\n"
+        assert other_staging.exists() and other in publish._unfinished
+        assert [p.name for p in tmp_path.iterdir()] == [other_staging.name]
+    finally:
+        other.abandon()
