@@ -761,23 +761,13 @@ class _Simulation:
         embedded = region.embedded
         down_s = self.cfg.broker_down_s if f.end_ms is None else (f.end_ms - f.time_ms) / 1000
         embedded.broker_down(1)
-        lock = threading.Lock()
-        done = [False]
 
         def up() -> None:
-            with lock:
-                if done[0]:
-                    return
-                done[0] = True
             embedded.push_produce_errors(3, KafkaError.NOT_LEADER_FOR_PARTITION)
             embedded.broker_up(1)
             self._ended(f, f"dc-{f.region}'s broker is back")
 
-        timer = threading.Timer(down_s, up)
-        timer.daemon = True
-        timer.start()
-        self.timers[f.id] = timer
-        self.broker_up[f.id] = up
+        self._back_after(f, down_s, up)
         f.detail = {
             "broker": 1,
             "down_wall_s": down_s,
@@ -792,28 +782,37 @@ class _Simulation:
         node = cluster.broker_ids[0]
         down_s = self.cfg.broker_down_s if f.end_ms is None else (f.end_ms - f.time_ms) / 1000
         cluster.kill_broker(node)
-        lock = threading.Lock()
-        done = [False]
 
         def up() -> None:
-            with lock:
-                if done[0]:
-                    return
-                done[0] = True
             cluster.restart_broker(node)  # until it serves again (a few seconds: a JVM, log recovery)
             self._ended(f, f"dc-{f.region}'s broker {node} is back")
 
-        timer = threading.Timer(down_s, up)
-        timer.daemon = True
-        timer.start()
-        self.timers[f.id] = timer
-        self.broker_up[f.id] = up
+        self._back_after(f, down_s, up)
         f.detail = {
             "broker": node,
             "down_wall_s": down_s,
             "then": "killed with SIGKILL; started again on its ports once the outage is over",
         }
         self._started(f, f"dc-{f.region}'s broker {node} killed; back in {down_s:g} s")
+
+    def _back_after(self, f: F.Fault, down_s: float, up: Callable[[], None]) -> None:
+        """Run `up` once, after `down_s` seconds or when the run ends first (`_end_outages`), whichever comes
+        first: the timer and the run's end may both call it."""
+        lock = threading.Lock()
+        done = [False]
+
+        def once() -> None:
+            with lock:
+                if done[0]:
+                    return
+                done[0] = True
+            up()
+
+        timer = threading.Timer(down_s, once)
+        timer.daemon = True
+        timer.start()
+        self.timers[f.id] = timer
+        self.broker_up[f.id] = once
 
     def _end_outages(self) -> None:
         """A live run that stops ends the outages still going, so that it ends like a planned run: every leader
