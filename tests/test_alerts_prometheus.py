@@ -58,8 +58,9 @@ from prometheus_server import (
 from div.kafka_log import parse_kafka_uri
 from heartbeat import HeartbeatLeader
 from heartbeat.metrics import LeaderMetrics
-from pipelines.demo.job import Check
-from pipelines.demo.watch import LOAD_PER_CORE_LIMIT, _cli, _Proc, load_during, timing_check
+from pipelines.demo.job import Check, DemoError
+from pipelines.demo.watch import _cli, _Proc, _read_json, load_during, overloaded, timing_check
+from pipelines.demo.watch import _wait as wait_for
 
 REPO = Path(__file__).resolve().parents[1]
 ALERTS = REPO / "conf" / "alerts.yaml"
@@ -167,23 +168,12 @@ class LeaderProcess:
 
 
 # -- watching the run ----------------------------------------------------------------------------------------
-def _read_json(path: Path) -> dict | None:
-    try:
-        return json.loads(path.read_text())
-    except (OSError, ValueError):
-        return None
-
-
 def _wait(what: str, until, timeout: float, proc: _Proc | None = None):
-    deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline:
-        got = until()
-        if got:
-            return got
-        if proc is not None and not proc.alive():
-            pytest.fail(f"{what}: the process ended (exit {proc.p.returncode}):\n{proc.text()[-3000:]}")
-        time.sleep(0.25)
-    pytest.fail(f"{what}: not within {timeout:g} s")
+    """The demo's wait, failing the test with the process's output when it does not come."""
+    try:
+        return wait_for(what, until, timeout, proc)
+    except DemoError as exc:
+        pytest.fail(f"{exc}:\n{proc.text()[-3000:]}" if proc is not None else str(exc))
 
 
 def _key(alert: dict) -> tuple[str, tuple]:
@@ -422,8 +412,8 @@ def _judge(prom: Prometheus, seen: Observed, alerts: list, counted: list, figure
                 "a healthy stretch judged before the first fault",
                 f"{healthy_s:.1f} s, under {HEALTHY_MIN_S:g} s: the watch "
                 + ("was never seen up" if judged_from is None else "came up late")
-                + (f" (not judged: load {load:.1f} on {cores} cores)" if _overloaded(load, cores) else ""),
-                judged=not _overloaded(load, cores),
+                + (f" (not judged: load {load:.1f} on {cores} cores)" if overloaded(load, cores) else ""),
+                judged=not overloaded(load, cores),
             )
         )
     unexplained: dict[tuple, dict[str, list[float]]] = {}  # alert (its labels) → state → sample times
@@ -437,7 +427,7 @@ def _judge(prom: Prometheus, seen: Observed, alerts: list, counted: list, figure
         name = dict(shown)["alertname"]
         times = sorted(t for ts in states.values() for t in ts)
         load = load_during(seen.loads, times[0], times[-1])
-        timing = name in TIMING_ALERTS and _overloaded(load, cores)
+        timing = name in TIMING_ALERTS and overloaded(load, cores)
         checks.append(
             Check(
                 False,
@@ -509,7 +499,7 @@ def _judge(prom: Prometheus, seen: Observed, alerts: list, counted: list, figure
         )
         if not states["firing"]:  # a watch running behind holds it back (the rule's `unless`): load
             load = load_during(seen.loads, silent["at"] / 1000, seen.silence_over_at or time.time())
-            held = _overloaded(load, cores)
+            held = overloaded(load, cores)
             checks.append(
                 Check(
                     False,
@@ -568,7 +558,7 @@ def _judge(prom: Prometheus, seen: Observed, alerts: list, counted: list, figure
     figures["heartbeat_alert_gone_after_silence_s"] = resolved
     if seen.silent_fired and seen.silence_over_at is not None:
         load = load_during(seen.loads, seen.silence_over_at, seen.silence_over_at + RESOLVED_WITHIN_S)
-        late = resolved is None and _overloaded(load, cores)
+        late = resolved is None and overloaded(load, cores)
         checks.append(
             Check(
                 resolved is not None,
@@ -593,7 +583,3 @@ def _alert_text(labels: tuple) -> str:
     d = dict(labels)
     name = d.pop("alertname")
     return name + "{" + ", ".join(f'{k}="{v}"' for k, v in sorted(d.items())) + "}"
-
-
-def _overloaded(load: float | None, cores: int) -> bool:
-    return load is not None and load / max(1, cores) > LOAD_PER_CORE_LIMIT

@@ -231,6 +231,11 @@ def load_during(samples: list[tuple[float, float]], start_s: float, end_s: float
     return max(window) if window else None
 
 
+def overloaded(load: float | None, cores: int, limit: float = LOAD_PER_CORE_LIMIT) -> bool:
+    """Whether a 1-minute load average of `load` on `cores` cores is past what the timing goals are judged at."""
+    return load is not None and load / max(1, cores) > limit
+
+
 def timing_check(
     subject: str,
     measured: float,
@@ -251,7 +256,7 @@ def timing_check(
     where = "load unknown" if load is None else load_text(load, cores)
     if met:
         return Check(True, subject, f"{detail} ({goal_text}; {where})")
-    if load is not None and load / max(1, cores) > limit:
+    if overloaded(load, cores, limit):
         return Check(
             False,
             subject,
