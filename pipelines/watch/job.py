@@ -524,6 +524,9 @@ def store_regions_of(opts: WatchOptions, down: set[int] = frozenset()) -> int:
     from pipelines.leapfrog.regions import FROM_SOURCES, check_distinct, store_regions, tails
     from pipelines.leapfrog.source import plan
 
+    if opts.store_regions is not None:  # `prepare` ran already (the CLI calls it before `start` does)
+        return opts.store_regions
+
     kept = locate(opts.checkpoint) / "store-regions.json"
     sources = {s.region: s.uri for s in opts.sources if s.region not in down}
     splits = plan(sources, opts.topic, opts.kafka_conf) if len(sources) else []
