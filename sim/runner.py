@@ -778,8 +778,16 @@ class _Simulation:
     def _kill_broker(self, f: F.Fault, cluster: Any) -> None:
         """A real broker killed (SIGKILL, no controlled shutdown) and started again on its ports after the
         outage: clients see it vanish, the idempotent producers retry, and nothing acknowledged is lost (the
-        machine keeps what the broker had written). With several nodes, its partitions' leadership moves."""
+        machine keeps what the broker had written). With several nodes the one killed leads the version topic's
+        partition 0, so that partition's leadership must move (an election) while the run writes on."""
         node = cluster.broker_ids[0]
+        if len(cluster.broker_ids) > 1:
+            try:
+                node = cluster.partitions(self.cfg.vt_topic)[0]["leader"]
+            except Exception as exc:  # noqa: BLE001 - metadata unavailable: any node will do, said in detail
+                log.warning(
+                    "[simulate] dc-%d: partition leader unknown (%s); killing broker %d", f.region, exc, node
+                )
         down_s = self.cfg.broker_down_s if f.end_ms is None else (f.end_ms - f.time_ms) / 1000
         cluster.kill_broker(node)
 
@@ -793,7 +801,32 @@ class _Simulation:
             "down_wall_s": down_s,
             "then": "killed with SIGKILL; started again on its ports once the outage is over",
         }
+        if len(cluster.broker_ids) > 1:
+            f.detail["nodes"] = len(cluster.broker_ids)
+            f.detail["led"] = f"{self.cfg.vt_topic}[0]"
+            f.detail["elected"] = None
+            threading.Thread(
+                target=self._note_election, args=(f, cluster, node, time.monotonic(), down_s), daemon=True
+            ).start()
         self._started(f, f"dc-{f.region}'s broker {node} killed; back in {down_s:g} s")
+
+    def _note_election(self, f: F.Fault, cluster: Any, killed: int, t0: float, down_s: float) -> None:
+        """Which node the partition's leadership moved to, and how long that took, as the cluster's metadata
+        says (truth.json's fault detail `elected`, `election_s`): the evidence that the run wrote on through an
+        election, not through a node that was never needed."""
+        deadline = t0 + max(down_s, 1.0)
+        while time.monotonic() < deadline:
+            try:
+                leader = cluster.partitions(self.cfg.vt_topic, timeout_s=2)[0]["leader"]
+            except Exception:  # noqa: BLE001 - metadata in the middle of an election: asked again
+                leader = -1
+            if leader not in (killed, -1):
+                f.detail["elected"] = leader
+                f.detail["election_s"] = round(time.monotonic() - t0, 2)
+                self.truth_dirty = True
+                self._say(f"fault {f.id} broker: node {leader} leads {self.cfg.vt_topic}[0] now")
+                return
+            time.sleep(0.2)
 
     def _back_after(self, f: F.Fault, down_s: float, up: Callable[[], None]) -> None:
         """Run `up` once, after `down_s` seconds or when the run ends first (`_end_outages`), whichever comes

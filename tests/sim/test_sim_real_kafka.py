@@ -1,15 +1,18 @@
 """`tidegauge simulate --live --brokers real` end to end on Apache Kafka brokers (issue 29).
 
-One run as a subprocess, shared by the module: three regions of three partitions, each region an Apache Kafka
-broker the run starts on loopback, a dropped and a poisoned write, and one region's broker killed (SIGKILL) and
-started again mid-run. Stopped by its duration, it lingers with its clusters up; meanwhile:
+One run as a subprocess, shared by the module: two regions of three partitions, each region a cluster of three
+Apache Kafka nodes (broker and controller each, a quorum of three; topics with three replicas) the run starts
+on loopback, a dropped and a poisoned write, and in one region the node leading the version topic's partition 0
+killed (SIGKILL) mid-run, so that another is elected while the run writes on, then started again. Stopped by its
+duration, it lingers with its clusters up; meanwhile:
 
 - live.json names the real brokers (version, pids, ports) and the run's topics exist on them with exactly the
-  run's partition count, created through the AdminClient;
-- the killed broker's log shows two starts, the others' one; the run still wrote every record (the archives are
-  checked whole by the simulator) and the broker fault causes no finding;
-- `tidegauge leapfrog` over the `kafka://` sources finds exactly what it finds over the archives, which is
-  exactly what truth.json expects (the dropped and the poisoned write);
+  run's partition count and three replicas, created through the AdminClient;
+- the killed node led the partition when it was killed, another node took over (its log says it became the
+  leader), and the killed node's log shows two starts, every other node's one;
+- the run still wrote every record (the archives are checked whole by the simulator) and the broker fault causes
+  no finding; `tidegauge leapfrog` over the `kafka://` sources finds exactly what it finds over the archives,
+  which is exactly what truth.json expects (the dropped and the poisoned write);
 
 then SIGTERM ends the linger: exit 0, every broker process gone, their directories removed.
 """
@@ -35,6 +38,8 @@ pytestmark = [pytest.mark.kafka_real, pytest.mark.slow]
 
 DEADLINE_S = 600  # only against a run that hangs
 PARTITIONS = 3
+REGIONS = 2
+NODES = 3  # per region
 
 
 def _read_json(path: Path) -> dict | None:
@@ -55,6 +60,8 @@ def _alive(pid: int) -> bool:
 def run(tmp_path_factory, kafka_jars):
     root = tmp_path_factory.mktemp("sim-real")
     out, err = root / "out", root / "stderr.txt"
+    conf = root / "simulate.yaml"
+    conf.write_text(f"simulate:\n  brokers_per_region: {NODES}\n")
     argv = [
         sys.executable,
         "-m",
@@ -67,6 +74,10 @@ def run(tmp_path_factory, kafka_jars):
         str(out),
         "--seed",
         "5",
+        "--conf",
+        str(conf),
+        "--regions",
+        str(REGIONS),
         "--partitions",
         str(PARTITIONS),
         "--rate",
@@ -74,11 +85,11 @@ def run(tmp_path_factory, kafka_jars):
         "--heartbeat-ms",
         "500",
         "--duration",
-        "12",
+        "14",
         "--linger",
         "900",
         "--faults",
-        "dropped@2,poisoned@3,broker@4+1",
+        "dropped@2,poisoned@3,broker@4+7",
     ]
     with open(err, "w") as err_file:
         proc = subprocess.Popen(argv, cwd=root, stdout=subprocess.PIPE, stderr=err_file, text=True)
@@ -114,31 +125,53 @@ def run(tmp_path_factory, kafka_jars):
 def test_live_json_names_the_real_brokers_and_the_topics_have_their_partition_counts(run):
     live, truth = run["live"], run["truth"]
     assert (truth["run"]["kafka"], truth["run"]["kafka_version"]) == ("real", kafka_version())
-    assert len(live["regions"]) == 3
+    assert len(live["regions"]) == REGIONS
     for r in live["regions"]:
         b = r["brokers"]
         assert b["kafka_version"] == kafka_version() and Path(b["dir"]).is_dir()
-        (node,) = b["nodes"]
-        assert node["roles"] == ["broker", "controller"]
-        assert r["uri"] == f"kafka://127.0.0.1:{node['port']}"
+        assert len(b["nodes"]) == NODES
+        assert all(node["roles"] == ["broker", "controller"] for node in b["nodes"])
+        assert r["uri"] == "kafka://" + ",".join(f"127.0.0.1:{node['port']}" for node in b["nodes"])
         assert any(f"dc-{r['region']} {r['uri']} " in line for line in run["stdout"])
         admin = AdminClient({"bootstrap.servers": r["uri"].removeprefix("kafka://")})
         topics = admin.list_topics(timeout=30).topics
         assert {t: len(topics[t].partitions) for t in r["topics"]} == dict.fromkeys(r["topics"], PARTITIONS)
-        assert all(len(p.replicas) == 1 for t in r["topics"] for p in topics[t].partitions.values())
+        assert all(len(p.replicas) == NODES for t in r["topics"] for p in topics[t].partitions.values())
 
 
-def test_the_broker_fault_killed_and_restarted_a_real_broker(run):
+def _server_log(region: dict, node: int) -> str:
+    return (Path(region["brokers"]["dir"]) / f"node-{node}" / "logs" / "server.log").read_text(
+        errors="replace"
+    )
+
+
+def test_the_partition_leader_was_killed_another_elected_and_it_came_back(run, capsys):
     (fault,) = [f for f in run["truth"]["faults"] if f["kind"] == "broker"]
-    assert fault["detail"]["broker"] == 1 and fault["detail"]["then"].startswith("killed with SIGKILL")
+    vt = run["live"]["vt_topic"]
+    detail = fault["detail"]
+    assert detail["then"].startswith("killed with SIGKILL") and detail["nodes"] == NODES
+    assert detail["led"] == f"{vt}[0]"
     assert fault["end_at"] > fault["at"] and fault["expect"] == {"leapfrog": [], "div": []}
+    killed = detail["broker"]
     starts = {
-        r["region"]: (Path(r["brokers"]["dir"]) / "node-1" / "logs" / "server.log")
-        .read_text()
-        .count(STARTED_LINE)
+        (r["region"], n): _server_log(r, n).count(STARTED_LINE)
         for r in run["live"]["regions"]
+        for n in range(1, NODES + 1)
     }
-    assert starts == {x: 2 if x == fault["region"] else 1 for x in range(3)}
+    assert starts == {
+        (x, n): 2 if (x, n) == (fault["region"], killed) else 1
+        for x in range(REGIONS)
+        for n in range(1, NODES + 1)
+    }
+    # the killed node led the partition: another took it over while it was down (the cluster's metadata, read
+    # by the simulator as it happened)
+    assert detail["elected"] in set(range(1, NODES + 1)) - {killed}, detail
+    assert 0 < detail["election_s"] < detail["down_wall_s"]
+    with capsys.disabled():
+        print(
+            f"\n[simulate --brokers real, {NODES} nodes a region] dc-{fault['region']}: node {killed} (leading "
+            f"{detail['led']}) killed; node {detail['elected']} leads it after {detail['election_s']} s"
+        )
 
 
 def test_leapfrog_over_the_real_brokers_finds_what_it_finds_over_the_archives(run, spark, tmp_path):
@@ -163,6 +196,7 @@ def test_leapfrog_over_the_real_brokers_finds_what_it_finds_over_the_archives(ru
         for e in f["expect"]["leapfrog"]
     }
     assert {f["kind"] for f in truth["faults"] if f["expect"]["leapfrog"]} == {"dropped", "poisoned"}
+    assert all(f["expect"]["leapfrog"] == [] for f in truth["faults"] if f["kind"] == "broker")
     found_k, found_a = read_leapfrog_findings(tmp_path / "k"), read_leapfrog_findings(tmp_path / "a")
     assert found_k == found_a == expected
     assert code_k == code_a == 1
