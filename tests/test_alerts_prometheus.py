@@ -1,9 +1,10 @@
 """Prometheus for real (issue 29, item 3): the real Prometheus server scrapes a running `tidegauge watch` and a
 heartbeat leader process, with conf/alerts.yaml loaded, and its HTTP API says what fires.
 
-One live run, as a user would start it: `tidegauge simulate --live` (3 regions, 2 partitions, heartbeats every
-5 s), `tidegauge watch` on its clusters serving its metrics, and a leader process (a `HeartbeatLeader` of its
-own topics on region 0's cluster, heartbeating every 5 s, serving `LeaderMetrics` as docs/watch.md shows). A
+One live run, as a user would start it: `tidegauge simulate --live --brokers real` (3 regions, each an Apache
+Kafka broker on loopback, 2 partitions, heartbeats every 5 s), `tidegauge watch` on its clusters serving its
+metrics, and a leader process (a `HeartbeatLeader` of its own topics on region 0's cluster, heartbeating every
+5 s, serving `LeaderMetrics` as docs/watch.md shows). A
 Prometheus (Debian's binary, tests/support/prometheus_server.py) scrapes both every 2 s and evaluates the rules
 every second. The simulation is healthy until, 110 s after its first write (the watch is up after 45 to 100 s on
 a loaded 2-core host), a write is dropped in two regions, and 20 s later one leader goes silent for 50 s. Through
@@ -46,6 +47,7 @@ from urllib.parse import urlsplit
 import pytest
 import yaml
 from confluent_kafka import Consumer, TopicPartition
+from confluent_kafka.admin import AdminClient, NewTopic
 from prometheus_client import CollectorRegistry, start_http_server
 from prometheus_server import (
     PRODUCTION_INTERVAL_S,
@@ -65,9 +67,9 @@ from pipelines.demo.watch import _wait as wait_for
 REPO = Path(__file__).resolve().parents[1]
 ALERTS = REPO / "conf" / "alerts.yaml"
 
-# The clusters the simulation runs on (and so the leader process, on region 0's): librdkafka's embedded mock.
-# The switch to Apache Kafka brokers is this one line (`simulate --brokers real`).
-CLUSTERS = ("--kafka", "embedded")
+# The clusters the simulation runs on (and so the leader process, on region 0's): an Apache Kafka broker per
+# region, started by the simulation (its jars from the `kafka_jars` fixture's cache).
+CLUSTERS = ("--brokers", "real")
 
 INTERVAL_S = 5.0  # the leaders' heartbeat interval (the live demo's): thresholds of 15 s
 TRIGGER = "2 seconds"  # the watch's micro-batches
@@ -102,6 +104,9 @@ class LeaderProcess:
 
     def __init__(self, bootstrap: str, interval_ms: int) -> None:
         self.bootstrap = bootstrap
+        admin = AdminClient({"bootstrap.servers": bootstrap})  # a real broker creates no topic on first use
+        for fut in admin.create_topics([NewTopic(t, 1, 1) for t in (self.RT, self.VT)]).values():
+            fut.result(60)
         self.leader = HeartbeatLeader(
             {"bootstrap.servers": bootstrap},
             vt_topic=self.VT,
@@ -126,7 +131,7 @@ class LeaderProcess:
         consumer = None
         try:
             self.leader.take_over()
-            self.leader.poll()  # the first RT heartbeat; the broker creates the topics on first use
+            self.leader.poll()  # the first RT heartbeat
             self.leader.flush()
             consumer = Consumer(
                 {
@@ -286,7 +291,9 @@ def _samples(prom: Prometheus, selector: str, since: float) -> list[tuple[dict, 
 
 
 # -- the test ------------------------------------------------------------------------------------------------
-def test_prometheus_fires_the_real_rules_on_a_live_watch_and_leader(prometheus_binaries, tmp_path):
+def test_prometheus_fires_the_real_rules_on_a_live_watch_and_leader(
+    prometheus_binaries, kafka_jars, tmp_path
+):
     binary = prometheus_binaries.get("prometheus")
     if binary is None:
         pytest.skip(prometheus_binaries.why_missing("prometheus"))
