@@ -73,6 +73,14 @@ def register(sub) -> None:
         "Kafka broker per region on 127.0.0.1; its jars are resolved once from Maven Central: needs mvn); "
         "with --watch too",
     )
+    p.add_argument(
+        "--brokers-per-region",
+        type=int,
+        default=1,
+        metavar="N",
+        help="with --kafka real: Apache Kafka nodes per region (default 1; 3 makes each region a quorum, so a "
+        "broker fault kills a partition leader and another is elected while the run writes on)",
+    )
     live = p.add_argument_group(
         "--watch: the continuous watch on a live simulation",
         "Runs `tidegauge simulate --live` and `tidegauge watch` on its clusters (each a process of its own), "
@@ -106,6 +114,13 @@ def register(sub) -> None:
         "dropped@60,poisoned@75,gap@85,silent@90+45,corrupt@100,duplicate@110,isolated@145+20,failover@170,broker@180)",
     )
     live.add_argument(
+        "--kill-watch-at",
+        type=float,
+        metavar="S",
+        help="kill the watch with SIGKILL S seconds into the run and start it again from its checkpoint: "
+        "checks that no finding is lost or written twice (a delay that spans its restart is not judged)",
+    )
+    live.add_argument(
         "--metrics-port",
         type=int,
         default=0,
@@ -120,6 +135,14 @@ def run(args: argparse.Namespace) -> int:
     from pipelines.demo.job import DemoOptions, run_demo
 
     spark_flags.master(args.master)  # before the simulation, not when Spark starts minutes later
+    if not 1 <= args.brokers_per_region <= 9:
+        raise UsageError(f"--brokers-per-region {args.brokers_per_region}: give 1 to 9")
+    if args.brokers_per_region > 1 and args.kafka != "real":
+        raise UsageError(
+            f"--brokers-per-region {args.brokers_per_region} needs --kafka real (the mock has one broker)"
+        )
+    if args.kill_watch_at is not None and not args.watch:
+        raise UsageError("--kill-watch-at kills the live demo's watch: give --watch too")
     if args.watch:
         return _run_watch(args)
     if args.records < 3000:
@@ -133,6 +156,7 @@ def run(args: argparse.Namespace) -> int:
         verbose=bool(getattr(args, "verbose", False)),
         master=args.master,
         kafka=args.kafka,
+        brokers_per_region=args.brokers_per_region,
     )
     return run_demo(opts).exit_code
 
@@ -142,6 +166,10 @@ def _run_watch(args: argparse.Namespace) -> int:
 
     if args.duration <= 0 or args.rate <= 0 or args.heartbeat_ms <= 0:
         raise UsageError("--duration, --rate and --heartbeat-ms must be positive")
+    if args.kill_watch_at is not None and not 0 < args.kill_watch_at < args.duration:
+        raise UsageError(
+            f"--kill-watch-at {args.kill_watch_at:g}: give a time within the run's {args.duration:g} s"
+        )
     opts = WatchDemoOptions(
         out=args.out if args.out != "tidegauge-demo" else WatchDemoOptions.out,
         seed=args.seed,
@@ -152,5 +180,7 @@ def _run_watch(args: argparse.Namespace) -> int:
         metrics_port=args.metrics_port,
         master=args.master,
         kafka=args.kafka,
+        brokers_per_region=args.brokers_per_region,
+        kill_watch_at=args.kill_watch_at,
     )
     return run_watch_demo(opts).exit_code

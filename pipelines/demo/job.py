@@ -68,6 +68,7 @@ class DemoOptions:
     verbose: bool = False  # leave job logs on stderr instead of OUT/demo.log
     master: str | None = None  # Spark master (default local[*])
     kafka: str = "mock"  # the regions' clusters: librdkafka's mock ("mock") or Apache Kafka brokers ("real")
+    brokers_per_region: int = 1  # with kafka="real"
 
 
 @dataclass
@@ -108,14 +109,13 @@ class DemoResult:
         return bool(self.checks) and all(c.ok for c in self.checks)
 
 
-KAFKA_KINDS = {
-    "mock": "one embedded Kafka cluster each (librdkafka's mock)",
-    "real": "one Apache Kafka broker each",
-}
-
-
 def demo_config(
-    out: str, seed: int = 1, records: int = 12_000, partitions: int = 3, kafka: str = "mock"
+    out: str,
+    seed: int = 1,
+    records: int = 12_000,
+    partitions: int = 3,
+    kafka: str = "mock",
+    brokers_per_region: int = 1,
 ) -> SimConfig:
     """The demo's simulation: small enough for a couple of minutes on 2 cores, with every fault kind the jobs
     can find, a leader failover, uneven replication lag and a quiet region (which keeps heartbeating); on the
@@ -123,6 +123,7 @@ def demo_config(
     return SimConfig(
         out=out,
         brokers=kafka,
+        brokers_per_region=brokers_per_region,
         seed=seed,
         regions=3,
         partitions=partitions,
@@ -140,6 +141,13 @@ def demo_config(
         step_records=5_000,
         progress=False,
     ).validate()
+
+
+def _clusters_text(cfg: SimConfig) -> str:
+    if cfg.brokers == "mock":
+        return "one embedded Kafka cluster each (librdkafka's mock)"
+    n = cfg.brokers_per_region
+    return f"{n} Apache Kafka broker{'s' if n > 1 else ''} each"
 
 
 # -- the fault check ---------------------------------------------------------------------------------------
@@ -593,7 +601,9 @@ def run_demo(opts: DemoOptions, emit: Callable[[str], None] | None = None, spark
     log_path = out / "demo.log"
     if opts.kafka == "real":
         check_brokers()
-    cfg = demo_config(str(out / "sim"), opts.seed, opts.records, opts.partitions, opts.kafka)
+    cfg = demo_config(
+        str(out / "sim"), opts.seed, opts.records, opts.partitions, opts.kafka, opts.brokers_per_region
+    )
     progress = _Progress(7, emit)
     result = DemoResult(out=out, exit_code=EXIT_STEP_FAILED, elapsed_s=0.0)
     on = "embedded Kafka" if opts.kafka == "mock" else "Apache Kafka brokers"
@@ -643,7 +653,7 @@ def _run_steps(
     kinds = ", ".join(f"{k}" if v == 1 else f"{k} x{v}" for k, v in cfg.faults.items())
     with progress.step(
         "simulate",
-        f"{cfg.regions} regions x {cfg.partitions} partitions, {KAFKA_KINDS[cfg.brokers]}; faults: {kinds}",
+        f"{cfg.regions} regions x {cfg.partitions} partitions, {_clusters_text(cfg)}; faults: {kinds}",
     ) as res:
         sim = simulate(cfg)
         s = sim.summary

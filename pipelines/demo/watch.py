@@ -14,7 +14,9 @@ the watch is stopped with SIGTERM, and the run is judged against the issue's mea
   after the threshold, which is 3 intervals after its last heartbeat arrived in each region's VT;
 * no false alert: every other heartbeat age stays under the threshold (outages excused while they last);
 * no false finding: every finding is one truth.json expects (the demo's own fault check);
-* the watch's findings equal `leapfrog`'s and `div validate`'s over the run's archives afterwards.
+* the watch's findings equal `leapfrog`'s and `div validate`'s over the run's archives afterwards, and none is
+  written twice: exactly once, also across a kill -9 of the watch (`kill_watch_at`: it is killed with SIGKILL
+  and started again from its checkpoint; a delay spanning its start or restart is not judged, `_Downtime`).
 
 Each delay counts from one baseline, printed the same way live and in the checks (`delay_text`). The first three
 are timing goals, which this host's load can break: the demo samples the 1-minute load average while it runs, and
@@ -81,6 +83,10 @@ class WatchDemoOptions:
     # start and catch up before unread records are deleted (the watch then stops rather than judge a hole)
     partitions: int = 4
     kafka: str = "mock"  # the regions' clusters: librdkafka's mock ("mock") or Apache Kafka brokers ("real")
+    brokers_per_region: int = 1  # with kafka="real": 3 makes every region a quorum whose leaders can move
+    # seconds after the simulation's first write at which the watch is killed with SIGKILL (its JVM and Python
+    # workers too) and started again from its checkpoint; None: never
+    kill_watch_at: float | None = None
 
 
 @dataclass
@@ -514,6 +520,99 @@ def run_watch_demo(opts: WatchDemoOptions, emit: Callable[[str], None] | None = 
     return result
 
 
+def _metrics_url(watch: _Proc, wait_s: float = 180) -> str | None:
+    """The URL the watch serves its metrics on, from the line it logs once it serves them; with `wait_s` 0,
+    None while it has not logged it yet."""
+
+    def line() -> str | None:
+        return next((x for x in watch.text().splitlines() if "metrics on http" in x), None)
+
+    found = line() if wait_s <= 0 else _wait("the watch's metrics", line, wait_s, watch)
+    return None if found is None else found.split("metrics on ", 1)[1].strip()
+
+
+class _Downtime:
+    """The spans the watch could not detect anything: from its start until its Leap Frog query first made
+    progress (Spark starting), and with `kill_watch_at` from the kill (SIGKILL, as a crashed service, its JVM and
+    Python workers with it) until the watch started again from its checkpoint made progress. What it committed
+    stands and the micro-batch it was in runs again, so nothing may be found twice or lost; but a detection delay
+    that overlaps such a span measures Spark's start, not the watch's detection, and is not judged."""
+
+    def __init__(self, kill_at_s: float | None, started_at_ms: int, spawned_at: float) -> None:
+        self.t0_ms = started_at_ms
+        self.kill_at_ms = None if kill_at_s is None else started_at_ms + kill_at_s * 1000
+        self.spans: list[list] = [["start", spawned_at, None]]  # [why, down from, up at] in epoch s
+
+    @property
+    def killed_at(self) -> float | None:
+        return next((a for why, a, _ in self.spans if why == "kill -9"), None)
+
+    @property
+    def up(self) -> bool:
+        """Whether the watch made progress since it last started."""
+        return self.spans[-1][2] is not None
+
+    def due(self) -> bool:
+        return (
+            self.kill_at_ms is not None and self.killed_at is None and time.time() * 1000 >= self.kill_at_ms
+        )
+
+    def kill_and_start(
+        self, watch: _Proc, argv: list[str], log: Path, emit: Callable[[str], None], follow: _Follower
+    ) -> _Proc:
+        os.killpg(watch.p.pid, signal.SIGKILL)
+        watch.p.wait()
+        watch._fh.close()
+        now = time.time()
+        self.spans.append(["kill -9", now, None])
+        emit(f"  {follow.t(now * 1000)}  watch killed with SIGKILL; starting it again (its output: {log})")
+        return _Proc(argv, log)
+
+    def seen(self, metrics: dict, follow: _Follower) -> None:
+        """A scrape: the open span ends at the Leap Frog query's first progress after it began."""
+        why, since, up = self.spans[-1]
+        if up is not None:
+            return
+        last = [
+            v
+            for labels, v in metrics.get("tidegauge_last_progress_timestamp_seconds", [])
+            if labels.get("query") == "leapfrog"
+        ]
+        if last and last[0] > since:
+            self.spans[-1][2] = last[0]
+            if why == "kill -9":
+                follow.emit(
+                    f"  {follow.t(last[0] * 1000)}  the restarted watch goes on from its checkpoint "
+                    f"({last[0] - since:.1f} s after the kill)"
+                )
+
+    def overlapping(self, start_s: float, end_s: float) -> list | None:
+        """The first span that meets [start_s, end_s] (epoch s), if any."""
+        for span in self.spans:
+            _, down, up = span
+            if start_s <= (up if up is not None else float("inf")) and end_s >= down:
+                return span
+        return None
+
+    def text(self, span: list) -> str:
+        why, down, up = span
+        t = lambda s: f"t+{s - self.t0_ms / 1000:.1f}s"  # noqa: E731 - one expression, used twice
+        back = "never made progress" if up is None else f"made progress at {t(up)}"
+        if why == "start":
+            return f"the watch was starting (it {back})"
+        return f"the watch was killed at {t(down)} and, started again, {back}"
+
+    def figures(self) -> list[dict]:
+        return [
+            {
+                "why": why,
+                "from_s": round(down - self.t0_ms / 1000, 1),
+                "for_s": None if up is None else round(up - down, 1),
+            }
+            for why, down, up in self.spans
+        ]
+
+
 def _run(
     opts: WatchDemoOptions, out: Path, emit: Callable[[str], None], result: WatchDemoResult
 ) -> tuple[_Proc, _Proc]:
@@ -528,6 +627,7 @@ def _run(
     conf = out / "simulate.yaml"
     conf.write_text(
         'simulate:\n  default_lag_ms: 200\n  lag_ms: {"0-2": 1500, "1-0": 700}\n  key_skew: 0.9\n'
+        f"  brokers_per_region: {opts.brokers_per_region}\n"
     )
     sim = _Proc(
         _cli(
@@ -546,13 +646,8 @@ def _run(
     )
     argv = watch_argv(opts, out, live)
     watch = _Proc(argv, out / "watch.log")
-    line = _wait(
-        "the watch's metrics",
-        lambda: next((x for x in watch.text().splitlines() if "metrics on http" in x), None),
-        180,
-        watch,
-    )
-    url = line.split("metrics on ", 1)[1].strip()
+    downtime = _Downtime(opts.kill_watch_at, live["started_at"], time.time())
+    url = _metrics_url(watch)
     emit(f"watch: {watch_command(argv)}")
     emit(f"       (its output: {watch.log})")
     emit(f"metrics: curl -s {shlex.quote(url)} | grep -E '^tidegauge_(divergences|heartbeat_age|offset_lag)'")
@@ -562,16 +657,26 @@ def _run(
         follow.sample_load()
         follow.faults_from(_read_json(truth_path))
         follow.findings_from(str(out / "watch"))
-        try:
-            follow.ages_from(scrape(url))
-        except OSError:
-            pass  # a scrape that fails is retried at the next tick
+        if downtime.due():
+            watch = downtime.kill_and_start(watch, argv, out / "watch-restarted.log", emit, follow)
+            url = None
+        if url is None:  # the restarted watch is starting: its metrics are not served yet
+            url = _metrics_url(watch, wait_s=0)
+        if url is not None:
+            try:
+                metrics = scrape(url)
+                downtime.seen(metrics, follow)
+                follow.ages_from(metrics)
+            except OSError:
+                pass  # a scrape that fails is retried at the next tick
         info = _read_json(out / "sim" / "live.json") or {}
         if info.get("state") == "stopped":
             break
         if not watch.alive():
             raise DemoError(f"the watch stopped by itself (exit {watch.p.returncode}); see {watch.log}")
         time.sleep(0.5)
+    if url is None:
+        url = _metrics_url(watch)
     truth = _read_json(truth_path) or {}
     if not (_read_json(out / "sim" / "live.json") or {}).get("clusters_up"):
         raise DemoError(f"the simulation ended before the watch could read to the end; see {sim.log}")
@@ -580,17 +685,25 @@ def _run(
     read = {"leapfrog": {vt}, "div": {vt, live["rt_topic"]}}
     while not caught_up(out / "watch-checkpoint", truth, read):
         follow.sample_load()
+        metrics = scrape(url)
+        downtime.seen(metrics, follow)
         follow.findings_from(str(out / "watch"))
-        follow.ages_from(scrape(url))
+        follow.ages_from(metrics)
         if not watch.alive():
             raise DemoError(f"the watch stopped by itself (exit {watch.p.returncode}); see {watch.log}")
         time.sleep(0.5)
     follow.findings_from(str(out / "watch"))
+    deadline = time.monotonic() + 60
+    while not downtime.up and time.monotonic() < deadline:
+        # commits are written before Spark's listener reports the micro-batch's progress: wait for the report
+        downtime.seen(scrape(url), follow)
+        time.sleep(0.5)
     metrics = scrape(url)
+    downtime.seen(metrics, follow)
     rc = watch.stop(120)
     emit(f"  {follow.t(time.time() * 1000)}  watch caught up; stopped with SIGTERM: exit {rc}")
     sim.stop(60)
-    _judge(out, live, truth, follow, metrics, rc, result, opts, emit)
+    _judge(out, live, truth, follow, metrics, rc, result, opts, emit, downtime)
     return sim, watch
 
 
@@ -604,8 +717,11 @@ def _judge(
     result: WatchDemoResult,
     opts: WatchDemoOptions,
     emit: Callable[[str], None],
+    downtime: _Downtime | None = None,
 ) -> None:
     from pipelines.watch.job import read_findings
+
+    downtime = downtime or _Downtime(None, live["started_at"], live["started_at"] / 1000)
 
     interval = opts.heartbeat_ms
     vt = live["vt_topic"]
@@ -625,7 +741,8 @@ def _judge(
         load = load_during(follow.loads, d["covered_at"] / 1000, d["detected_at"] / 1000)
         d["load_1m"] = None if load is None else round(load, 2)
         detail = f"found {delay_text(d['delay_ms'], interval, COVERED)}"
-        checks.append(timing_check(what, d["delay_intervals"], 2, detail, load, cores))
+        check = timing_check(what, d["delay_intervals"], 2, detail, load, cores)
+        checks.append(_excused(check, downtime, d["covered_at"] / 1000, d["detected_at"] / 1000))
     crossings = []
     for f in truth.get("faults", []):
         if f["kind"] != "silent":
@@ -666,15 +783,21 @@ def _judge(
             f"heartbeat age over 3 intervals in all {len(archives)} regions, at worst (region {x}) "
             f"{delay_text(late_ms[x], interval, THRESHOLD)}"
         )
-        checks.append(timing_check(subject, late_ms[x] / interval, 1.5, detail, load, cores))
+        check = timing_check(subject, late_ms[x] / interval, 1.5, detail, load, cores)
+        checks.append(_excused(check, downtime, *spans[x]))
     worst, where = follow.worst_healthy
     judged = follow.scrapes - follow.stalled_scrapes
     unheld = (
         f"{judged} of {follow.scrapes} scrapes judged, the others came while the watch's Leap Frog query was "
         "stalled, when the alert rules hold back"
     )
-    if judged == 0:
-        checks.append(Check(False, "no false heartbeat alert", f"nothing to judge: {unheld}"))
+    if judged == 0:  # the watch never kept up: a wrong result, unless the host was overloaded all along
+        load = load_during(follow.loads, follow.loads[0][0] if follow.loads else 0.0, time.time())
+        over = overloaded(load, cores)
+        why = f"not judged: {load_text(load, cores)}, over {LOAD_PER_CORE_LIMIT:g} per core: " if over else ""
+        checks.append(
+            Check(False, "no false heartbeat alert", f"{why}nothing to judge: {unheld}", judged=not over)
+        )
     else:
         load = load_during(follow.loads, follow.worst_healthy_at - worst, follow.worst_healthy_at)
         detail = (
@@ -691,6 +814,7 @@ def _judge(
         (r["region"], r["topic"], r["partition"], r["offset"], r["type"], bool(r["fatal"])) for r in watch_div
     }
     checks += check_faults(truth, lf, dv, ("the watch", "the watch's DIV"))
+    checks.append(_written_once(found, watch_div, downtime))
     emit(f"  running leapfrog and div validate on the archives, to compare (their logs: {out / 'batch.log'})")
     with _logs_to(out / "batch.log", True):
         batch_lf, batch_dv = _batch(out, truth, archives, opts)
@@ -728,6 +852,7 @@ def _judge(
             "silent_threshold_crossings": crossings,
             "worst_unexcused_heartbeat_age_s": round(worst, 3),
             "watch_findings": len(found),
+            "watch_down": downtime.figures(),
             "watch_div_findings": len(watch_div),
             "last_microbatch_seconds": micro,
             "scrapes": follow.scrapes,
@@ -758,6 +883,30 @@ def _judge(
         )
     else:
         emit("Every fault was seen in time and nothing else")
+
+
+def _excused(check: Check, downtime: _Downtime, start_s: float, end_s: float) -> Check:
+    """A timing goal missed over a span the watch was down (`downtime`) measures its start: not judged."""
+    span = None if check.ok or not check.judged else downtime.overlapping(start_s, end_s)
+    if span is None:
+        return check
+    return Check(False, check.subject, f"not judged: {downtime.text(span)}: {check.detail}", judged=False)
+
+
+def _written_once(found: list[dict], watch_div: list[dict], downtime: _Downtime) -> Check:
+    """Exactly once: no finding written twice, though a killed watch runs its unfinished micro-batch again (that
+    nothing is lost is the comparison with the batch jobs)."""
+    repeated = {
+        kind: len(rows) - len({r["finding_id"] for r in rows})
+        for kind, rows in (("divergences", found), ("DIV findings", watch_div))
+    }
+    killed = [span for span in downtime.spans if span[0] == "kill -9"]
+    return Check(
+        not any(repeated.values()),
+        "each finding written once" + (" across the watch's kill -9" if killed else ""),
+        ", ".join(f"{n} {kind} repeated" for kind, n in repeated.items())
+        + "".join(f" ({downtime.text(span)})" for span in killed),
+    )
 
 
 def _batch(out: Path, truth: dict, archives: dict[int, str], opts: WatchDemoOptions) -> tuple[set, set]:

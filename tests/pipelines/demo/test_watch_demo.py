@@ -241,3 +241,49 @@ def test_a_heartbeat_series_is_named_in_words():
     labels = {"partition": "0", "region": "1", "source_region": "0"}
     assert _series_text(labels) == "region 1's partition 0, heartbeats from region 0"
     assert _series_text({}) == "no series"
+
+
+def test_a_delay_over_the_watchs_start_or_restart_is_not_judged_and_says_why():
+    from pipelines.demo.job import Check
+    from pipelines.demo.watch import _Downtime, _excused
+
+    t0_ms = 1_000_000
+    down = _Downtime(30.0, t0_ms, spawned_at=1_000.0)
+    assert not down.up and down.due()  # 30 s after a start long past (the clock is the epoch's)
+    assert not _Downtime(None, t0_ms, 1_000.0).due()  # no kill asked for
+    metrics = {"tidegauge_last_progress_timestamp_seconds": [({"query": "leapfrog"}, 1_040.0)]}
+    down.seen({"tidegauge_last_progress_timestamp_seconds": [({"query": "div"}, 1_090.0)]}, None)
+    assert not down.up  # only the Leap Frog query's progress ends a span: it reads the heartbeats
+    down.seen(metrics, None)
+    assert down.up and down.spans == [["start", 1_000.0, 1_040.0]]
+    down.spans.append(["kill -9", 1_070.0, 1_100.0])
+    late = Check(False, "dropped write", "found 20 s = 4.00 intervals (goal ≤ 2; load 1.0 on 2 cores)")
+    assert _excused(late, down, 1_050.0, 1_060.0) is late  # the watch ran: judged
+    for start, end, span in (
+        (990.0, 1_010.0, "start"),
+        (1_060.0, 1_075.0, "kill -9"),
+        (1_099.0, 1_200.0, "kill -9"),
+    ):
+        excused = _excused(late, down, start, end)
+        assert (excused.ok, excused.judged) == (False, False), span
+        assert excused.detail.startswith("not judged: the watch was ") and late.detail in excused.detail
+    assert "killed at t+70.0s and, started again, made progress at t+100.0s" in down.text(down.spans[1])
+    assert "starting (it made progress at t+40.0s)" in down.text(down.spans[0])
+    met = Check(True, "dropped write", "found 5 s")
+    assert _excused(met, down, 1_060.0, 1_075.0) is met  # a goal met is met, whenever
+    assert down.figures() == [
+        {"why": "start", "from_s": 0.0, "for_s": 40.0},
+        {"why": "kill -9", "from_s": 70.0, "for_s": 30.0},
+    ]
+
+
+def test_a_finding_written_twice_fails_exactly_once():
+    from pipelines.demo.watch import _Downtime, _written_once
+
+    down = _Downtime(None, 0, 0.0)
+    rows = [{"finding_id": "a"}, {"finding_id": "b"}]
+    assert _written_once(rows, [], down).ok
+    down.spans.append(["kill -9", 10.0, 20.0])
+    twice = _written_once(rows + rows[:1], [{"finding_id": "x"}] * 2, down)
+    assert not twice.ok and twice.subject == "each finding written once across the watch's kill -9"
+    assert twice.detail.startswith("1 divergences repeated, 1 DIV findings repeated (the watch was killed at")
