@@ -108,7 +108,7 @@ class LeaderProcess:
         for fut in admin.create_topics([NewTopic(t, 1, 1) for t in (self.RT, self.VT)]).values():
             fut.result(60)
         self.leader = HeartbeatLeader(
-            {"bootstrap.servers": bootstrap},
+            {"bootstrap.servers": bootstrap, "log_level": 0},  # its broker goes with the simulation, first
             vt_topic=self.VT,
             rt_topic=self.RT,
             partition=0,
