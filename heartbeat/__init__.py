@@ -27,7 +27,9 @@ header codecs directly; `LagMonitor` turns a VT into per-region time and offset 
 
 Modules: `records` (heartbeat records, byte-exact with Venice), `watermarks` (the
 acknowledged watermark tracker, pure logic), `leader` (HeartbeatLeader), `lag` (LagMonitor), `metrics`
-(LeaderMetrics: a leader's `stats` for Prometheus; imported on its own, by a leader process that serves them).
+(LeaderMetrics: a leader's `stats` for Prometheus; imported on its own, by a leader process that serves them),
+`changes` (the change-capture rule: which VT records a client must see, each change once; pure, imported on its
+own by the readers that drive it).
 The hbw/hbd header codecs live in `div.heartbeat_headers` (DIV restore reads them too) and are re-exported here.
 """
 
