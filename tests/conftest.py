@@ -95,10 +95,12 @@ def real_kafka(kafka_jars):
     create their own uniquely named topics, through the AdminClient (`create_topics`). Started on first use
     (the first one resolves the broker's jars from Maven Central into ~/.cache/tidegauge/jvm, once), stopped and
     its directory removed at the end, whatever happened. Tests must not stop its broker: one that needs a broker
-    killed or restarted uses `real_kafka_three` or a cluster of its own (`sim.brokers.KafkaCluster`)."""
+    killed or restarted uses `real_kafka_three` or a cluster of its own (`sim.brokers.KafkaCluster`). Its log
+    cleaner looks for work every 0.5 s, not Kafka's 15 s, so a test of compaction waits for the cleaner about
+    as long as the cleaning takes."""
     from sim.brokers import KafkaCluster
 
-    with KafkaCluster(name="tests") as cluster:
+    with KafkaCluster(name="tests", config={"log.cleaner.backoff.ms": 500}) as cluster:
         yield cluster
 
 

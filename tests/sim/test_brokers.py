@@ -167,6 +167,27 @@ def test_topics_get_their_partition_counts_through_the_admin_client(real_kafka):
         region.create_topics([vt], 5)
 
 
+def test_topics_get_their_own_configs_in_one_call(real_kafka):
+    compacted, plain = _name("compacted"), _name("plain")
+    real_kafka.create_topics(
+        {compacted: 1, plain: 2},
+        config={"segment.ms": 60_000},
+        configs={compacted: {"cleanup.policy": "compact", "min.compaction.lag.ms": 3_600_000}},
+    )
+    admin = real_kafka.admin()
+    got = {}
+    for t in (compacted, plain):
+        resource = ConfigResource(ResourceType.TOPIC, t)
+        entries = admin.describe_configs([resource])[resource].result(timeout=30)
+        got[t] = {k: entries[k].value for k in ("cleanup.policy", "min.compaction.lag.ms", "segment.ms")}
+    assert got == {
+        compacted: {"cleanup.policy": "compact", "min.compaction.lag.ms": "3600000", "segment.ms": "60000"},
+        plain: {"cleanup.policy": "delete", "min.compaction.lag.ms": "0", "segment.ms": "60000"},
+    }
+    with pytest.raises(ValueError, match="not created here"):
+        real_kafka.create_topics({_name("x"): 1}, configs={"other": {"cleanup.policy": "compact"}})
+
+
 # -- three nodes ---------------------------------------------------------------------------------------------
 def _wait_for(what: str, check, timeout_s: float = 90):
     deadline = time.monotonic() + timeout_s
