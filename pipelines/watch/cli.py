@@ -307,7 +307,7 @@ def run(args: argparse.Namespace) -> int:
                     )
             status = status_file(opts)
             try:
-                sources = read_status(status) if status else None
+                sources = read_status(status)
             except (OSError, ValueError):
                 sources = None  # not written yet (the first planning), or being replaced
             # each query reads with offsets of its own, so each has its own lag (the status file is Leap Frog's)

@@ -218,14 +218,20 @@ class WatchOptions:
         return [self.topic] + ([self.rt_topic] if self.rt_topic else [])
 
 
-def status_file(opts: WatchOptions) -> str | None:
-    """Where the Leap Frog query's source says which regions it could reach (a local checkpoint only: the
-    source's planner writes it with local file calls)."""
+def status_file(opts: WatchOptions) -> str:
+    """Where the Leap Frog query's source says which regions it could reach (what `tidegauge_source_up` and its
+    alert read). The source's planner writes it with local file calls, on the driver's machine: in a local
+    checkpoint, else in a directory of the temporary directory named after the checkpoint (an s3a:// or hdfs://
+    checkpoint would otherwise leave the metric unset and its alert silent)."""
+    import tempfile
+    from pathlib import Path
+
     from pipelines.core.storage import is_local
 
-    if not is_local(opts.checkpoint):
-        return None
-    return str(locate(opts.checkpoint).local / "leapfrog-sources.json")
+    if is_local(opts.checkpoint):
+        return str(locate(opts.checkpoint).local / "leapfrog-sources.json")
+    digest = hashlib.sha256(absolute(opts.checkpoint).rstrip("/").encode()).hexdigest()[:16]
+    return str(Path(tempfile.gettempdir()) / f"tidegauge-watch-{digest}" / "leapfrog-sources.json")
 
 
 def _records(

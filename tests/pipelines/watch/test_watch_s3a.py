@@ -28,8 +28,9 @@ from leapfrog_histories import generated
 from nightly_oracle import named, nightly
 from vt_fixtures import STORE, write_archives
 
+from pipelines.core.stream_source import read_status
 from pipelines.watch import checkpoint
-from pipelines.watch.job import read_findings
+from pipelines.watch.job import WatchOptions, read_findings, status_file
 
 
 def _watch_args(tmp_path: Path, ck: str) -> list[str]:
@@ -273,4 +274,8 @@ def test_a_watch_on_an_s3a_checkpoint_killed_and_restarted_loses_and_repeats_not
         for part in ("metadata", "offsets/", "commits/", "state/"):
             assert any(k.startswith(f"ck/{query}/{part}") for k in keys), (query, part, keys[:20])
     assert "ck/store-regions.json" in keys
+    # which sources answered (tidegauge_source_up) is said in a local file, the checkpoint being remote
+    opts = WatchOptions(store=STORE, version=1, sources=[], checkpoint=f"s3a://{bucket}/ck", out=str(out))
+    status = read_status(status_file(opts))
+    assert {r: s["up"] for r, s in status["sources"].items()} == {str(x): True for x in dirs}
     assert not [p for p in tmp_path.rglob("*") if p.name in ("commits", "offsets")]  # and nothing of it here
