@@ -28,6 +28,7 @@ from leapfrog_histories import generated
 from nightly_oracle import named, nightly
 from vt_fixtures import STORE, write_archives
 
+from pipelines.core.errors import UsageError
 from pipelines.core.stream_source import read_status
 from pipelines.watch import checkpoint
 from pipelines.watch.job import WatchOptions, read_findings, status_file
@@ -208,6 +209,12 @@ def test_a_watch_on_an_s3a_checkpoint_killed_and_restarted_loses_and_repeats_not
 
     expected_div = div_named(pq.read_table(tmp_path / "div" / "errors").to_pylist())
     assert expected_div, "no DIV finding: the comparison would prove nothing"
+
+    # a session started without the connector (this process's) is refused before a query fails on it
+    with pytest.raises(
+        UsageError, match="cannot load Hadoop's S3 connector.*--packages org.apache.hadoop:hadoop-aws"
+    ):
+        checkpoint.check_session(spark, "s3a://bucket/ck")
 
     conf = tmp_path / "watch.yaml"
     # moto's server (werkzeug) answers `Expect: 100-continue` in a way the AWS SDK's asynchronous client, which
