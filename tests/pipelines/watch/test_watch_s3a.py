@@ -15,6 +15,7 @@ from __future__ import annotations
 import contextlib
 import os
 import random
+import shutil
 import signal
 import subprocess
 import sys
@@ -121,7 +122,6 @@ def _fake_mvn(tmp_path: Path, monkeypatch, body: str) -> None:
 def test_without_maven_java_or_maven_central_an_s3a_watch_exits_2_saying_what_to_do(
     monkeypatch, tmp_path, capsys
 ):
-    import shutil
 
     monkeypatch.setenv("TIDEGAUGE_CACHE_DIR", str(tmp_path / "cache"))  # nothing resolved yet
     monkeypatch.delenv("PYSPARK_GATEWAY_PORT", raising=False)
@@ -284,5 +284,8 @@ def test_a_watch_on_an_s3a_checkpoint_killed_and_restarted_loses_and_repeats_not
     # which sources answered (tidegauge_source_up) is said in a local file, the checkpoint being remote
     opts = WatchOptions(store=STORE, version=1, sources=[], checkpoint=f"s3a://{bucket}/ck", out=str(out))
     status = read_status(status_file(opts))
+    shutil.rmtree(
+        Path(status_file(opts)).parent
+    )  # its directory is named after this test's bucket: never reused
     assert {r: s["up"] for r, s in status["sources"].items()} == {str(x): True for x in dirs}
     assert not [p for p in tmp_path.rglob("*") if p.name in ("commits", "offsets")]  # and nothing of it here
