@@ -10,7 +10,8 @@ formatted first by `kafka.tools.StorageTool`. The cluster is ready when the Admi
 The jars come from Maven Central, driven by `sim/jvm/kafka/pom.xml` (the Kafka version is its `kafka.version`),
 copied once by `mvn dependency:copy-dependencies` into a cache outside the repository:
 `~/.cache/tidegauge/jvm/kafka-<version>/lib/` (`$TIDEGAUGE_CACHE_DIR/jvm/...`, or `$XDG_CACHE_HOME/tidegauge/jvm/...`
-when set). Several processes may ask at once: a file lock makes one of them resolve.
+when set). Several processes may ask at once: a file lock makes one of them resolve. `sim.maven` does that, for
+these jars and for Spark's S3A connector alike.
 
 Nothing outlives its owner: `close()` (or leaving the `with` block, exception or not) stops the nodes (SIGTERM,
 then SIGKILL) and removes the cluster's directory; an interpreter that exits without closing closes them at exit
@@ -31,11 +32,7 @@ import atexit
 import base64
 import contextlib
 import ctypes
-import fcntl
-import hashlib
-import json
 import os
-import re
 import shutil
 import signal
 import socket
@@ -54,6 +51,9 @@ from pathlib import Path
 from queue import Queue
 from typing import IO, Any
 
+from . import maven
+from .maven import cache_dir  # noqa: F401 - where the jars are cached, as callers of this module knew it
+
 JVM_DIR = Path(__file__).resolve().parent / "jvm" / "kafka"
 KAFKA_POM = JVM_DIR / "pom.xml"
 LOG4J2_CONFIG = JVM_DIR / "log4j2.properties"
@@ -64,7 +64,6 @@ HEAP = "512m"  # per node: -Xmx (the issue's ceiling)
 DEDUPE_BUFFER_BYTES = (
     16 << 20
 )  # log.cleaner.dedupe.buffer.size (Kafka's default is 128 MiB): ~600k keys per pass
-JAVA_MIN = 17  # Kafka 4.x brokers need Java 17
 STARTED_LINE = "Kafka Server started"  # what kafka.server.KafkaRaftServer logs once a node serves
 
 
@@ -83,130 +82,34 @@ def kafka_version(pom: Path = KAFKA_POM) -> str:
     return node.text.strip()
 
 
-def cache_dir() -> Path:
-    """Where resolved JVM jars live: outside the repository, shared by every checkout of the machine's user."""
-    if os.environ.get("TIDEGAUGE_CACHE_DIR"):
-        return Path(os.environ["TIDEGAUGE_CACHE_DIR"]) / "jvm"
-    base = os.environ.get("XDG_CACHE_HOME") or str(Path.home() / ".cache")
-    return Path(base) / "tidegauge" / "jvm"
-
-
-def _java() -> str:
-    java = shutil.which("java")
-    if java is None and os.environ.get("JAVA_HOME"):
-        candidate = Path(os.environ["JAVA_HOME"]) / "bin" / "java"
-        java = str(candidate) if candidate.exists() else None
-    if java is None:
-        raise BrokersError(
-            "real Kafka brokers need Java 17 or newer and no 'java' is on PATH; on Debian/Ubuntu: "
-            "apt-get install -y openjdk-17-jre-headless"
-        )
-    return java
-
-
-_java_checked: dict[str, int] = {}
+def _jar_set() -> maven.JarSet:
+    version = kafka_version()
+    return maven.JarSet(
+        name="kafka",
+        version=version,
+        pom=KAFKA_POM,
+        label=f"Apache Kafka {version}",
+        needs="real Kafka brokers need",
+        marker=f"kafka_2.13-{version}.jar",
+    )
 
 
 def java_command() -> str:
     """The `java` to run brokers with, checked to be Java 17 or newer."""
-    java = _java()
-    if java not in _java_checked:
-        out = subprocess.run([java, "-version"], capture_output=True, text=True, timeout=60)
-        m = re.search(r'version "(\d+)(?:\.(\d+))?', out.stderr + out.stdout)
-        major = 0 if m is None else int(m.group(1)) if m.group(1) != "1" else int(m.group(2) or 0)
-        if major < JAVA_MIN:
-            raise BrokersError(
-                f"real Kafka brokers need Java {JAVA_MIN} or newer; {java} -version says: "
-                f"{(out.stderr or out.stdout).strip().splitlines()[:1]}"
-            )
-        _java_checked[java] = major
-    return java
-
-
-def _jars_complete(home: Path, digest: str) -> bool:
     try:
-        stamp = json.loads((home / "resolved.json").read_text())
-    except (OSError, ValueError):
-        return False
-    lib = home / "lib"
-    return stamp.get("pom_sha256") == digest and all((lib / j).is_file() for j in stamp.get("jars", [None]))
+        return maven.java_command("real Kafka brokers need")
+    except maven.JarsError as exc:
+        raise BrokersError(str(exc)) from None
 
 
 def resolve_jars(timeout_s: float = MVN_TIMEOUT_S, progress: Callable[[str], None] | None = None) -> Path:
     """The directory holding the Kafka broker's jars, resolved from Maven Central on first use (then cached;
-    re-resolved when the descriptor changes). Raises BrokersError naming what is missing or what Maven said."""
-    version = kafka_version()
-    pom_bytes = KAFKA_POM.read_bytes()
-    digest = hashlib.sha256(pom_bytes).hexdigest()
-    home = cache_dir() / f"kafka-{version}"
-    if _jars_complete(home, digest):
-        return home / "lib"
-    mvn = shutil.which("mvn")
-    if mvn is None:
-        raise BrokersError(
-            f"real Kafka brokers need their jars, which Maven resolves from Maven Central ({KAFKA_POM}), and no "
-            f"'mvn' is on PATH; on Debian/Ubuntu: apt-get install -y maven"
-        )
-    java_command()
-    home.parent.mkdir(parents=True, exist_ok=True)
-    with open(home.parent / f".kafka-{version}.lock", "w") as lock:
-        fcntl.flock(
-            lock, fcntl.LOCK_EX
-        )  # another process resolving the same version: wait for it, then reuse
-        if _jars_complete(home, digest):
-            return home / "lib"
-        if progress:
-            progress(f"resolving the jars of Apache Kafka {version} from Maven Central into {home} (once)")
-        tmp = Path(tempfile.mkdtemp(prefix=f".kafka-{version}-", dir=home.parent))
-        log_path = tmp / "mvn.log"
-        cmd = [
-            mvn,
-            "-q",
-            "-B",
-            "-Dstyle.color=never",
-            "-f",
-            str(KAFKA_POM),
-            "dependency:copy-dependencies",
-            f"-DoutputDirectory={tmp / 'lib'}",
-            "-DincludeScope=runtime",
-        ]
-        t0 = time.monotonic()
-        try:
-            with open(log_path, "wb") as log:
-                code = subprocess.run(
-                    cmd, stdout=log, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL, timeout=timeout_s
-                ).returncode
-        except subprocess.TimeoutExpired:
-            raise BrokersError(
-                f"mvn did not resolve Apache Kafka {version}'s jars in {timeout_s:.0f} s (is Maven Central "
-                f"reachable?); its output: {log_path}"
-            ) from None
-        lib = tmp / "lib"
-        jar = f"kafka_2.13-{version}.jar"
-        if code != 0 or not (lib / jar).is_file():
-            said = [ln for ln in log_path.read_text(errors="replace").splitlines() if "ERROR" in ln][:3]
-            raise BrokersError(
-                f"mvn could not resolve Apache Kafka {version}'s jars (exit {code}): "
-                + (" | ".join(s.strip() for s in said) or "no error line")
-                + f"; the whole output: {log_path}; the command: {' '.join(cmd)}"
-            )
-        jars = sorted(p.name for p in lib.glob("*.jar"))
-        (tmp / "resolved.json").write_text(
-            json.dumps(
-                {
-                    "kafka_version": version,
-                    "pom_sha256": digest,
-                    "resolved_in_s": round(time.monotonic() - t0, 1),
-                    "jars": jars,
-                },
-                indent=2,
-            )
-            + "\n"
-        )
-        if home.exists():
-            shutil.rmtree(home)
-        os.rename(tmp, home)
-    return home / "lib"
+    re-resolved when the descriptor changes; `sim.maven` does it). Raises BrokersError naming what is missing or
+    what Maven said."""
+    try:
+        return maven.resolve(_jar_set(), timeout_s, progress)
+    except maven.JarsError as exc:
+        raise BrokersError(str(exc)) from None
 
 
 # -- processes that die with their owner -----------------------------------------------------------------

@@ -90,6 +90,18 @@ def kafka_jars() -> pathlib.Path:
 
 
 @pytest.fixture(scope="session")
+def s3a_jars() -> list[pathlib.Path]:
+    """Spark's S3A connector (hadoop-aws at pyspark's Hadoop version and the AWS SDK bundle, ~690 MB), resolved by
+    mvn from Maven Central on the first run of the machine into ~/.cache/tidegauge/jvm (pipelines/watch/jvm/s3a/
+    pom.xml says which), then reused: what `tidegauge watch --checkpoint s3a://` puts on Spark's class path. As
+    with `kafka_jars`, no test skips for want of them."""
+    from pipelines.watch.checkpoint import s3a_jars
+
+    _install_maven()
+    return s3a_jars()
+
+
+@pytest.fixture(scope="session")
 def real_kafka(kafka_jars):
     """One Apache Kafka cluster (a single broker+controller node, KRaft, on loopback) for the test run; tests
     create their own uniquely named topics, through the AdminClient (`create_topics`). Started on first use

@@ -8,9 +8,9 @@
 - `div` imports none of our other packages; `heartbeat` only `div`; neither imports `pipelines` or `sim`;
 - `leapfrog.reference` (the per-record model the tests check the job against) is imported by no runtime module:
   nothing else in `leapfrog`, nor `pipelines`, `sim`, `heartbeat` or `div`.
-- `pipelines` is `core` plus one package per command (each with a `cli` module): `core` imports no command,
-  no command imports another except `demo` (which runs them all), and a command package's `__init__` imports
-  nothing, so `tidegauge --help` loads no job.
+- `pipelines` is `core` plus one package per command (each with a `cli` module): `core` imports no command and
+  not `sim`, no command imports another except `demo` (which runs them all), and a command package's `__init__`
+  imports nothing, so `tidegauge --help` loads no job.
 """
 
 from __future__ import annotations
@@ -211,6 +211,18 @@ def test_core_imports_no_command():
         if m.startswith("pipelines.core") and any(_command_of(d) for d in deps)
     }
     assert not bad, f"pipelines.core must not import a command package: {bad}"
+
+
+def test_core_imports_no_simulator():
+    # docs/design.md: pipelines/core ─▶ leapfrog, div, heartbeat. What a command needs of sim (the simulator, the
+    # brokers, the Maven resolver `sim.maven`), it imports itself.
+    graph = _graph()
+    bad = {
+        m: sorted(d for d in deps if d == "sim" or d.startswith("sim."))
+        for m, deps in graph.items()
+        if m.startswith("pipelines.core") and any(d == "sim" or d.startswith("sim.") for d in deps)
+    }
+    assert not bad, f"pipelines.core must not import sim: {bad}"
 
 
 # The demo runs the other commands; the watch runs the nightly jobs' own stages micro-batch by micro-batch (one

@@ -92,6 +92,32 @@ def test_python_workers_own_prints_are_filtered_out_of_the_jvms_stderr():
         assert console.read().decode() == "\n".join(kept) + "\nno newline at the end"
 
 
+def test_the_aws_sdk_bundles_slf4j_notice_is_filtered_out_too():
+    """The AWS SDK bundle (Hadoop's S3 connector, on the class path for an s3a:// watch checkpoint) shades an SLF4J
+    1.7 that says in three lines, at its first use, that it found no binding; any other SLF4J line passes."""
+    import os
+    import threading
+
+    from pipelines.core.spark_session import _forward
+
+    jvm = (
+        'SLF4J: Failed to load class "org.slf4j.impl.StaticLoggerBinder".\n'
+        "SLF4J: Defaulting to no-operation (NOP) logger implementation\n"
+        "SLF4J: See http://www.slf4j.org/codes.html#StaticLoggerBinder for further details.\n"
+        "SLF4J: Class path contains multiple SLF4J providers.\n"
+        "26/11/26 10:00:00 ERROR MicroBatchExecution: Query failed\n"
+    )
+    pipe_r, pipe_w = os.pipe()
+    console_r, console_w = os.pipe()
+    forward = threading.Thread(target=_forward, args=(pipe_r, console_w))
+    forward.start()
+    os.write(pipe_w, jvm.encode())
+    os.close(pipe_w)
+    forward.join(10)
+    with open(console_r, "rb") as console:
+        assert console.read().decode() == "\n".join(jvm.splitlines()[3:]) + "\n"
+
+
 @pytest.mark.spark
 @pytest.mark.slow
 def test_spark_start_up_notices_stay_below_the_default_level(tmp_path):

@@ -45,10 +45,17 @@ def check_java() -> str:
     return out.splitlines()[0] if out else "java"
 
 
-# Lines Spark's Python workers print on their own. Spark's JVM copies its Python workers' output to its stderr
-# as it is, below any log4j level: the driver-side worker of transformWithStateInPandas (`tidegauge watch`) says,
-# at each query start, that it started, which UDF it got and that it ran it, each line followed by an empty one.
-_WORKER_NOISE = re.compile(rb"(Starting )?Streaming TransformWithStateInPandas Python worker\b")
+# Lines the JVM prints on its stderr below any log4j level, meaning nothing to the user. Spark's JVM copies its
+# Python workers' output to its stderr as it is: the driver-side worker of transformWithStateInPandas (`tidegauge
+# watch`) says, at each query start, that it started, which UDF it got and that it ran it, each line followed by
+# an empty one. The AWS SDK bundle (Hadoop's S3 connector, `watch --checkpoint s3a://`) shades an SLF4J 1.7 of its
+# own, which finds no binding beside Spark's SLF4J 2 and says so in three lines at its first use: the SDK's own
+# logging is off, which is all they mean.
+_WORKER_NOISE = re.compile(
+    rb"(Starting )?Streaming TransformWithStateInPandas Python worker\b"
+    rb'|SLF4J: (Failed to load class "org\.slf4j\.impl\.StaticLoggerBinder"|Defaulting to no-operation \(NOP\) '
+    rb"logger implementation|See http://www\.slf4j\.org/codes\.html#StaticLoggerBinder)"
+)
 
 
 def _forward(pipe: int, console: int) -> None:
@@ -89,6 +96,12 @@ def _jvm_stderr_filtered() -> Iterator[None]:
         os.dup2(console, 2)
 
 
+def under_spark_submit() -> bool:
+    """This driver was started by `spark-submit`, whose JVM already runs (with the class path, master and
+    settings it was given): detected by the gateway spark-submit hands to the Python driver."""
+    return "PYSPARK_GATEWAY_PORT" in os.environ
+
+
 def get_session(
     master: str | None = None, app_name: str = "tidegauge", conf: dict[str, str] | None = None
 ) -> SparkSession:
@@ -104,7 +117,7 @@ def get_session(
     builder = SparkSession.builder.appName(app_name)
     active = SparkSession.getActiveSession()
     # Under spark-submit the JVM starts first and hands its settings (master, --conf) to this driver.
-    submitted = "PYSPARK_GATEWAY_PORT" in os.environ
+    submitted = under_spark_submit()
     given: set[str] = set()
     if submitted:
         from pyspark import SparkConf, SparkContext

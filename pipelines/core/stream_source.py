@@ -52,14 +52,16 @@ followed like a topic: every trigger lists it again (footers of known files are 
 is the end. This lets the watch follow a copy of a cluster, and makes streaming tests deterministic.
 
 **Checkpoint locations.** Spark writes the checkpoint itself, through Hadoop's file APIs and the Hadoop client
-jars it ships, not through `pipelines.core.storage`. Checked on Spark 4.3 here, without extra jars: a plain local
-path and `file://` work (the tests use both); `hdfs://` loads (an unreachable namenode fails the start with
-`ConnectException`, not with an unknown scheme), so it works where the Hadoop configuration names a reachable
-cluster; `s3a://` fails with `CANNOT_LOAD_CHECKPOINT_FILE_MANAGER` (`ClassNotFoundException:
-org.apache.hadoop.fs.s3a.S3A`): it needs Spark's `hadoop-aws` jar and the AWS SDK (`--packages
-org.apache.hadoop:hadoop-aws:<Spark's Hadoop version>`), which this machine does not have; `gs://` likewise
-(`org.apache.hadoop.fs.gs.Gs`, the GCS connector) and `s3://` has no FileSystem at all. Outputs and state go
-through `storage` and work on every store; only the checkpoint needs the connector jars.
+jars it ships, not through `pipelines.core.storage`. Checked on pyspark 4.2.0 (Hadoop 3.5.0) here: a plain local
+path and `file://` work without extra jars (the tests use both); `hdfs://` loads (an unreachable namenode fails
+the start with `ConnectException`, not with an unknown scheme), so it works where the Hadoop configuration names a
+reachable cluster; `s3a://` needs Hadoop's S3 connector (`hadoop-aws` at Spark's Hadoop version and the AWS SDK
+bundle), without which the query fails with `CANNOT_LOAD_CHECKPOINT_FILE_MANAGER` (`ClassNotFoundException:
+org.apache.hadoop.fs.s3a.S3A`): `tidegauge watch` resolves it and puts it on Spark's class path by itself
+(`pipelines.watch.checkpoint`; tested against an S3 server on loopback), under spark-submit it is `--packages
+org.apache.hadoop:hadoop-aws:<Spark's Hadoop version>`. `gs://` would need the GCS connector
+(`org.apache.hadoop.fs.gs.Gs`) and `s3://` has no FileSystem at all; the watch refuses both. Outputs and state go
+through `storage` and work on every store; only the checkpoint needs connector jars.
 
 Options: `sources` (JSON `{region: archive path/URI or kafka://...}`), `topics` (comma list, read in every
 region), `kafka_secret_conf` (JSON `{region: {librdkafka settings}}`; Spark redacts options whose name holds

@@ -77,8 +77,11 @@ def register(sub) -> None:
     p.add_argument(
         "--checkpoint",
         metavar="DIR",
-        help="Spark's checkpoint (offsets and state, the last 10 micro-batches' of them): a local path, file:// "
-        "or hdfs:// URI (required)",
+        help="Spark's checkpoint (offsets and state, the last 10 micro-batches' of them): a local path, file://, "
+        "hdfs:// or s3a:// URI (required). For s3a:// Hadoop's S3 connector goes on Spark's class path, "
+        "resolved by mvn from Maven Central the first time (~690 MB, cached in ~/.cache/tidegauge/jvm), and "
+        "the store is the AWS environment's (AWS_ENDPOINT_URL, AWS_REGION, credentials); under spark-submit "
+        "give it --packages org.apache.hadoop:hadoop-aws:<Spark's Hadoop version> (docs/spark.md)",
     )
     p.add_argument("--out", metavar="DIR", help="where findings are appended (required)")
     p.add_argument(
@@ -222,6 +225,7 @@ class _Restarts:
 def run(args: argparse.Namespace) -> int:
     from pipelines.core.spark_session import get_session
     from pipelines.core.stream_source import read_status
+    from pipelines.watch import checkpoint
     from pipelines.watch.job import (
         QUERIES,
         WatchOptions,
@@ -261,6 +265,8 @@ def run(args: argparse.Namespace) -> int:
         interval = conf.get("heartbeat_interval_ms", 60_000)
     if not isinstance(interval, int) or interval <= 0:
         raise UsageError(f"--heartbeat-interval-ms must be positive, got {interval}")
+    # an s3a:// checkpoint: the connector's jars (resolved once per machine) and the store's settings
+    spark_conf = checkpoint.session_conf(opts.checkpoint, spark_conf, master, checkpoint.progress_line)
     prepare(opts)  # a bad --out or --checkpoint is said before Spark starts
     spark = get_session(master, app_name="tidegauge watch", conf=spark_conf)
     metrics = WatchMetrics(heartbeat_interval_ms=int(interval))
@@ -301,7 +307,7 @@ def run(args: argparse.Namespace) -> int:
                     )
             status = status_file(opts)
             try:
-                sources = read_status(status) if status else None
+                sources = read_status(status)
             except (OSError, ValueError):
                 sources = None  # not written yet (the first planning), or being replaced
             # each query reads with offsets of its own, so each has its own lag (the status file is Leap Frog's)

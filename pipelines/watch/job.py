@@ -44,10 +44,10 @@ from pipelines.core.errors import UsageError
 from pipelines.core.output import check_disjoint, check_output, source_inputs
 from pipelines.core.publish import MARKER, marker_text
 from pipelines.core.sources import SourceError, SourceSpec
-from pipelines.core.storage import OBJECT_STORES, absolute, locate
-from pipelines.core.storage import scheme as storage_scheme
+from pipelines.core.storage import absolute, locate
 from pipelines.leapfrog.keys import OUT_SCHEMA
 from pipelines.leapfrog.source import check_sources
+from pipelines.watch.checkpoint import check_checkpoint, check_session
 from pipelines.watch.heartbeats import newest_heartbeats
 from pipelines.watch.leapfrog_step import RECORD_COLUMNS, LeapfrogStep, PartitionState
 
@@ -218,14 +218,20 @@ class WatchOptions:
         return [self.topic] + ([self.rt_topic] if self.rt_topic else [])
 
 
-def status_file(opts: WatchOptions) -> str | None:
-    """Where the Leap Frog query's source says which regions it could reach (a local checkpoint only: the
-    source's planner writes it with local file calls)."""
+def status_file(opts: WatchOptions) -> str:
+    """Where the Leap Frog query's source says which regions it could reach (what `tidegauge_source_up` and its
+    alert read). The source's planner writes it with local file calls, on the driver's machine: in a local
+    checkpoint, else in a directory of the temporary directory named after the checkpoint (an s3a:// or hdfs://
+    checkpoint would otherwise leave the metric unset and its alert silent)."""
+    import tempfile
+    from pathlib import Path
+
     from pipelines.core.storage import is_local
 
-    if not is_local(opts.checkpoint):
-        return None
-    return str(locate(opts.checkpoint).local / "leapfrog-sources.json")
+    if is_local(opts.checkpoint):
+        return str(locate(opts.checkpoint).local / "leapfrog-sources.json")
+    digest = hashlib.sha256(absolute(opts.checkpoint).rstrip("/").encode()).hexdigest()[:16]
+    return str(Path(tempfile.gettempdir()) / f"tidegauge-watch-{digest}" / "leapfrog-sources.json")
 
 
 def _records(
@@ -491,15 +497,11 @@ def check_rt_topic(opts: WatchOptions) -> None:
 
 
 def prepare(opts: WatchOptions) -> None:
-    """Before any work: the checkpoint is a place Spark can write without extra jars, --out is absent, empty or
-    an earlier watch's (marked as such, since the watch adds to it run after run), neither is an input, and
-    every source that answers holds the store's version topic, and its real-time topic when DIV is to read it."""
-    kind = storage_scheme(opts.checkpoint)
-    if kind in OBJECT_STORES:
-        raise UsageError(
-            f"--checkpoint {opts.checkpoint}: Spark writes its checkpoint through Hadoop, which needs Spark's "
-            "hadoop-aws (or GCS/Azure) jars for an object store; give a local, file:// or hdfs:// path"
-        )
+    """Before any work: the checkpoint is a place Spark can write (local, file://, hdfs:// or s3a://, see
+    `pipelines.watch.checkpoint`), --out is absent, empty or an earlier watch's (marked as such, since the watch
+    adds to it run after run), neither is an input, and every source that answers holds the store's version
+    topic, and its real-time topic when DIV is to read it."""
+    check_checkpoint(opts.checkpoint)
     check_disjoint({"--checkpoint": opts.checkpoint, "--out": opts.out}, source_inputs(opts.sources))
     check_output(opts.out, "watch")
     # a typo in --store or a source without the store would otherwise be watched, empty, for ever
@@ -599,4 +601,5 @@ def start(
     if unknown:
         raise ValueError(f"unknown watch queries {sorted(unknown)}; known: {QUERIES}")
     prepare(opts)
+    check_session(spark, opts.checkpoint)
     return [start_query(spark, opts, name, metrics, available_now) for name in QUERIES if name in queries]

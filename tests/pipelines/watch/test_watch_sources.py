@@ -183,3 +183,19 @@ def test_heartbeat_ages_count_up_to_what_the_watch_has_read_not_up_to_the_scrape
     # no heartbeat since: it grows, batch by batch (a Leap Frog report older than DIV's last counts too)
     m.observe_progress(progress(5, 2_020.0), query="leapfrog", heartbeats_read=True)
     assert m.registry.get_sample_value("tidegauge_heartbeat_age_seconds", labels) == 30
+
+
+def test_the_source_status_file_is_local_whatever_the_checkpoint(tmp_path):
+    # the stream source's planner writes it with local file calls: beside a local checkpoint, else in a local
+    # directory of its own per checkpoint (without it an s3a:// watch exported no tidegauge_source_up)
+    from pathlib import Path
+
+    from pipelines.watch.job import WatchOptions, status_file
+
+    def where(ck: str) -> str:
+        return status_file(WatchOptions(store="s", version=1, sources=[], checkpoint=ck, out=str(tmp_path)))
+
+    assert where(str(tmp_path / "ck")) == str(tmp_path / "ck" / "leapfrog-sources.json")
+    remote = where("s3a://bucket/ck")
+    assert Path(remote).is_absolute() and "bucket" not in remote
+    assert where("s3a://bucket/ck/") == remote != where("s3a://bucket/other") != where("hdfs://nn/ck")
