@@ -134,6 +134,7 @@ BENCHES: dict[str, list[str]] = {
     ],
     "watch": ["bench/bench_watch.py", "--queries", "leapfrog,watch"],
     "watch_1m": ["bench/bench_watch.py", "--records", "1000000", "--queries", "decode,leapfrog,div"],
+    "brokers": ["bench/bench_brokers.py", "--repeat", "3"],
 }
 
 
@@ -472,6 +473,31 @@ SHOWN: dict[str, tuple[str, list[str]]] = {
             "div.ratio_to_decode_only",
             "leapfrog.batch_s_trend",
             "leapfrog.state.1M.on_disk.bytes",
+        ],
+    ),
+    "brokers": (
+        "Apache Kafka KRaft clusters on loopback (`sim.brokers.KafkaCluster`, what the real-Kafka tests, "
+        "`simulate --brokers real` and `demo --kafka real` start), each started afresh 3 times: seconds to start 1 "
+        "node and 3 nodes (median, min, max; of it the storage format and the JVMs until every broker is "
+        "registered), the jars' resolution once cached, and in each 3-node cluster the leader of a 3-replica "
+        "partition killed with SIGKILL: seconds until the metadata names a new leader, then the killed node's "
+        "restart until it is registered and until it is back in the ISR (medians)",
+        [
+            "one_node.start_s.median",
+            "one_node.start_s.min",
+            "one_node.start_s.max",
+            "one_node.format_s.median",
+            "one_node.launch_to_ready_s.median",
+            "three_nodes.start_s.median",
+            "three_nodes.start_s.min",
+            "three_nodes.start_s.max",
+            "three_nodes.launch_to_ready_s.median",
+            "jars_cached_ms.median",
+            "election.election_s.median",
+            "election.restart_to_registered_s.median",
+            "election.restart_to_isr_s.median",
+            "one_node.close_s.median",
+            "three_nodes.close_s.median",
         ],
     ),
     "kafka_io": ("archive and Kafka plumbing every job stands on", []),
