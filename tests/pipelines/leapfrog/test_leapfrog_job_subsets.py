@@ -1,6 +1,6 @@
 """Safe and Live on any subset of regions, for the nightly job, its incremental runs and the watch.
 
-Generated histories of stores with 3, 4 and 5 regions (tests/support/leapfrog_histories.py: failovers, compaction,
+Generated histories of stores with 3 and 5 regions (tests/support/leapfrog_histories.py: failovers, compaction,
 lag, duplicates, noise) are written as one archive per region, one history per partition. The nightly job over all
 the archives is the oracle; over a random subset S of at least two regions, each job must report exactly the full
 run's findings for the pairs inside S, with the same counters, vectors and marks. Region ids are the store's: a
@@ -61,7 +61,7 @@ def _run(spark, dirs, regions, out, state=None) -> tuple[int, dict]:
     return code, json.loads((out / "summary.json").read_text())
 
 
-@pytest.fixture(scope="module", params=[3, 4, 5])
+@pytest.fixture(scope="module", params=[3, 5])  # 4 lies between: the rule does not depend on the count
 def store(request, spark, tmp_path_factory):
     n = request.param
     root = tmp_path_factory.mktemp(f"subsets{n}")

@@ -81,7 +81,7 @@ def _job_rows(out):
     ("mode", "n_regions"), [("heartbeat", 2), ("heartbeat", 3), ("heartbeat", 4), ("footer", 4), ("rmd", 4)]
 )
 def test_job_equals_reference(spark, tmp_path, n_regions, mode):
-    histories = [h for h in generated(60) if h.n_regions == n_regions][:150]
+    histories = [h for h in generated(60) if h.n_regions == n_regions][:100]
     assert histories, "the generator produced no history with this many regions"
     dirs = write_archives(histories, tmp_path / "archives")
     out = tmp_path / "out"

@@ -89,7 +89,7 @@ def _two_days(spark, histories, seed: int, tmp_path):
 
 
 def test_two_days_equal_one_rescan(spark, tmp_path):
-    histories = [h for h in generated(60) if h.n_regions == 3][:120]
+    histories = [h for h in generated(60) if h.n_regions == 3][:80]
     cuts, day1, day2, expected = _two_days(spark, histories, 5, tmp_path)
     state = tmp_path / "state"
     _run(spark, day1, tmp_path / "out-day1", state)
