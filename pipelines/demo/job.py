@@ -147,7 +147,7 @@ def _clusters_text(cfg: SimConfig) -> str:
     if cfg.brokers == "mock":
         return "one embedded Kafka cluster each (librdkafka's mock)"
     n = cfg.brokers_per_region
-    return f"{n} Apache Kafka broker{'s' if n > 1 else ''} each"
+    return "one Apache Kafka broker each" if n == 1 else f"{n} Apache Kafka brokers each"
 
 
 # -- the fault check ---------------------------------------------------------------------------------------
