@@ -122,6 +122,12 @@ class _Proc:
         finally:
             self._fh.close()
 
+    def kill(self) -> None:
+        """SIGKILL to the whole group at once (its JVM and workers too), as the kernel's OOM killer would."""
+        os.killpg(self.p.pid, signal.SIGKILL)
+        self.p.wait()
+        self._fh.close()
+
     def text(self) -> str:
         return self.log.read_text(errors="replace")
 
@@ -449,15 +455,10 @@ class _Follower:
         self.scrapes += 1
         now = self.clock()
         threshold = 3 * self.interval / 1000
-        last = [
-            v
-            for labels, v in metrics.get("tidegauge_last_progress_timestamp_seconds", [])
-            if labels.get("query") == "leapfrog"
-        ]
-        if not last or now - last[0] > threshold:
+        read_until = leapfrog_progress(metrics)  # heartbeat ages count up to it (its last planning)
+        if read_until is None or now - read_until > threshold:
             self.stalled_scrapes += 1
             return
-        read_until = last[0]  # heartbeat ages count up to it (the Leap Frog query's last planning)
         for labels, age in metrics.get("tidegauge_heartbeat_age_seconds", []):
             x, p, s = (int(labels[k]) for k in ("region", "partition", "source_region"))
             outage = self._outage(labels, now * 1000)
@@ -520,6 +521,19 @@ def run_watch_demo(opts: WatchDemoOptions, emit: Callable[[str], None] | None = 
     return result
 
 
+def leapfrog_progress(metrics: dict) -> float | None:
+    """When the watch's Leap Frog query (which reads the heartbeats) last reported progress, in epoch seconds, from
+    a scrape (`scrape`); None before its first report."""
+    return next(
+        (
+            v
+            for labels, v in metrics.get("tidegauge_last_progress_timestamp_seconds", [])
+            if labels.get("query") == "leapfrog"
+        ),
+        None,
+    )
+
+
 def _metrics_url(watch: _Proc, wait_s: float = 180) -> str | None:
     """The URL the watch serves its metrics on, from the line it logs once it serves them; with `wait_s` 0,
     None while it has not logged it yet."""
@@ -560,9 +574,7 @@ class _Downtime:
     def kill_and_start(
         self, watch: _Proc, argv: list[str], log: Path, emit: Callable[[str], None], follow: _Follower
     ) -> _Proc:
-        os.killpg(watch.p.pid, signal.SIGKILL)
-        watch.p.wait()
-        watch._fh.close()
+        watch.kill()
         now = time.time()
         self.spans.append(["kill -9", now, None])
         emit(f"  {follow.t(now * 1000)}  watch killed with SIGKILL; starting it again (its output: {log})")
@@ -573,17 +585,13 @@ class _Downtime:
         why, since, up = self.spans[-1]
         if up is not None:
             return
-        last = [
-            v
-            for labels, v in metrics.get("tidegauge_last_progress_timestamp_seconds", [])
-            if labels.get("query") == "leapfrog"
-        ]
-        if last and last[0] > since:
-            self.spans[-1][2] = last[0]
+        last = leapfrog_progress(metrics)
+        if last is not None and last > since:
+            self.spans[-1][2] = last
             if why == "kill -9":
                 follow.emit(
-                    f"  {follow.t(last[0] * 1000)}  the restarted watch goes on from its checkpoint "
-                    f"({last[0] - since:.1f} s after the kill)"
+                    f"  {follow.t(last * 1000)}  the restarted watch goes on from its checkpoint "
+                    f"({last - since:.1f} s after the kill)"
                 )
 
     def overlapping(self, start_s: float, end_s: float) -> list | None:
