@@ -155,12 +155,15 @@ def item(record: Record, *, chunked: bool = False) -> Item:
 class PartitionState:
     """One partition's reader state: `position` the next VT position to read, `phase`, `marks` (W, one per source
     region of the store, -1 = nothing yet) and `seen` (per region the highest position of a change read, ≤ marks;
-    kept only to tell a duplicate below a record from one below a heartbeat)."""
+    kept only to tell a duplicate below a record from one below a heartbeat). `chunked`: the version's
+    StartOfPush said its values may be chunked (then every data key ends with a chunk suffix); a reader that
+    resumes past the StartOfPush learns it from here."""
 
     position: int
     phase: Phase
     marks: tuple[int, ...]
     seen: tuple[int, ...]
+    chunked: bool = False
 
     def __post_init__(self) -> None:
         if self.position < 0:
@@ -184,7 +187,7 @@ class PartitionState:
         the new version's snapshot instead, as a reader with no earlier state would."""
         if self.phase is Phase.SNAPSHOT:
             return PartitionState.fresh(len(self.marks))
-        return PartitionState(0, Phase.SKIP_BULK, self.marks, self.seen)
+        return PartitionState(0, Phase.SKIP_BULK, self.marks, self.seen)  # chunking: the new StartOfPush's
 
 
 # Verdicts and roles as plain ints: `step` runs once per record.
@@ -414,6 +417,7 @@ def restore(items: Iterable[Item], position: int, n_regions: int) -> PartitionSt
 
 MAGIC = b"TGCC"
 FORMAT_VERSION = 1
+_CHUNKED_FLAG = 4  # added to a partition's phase: its version is chunked
 
 
 class StateError(ValueError):
@@ -460,15 +464,17 @@ class ChangeState:
 
     def to_bytes(self) -> bytes:
         """`TGCC`, format version 1, then Avro zig-zag varints: store (length, UTF-8), version, n_regions,
-        partition count and per partition (ascending) its id, position, phase, W[0..n) and W[r] − seen[r]
-        (usually 0: one byte); a big-endian CRC32 of everything before it closes the bytes."""
+        partition count and per partition (ascending) its id, position, phase (+4 when the version is chunked),
+        W[0..n) and W[r] − seen[r] (usually 0: one byte); a big-endian CRC32 of everything before it closes the
+        bytes."""
         body = bytearray(MAGIC)
         body.append(FORMAT_VERSION)
         name = self.store.encode("utf-8")
         body += write_long(len(name)) + name
         body += write_long(self.version) + write_long(self.n_regions) + write_long(len(self.partitions))
         for p, ps in self.partitions.items():
-            body += write_long(p) + write_long(ps.position) + write_long(int(ps.phase))
+            flags = int(ps.phase) | (_CHUNKED_FLAG if ps.chunked else 0)
+            body += write_long(p) + write_long(ps.position) + write_long(flags)
             for m in ps.marks:
                 body += write_long(m)
             for m, s in zip(ps.marks, ps.seen, strict=True):
@@ -523,15 +529,18 @@ class ChangeState:
             if p <= last:
                 raise StateError(f"change-capture state is invalid: partition {p} after {last}")
             last = p
-            position, phase = count("position"), count("phase")
+            position, flags = count("position"), count("phase")
+            phase = flags & ~_CHUNKED_FLAG
             if phase >= len(Phase):
-                raise StateError(f"change-capture state is invalid: partition {p} has unknown phase {phase}")
+                raise StateError(f"change-capture state is invalid: partition {p} has unknown phase {flags}")
             marks = []
             for _ in range(n_regions):
                 m, i = read_long(body, i)
                 marks.append(m)
             seen = tuple(m - count("mark gap") for m in marks)
-            partitions[p] = PartitionState(position, Phase(phase), tuple(marks), seen)
+            partitions[p] = PartitionState(
+                position, Phase(phase), tuple(marks), seen, bool(flags & _CHUNKED_FLAG)
+            )
         if i != len(body):
             raise StateError(
                 f"change-capture state is invalid: {len(body) - i} bytes after the last partition"

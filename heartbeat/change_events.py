@@ -1,0 +1,229 @@
+"""Change events from VT records: what a change-capture client receives, built once for every reader.
+
+`heartbeat.changes` decides *which* records a client must see (the rule); this module turns those records into
+the events the client applies: the user key without Venice's key header (and, in a chunked version, without its
+chunk suffix), PUT or DELETE, the value (a chunked value's chunks put back together), the write's logical
+timestamp and its coordinate. The consumer API (`heartbeat.change_reader`), `tidegauge changes` and the watch all
+feed `PartitionChanges` with archive-schema Arrow batches (what `div.kafka_log` and the archives give), so they
+deliver the same events and count the same duplicates.
+
+- The logical timestamp is the one Venice's conflict resolution compares: the value-level timestamp of the
+  record's replication metadata (RMD) when it carries one; otherwise (no RMD, or per-field timestamps, which need
+  the value schema) the producer's `logicalTimestamp` when set, else its `messageTimestamp`.
+- A chunked value: its chunks precede its manifest in the VT (one leader writes them in order). Chunks wait until
+  the manifest that names them; any other change drops the waiting ones (a dead leader's unfinished value, which
+  its successor writes again). While chunks wait, `state()` is the state *before* the first of them, so a reader
+  that stops there reads them again when it resumes and misses no value.
+- A record that cannot become an event is never delivered and never a crash: it is a `Problem` (its partition,
+  offset and why). That covers undecodable records and damaged `hbw` headers (the rule's UNDECODABLE), a change
+  after End of Push that names no coordinate (NO_COORDINATE), a manifest whose chunks are not all there, and an
+  Update (a VT written by a Venice leader holds the resolved Put instead; a client cannot apply a partial update).
+"""
+
+from __future__ import annotations
+
+import io
+from collections.abc import Iterator
+from dataclasses import replace
+from typing import NamedTuple
+
+import pyarrow as pa
+
+from div import envelope as E
+from div import keys
+from div.avro_bits import read_long
+from div.records import Kind, iter_records
+
+from .changes import DELIVERED, ChangeFilter, PartitionState, Role, Verdict, item
+
+CHANGES_SCHEMA = pa.schema(
+    [
+        ("partition", pa.int32()),
+        ("vt_offset", pa.int64()),
+        ("key", pa.binary()),
+        ("op", pa.string()),
+        ("value", pa.binary()),
+        ("logical_ts", pa.int64()),
+        ("upstream_region", pa.int32()),
+        ("upstream_offset", pa.int64()),
+    ]
+)
+"""One row per delivered change: `tidegauge changes`' Parquet contract (upstream_* null for bulk-load records)."""
+
+PUT, DELETE = "PUT", "DELETE"
+
+
+class ChangeEvent(NamedTuple):
+    """One delivered change. `upstream_region`/`upstream_offset` are its coordinate (the RT write it came from),
+    None for the bulk load's records. `schema_id` is the value schema the value was written with (None for a
+    DELETE): a client needs it to decode the value."""
+
+    partition: int
+    vt_offset: int
+    key: bytes
+    op: str
+    value: bytes | None
+    logical_ts: int
+    upstream_region: int | None
+    upstream_offset: int | None
+    schema_id: int | None = None
+
+
+class Problem(NamedTuple):
+    """A record that could not become an event: counted and reported, never delivered."""
+
+    partition: int
+    offset: int
+    reason: str
+    topic: str | None = None
+
+
+def events_table(events: list[ChangeEvent]) -> pa.Table:
+    """Events as a table of `CHANGES_SCHEMA` (schema_id is not part of the contract)."""
+    cols = list(zip(*events, strict=True)) if events else [()] * len(ChangeEvent._fields)
+    return pa.Table.from_arrays(
+        [pa.array(cols[i], type=f.type) for i, f in enumerate(CHANGES_SCHEMA)], schema=CHANGES_SCHEMA
+    )
+
+
+def logical_timestamp(body: dict, producer_metadata: dict) -> int:
+    """The write's logical timestamp (module docstring): RMD value-level timestamp, else the producer's."""
+    rmd = body.get("replicationMetadataPayload")
+    if rmd and rmd[0] == 0:  # timestamp union branch 0: one long for the whole value
+        try:
+            return read_long(rmd, 1)[0]
+        except (IndexError, ValueError):
+            pass  # damaged RMD: the producer's timestamp still orders the write
+    lts = producer_metadata.get("logicalTimestamp", -1)
+    return lts if lts is not None and lts >= 0 else producer_metadata.get("messageTimestamp", -1)
+
+
+_MANIFEST_SCHEMA = None
+
+
+def manifest_chunk_keys(value: bytes) -> tuple[list[bytes], int] | None:
+    """The chunk keys (key content, with their chunk suffixes) a `ChunkedValueManifest` names and the value's
+    schema id, or None when the bytes are no manifest."""
+    global _MANIFEST_SCHEMA
+    import fastavro
+
+    if _MANIFEST_SCHEMA is None:
+        from div import schemas
+
+        _MANIFEST_SCHEMA = fastavro.parse_schema(schemas.load_json("ChunkedValueManifest.avsc"))
+    try:
+        manifest = fastavro.schemaless_reader(io.BytesIO(value), _MANIFEST_SCHEMA, None)
+        return [bytes(k) for k in manifest["keysWithChunkIdSuffix"]], int(manifest["schemaId"])
+    except Exception:  # fastavro raises assorted errors on damaged bytes
+        return None
+
+
+class PartitionChanges:
+    """The change stream of one VT partition: `feed` it the partition's records in VT order (archive-schema
+    Arrow batches, any slicing); it returns the events to deliver. `state()` is what to store to resume,
+    `counts` the rule's verdicts, `problems` the records that could not become events (since construction)."""
+
+    def __init__(self, partition: int, state: PartitionState, codec: E.EnvelopeCodec | None = None) -> None:
+        self.partition = partition
+        self.codec = codec or E.EnvelopeCodec()
+        self.filter = ChangeFilter(state)
+        self.chunked = state.chunked
+        self.problems: list[Problem] = []
+        self.already_read = 0  # records before the state's position (a re-read range): skipped
+        self._chunks: dict[bytes, bytes] = {}  # chunk key content → payload, waiting for their manifest
+        self._held: PartitionState | None = None  # the state before the first waiting chunk
+
+    @property
+    def counts(self) -> dict[Verdict, int]:
+        return self.filter.counts
+
+    @property
+    def position(self) -> int:
+        """The next VT position this stream expects."""
+        return self.filter.position
+
+    def state(self) -> PartitionState:
+        """The state to resume from: after the last record fed, or before chunks still waiting for a manifest."""
+        if self._held is not None:
+            return self._held
+        return replace(self.filter.state(), chunked=self.chunked)
+
+    def feed(self, batch: pa.RecordBatch | pa.Table) -> list[ChangeEvent]:
+        return list(self.iter_events(batch))
+
+    def iter_events(self, batch: pa.RecordBatch | pa.Table) -> Iterator[ChangeEvent]:
+        f = self.filter
+        step = f.step
+        for rec in iter_records(batch, self.codec):
+            if rec.offset < f.position:
+                self.already_read += 1
+                continue
+            kind = rec.kind
+            if kind is Kind.START_OF_PUSH:
+                self.chunked = bool(E.control_body(rec.env).get("chunked"))
+            elif kind is Kind.CHUNK:
+                if not self._chunks:
+                    self._held = replace(f.state(), chunked=self.chunked)
+                self._chunks[rec.key[1:]] = rec.env["payloadUnion"][1]["putValue"]
+            it = item(rec, chunked=self.chunked)
+            verdict = step(it)
+            if (
+                it.role == Role.CHANGE
+            ):  # a change, delivered or not: chunks waiting before it are its own or orphans
+                chunks, self._chunks, self._held = self._chunks, {}, None
+                if verdict in DELIVERED:
+                    event = self._event(rec, kind, verdict, it, chunks)
+                    if event is not None:
+                        yield event
+                elif verdict is Verdict.NO_COORDINATE:
+                    self._problem(
+                        rec,
+                        "a change after End of Push whose leader footer names no region of the "
+                        "store or no RT position: its coordinate is unknown",
+                    )
+            elif verdict is Verdict.UNDECODABLE:
+                self._problem(rec, rec.error or "heartbeat's hbw header cannot be decoded")
+
+    def _problem(self, rec, reason: str) -> None:
+        self.problems.append(Problem(self.partition, rec.offset, reason, rec.topic))
+
+    def _event(self, rec, kind: Kind, verdict: Verdict, it, chunks: dict[bytes, bytes]) -> ChangeEvent | None:
+        env = rec.env
+        body = env["payloadUnion"][1]
+        content = rec.key[1:]
+        if self.chunked:
+            content = keys.strip_non_chunk_suffix(content)
+        if kind is Kind.PUT:
+            op, value, schema_id = PUT, body["putValue"], body["schemaId"]
+        elif kind is Kind.DELETE:
+            op, value, schema_id = DELETE, None, None
+        elif kind is Kind.MANIFEST:
+            named = manifest_chunk_keys(body["putValue"])
+            parts = None if named is None else [chunks.get(k) for k in named[0]]
+            if parts is None or not parts or any(p is None for p in parts):
+                self._problem(
+                    rec,
+                    "a chunked value's manifest whose chunks are not all before it (or that "
+                    "cannot be decoded): the value cannot be put together",
+                )
+                return None
+            op, value, schema_id = PUT, b"".join(parts), named[1]
+        else:
+            self._problem(
+                rec,
+                "an Update in a version topic: a client cannot apply a partial update (a Venice "
+                "leader writes the resolved value as a Put)",
+            )
+            return None
+        new = verdict is Verdict.NEW
+        return ChangeEvent(
+            self.partition,
+            rec.offset,
+            content,
+            op,
+            value,
+            logical_timestamp(body, env["producerMetadata"]),
+            it.region if new else None,
+            it.rt_position if new else None,
+            schema_id,
+        )
