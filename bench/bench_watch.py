@@ -188,13 +188,13 @@ def run_watch_together(
 ) -> tuple[dict[str, list[dict]], float]:
     """The whole watch: both queries started together, as `tidegauge watch` starts them, sharing the cores; each
     query's progress reports and the wall seconds until both were done."""
-    from pipelines.watch.job import QUERIES, start
+    from pipelines.watch.job import query_names, start
 
     opts = _options(dirs, work, "watch", cap)
     t = time.perf_counter()
     queries = start(spark, opts, available_now=True)
     progress = {}
-    for name, q in zip(QUERIES, queries, strict=True):
+    for name, q in zip(query_names(opts), queries, strict=True):
         q.awaitTermination()
         progress[name] = [json.loads(p.json) for p in q.recentProgress]
     return progress, time.perf_counter() - t

@@ -23,7 +23,7 @@ deliver the same events and count the same duplicates.
 from __future__ import annotations
 
 import io
-from collections.abc import Iterator
+from collections.abc import Iterator, Mapping
 from dataclasses import replace
 from typing import NamedTuple
 
@@ -123,14 +123,25 @@ class PartitionChanges:
     Arrow batches, any slicing); it returns the events to deliver. `state()` is what to store to resume,
     `counts` the rule's verdicts, `problems` the records that could not become events (since construction)."""
 
-    def __init__(self, partition: int, state: PartitionState, codec: E.EnvelopeCodec | None = None) -> None:
+    def __init__(
+        self,
+        partition: int,
+        state: PartitionState,
+        codec: E.EnvelopeCodec | None = None,
+        chunks: Mapping[bytes, bytes] | None = None,
+    ) -> None:
+        """`chunks`: for a reader that never reads a record twice (a stream: the watch), the chunks still
+        waiting (`waiting_chunks`) when it kept `state(hold=False)`; others resume from `state()` and read the
+        chunks again."""
         self.partition = partition
         self.codec = codec or E.EnvelopeCodec()
         self.filter = ChangeFilter(state)
         self.chunked = state.chunked
         self.problems: list[Problem] = []
         self.already_read = 0  # records before the state's position (a re-read range): skipped
-        self._chunks: dict[bytes, bytes] = {}  # chunk key content → payload, waiting for their manifest
+        self._chunks: dict[bytes, bytes] = dict(
+            chunks or {}
+        )  # chunk key content → payload, awaiting a manifest
         self._held: PartitionState | None = None  # the state before the first waiting chunk
 
     @property
@@ -142,9 +153,16 @@ class PartitionChanges:
         """The next VT position this stream expects."""
         return self.filter.position
 
-    def state(self) -> PartitionState:
-        """The state to resume from: after the last record fed, or before chunks still waiting for a manifest."""
-        if self._held is not None:
+    @property
+    def waiting_chunks(self) -> dict[bytes, bytes]:
+        """Chunks read whose manifest has not come yet (chunk key content → payload)."""
+        return dict(self._chunks)
+
+    def state(self, hold: bool = True) -> PartitionState:
+        """The state to resume from: after the last record fed, or (`hold`) before chunks still waiting for a
+        manifest, so that a reader that reads on from it reads them again. A stream that never reads a record
+        twice keeps `state(hold=False)` and `waiting_chunks` instead."""
+        if hold and self._held is not None:
             return self._held
         return replace(self.filter.state(), chunked=self.chunked)
 
@@ -162,7 +180,7 @@ class PartitionChanges:
             if kind is Kind.START_OF_PUSH:
                 self.chunked = bool(E.control_body(rec.env).get("chunked"))
             elif kind is Kind.CHUNK:
-                if not self._chunks:
+                if self._held is None:
                     self._held = replace(f.state(), chunked=self.chunked)
                 self._chunks[rec.key[1:]] = rec.env["payloadUnion"][1]["putValue"]
             it = item(rec, chunked=self.chunked)

@@ -49,6 +49,7 @@ class JobConfig(_Strict):
     regions: int | None = Field(default=None, ge=2)  # the store's region count (leapfrog, watch: --regions)
     rt: bool | None = None  # `tidegauge watch`: DIV validates each region's RT too
     rt_topic: str | None = None  # `tidegauge watch`: that RT's name when it is not <store>_rt
+    changes: int | None = Field(default=None, ge=0)  # `tidegauge watch --changes`: the region whose changes
     heartbeat_interval_ms: PositiveInt | None = (
         None  # `tidegauge watch`: the leaders' interval, for the alerts
     )

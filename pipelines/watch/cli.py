@@ -131,6 +131,15 @@ def register(sub) -> None:
         help="the leaders' heartbeat interval, exported as tidegauge_heartbeat_interval_seconds so the alert rules "
         "(conf/alerts.yaml) count in intervals (default 60000, Venice's; or `heartbeat_interval_ms:` in --conf)",
     )
+    p.add_argument(
+        "--changes",
+        type=int,
+        metavar="R",
+        help="also write region R's change stream: every change of its version topic exactly once, the bulk "
+        "load first as the snapshot, appended to OUT/changes/ (one Parquet file per micro-batch, the columns of "
+        "`tidegauge changes`; records that cannot be delivered to OUT/changes_problems/), exactly once across "
+        "restarts (`changes: R` in --conf)",
+    )
     p.add_argument("--master", metavar="URL", help="Spark master (default local[*])")
     p.add_argument(
         "--conf",
@@ -227,10 +236,10 @@ def run(args: argparse.Namespace) -> int:
     from pipelines.core.stream_source import read_status
     from pipelines.watch import checkpoint
     from pipelines.watch.job import (
-        QUERIES,
         WatchOptions,
         observe_sources,
         prepare,
+        query_names,
         start,
         start_query,
         status_file,
@@ -259,6 +268,7 @@ def run(args: argparse.Namespace) -> int:
         starting=args.starting,
         rt_topic=rt_topic,
         regions=args.regions if args.regions is not None else conf.get("regions"),
+        changes_region=args.changes if args.changes is not None else conf.get("changes"),
     )
     interval = args.heartbeat_interval_ms
     if interval is None:
@@ -285,9 +295,15 @@ def run(args: argparse.Namespace) -> int:
     for sig in (signal.SIGTERM, signal.SIGINT):
         signal.signal(sig, on_signal)
     queries = start(spark, opts, metrics)
+    names = query_names(opts)
     print(
         f"tidegauge watch: watching {opts.topic} in {len(specs)} regions"
         + (f" (DIV also {opts.rt_topic})" if opts.rt_topic else "")
+        + (
+            f"; region {opts.changes_region}'s changes in {opts.out}/changes"
+            if opts.changes_region is not None
+            else ""
+        )
         + f"; findings in {opts.out}",
         flush=True,
     )
@@ -298,12 +314,12 @@ def run(args: argparse.Namespace) -> int:
             for i, q in enumerate(queries):
                 if q.lastProgress is not None:
                     metrics.observe_progress(
-                        q.lastProgress, query=QUERIES[i], heartbeats_read=QUERIES[i] == "leapfrog"
+                        q.lastProgress, query=names[i], heartbeats_read=names[i] == "leapfrog"
                     )
-                    restarts.progressed(QUERIES[i], q.lastProgress.get("batchId"))
+                    restarts.progressed(names[i], q.lastProgress.get("batchId"))
                 if not q.isActive and not stop.is_set():
                     queries[i] = restarts.restart(
-                        QUERIES[i], q, stop, lambda n=QUERIES[i]: start_query(spark, opts, n, metrics)
+                        names[i], q, stop, lambda n=names[i]: start_query(spark, opts, n, metrics)
                     )
             status = status_file(opts)
             try:
@@ -312,13 +328,13 @@ def run(args: argparse.Namespace) -> int:
                 sources = None  # not written yet (the first planning), or being replaced
             # each query reads with offsets of its own, so each has its own lag (the status file is Leap Frog's)
             for i, q in enumerate(queries):
-                leapfrog = QUERIES[i] == "leapfrog"
+                leapfrog = names[i] == "leapfrog"
                 observe_sources(
                     metrics,
                     q.lastProgress,
                     sources if leapfrog else None,
                     opts if leapfrog else None,
-                    query=QUERIES[i],
+                    query=names[i],
                 )
         # let the running micro-batch finish (stopping inside one would only make the restart redo it), but not
         # the ones after it: with a backlog they run back to back

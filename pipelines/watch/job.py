@@ -50,6 +50,7 @@ from pipelines.leapfrog.source import check_sources
 from pipelines.watch.checkpoint import check_checkpoint, check_session
 from pipelines.watch.heartbeats import newest_heartbeats
 from pipelines.watch.leapfrog_step import RECORD_COLUMNS, LeapfrogStep, PartitionState
+from pipelines.watch.rows import DDL, parquet_bytes, records, unpacked
 
 log = logging.getLogger("tidegauge.watch")
 
@@ -80,15 +81,7 @@ OUTPUT_SCHEMA = pa.schema(
         ("unverified", pa.int64()),
     ]
 )
-_DDL = {
-    "string": "string",
-    "int32": "int",
-    "int64": "long",
-    "bool": "boolean",
-    "binary": "binary",
-    "list<item: int64>": "array<long>",
-}
-OUTPUT_DDL = ", ".join(f"{f.name} {_DDL[str(f.type)]}" for f in OUTPUT_SCHEMA)
+OUTPUT_DDL = ", ".join(f"{f.name} {DDL[str(f.type)]}" for f in OUTPUT_SCHEMA)
 _STATE_SCHEMA = StructType([StructField("state", BinaryType())])
 
 
@@ -96,22 +89,6 @@ def finding_id(store: str, version: int, partition: int, a: int, b: int, key: by
     """Deterministic: the watch reports a (partition, pair, key) once, so this names the finding."""
     h = hashlib.sha256(f"{store}\0{version}\0{partition}\0{a}\0{b}\0".encode() + key)
     return h.hexdigest()[:32]
-
-
-def _unpacked(frames: Iterator[pd.DataFrame], by: str | None = None) -> dict[int, pa.Table]:
-    """A group's packed rows (`stream_source.PACKED_SCHEMA`) as records: per value of the column `by` (e.g. the
-    region), or all under 0."""
-    from pipelines.core.stream_source import unpack
-
-    blobs: dict[int, list[bytes]] = {}
-    for f in frames:
-        if not len(f):
-            continue
-        groups = f[by].to_numpy() if by else np.zeros(len(f), np.int64)
-        for g, blob in zip(groups.tolist(), f["records"].tolist(), strict=True):
-            blobs.setdefault(int(g), []).append(blob)
-    out = {g: unpack(bs) for g, bs in sorted(blobs.items())}
-    return {g: t for g, t in out.items() if t is not None and t.num_rows}
 
 
 class LeapfrogProcessor(StatefulProcessor):
@@ -130,7 +107,7 @@ class LeapfrogProcessor(StatefulProcessor):
         partition = int(key[0])
         records: dict[int, pa.Table] = {}
         out: list[dict] = []
-        for region, mine in _unpacked(rows, "region").items():
+        for region, mine in unpacked(rows, "region").items():
             records[region] = mine.select(RECORD_COLUMNS)
             out.extend({"row": "H", **h} for h in newest_heartbeats(region, partition, mine))
             out.append({"row": "N", "partition": partition, "region": region, "records": mine.num_rows})
@@ -207,6 +184,8 @@ class WatchOptions:
     )
     # the region count the watch runs with: set by `prepare` (and kept in the checkpoint for every restart)
     store_regions: int | None = None
+    # --changes R: also write region R's change stream (pipelines.watch.changes); None: no change stream
+    changes_region: int | None = None
 
     @property
     def topic(self) -> str:
@@ -232,25 +211,6 @@ def status_file(opts: WatchOptions) -> str:
         return str(locate(opts.checkpoint).local / "leapfrog-sources.json")
     digest = hashlib.sha256(absolute(opts.checkpoint).rstrip("/").encode()).hexdigest()[:16]
     return str(Path(tempfile.gettempdir()) / f"tidegauge-watch-{digest}" / "leapfrog-sources.json")
-
-
-def _records(
-    spark: SparkSession, opts: WatchOptions, status: str | None = None, topics: list[str] | None = None
-) -> DataFrame:
-    """Every region's `topics` (default: its VT) as a stream (each query reads them with its own offsets in its
-    own checkpoint)."""
-    from pipelines.core.stream_source import read_stream
-
-    return read_stream(
-        spark,
-        {s.region: s.uri for s in opts.sources},
-        topics or [opts.topic],
-        opts.kafka_conf,
-        opts.starting,
-        opts.max_records_per_trigger,
-        status_file=status,
-        packed=True,
-    )
 
 
 def observe_sources(
@@ -297,7 +257,7 @@ def findings_query(spark: SparkSession, opts: WatchOptions) -> DataFrame:
     regions = sorted(s.region for s in opts.sources)
     n = opts.store_regions or max(regions) + 1
     pairs = opts.pairs or tuple((a, b) for i, a in enumerate(regions) for b in regions[i + 1 :])
-    rows = _records(spark, opts, status_file(opts))
+    rows = records(spark, opts, status_file(opts))
     return (
         rows.select("region", "partition", "records")
         .groupBy("partition")
@@ -342,7 +302,7 @@ class FindingsSink:
                 ],
                 FINDINGS_SCHEMA,
             )
-            (self.dir / f"batch-{batch_id:08d}.parquet").write_bytes(_parquet_bytes(out))
+            (self.dir / f"batch-{batch_id:08d}.parquet").write_bytes(parquet_bytes(out))
             if self.metrics is not None:
                 self.metrics.observe_divergences(rows)
         if table.num_rows:
@@ -384,7 +344,7 @@ def observe_rows(
         metrics.set_pending_keys(a, b, sum(n for (_, x, y), n in pending.items() if (x, y) == (a, b)))
     if topic is not None:
         for r in table.filter(pa.array(kind == "N", pa.bool_())).to_pylist():
-            metrics.add_records(r["region"], topic, r["records"])
+            metrics.addrecords(r["region"], topic, r["records"])
     regions: set[int] = set()
     for r in table.filter(pa.array(kind == "M", pa.bool_())).to_pylist():
         if r["mark"] is not None:
@@ -399,14 +359,6 @@ def observe_rows(
         metrics.observe_heartbeats(
             heartbeats.select(["region", "partition", "source_region", "origin_ms", "arrival_ms"]).to_pylist()
         )
-
-
-def _parquet_bytes(table: pa.Table) -> bytes:
-    import pyarrow.parquet as pq
-
-    buf = pa.BufferOutputStream()
-    pq.write_table(table, buf)
-    return buf.getvalue().to_pybytes()
 
 
 def read_findings(out: str, kind: str = "leapfrog") -> pa.Table:
@@ -438,7 +390,7 @@ class DivProcessor(StatefulProcessor):
         from pipelines.watch.div_step import DivPartitionState
 
         region, topic, partition = int(key[0]), str(key[1]), int(key[2])
-        table = _unpacked(rows).get(0)
+        table = unpacked(rows).get(0)
         if table is None:
             return
         before = DivPartitionState.from_bytes(self.state.get()[0]) if self.state.exists() else None
@@ -457,8 +409,8 @@ def div_query(spark: SparkSession, opts: WatchOptions) -> DataFrame:
     judges it (the validator tells an RT by its name)."""
     from pipelines.watch.div_step import FINDING_SCHEMA as DIV_SCHEMA
 
-    rows = _records(spark, opts, topics=opts.div_topics)
-    ddl = ", ".join(f"{f.name} {_DDL[str(f.type)]}" for f in DIV_SCHEMA)
+    rows = records(spark, opts, topics=opts.div_topics)
+    ddl = ", ".join(f"{f.name} {DDL[str(f.type)]}" for f in DIV_SCHEMA)
     return (
         rows.select("region", "topic", "partition", "records")
         .groupBy("region", "topic", "partition")
@@ -477,7 +429,7 @@ class DivSink:
     def __call__(self, df: DataFrame, batch_id: int) -> None:
         table = df.toArrow()
         if table.num_rows:
-            (self.dir / f"batch-{batch_id:08d}.parquet").write_bytes(_parquet_bytes(table))
+            (self.dir / f"batch-{batch_id:08d}.parquet").write_bytes(parquet_bytes(table))
             if self.metrics is not None:
                 self.metrics.observe_div_findings(table.to_pylist())
 
@@ -502,6 +454,17 @@ def prepare(opts: WatchOptions) -> None:
     adds to it run after run), neither is an input, and every source that answers holds the store's version
     topic, and its real-time topic when DIV is to read it."""
     check_checkpoint(opts.checkpoint)
+    if opts.changes_region is not None:
+        if opts.changes_region not in {s.region for s in opts.sources}:
+            raise UsageError(
+                f"--changes {opts.changes_region}: no --source names region {opts.changes_region} "
+                f"(sources: {', '.join(str(s.region) for s in opts.sources)})"
+            )
+        if opts.starting != "earliest":
+            raise UsageError(
+                "--changes reads the version from its start (its bulk load is the change stream's snapshot): "
+                "leave --starting at earliest"
+            )
     check_disjoint({"--checkpoint": opts.checkpoint, "--out": opts.out}, source_inputs(opts.sources))
     check_output(opts.out, "watch")
     # a typo in --store or a source without the store would otherwise be watched, empty, for ever
@@ -554,7 +517,12 @@ def store_regions_of(opts: WatchOptions, down: set[int] = frozenset()) -> int:
     return width.count
 
 
-QUERIES = ("leapfrog", "div")
+QUERIES = ("leapfrog", "div", "changes")
+
+
+def query_names(opts: WatchOptions) -> tuple[str, ...]:
+    """The queries this watch runs: Leap Frog and DIV, and the change stream with --changes."""
+    return QUERIES if opts.changes_region is not None else QUERIES[:2]
 
 
 def start_query(
@@ -568,11 +536,14 @@ def start_query(
     spark.conf.set("spark.sql.streaming.stateStore.rocksdb.changelogCheckpointing.enabled", "true")
     spark.conf.set("spark.sql.streaming.minBatchesToRetain", str(opts.batches_to_retain))
     checkpoint = absolute(opts.checkpoint).rstrip("/")
-    df, sink = (
-        (findings_query(spark, opts), FindingsSink(opts, metrics))
-        if name == "leapfrog"
-        else (div_query(spark, opts), DivSink(opts, metrics))
-    )
+    if name == "leapfrog":
+        df, sink = findings_query(spark, opts), FindingsSink(opts, metrics)
+    elif name == "div":
+        df, sink = div_query(spark, opts), DivSink(opts, metrics)
+    else:
+        from pipelines.watch.changes import ChangesSink, changes_query
+
+        df, sink = changes_query(spark, opts), ChangesSink(opts, metrics)
     writer = (
         df.writeStream.queryName(f"tidegauge_watch_{name}")
         .foreachBatch(sink)
@@ -594,12 +565,16 @@ def start(
     available_now: bool = False,
     queries: tuple[str, ...] = QUERIES,
 ) -> list:
-    """Start the two queries, Leap Frog and DIV, each with its checkpoint under --checkpoint (`leapfrog/`,
-    `div/`); `available_now`: read what is there now, then stop (tests, catch-up runs); `queries`: only some of
-    them (the benchmark measures each alone)."""
+    """Start the queries, Leap Frog and DIV (and the change stream with --changes), each with its checkpoint
+    under --checkpoint (`leapfrog/`, `div/`, `changes/`); `available_now`: read what is there now, then stop
+    (tests, catch-up runs); `queries`: only some of them (the benchmark measures each alone)."""
     unknown = set(queries) - set(QUERIES)
     if unknown:
         raise ValueError(f"unknown watch queries {sorted(unknown)}; known: {QUERIES}")
     prepare(opts)
     check_session(spark, opts.checkpoint)
-    return [start_query(spark, opts, name, metrics, available_now) for name in QUERIES if name in queries]
+    return [
+        start_query(spark, opts, name, metrics, available_now)
+        for name in query_names(opts)
+        if name in queries
+    ]

@@ -146,6 +146,13 @@ class WatchMetrics:
             ["query"],
             registry=r,
         )
+        self._changes = Counter(
+            "tidegauge_changes",
+            "With --changes: change records the change stream delivered, and those it could not deliver "
+            "(undecodable, no coordinate, an incomplete chunked value), by outcome.",
+            ["outcome"],
+            registry=r,
+        )
         self._rejected = Counter(
             "tidegauge_metric_rows_rejected",
             "Update rows the metrics could not read and skipped (the log says which and why).",
@@ -238,6 +245,11 @@ class WatchMetrics:
             self._reject("add_records", 1, (region, topic, count), exc)
             return
         self._records.labels(*labels).inc(n)
+
+    def add_changes(self, delivered: int, problems: int) -> None:
+        """A micro-batch of the change stream (--changes): changes delivered, records that could not be."""
+        self._changes.labels("delivered").inc(max(0, int(delivered)))
+        self._changes.labels("not_delivered").inc(max(0, int(problems)))
 
     # -- findings --------------------------------------------------------------------------------------
     def observe_divergences(self, rows: Iterable[Any]) -> None:

@@ -8,11 +8,13 @@ import random
 
 import pyarrow.parquet as pq
 import pytest
+from change_oracle import one_pass
 from leapfrog_histories import generated
 from nightly_oracle import named, nightly
 from vt_fixtures import STORE, write_archives
 
 from pipelines.core.sources import SourceSpec
+from pipelines.watch.changes import read_changes
 from pipelines.watch.job import WatchOptions, read_findings, start
 from pipelines.watch.metrics import WatchMetrics
 
@@ -129,7 +131,7 @@ def test_kill_9_at_random_moments_then_restart_loses_and_repeats_nothing(spark, 
     argv = [sys.executable, "-m", "pipelines.cli", "watch", "--store", STORE, "--version", "1"]
     argv += [f"--source={x}={d}" for x, d in dirs.items()]
     argv += ["--checkpoint", str(tmp_path / "ck"), "--out", str(tmp_path / "watch"), "--conf", str(conf)]
-    argv += ["--trigger-interval", "3 seconds", "--max-records-per-trigger", "30"]
+    argv += ["--trigger-interval", "3 seconds", "--max-records-per-trigger", "30", "--changes", "0"]
     rng = random.Random(7)
     commits = tmp_path / "ck" / "leapfrog" / "commits"
 
@@ -170,9 +172,13 @@ def test_kill_9_at_random_moments_then_restart_loses_and_repeats_nothing(spark, 
         sources=[SourceSpec(x, d) for x, d in dirs.items()],
         checkpoint=str(tmp_path / "ck"),
         out=str(tmp_path / "watch"),
+        changes_region=0,
     )
     for q in start(spark, opts, available_now=True):
         q.awaitTermination()
     found = read_findings(opts.out).to_pylist()
     assert named(found) == expected
     assert len({r["finding_id"] for r in found}) == len(found)
+    # region 0's change stream (--changes 0): each change once, none lost, as the rule gives it in one pass
+    changes = read_changes(opts.out).sort_by([("partition", "ascending"), ("vt_offset", "ascending")])
+    assert changes.num_rows > 20 and changes.equals(one_pass(dirs[0], f"{STORE}_v1", 3))
