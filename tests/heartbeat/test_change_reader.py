@@ -24,7 +24,7 @@ from vt_builder import RegionVt, produce
 from div import archive
 from heartbeat import ChangeReader, ChangeReaderError, ChangeState, StateError
 from heartbeat.change_events import PartitionChanges
-from heartbeat.changes import PartitionState, Verdict
+from heartbeat.changes import PartitionState, Phase, Verdict
 
 pytestmark = pytest.mark.slow
 
@@ -129,7 +129,8 @@ def test_a_client_killed_anywhere_and_restarted_from_any_stored_state_gets_each_
     applied: list = []
     sessions = 0
     while True:
-        if sessions == 2 and len(saved) > 2:  # restart from an older backup of the client
+        if sessions == 2:  # restart from an older backup of the client, not its last stored pair
+            assert len(saved) > 2
             saved = saved[: len(saved) // 2 + 1]
         state, n_applied = saved[-1]
         del applied[n_applied:]
@@ -273,3 +274,30 @@ def test_a_cluster_that_cannot_be_reached_is_named_and_no_secret_is_told(caplog)
     ):
         ChangeReader("store", 1, conf, n_regions=3, timeout_s=1.0)
     assert secret not in str(e.value) and secret not in caplog.text
+
+
+def test_records_gone_before_they_were_read_are_a_problem_and_a_state_past_the_end_is_refused(real_kafka):
+    from confluent_kafka.admin import AdminClient
+
+    store = f"gone{uuid.uuid4().hex[:8]}"
+    v1 = [_versions(p)[0] for p in range(2)]
+    real_kafka.create_topics({f"{store}_v1": 2})
+    produce(v1, real_kafka.bootstrap_servers, f"{store}_v1")
+    admin = AdminClient({"bootstrap.servers": real_kafka.bootstrap_servers, "log_level": 0})
+    for fut in admin.delete_records([TopicPartition(f"{store}_v1", 0, 4)]).values():
+        fut.result(
+            30
+        )  # retention took partition 0's offsets 0..3 (the StartOfPush and three of the bulk load)
+    conf = {"bootstrap.servers": real_kafka.bootstrap_servers, "log_level": 0}
+    with ChangeReader(store, 1, conf, n_regions=2) as reader:
+        events = _drain(reader)
+        problems = reader.stats().problems
+    assert [(p.partition, p.offset) for p in problems] == [(0, 0)]
+    assert "offsets 0..3 are no longer in the topic" in problems[0].reason
+    assert min(e.vt_offset for e in events if e.partition == 0) == 4
+    assert len(events) == 2 * 20 - 3
+    ahead = ChangeState(store, 1, 2, {1: PartitionState(10_000, Phase.ONLINE, (5, 5), (5, 5))})
+    with pytest.raises(
+        ChangeReaderError, match=r"partition 1 ends at offset \d+, before the state's position 10000"
+    ):
+        ChangeReader(store, 1, conf, state=ahead)
