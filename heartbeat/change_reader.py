@@ -196,7 +196,10 @@ class ChangeReader:
         self._retired_reread = 0
         self._consumer: Consumer | None = None
         try:
-            self._consumer = Consumer(consumer_config(self.cluster, config))
+            settings = consumer_config(self.cluster, config)
+            # the reader's own: it knows a partition's end from its EOF event, and the state is the caller's
+            settings.update({"enable.partition.eof": True, "enable.auto.commit": False})
+            self._consumer = Consumer(settings)
         except (KafkaException, ValueError, TypeError) as e:
             raise ChangeReaderError(
                 f"cannot create a Kafka client for {self.cluster}: {_scrub(str(e), config)}"
