@@ -29,7 +29,8 @@ Modules: `records` (heartbeat records, byte-exact with Venice), `watermarks` (th
 acknowledged watermark tracker, pure logic), `leader` (HeartbeatLeader), `lag` (LagMonitor), `metrics`
 (LeaderMetrics: a leader's `stats` for Prometheus; imported on its own, by a leader process that serves them),
 `changes` (the change-capture rule: which VT records a client must see, each change once; pure, imported on its
-own by the readers that drive it).
+own by the readers that drive it), `change_events` (records → the events a client applies) and `change_reader`
+(`ChangeReader`: a client's change capture from a region's VT on Kafka, each change once, resumable from `state()`).
 The hbw/hbd header codecs live in `div.heartbeat_headers` (DIV restore reads them too) and are re-exported here.
 """
 
@@ -43,12 +44,20 @@ from div.heartbeat_headers import (
     encode_hbw,
 )
 
+from .change_events import ChangeEvent
+from .change_reader import ChangeReader, ChangeReaderError, ChangeReaderStats
+from .changes import ChangeState, StateError
 from .lag import LagMonitor, LagRow
 from .leader import HeartbeatLeader, LeaderBrokenError, LeaderStats, LeaderUsageError, RtRecord
 from .records import VtHeartbeat, parse_vt_heartbeat, rt_heartbeat, vt_heartbeat
 from .watermarks import WatermarkTracker
 
 __all__ = [
+    "ChangeEvent",
+    "ChangeReader",
+    "ChangeReaderError",
+    "ChangeReaderStats",
+    "ChangeState",
     "DivState",
     "HeaderError",
     "HeartbeatLeader",
@@ -58,6 +67,7 @@ __all__ = [
     "LeaderStats",
     "LeaderUsageError",
     "RtRecord",
+    "StateError",
     "VtHeartbeat",
     "WatermarkTracker",
     "Watermarks",
