@@ -170,6 +170,8 @@ class PartitionChanges:
         return list(self.iter_events(batch))
 
     def iter_events(self, batch: pa.RecordBatch | pa.Table) -> Iterator[ChangeEvent]:
+        """`feed`, one event at a time. A contract the consumer API keeps its state by: while the generator is
+        suspended at an event, `state()` is the state right after that event's record."""
         f = self.filter
         step = f.step
         for rec in iter_records(batch, self.codec):
