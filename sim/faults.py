@@ -32,6 +32,21 @@ Kinds (each entry of `truth.json` says which findings it must cause, in which jo
 * isolated  — a region stops replicating for `outage_ms`: its leaders leave every other region's RT unread
               (what arrives meanwhile is processed when the isolation ends, in order); its own RT is still
               applied. Lag grows and falls back; Leap Frog and DIV: nothing.
+* redelivery — a leader writes a VT data record twice, byte for byte (same key, value, producer segment and
+              sequence, footer coordinate): a producer retry after a lost acknowledgement. Its (region, partition)
+              from the seed, its record the leader's first VT write at or after the time (of the new version while
+              a swap replays). DIV: a non-fatal DUPLICATE at the copy (after End of Push). Leap Frog: nothing. A
+              change-capture reader must drop the copy. Truth: the coordinate and both VT offsets.
+* swap      — a re-push of version N+1 (`<store>_v<N+1>`, one per run) while writes go on. At its time the source
+              region (from the seed) is snapshotted; every region's new VT gets StartOfPush and that snapshot as
+              its bulk load (Puts and Deletes without a leader footer; the same in every region, as Venice's native
+              replication gives), the replica state carried over with it; `swap_push_ms` later End of Push, and
+              new leaders replay every RT from the rewind point (the first record written `swap_rewind_ms` x
+              [0.5, 1.5) before the snapshot; never after where the snapshot stood) in a catch-up interleaving of
+              their own, resolving conflicts and heartbeating like any leader, beside version N's. `swap_overlap_ms`
+              later (after any failover going on then) version N's leaders write a VersionSwap and step down; from
+              then on only N+1 is written. Leap Frog and DIV on either version: nothing. Truth: `changes`.
+
 
 Counted faults are placed at random in a window of the run (WINDOWS); timed ones (`KIND@SECONDS`) at their
 time, a write fault on the first suitable write at or after it. A live run draws its schedule a chunk at a
