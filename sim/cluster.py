@@ -81,6 +81,7 @@ class RegionProducer:
         self._next: dict[tuple[str, int], int] = dict(base_offsets or {})
         self.records = 0
         self.last_offset = -1  # offset of the last record handed to produce()
+        self.last_record: tuple | None = None  # (topic, value, key, partition, headers) of that record
 
     def produce(
         self,
@@ -107,6 +108,7 @@ class RegionProducer:
         off = self._next.get(tp, 0)
         self._next[tp] = off + 1
         self.last_offset = off
+        self.last_record = (topic, value, key, partition, headers)
         self.records += 1
 
     def poll(self, timeout: float = 0) -> int:

@@ -31,6 +31,8 @@ FAULT_KINDS = (
     "broker",
     "silent",
     "isolated",
+    "redelivery",
+    "swap",
 )
 """Injectable faults (see sim.faults for what each does and which findings it must cause)."""
 
@@ -116,6 +118,12 @@ class SimConfig:
     live_step_ms: int = 200  # live: the step (simulated = wall ms) between two hand-overs to the workers
     live_chunk_s: float = 60.0  # live: seconds of traffic drawn at a time (quiet periods repeat per chunk)
     linger_s: float = 0.0  # live: after the stop, keep the clusters serving this long (or until told to stop)
+    # a `swap` fault (a re-push of version+1 while writes go on): the push job takes `swap_push_ms` from the
+    # snapshot to End of Push; the new version's leaders replay the RTs from `swap_rewind_ms` (times a factor drawn
+    # from the seed in [0.5, 1.5]) before the snapshot; version N ends with a VersionSwap `swap_overlap_ms` later
+    swap_push_ms: int = 1_000
+    swap_rewind_ms: int = 5_000
+    swap_overlap_ms: int = 3_000
 
     # -- derived -----------------------------------------------------------------------------------------
     @property
@@ -239,6 +247,14 @@ class SimConfig:
                     f"fault {tf}: at {tf.at_s:g} s, after the run's end (--duration {self.duration_s:g})",
                 )
         need(self.outage_ms >= 1, f"outage_ms must be at least 1, got {self.outage_ms}")
+        swaps = self.faults.get("swap", 0) + sum(tf.kind == "swap" for tf in self.fault_times)
+        need(swaps <= 1, f"at most one version swap per run (swap=1 or swap@SECONDS), got {swaps}")
+        need(
+            not (swaps and self.live),
+            "a version swap (swap) is for planned runs; a live run cannot do one yet",
+        )
+        for name in ("swap_push_ms", "swap_rewind_ms", "swap_overlap_ms"):
+            need(getattr(self, name) >= 1, f"{name} must be at least 1, got {getattr(self, name)}")
         need(self.live_step_ms >= 10, f"live_step_ms must be at least 10, got {self.live_step_ms}")
         need(self.live_chunk_s >= 1, f"live_chunk_s must be at least 1, got {self.live_chunk_s}")
         need(self.linger_s >= 0, f"linger_s must not be negative, got {self.linger_s:g}")

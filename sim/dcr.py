@@ -26,12 +26,24 @@ def order_key(timestamp: int, region: int, rt_offset: int) -> int:
 class ReplicaStore:
     """Per-key DCR state of one replica (one region's partition). Survives leader failovers."""
 
-    __slots__ = ("legacy", "_winner", "_vector")
+    __slots__ = ("legacy", "_winner", "_vector", "values")
 
-    def __init__(self, legacy_vectors: bool = False) -> None:
+    def __init__(self, legacy_vectors: bool = False, track_values: bool = False) -> None:
         self.legacy = legacy_vectors
         self._winner: dict[bytes, int] = {}
         self._vector: dict[bytes, list[int]] = {}
+        # key -> the value the replica serves (None: deleted); kept only when a version swap needs a bulk load
+        self.values: dict[bytes, bytes | None] | None = {} if track_values else None
+
+    def copy(self) -> ReplicaStore:
+        """The replica's state as a re-push carries it into a new version: winners (Venice copies the RMD along
+        with the values), vectors and values."""
+        out = ReplicaStore(self.legacy, self.values is not None)
+        out._winner = dict(self._winner)
+        out._vector = {k: list(v) for k, v in self._vector.items()}
+        if self.values is not None:
+            out.values = dict(self.values)
+        return out
 
     def __len__(self) -> int:
         return len(self._winner)

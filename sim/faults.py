@@ -32,6 +32,21 @@ Kinds (each entry of `truth.json` says which findings it must cause, in which jo
 * isolated  — a region stops replicating for `outage_ms`: its leaders leave every other region's RT unread
               (what arrives meanwhile is processed when the isolation ends, in order); its own RT is still
               applied. Lag grows and falls back; Leap Frog and DIV: nothing.
+* redelivery — a leader writes a VT data record twice, byte for byte (same key, value, producer segment and
+              sequence, footer coordinate): a producer retry after a lost acknowledgement. Its (region, partition)
+              from the seed, its record the leader's first VT write at or after the time (of the new version while
+              a swap replays). DIV: a non-fatal DUPLICATE at the copy (after End of Push). Leap Frog: nothing. A
+              change-capture reader must drop the copy. Truth: the coordinate and both VT offsets.
+* swap      — a re-push of version N+1 (`<store>_v<N+1>`, one per run) while writes go on. At its time the source
+              region (from the seed) is snapshotted; every region's new VT gets StartOfPush and that snapshot as
+              its bulk load (Puts and Deletes without a leader footer; the same in every region, as Venice's native
+              replication gives), the replica state carried over with it; `swap_push_ms` later End of Push, and
+              new leaders replay every RT from the rewind point (the first record written `swap_rewind_ms` x
+              [0.5, 1.5) before the snapshot; never after where the snapshot stood) in a catch-up interleaving of
+              their own, resolving conflicts and heartbeating like any leader, beside version N's. `swap_overlap_ms`
+              later (after any failover going on then) version N's leaders write a VersionSwap and step down; from
+              then on only N+1 is written. Leap Frog and DIV on either version: nothing. Truth: `changes`.
+
 
 Counted faults are placed at random in a window of the run (WINDOWS); timed ones (`KIND@SECONDS`) at their
 time, a write fault on the first suitable write at or after it. A live run draws its schedule a chunk at a
@@ -53,6 +68,7 @@ from .traffic import DELETE, PUT, Schedule
 log = logging.getLogger(__name__)
 
 WRITE_FAULTS = ("dropped", "poisoned", "duplicate", "gap", "corrupt")
+CAPTURE_KINDS = ("redelivery", "swap")  # what change capture must see through (placed after the others)
 RT_FAULTS = ("gap", "corrupt", "duplicate")  # placed first: their keys are kept away from dropped/poisoned
 
 WINDOWS: dict[str, tuple[float, float]] = {
@@ -65,6 +81,8 @@ WINDOWS: dict[str, tuple[float, float]] = {
     "broker": (0.2, 0.8),
     "silent": (0.2, 0.6),
     "isolated": (0.2, 0.6),
+    "redelivery": (0.1, 0.8),
+    "swap": (0.15, 0.35),
 }
 """Where counted faults go, as fractions of the run: dropped and poisoned writes late enough that the earlier
 writes of their key have replicated and early enough that heartbeats of every region cover them; outages early
@@ -255,6 +273,15 @@ def plan_faults(
     for tf in (tf for tf in timed if tf.kind in STOP_RESUME_KINDS):
         placer.outage(tf.kind, at_ms(tf), None if tf.for_s is None else int(round(tf.for_s * 1000)))
     place_compactions(cfg, plan, rng, counted.get("compaction", 0))
+    # Placed last, from a generator of their own, so that runs without them are the runs they always were.
+    if counted.get("redelivery") or counted.get("swap") or any(tf.kind in CAPTURE_KINDS for tf in timed):
+        placer.rng = np.random.default_rng([cfg.seed, 8, base])
+        for _ in range(counted.get("redelivery", 0)):
+            placer.redelivery(placer.start + int(placer.rng.uniform(*WINDOWS["redelivery"]) * placer.span))
+        for _ in range(counted.get("swap", 0)):
+            placer.swap(placer.start + int(placer.rng.uniform(*WINDOWS["swap"]) * placer.span))
+        for tf in (tf for tf in timed if tf.kind in CAPTURE_KINDS):
+            (placer.redelivery if tf.kind == "redelivery" else placer.swap)(at_ms(tf))
     if state is not None:
         state.observe(schedule)
     return plan
@@ -466,6 +493,46 @@ class _Placer:
             x, p = pairs[c]
             tf = self.start + int(self.rng.uniform(*WINDOWS["failover"]) * self.span)
             self.plan.add("failover", region=x, partition=p, time_ms=tf, end_ms=self._until(tf, None))
+
+    def redelivery(self, t: int) -> None:
+        """A VT record written twice by the leader of a (region, partition) drawn from the seed: its first VT
+        data record at or after `t` (a producer retry after a lost acknowledgement)."""
+        x, p = self.pairs[int(self.rng.integers(len(self.pairs)))]
+        self.plan.add("redelivery", region=x, partition=p, time_ms=t)
+
+    def swap(self, t: int) -> None:
+        """A re-push of version+1 that snapshots at `t`, ends its push `swap_push_ms` later and replaces version N
+        `swap_overlap_ms` after that (a planned run cuts both short at its last write). The new leaders replay the
+        RTs from `swap_rewind_ms` x [0.5, 1.5) (drawn from the seed) before the snapshot."""
+        cfg = self.cfg
+        eop = t + cfg.swap_push_ms
+        if not cfg.live:
+            eop = max(t + 1, min(eop, self.end - 1))
+        vs = eop + cfg.swap_overlap_ms if cfg.live else max(eop + 1, min(eop + cfg.swap_overlap_ms, self.end))
+        # A failed leader of version N writes no VersionSwap: the swap waits for the successors of failovers that
+        # are going on then.
+        for f in self.plan.of("failover"):
+            if f.time_ms is not None and f.end_ms is not None and f.time_ms < vs <= f.end_ms:
+                vs = f.end_ms + 1
+        rewind_ms = int(cfg.swap_rewind_ms * self.rng.uniform(0.5, 1.5))
+        source = int(self.rng.integers(cfg.regions))
+        self.plan.add(
+            "swap",
+            time_ms=t,
+            end_ms=vs,
+            detail={
+                "from_version": cfg.version,
+                "to_version": cfg.version + 1,
+                "from_topic": cfg.vt_topic,
+                "to_topic": f"{cfg.store}_v{cfg.version + 1}",
+                "source_region": source,
+                "snapshot_ms": t,
+                "end_of_push_ms": eop,
+                "version_swap_ms": vs,
+                "rewind_ms": rewind_ms,
+                "rewind_from_ms": t - rewind_ms,
+            },
+        )
 
     def _until(self, t: int, length_ms: int | None, default_ms: int | None = None) -> int:
         """When an outage that starts at `t` ends. A planned run cuts it short at its last write, so that it

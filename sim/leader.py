@@ -110,6 +110,7 @@ class LeaderStats:
     poisoned_by_fault: int = 0
     heartbeats: int = 0
     reapplied: int = 0  # writes a successor applied again after a failover
+    redelivered: int = 0  # VT records written twice (redelivery faults)
 
 
 class SimLeader:
@@ -133,6 +134,9 @@ class SimLeader:
         guid: bytes,
         segment_max_age_ms: int,
         on_watch: Callable[[int, int, int, int], None] | None = None,
+        applied: list[list[int]] | None = None,
+        redeliver: list[list[int]] | None = None,
+        on_redeliver: Callable[[int, int, int, int, int, int], None] | None = None,
     ) -> None:
         self.region = region
         self.partition = partition
@@ -140,6 +144,14 @@ class SimLeader:
         self.n_regions = n_regions
         self.host = host
         self.on_watch = on_watch
+        self.vt_topic = vt_topic
+        # per source region, the RT positions of the writes this partition's leaders wrote to the VT (shared by
+        # the terms of one version: truth.json's `changes`)
+        self.applied = applied if applied is not None else [[] for _ in range(n_regions)]
+        # [fault id, time]: VT records to write twice (a producer retry after a lost acknowledgement), the first
+        # write at or after the time; shared by the terms of one version, so a successor does what is left
+        self.redeliver = redeliver if redeliver is not None else []
+        self.on_redeliver = on_redeliver
         self.lags = lags
         self.producer = producer
         self.clock = clock
@@ -161,8 +173,12 @@ class SimLeader:
         )
         self.cursor = [0] * n_regions  # next offset of each region's shared RT buffer to process
         self.backlog: list[list[tuple]] = [[] for _ in range(n_regions)]  # re-read at takeover
+        # a new version's replay from its rewind point: events (arrival, region, offset, key, value, headers, ts)
+        # in the order its leader catches up, processed first
+        self.catchup: list[tuple] = []
         self.reprocess_below = [0] * n_regions  # RT offsets a predecessor already handled
         self.resume_ms = 0
+        self.reapplied_offsets: list[int] = []  # VT offsets of the writes a successor applied again
         self.alive = True
         self.stats = LeaderStats()
         self.findings: list[tuple[int, Finding]] = []  # (source region, finding)
@@ -171,7 +187,8 @@ class SimLeader:
     def events_until(self, t_end: int, buffers: list[RtBuffer]) -> list[tuple]:
         """RT records whose arrival time is before `t_end`, in processing order:
         (arrival, region, offset, key, value, headers, write ts)."""
-        events: list[tuple] = []
+        events: list[tuple] = self.catchup
+        self.catchup = []
         faults = self.faults
         for r in range(self.n_regions):
             lag = self.lags[r]
@@ -223,6 +240,7 @@ class SimLeader:
         resume = self.resume_ms
         reprocess_below = self.reprocess_below
         on_rt_record, put, delete, done = hl.on_rt_record, hl.put, hl.delete, hl.done
+        applied, values, redeliver = self.applied, store.values, self.redeliver
         for arrival, r, off, key, value, headers, ts in events:
             clock.now = arrival if arrival > resume else resume
             stats.rt_records += 1
@@ -268,15 +286,34 @@ class SimLeader:
                                 rec.key, v, VALUE_SCHEMA_ID, rmd_version=RMD_PROTOCOL_VERSION, rmd_payload=rmd
                             )
                         else:
+                            v = None
                             delete(
                                 rec.key, VALUE_SCHEMA_ID, rmd_version=RMD_PROTOCOL_VERSION, rmd_payload=rmd
                             )
                         stats.vt_writes += 1
+                        applied[r].append(off)
+                        if values is not None:
+                            values[rec.key] = v
                         if off < reprocess_below[r]:
                             stats.reapplied += 1
+                            self.reapplied_offsets.append(producer.last_offset)
                         if watch and (r, off) in watch and self.on_watch is not None:
                             self.on_watch(self.partition, r, off, producer.last_offset)
+                        if redeliver and redeliver[0][1] <= clock.now:
+                            self._redeliver(r, off)
             done()
+
+    def _redeliver(self, r: int, off: int) -> None:
+        """Write the VT record just written once more, byte for byte (same key, value, headers, producer segment
+        and sequence, footer coordinate): a producer retry after a lost acknowledgement."""
+        fault_id, _ = self.redeliver.pop(0)
+        producer = self.producer
+        first = producer.last_offset
+        topic, value, key, partition, headers = producer.last_record
+        producer.produce(topic, value, key, partition, headers)
+        self.stats.redelivered += 1
+        if self.on_redeliver is not None:
+            self.on_redeliver(fault_id, self.partition, r, off, first, producer.last_offset)
 
 
 def _order(e: tuple) -> tuple:

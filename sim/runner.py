@@ -193,6 +193,11 @@ class _Simulation:
             )
         self.timings["plan_s"] += time.perf_counter() - t0
         n, p = cfg.regions, cfg.partitions
+        swaps = self.plan.of("swap")
+        self.swap_fault = swaps[0] if swaps else None
+        # every VT topic of the run: version N, and N+1 when a swap is planned (created up front, empty until the
+        # re-push starts)
+        self.vt_topics = [cfg.vt_topic] + ([self.swap_fault.detail["to_topic"]] if self.swap_fault else [])
         started = self._start_brokers() if cfg.kafka is None and cfg.brokers == "real" else None
         confs = {}
         for x in range(n):
@@ -211,7 +216,7 @@ class _Simulation:
                 brokers=None if started is None else started[x],
             )
             self.regions.append(region)
-            region.create_topics([cfg.rt_topic, cfg.vt_topic], p)
+            region.create_topics([cfg.rt_topic, *self.vt_topics], p)
             self.producers.append(RegionProducer(region.bootstrap, conf, self.clock))
         self.writers = [
             [
@@ -245,6 +250,13 @@ class _Simulation:
                 str(self.out / "followers" / f"dc-{x}"),
                 push,
                 cfg.start_ms - PUSH_LEAD_MS,
+                None
+                if self.swap_fault is None
+                else {
+                    "to_version": self.swap_fault.detail["to_version"],
+                    "topic": self.swap_fault.detail["to_topic"],
+                    "rewind_from_ms": self.swap_fault.detail["rewind_from_ms"],
+                },
             )
             self.workers.append(ProcessWorker(spec) if cfg.workers == "process" else InlineWorker(spec))
         self.timings["start_workers_s"] += time.perf_counter() - t0
@@ -400,6 +412,18 @@ class _Simulation:
         elif f.kind == "isolated":
             self._at(f.time_ms, lambda: self._isolate(f))
             self._at(f.end_ms, lambda: self._reconnect(f))
+        elif f.kind == "redelivery":
+            self._at(f.time_ms, lambda: self._redelivery(f))
+        elif f.kind == "swap":
+            d = f.detail
+            self._at(
+                d["snapshot_ms"],
+                lambda: self._swap("swap_snapshot", f, d["snapshot_ms"], d["to_version"], None),
+            )
+            self._at(d["end_of_push_ms"], lambda: self._swap("swap_start", f, d["end_of_push_ms"]))
+            self._at(
+                d["version_swap_ms"], lambda: self._swap("swap_end", f, d["version_swap_ms"], d["to_version"])
+            )
 
     def _ending(self, t_last: int) -> None:
         """After the last write (at or before `t_last`): producers close their segments, every live leader
@@ -717,6 +741,25 @@ class _Simulation:
         f.expect = {"leapfrog": [], "div": []}
         self._ended(f, f"dc-{x} p{q}: a successor (term {self.terms[x][q]}) took over")
 
+    def _redelivery(self, f: F.Fault) -> None:
+        self.workers[f.region].send("redeliver", f.id, f.partition, f.time_ms)
+        self._started(f, f"dc-{f.region} p{f.partition}: the leader's next VT record is written twice")
+
+    def _swap(self, step: str, f: F.Fault, *args: Any) -> None:
+        """A version swap's three moments, in every region: the re-push's snapshot, its End of Push (the new
+        leaders start), the VersionSwap that ends version N."""
+        if step == "swap_snapshot":  # the source region's state, the same bulk load everywhere
+            source = f.detail["source_region"]
+            snapshot = self.workers[source].call("swap_state")
+            f.detail["snapshot_rt_positions"] = {str(q): c for q, c in enumerate(snapshot["cursor"])}
+            args = (*args[:-1], snapshot)
+        for w in self.workers:
+            w.send(step, *args)
+        if step == "swap_snapshot":
+            self._started(f, f"re-push of {f.detail['to_topic']} starts")
+        elif step == "swap_end":
+            self._ended(f, f"{f.detail['from_topic']} ends with a VersionSwap; {f.detail['to_topic']} serves")
+
     def _silence(self, f: F.Fault) -> None:
         """The leader stops heartbeating: no RT heartbeat of its partition is written (its data still is)."""
         x, q = f.region, f.partition
@@ -919,8 +962,9 @@ class _Simulation:
             for x in range(cfg.regions)
         }
         for rep in reports:
-            for q, end in rep["vt_ends"].items():
-                self.ends[rep["region"]][(cfg.vt_topic, int(q))] = end
+            for topic, by_q in rep["vt_ends_by_topic"].items():
+                for q, end in by_q.items():
+                    self.ends[rep["region"]][(topic, int(q))] = end
         self.eop_offsets = {int(q): o for q, o in reports[0]["eop_offsets"].items()}
         self._report_progress(force=True)
         return reports
@@ -989,7 +1033,40 @@ class _Simulation:
                 f.detail["rt_offset"] = f.rt_offset
             elif f.kind == "failover":
                 f.detail = failovers.get(f.id, {})
-        return self._save_truth(self._truth(final=True))
+                f.vt_offsets = {f.region: f.detail.pop("reapplied_vt_offsets", [])}
+            elif f.kind == "redelivery":
+                rep = next((r["redeliveries"][f.id] for r in reports if f.id in r["redeliveries"]), None)
+                if rep is None:
+                    f.detail = {"note": "the leader wrote no VT record after its time"}
+                    continue
+                f.rt_offset = rep["coordinate"][1]
+                f.vt_offsets = {f.region: rep["vt_offsets"]}
+                f.detail = {**rep, "copy_offset": rep["vt_offsets"][1]}
+                f.expect = {
+                    "leapfrog": [],
+                    "div": [
+                        F.div_expect(f.region, rep["topic"], f.partition, rep["vt_offsets"][1], "DUPLICATE")
+                    ],
+                }
+            elif f.kind == "swap":
+                f.detail["changes"] = "truth.json changes: rewind points, End of Push and VersionSwap offsets"
+                f.expect = {"leapfrog": [], "div": []}
+        return self._save_truth(self._truth(final=True, reports=reports))
+
+    def _swap_facts(self, reports: list[dict]) -> dict:
+        """What the swap did in each region (from its worker): per partition the rewind point, End of Push, the
+        VersionSwap and the hbw before it."""
+        regions = {}
+        for rep in reports:
+            sw = rep["swap"]
+            regions[rep["region"]] = {
+                "bulk_records": sw.get("bulk_records"),
+                "rewind": sw.get("rewind"),
+                "eop_offsets": sw.get("eop_offsets"),
+                "version_swap_offsets": sw.get("version_swap_offsets"),
+                "hbw_at_version_swap": sw.get("hbw_at_version_swap"),
+            }
+        return {"regions": regions}
 
     def _publish_truth(self) -> None:
         """A live run's truth.json while it runs: the faults that have happened so far."""
@@ -998,7 +1075,23 @@ class _Simulation:
 
     def _save_truth(self, truth: dict) -> str:
         path = self.out / "truth.json"
-        atomic_write(path, (json.dumps(truth, indent=2) + "\n").encode())
+        changes = truth.pop("changes", None)
+        text = json.dumps(truth, indent=2)
+        if changes is not None:  # one region and version a line: its lists hold an int per write
+            lines = ",\n".join(
+                f"      {json.dumps(x)}: {json.dumps(v, separators=(',', ':'))}"
+                for x, v in changes["regions"].items()
+            )
+            text = (
+                text[:-2]
+                + ',\n  "changes": {\n    "versions": '
+                + json.dumps(changes["versions"])
+                + ',\n    "regions": {\n'
+                + lines
+                + "\n    }\n  }\n}"
+            )
+            truth["changes"] = changes
+        atomic_write(path, (text + "\n").encode())
         return str(path)
 
     def _happened(self) -> list[F.Fault]:
@@ -1008,7 +1101,7 @@ class _Simulation:
             return self.plan.faults
         return sorted((f for f in self.plan.faults if f.at_ms is not None), key=lambda f: (f.at_ms, f.id))
 
-    def _truth(self, final: bool) -> dict:
+    def _truth(self, final: bool, reports: list[dict] | None = None) -> dict:
         cfg, s = self.cfg, self.schedule
         live = cfg.live
         nominal = s.nominal_end_ms - s.start_ms
@@ -1027,6 +1120,7 @@ class _Simulation:
                 "value_size": {"min": cfg.value_size_min, "max": cfg.value_size_max},
                 "rt_topic": cfg.rt_topic,
                 "vt_topic": cfg.vt_topic,
+                "vt_topics": self.vt_topics,
                 "legacy_rmd": cfg.legacy_rmd,
                 "start_ms": self.start_ms,
                 "last_write_ms": self.last_write_ms,
@@ -1084,9 +1178,51 @@ class _Simulation:
             "faults_shortfall": self.plan.shortfall,
             "faults": [f.to_json(live) for f in self._happened()],
         }
+        if reports is not None:
+            truth["changes"] = self._changes(reports)
         if live:
             truth["live"] = self._live_info()
         return truth
+
+    def _changes(self, reports: list[dict]) -> dict:
+        """truth.json `changes`: what a change-capture reader of each region's VTs must be able to get. Per region
+        and version: per partition the VT offset of End of Push and of the VersionSwap that ends the version (null:
+        none), the last `hbw` vector before it, the rewind point (per source region the first RT position the
+        version's leaders replayed; null for the first version), and per partition and source region the sorted RT
+        positions the version's leaders wrote (each once, however often the VT holds it)."""
+        cfg = self.cfg
+        swap = self._swap_facts(reports)["regions"] if self.swap_fault is not None else {}
+        regions = {}
+        for rep in sorted(reports, key=lambda r: r["region"]):
+            x, sw = rep["region"], swap.get(rep["region"], {})
+            per_version = {}
+            for v, parts in sorted(rep["applied"].items()):
+                first = v == cfg.version
+                vs = sw.get("version_swap_offsets") if first else None
+                hbw = sw.get("hbw_at_version_swap") if first else None
+                rewind = None if first else sw.get("rewind")
+                per_version[str(v)] = {
+                    "topic": f"{cfg.store}_v{v}",
+                    "eop_offsets": {str(q): o for q, o in sorted(rep["eop_by_version"].get(v, {}).items())},
+                    "version_swap_offsets": None
+                    if vs is None
+                    else {str(q): o for q, o in sorted(vs.items())},
+                    "hbw_at_version_swap": None
+                    if hbw is None
+                    else {str(q): m for q, m in sorted(hbw.items())},
+                    "rewind": None
+                    if rewind is None
+                    else {
+                        str(q): {str(r): pos for r, pos in enumerate(by_r)}
+                        for q, by_r in sorted(rewind.items())
+                    },
+                    "applied": {
+                        str(q): {str(r): pos for r, pos in sorted(by_r.items())}
+                        for q, by_r in sorted(parts.items())
+                    },
+                }
+            regions[str(x)] = per_version
+        return {"versions": sorted(int(v) for v in reports[0]["applied"]), "regions": regions}
 
     def _live_info(self) -> dict:
         cfg = self.cfg
@@ -1115,7 +1251,7 @@ class _Simulation:
         total = 0
         for x in range(cfg.regions):
             per = {}
-            for topic in (cfg.rt_topic, cfg.vt_topic):
+            for topic in (cfg.rt_topic, *self.vt_topics):
                 parts = [self.ends[x].get((topic, q), 0) for q in range(cfg.partitions)]
                 per[topic] = {"records": sum(parts), "by_partition": parts}
                 total += sum(parts)

@@ -16,6 +16,7 @@ what tests use to look inside and what `workers: inline` selects.
 
 from __future__ import annotations
 
+import bisect
 import hashlib
 import logging
 import multiprocessing as mp
@@ -24,9 +25,13 @@ import traceback
 from dataclasses import asdict, dataclass
 from typing import Any
 
+import numpy as np
+
+from div import envelope as E
+from div import keys as K
 from div.checkpoint import CheckpointStore
 from div.kafka_log import iter_partition as kafka_iter_partition
-from div.writer import deterministic_guid
+from div.writer import SegmentWriter, deterministic_guid
 from heartbeat import decode_hbd, decode_hbw
 
 from .cluster import Reader, RegionProducer, SimClock
@@ -54,11 +59,14 @@ class WorkerSpec:
     followers_dir: str
     push_records: list[tuple[bytes, bytes, list | None, int]]  # (key, value, headers, partition)
     push_ms: int
+    # a planned version swap: {"to_version", "topic", "rewind_from_ms"} (None: no swap in this run)
+    swap: dict[str, Any] | None = None
 
 
-def leader_host(region: int, partition: int, term: int) -> str:
-    """Writer id of a leader (footers, heartbeats); the coordinator names RT heartbeats with it too."""
-    return f"dc{region}-p{partition}-leader-t{term}"
+def leader_host(region: int, partition: int, term: int, version: int | None = None) -> str:
+    """Writer id of a leader (footers, heartbeats); the coordinator names RT heartbeats with it too. A version
+    created by a swap names its leaders with it (`-v<N>`)."""
+    return f"dc{region}-p{partition}-leader-t{term}" + ("" if version is None else f"-v{version}")
 
 
 def seeded_guid(seed: int, *parts: int) -> bytes:
@@ -80,14 +88,25 @@ class RegionWorker:
         self.producer = RegionProducer(spec.bootstraps[x], spec.confs[x], self.clock)
         self.rt_buffers = [[RtBuffer() for _ in range(p)] for _ in range(n)]
         store = CheckpointStore(spec.followers_dir)
+        self.checkpoints = store
         self.followers = [
             Follower(x, q, cfg.vt_topic, store, cfg.follower_checkpoint_every, self.clock) for q in range(p)
         ]
+        self.swap = spec.swap
+        self.version = cfg.version  # the version the leaders in self.leaders write
+        self.vt_topic = cfg.vt_topic
+        self.vt_topics = [cfg.vt_topic] + ([spec.swap["topic"]] if spec.swap else [])
+        # the RT records from the swap's rewind time on are kept until its new leaders start (they replay them)
+        self.keep_from_ts: int | None = spec.swap["rewind_from_ms"] if spec.swap else None
+        self.next: dict[str, Any] | None = None  # the new version while both are written (swap_snapshot..end)
+        self.next_followers: list[Follower] = []
+        self.swap_report: dict[str, Any] = {}
+        self.redeliveries: dict[int, dict] = {}
         self.readers: list[Reader] = []
         for r in range(n):
             parts = [(cfg.rt_topic, q) for q in range(p)]
             if r == x:
-                parts += [(cfg.vt_topic, q) for q in range(p)]
+                parts += [(t, q) for t in self.vt_topics for q in range(p)]
             self.readers.append(
                 Reader(
                     f"region {x} reading region {r}",
@@ -98,8 +117,14 @@ class RegionWorker:
                     spec.archive_dir if r == x else None,
                 )
             )
-        self.stores = [ReplicaStore(cfg.legacy_rmd) for _ in range(p)]
+        self.stores = [ReplicaStore(cfg.legacy_rmd, track_values=spec.swap is not None) for _ in range(p)]
         self.faults = [LeaderFaults() for _ in range(p)]
+        # per version, partition and source region: RT positions written (truth.json `changes`)
+        self.applied: dict[int, list[list[list[int]]]] = {
+            cfg.version: [[[] for _ in range(n)] for _ in range(p)]
+        }
+        self.pending_redeliveries: dict[int, list[list[list[int]]]] = {cfg.version: [[] for _ in range(p)]}
+        self.eop_by_version: dict[int, dict[int, int]] = {}
         self.watched: dict[
             tuple[int, int, int], list[int]
         ] = {}  # (partition, region, rt offset) -> VT offsets
@@ -116,35 +141,61 @@ class RegionWorker:
     def _handler(self, r: int):
         rt_topic = self.cfg.rt_topic
         buffers = self.rt_buffers[r]
-        followers = self.followers
+        first_vt = self.cfg.vt_topic
 
         def handle(topic: str, partition: int, msgs: list) -> None:
             if topic == rt_topic:
                 buffers[partition].extend(msgs)
+            elif topic == first_vt:
+                self.first_followers[partition].consume(msgs)
             else:
-                followers[partition].consume(msgs)
+                self.next_followers[partition].consume(msgs)
 
+        self.first_followers = self.followers
         return handle
 
-    def _make_leader(self, q: int, term: int) -> SimLeader:
+    def _make_leader(self, q: int, term: int, version: int | None = None, store: ReplicaStore | None = None):
         cfg, x = self.cfg, self.x
+        version = self.version if version is None else version
+        first = version == cfg.version
         return SimLeader(
             region=x,
             partition=q,
             term=term,
-            host=leader_host(x, q, term),
+            host=leader_host(x, q, term, None if first else version),
             n_regions=cfg.regions,
-            vt_topic=cfg.vt_topic,
+            vt_topic=f"{cfg.store}_v{version}",
             rt_topic=cfg.rt_topic,
             lags=[cfg.lag(r, x) for r in range(cfg.regions)],
             producer=self.producer,
             clock=self.clock,
-            store=self.stores[q],
+            store=self.stores[q] if store is None else store,
             faults=self.faults[q],
-            guid=seeded_guid(cfg.seed, 2, x, q, term),
+            guid=seeded_guid(cfg.seed, 2, x, q, term)
+            if first
+            else seeded_guid(cfg.seed, 2, x, q, term, version),
             segment_max_age_ms=cfg.segment_max_age_ms,
-            on_watch=self._on_watch,
+            on_watch=self._on_watch if first else None,  # dropped/poisoned VT offsets are version N's
+            applied=self.applied[version][q],
+            redeliver=self.pending_redeliveries[version][q],
+            on_redeliver=self._on_redeliver,
         )
+
+    def _on_redeliver(self, fault_id: int, q: int, r: int, rt_offset: int, first: int, copy: int) -> None:
+        topic = self.producer.last_record[0]
+        self.redeliveries[fault_id] = {
+            "topic": topic,
+            "partition": q,
+            "coordinate": [r, rt_offset],
+            "vt_offsets": [first, copy],
+            "time_ms": self.clock.now,
+        }
+
+    def redeliver(self, fault_id: int, q: int, t: int) -> None:
+        """The leader of partition q writes its first VT data record at or after `t` twice. A version being
+        replayed (between a swap's End of Push and its VersionSwap) takes it: it is the newest."""
+        version = self.next["version"] if self.next is not None and self.next["leaders"] else self.version
+        self.pending_redeliveries[version][q].append([fault_id, t])
 
     def _on_watch(self, partition: int, r: int, rt_offset: int, vt_offset: int) -> None:
         self.watched.setdefault((partition, r, rt_offset), []).append(vt_offset)
@@ -152,8 +203,13 @@ class RegionWorker:
     def _push(self, records: list) -> None:
         """The push job's records, identical in every region, written before any leader writes."""
         self.clock.now = self.spec.push_ms
+        codec = E.EnvelopeCodec() if self.swap else None
         for key, value, headers, q in records:
             self.producer.produce(self.cfg.vt_topic, value, key, q, headers)
+            if codec is not None and key[0] == K.HEADER_PUT_OR_DELETE:
+                branch, body = codec.decode(value, headers)["payloadUnion"]
+                if branch == E.PUT:
+                    self.stores[q].values[key[1:]] = body["putValue"]
         self.eop_offsets = {
             q: self.producer.next_offset(self.cfg.vt_topic, q) - 2 for q in range(self.cfg.partitions)
         }
@@ -172,14 +228,20 @@ class RegionWorker:
                 lf.watch.add((r, off))
         self._sync(rt_ends)
         cfg = self.cfg
+        replaying = self.next["leaders"] if self.next is not None else []
         for q, leader in enumerate(self.leaders):
-            if not leader.alive:
-                continue
             buffers = [self.rt_buffers[r][q] for r in range(cfg.regions)]
-            leader.process(leader.events_until(t1, buffers))
+            both = [leader, replaying[q]] if replaying else [leader]
+            for lead in both:
+                if lead.alive:
+                    lead.process(lead.events_until(t1, buffers))
             for r in range(cfg.regions):
-                if leader.cursor[r] - buffers[r].base > 20_000:
-                    buffers[r].trim(leader.cursor[r])
+                buf = buffers[r]
+                upto = min(lead.cursor[r] for lead in both)
+                if upto - buf.base > 20_000:
+                    if self.keep_from_ts is not None:  # a swap's replay reads these again
+                        upto = min(upto, buf.base + bisect.bisect_left(buf.ts, self.keep_from_ts))
+                    buf.trim(upto)
         return self.progress()
 
     def _sync(self, rt_ends: dict[int, dict[int, int]] | None = None) -> None:
@@ -193,7 +255,8 @@ class RegionWorker:
             if r == x:
                 ends.update(
                     {
-                        (cfg.vt_topic, q): self.producer.next_offset(cfg.vt_topic, q)
+                        (t, q): self.producer.next_offset(t, q)
+                        for t in self.vt_topics
                         for q in range(cfg.partitions)
                     }
                 )
@@ -217,6 +280,8 @@ class RegionWorker:
         leader = self.leaders[q]
         leader.alive = False
         self.failovers[fault_id] = {
+            "version": self.version,
+            "topic": self.vt_topic,
             "old_leader": {"host": leader.host, "guid": leader.hl.guid.hex(), "term": leader.term},
             "failed_at_ms": t,
             "old_leader_rt_positions": list(leader.cursor),
@@ -225,6 +290,11 @@ class RegionWorker:
     def take_over(self, fault_id: int, q: int, t: int) -> None:
         """A follower becomes leader: state from the last VT heartbeat it consumed, RT re-read from Kafka."""
         cfg = self.cfg
+        if self.failovers[fault_id]["version"] != self.version:
+            self.failovers[fault_id]["note"] = (
+                "its version ended (VersionSwap) before the takeover: no successor"
+            )
+            return
         self._sync()  # the follower has consumed the whole VT
         old = self.leaders[q]
         fol = self.followers[q]
@@ -259,7 +329,7 @@ class RegionWorker:
                 "takeover_at_ms": t,
                 "resumed_from_vt_heartbeat_offset": hb_offset,
                 "resume_rt_positions": [m + 1 for m in marks],
-                "first_vt_offset_of_new_term": self.producer.next_offset(cfg.vt_topic, q),
+                "first_vt_offset_of_new_term": self.producer.next_offset(self.vt_topic, q),
             }
         )
         self._successors[fault_id] = new
@@ -286,6 +356,163 @@ class RegionWorker:
             )
         return out
 
+    # -- a version swap: a re-push of version N+1 while N goes on ---------------------------------------------
+    def swap_state(self) -> dict[str, Any]:
+        """This region's replica state now (values and DCR metadata per partition) and its leaders' RT positions:
+        what a re-push whose source region this is snapshots."""
+        return {
+            "stores": [store.copy() for store in self.stores],
+            "cursor": [list(lead.cursor) for lead in self.leaders],
+        }
+
+    def swap_snapshot(self, t: int, to_version: int, snapshot: dict[str, Any]) -> None:
+        """The re-push job starts at `t`: in every partition StartOfPush, then the source region's value of every
+        key it holds at `t` (`snapshot`, from `swap_state`: Puts and Deletes, no leader footer), with its replica
+        state (values and DCR metadata: Venice re-pushes the RMD along). As in Venice, where a push reaches the other
+        regions through native replication from one source region, every region gets the same bulk load. End of
+        Push follows in `swap_start`."""
+        cfg, x, p = self.cfg, self.x, self.cfg.partitions
+        self._sync()
+        topic = f"{cfg.store}_v{to_version}"
+        self.clock.now = t
+        push = SegmentWriter(
+            seeded_guid(cfg.seed, 0, to_version, x),
+            clock=self.clock,
+            host_name=f"dc{x}-repush-v{to_version}",
+            max_segment_age_ms=-1,
+        )
+        stores = [store.copy() for store in snapshot["stores"]]
+        self.next_followers = [
+            Follower(x, q, topic, self.checkpoints, cfg.follower_checkpoint_every, self.clock)
+            for q in range(p)
+        ]
+        self.applied[to_version] = [[[] for _ in range(cfg.regions)] for _ in range(p)]
+        self.pending_redeliveries[to_version] = [[] for _ in range(p)]
+        bulk = [0] * p
+        for q in range(p):
+            recs = push.start_of_push(q)
+            for key, value in sorted(stores[q].values.items()):
+                recs.extend(push.put(q, key, value) if value is not None else push.delete(q, key))
+                bulk[q] += 1
+            for rec in recs:
+                self.producer.produce(topic, rec.value, rec.key, q, list(rec.headers) or None)
+        self.next = {
+            "version": to_version,
+            "topic": topic,
+            "push": push,
+            "stores": stores,
+            "leaders": [],
+            "snapshot_cursor": [list(c) for c in snapshot["cursor"]],
+        }
+        self.swap_report = {"bulk_records": bulk}
+
+    def swap_start(self, t: int) -> None:
+        """End of Push at `t`, and the new version's leaders start: each replays every RT from the first record
+        written at or after the rewind time (never later than where the snapshot stood), the
+        backlog up to where the old leader stands now in an interleaving of its own (drawn from the seed; Venice's
+        catch-up consumes the RTs side by side), then in step with the old one. They resolve conflicts against the
+        carried-over state and heartbeat like any leader."""
+        cfg, x, nxt = self.cfg, self.x, self.next
+        topic, version = nxt["topic"], nxt["version"]
+        self.clock.now = t
+        push = nxt["push"]
+        for q in range(cfg.partitions):
+            for rec in push.end_of_push(q):
+                self.producer.produce(topic, rec.value, rec.key, q, list(rec.headers) or None)
+        eop = {q: self.producer.next_offset(topic, q) - 2 for q in range(cfg.partitions)}
+        self.eop_by_version[version] = eop
+        self._sync()  # the new version's followers have read its push
+        rng = np.random.default_rng([cfg.seed, 7, x])
+        rewind_from = self.swap["rewind_from_ms"]
+        rewinds, leaders = {}, []
+        for q, old in enumerate(self.leaders):
+            lead = self._make_leader(q, 1, version, nxt["stores"][q])
+            start = []
+            merged: list[list[tuple]] = []
+            for r in range(cfg.regions):
+                buf = self.rt_buffers[r][q]
+                first = buf.base + bisect.bisect_left(buf.ts, rewind_from)
+                first = min(first, nxt["snapshot_cursor"][q][r])
+                if first < buf.base:
+                    raise WorkerError(
+                        f"region {x}: RT[{r}] partition {q} was trimmed past the swap's rewind point"
+                    )
+                start.append(first)
+                i, j = first - buf.base, old.cursor[r] - buf.base
+                merged.append(
+                    list(
+                        zip(
+                            range(first, old.cursor[r]),
+                            buf.keys[i:j],
+                            buf.values[i:j],
+                            buf.headers[i:j],
+                            buf.ts[i:j],
+                            strict=True,
+                        )
+                    )
+                )
+            order = np.repeat(np.arange(cfg.regions), [len(m) for m in merged])
+            rng.shuffle(order)
+            taken = [0] * cfg.regions
+            n = len(order)
+            for k, r in enumerate(order.tolist()):
+                off, key, value, headers, ts = merged[r][taken[r]]
+                taken[r] += 1
+                lead.catchup.append((k - n, r, off, key, value, headers, ts))  # before anything due
+            lead.hl.take_over(self.next_followers[q].validator.producer_states(), {}, [s - 1 for s in start])
+            lead.cursor = list(old.cursor)
+            lead.resume_ms = t
+            rewinds[q] = start
+            leaders.append(lead)
+        nxt["leaders"] = leaders
+        self.keep_from_ts = None
+        self.swap_report.update({"eop_offsets": eop, "rewind": rewinds})
+
+    def swap_end(self, t: int, to_version: int) -> None:
+        """Version N ends at `t`: each of its leaders writes a VersionSwap control message (old and new topic, its
+        RT positions processed as localHighWatermarks) and steps down; from now on only the new version is
+        written. Notes the last heartbeat vector before each VersionSwap (what a reader's marks reach there)."""
+        nxt = self.next
+        self._sync()
+        self.clock.now = t
+        vs_offsets: dict[int, int | None] = {}
+        marks: dict[int, list[int] | None] = {}
+        for q, old in enumerate(self.leaders):
+            fol = self.followers[q]
+            marks[q] = (
+                None
+                if fol.last_heartbeat is None
+                else list(decode_hbw(dict(fol.last_heartbeat[1] or [])["hbw"]).high_watermarks)
+            )
+            if not old.alive:  # failed and not yet taken over: no leader to write it
+                vs_offsets[q] = None
+                continue
+            old.hl.flush()
+            body = {
+                "oldServingVersionTopic": self.vt_topic,
+                "newServingVersionTopic": nxt["topic"],
+                "localHighWatermarks": [c - 1 for c in old.cursor],
+                "localHighWatermarkPubSubPositions": [],
+                "isRepush": True,
+                "isLastVersionSwapMessageFromRealTimeTopic": False,
+                "sourceRegion": f"dc-{self.x}",
+                "destinationRegion": f"dc-{self.x}",
+                "generationId": t,
+            }
+            for rec in old.hl.writer.control(q, E.VERSION_SWAP, body):
+                self.producer.produce(self.vt_topic, rec.value, rec.key, q, list(rec.headers) or None)
+            vs_offsets[q] = self.producer.last_offset
+            left = old.hl.close()
+            if left:
+                raise WorkerError(f"leader {old.host}: {left} VT records not delivered")
+            old.alive = False
+            self.retired.append(old)
+        self.swap_report.update({"version_swap_offsets": vs_offsets, "hbw_at_version_swap": marks})
+        self.version, self.vt_topic = to_version, nxt["topic"]
+        self.leaders, self.stores, self.followers = nxt["leaders"], nxt["stores"], self.next_followers
+        self.next = None
+        self._sync()
+
     def close_leaders(self, t: int) -> None:
         """Leaders step down gracefully: a final EndOfSegment in the VT, everything acknowledged."""
         self.clock.now = t
@@ -304,19 +531,22 @@ class RegionWorker:
     def finish(self) -> dict:
         """Read the rest, checkpoint the followers, close the archive; report what the coordinator needs."""
         self._sync()
-        for fol in self.followers:
+        every_follower = self.first_followers + (self.next_followers if self.swap else [])
+        for fol in every_follower:
             fol.checkpoint()
         for reader in self.readers:
             reader.close()
         cfg = self.cfg
         for fid, new in self._successors.items():
             self.failovers[fid]["reapplied_vt_records"] = new.stats.reapplied
+            self.failovers[fid]["reapplied_vt_offsets"] = new.reapplied_offsets
         leaders = []
         for leader in self.leaders + self.retired:
             leaders.append(
                 {
                     "partition": leader.partition,
                     "term": leader.term,
+                    "topic": leader.vt_topic,
                     "host": leader.host,
                     "stats": asdict(leader.stats),
                     "rt_heartbeats_seen": leader.stats.heartbeats,
@@ -324,9 +554,10 @@ class RegionWorker:
                 }
             )
         followers = []
-        for fol in self.followers:
+        for fol in every_follower:
             followers.append(
                 {
+                    "topic": fol.topic,
                     "partition": fol.partition,
                     "counts": dict(fol.counts),
                     "meta": asdict(fol.meta),
@@ -337,7 +568,17 @@ class RegionWorker:
         return {
             "region": self.x,
             "vt_ends": {q: self.producer.next_offset(cfg.vt_topic, q) for q in range(cfg.partitions)},
+            "vt_ends_by_topic": {
+                t: {q: self.producer.next_offset(t, q) for q in range(cfg.partitions)} for t in self.vt_topics
+            },
             "eop_offsets": self.eop_offsets,
+            "eop_by_version": {cfg.version: self.eop_offsets, **self.eop_by_version},
+            "applied": {
+                v: {q: {r: sorted(set(pos)) for r, pos in enumerate(by_r)} for q, by_r in enumerate(parts)}
+                for v, parts in self.applied.items()
+            },
+            "swap": self.swap_report,
+            "redeliveries": self.redeliveries,
             "leaders": leaders,
             "followers": followers,
             "watched": {f"{q}:{r}:{o}": offs for (q, r, o), offs in self.watched.items()},
@@ -374,7 +615,9 @@ class InlineWorker:
         return self._replies.pop(0)
 
     def call(self, cmd: str, *args: Any) -> Any:
+        """The reply to `cmd` (replies to earlier commands still waiting are dropped, as ProcessWorker.call does)."""
         self.send(cmd, *args)
+        del self._replies[:-1]
         return self.recv()
 
     def close(self) -> None:

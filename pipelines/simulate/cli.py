@@ -59,6 +59,10 @@ EPILOG = textwrap.dedent("""\
       broker*     a region's broker goes down for a moment (mock) or is killed and restarted (real) -> nothing
       silent*     a leader stops heartbeating (its data still flows; outage_ms)  -> lag/heartbeat age only
       isolated*   a region stops replicating the others, then catches up (outage_ms) -> lag only
+      redelivery  a leader writes a VT record twice (a retry after a lost ack) -> div DUPLICATE (not fatal)
+      swap        a re-push of version+1 while writes go on: bulk load, End of Push, an RT replay from a
+                  rewind point, then a VersionSwap ends version N (one per run; not --live) -> nothing
+    truth.json `changes` says which changes a change-capture reader of each region's VTs must get.
     A live run without --duration takes timed faults only (and compaction=N, done to the archives at the end).
 
     examples:
