@@ -55,10 +55,20 @@ def decode(blob: bytes) -> tuple[int, int]:
     raise PositionError(f"position type {type_id} is not a Kafka offset")
 
 
+# a Kafka offset's blob up to its raw bytes, by their length (an Avro long is at most 10 bytes)
+_KAFKA_PREFIX = [bytes([MAGIC, VERSION]) + write_long(TYPE_KAFKA_OFFSET) + write_long(n) for n in range(11)]
+
+
 def offset_with_fallback(blob: bytes, legacy_offset: int) -> int:
     """Venice's rule: empty blob → the long; decoded EARLIEST/LATEST or ≥ long → decoded; else → the long."""
     if not blob:
         return legacy_offset
+    if legacy_offset >= 0:
+        # what leaders write: the blob of the long itself, which decodes to the long. Checked by comparing bytes,
+        # a third of decoding's cost: every change reader does this once per record.
+        raw = write_long(legacy_offset)
+        if blob == _KAFKA_PREFIX[len(raw)] + raw:
+            return legacy_offset
     try:
         type_id, offset = decode(blob)
     except PositionError:

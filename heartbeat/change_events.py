@@ -25,6 +25,7 @@ from __future__ import annotations
 import io
 from collections.abc import Iterator, Mapping
 from dataclasses import replace
+from functools import partial
 from typing import NamedTuple
 
 import pyarrow as pa
@@ -32,9 +33,9 @@ import pyarrow as pa
 from div import envelope as E
 from div import keys
 from div.avro_bits import read_long
-from div.records import Kind, iter_records
+from div.records import Kind, footer_source, iter_records
 
-from .changes import DELIVERED, ChangeFilter, PartitionState, Role, Verdict, item
+from .changes import DELIVERED, ChangeFilter, Item, PartitionState, Role, Verdict, item
 
 CHANGES_SCHEMA = pa.schema(
     [
@@ -67,6 +68,24 @@ class ChangeEvent(NamedTuple):
     upstream_region: int | None
     upstream_offset: int | None
     schema_id: int | None = None
+
+
+# the per-record loop's constants, as module globals (an Enum member lookup costs several times a global's)
+_PUT, _DELETE, _MANIFEST, _CHUNK, _START_OF_PUSH = (
+    Kind.PUT,
+    Kind.DELETE,
+    Kind.MANIFEST,
+    Kind.CHUNK,
+    Kind.START_OF_PUSH,
+)
+_CHANGE, _NEW = int(Role.CHANGE), Verdict.NEW
+_NO_CHUNKS: dict[bytes, bytes] = {}
+_Item = Item
+_new_event = partial(tuple.__new__, ChangeEvent)  # without NamedTuple's Python-level constructor
+
+
+def _change_item(offset: int, source: tuple[int, int]) -> Item:
+    return tuple.__new__(Item, (offset, _CHANGE, source[0], source[1], None))
 
 
 class Problem(NamedTuple):
@@ -175,22 +194,32 @@ class PartitionChanges:
         f = self.filter
         step = f.step
         for rec in iter_records(batch, self.codec):
-            if rec.offset < f.position:
+            offset = rec.offset
+            if offset < f.position:
                 self.already_read += 1
                 continue
             kind = rec.kind
-            if kind is Kind.START_OF_PUSH:
-                self.chunked = bool(E.control_body(rec.env).get("chunked"))
-            elif kind is Kind.CHUNK:
-                if self._held is None:
-                    self._held = replace(f.state(), chunked=self.chunked)
-                self._chunks[rec.key[1:]] = rec.env["payloadUnion"][1]["putValue"]
-            it = item(rec, chunked=self.chunked)
+            if (kind is _PUT or kind is _DELETE) and not self.chunked:
+                # the common record, read here rather than through `item` (the same reading: footer_source),
+                # because this loop runs once per record
+                source = footer_source(rec.env)
+                it = _change_item(offset, source) if source is not None else _Item(offset, _CHANGE)
+            else:
+                if kind is _START_OF_PUSH:
+                    self.chunked = bool(E.control_body(rec.env).get("chunked"))
+                elif kind is _CHUNK:
+                    if self._held is None:
+                        self._held = replace(f.state(), chunked=self.chunked)
+                    self._chunks[rec.key[1:]] = rec.env["payloadUnion"][1]["putValue"]
+                it = item(rec, chunked=self.chunked, kind=kind)
             verdict = step(it)
             if (
-                it.role == Role.CHANGE
+                it.role == _CHANGE
             ):  # a change, delivered or not: chunks waiting before it are its own or orphans
-                chunks, self._chunks, self._held = self._chunks, {}, None
+                if self._chunks or self._held is not None:
+                    chunks, self._chunks, self._held = self._chunks, {}, None
+                else:
+                    chunks = _NO_CHUNKS
                 if verdict in DELIVERED:
                     event = self._event(rec, kind, verdict, it, chunks)
                     if event is not None:
@@ -213,11 +242,11 @@ class PartitionChanges:
         content = rec.key[1:]
         if self.chunked:
             content = keys.strip_non_chunk_suffix(content)
-        if kind is Kind.PUT:
+        if kind is _PUT:
             op, value, schema_id = PUT, body["putValue"], body["schemaId"]
-        elif kind is Kind.DELETE:
+        elif kind is _DELETE:
             op, value, schema_id = DELETE, None, None
-        elif kind is Kind.MANIFEST:
+        elif kind is _MANIFEST:
             named = manifest_chunk_keys(body["putValue"])
             parts = None if named is None else [chunks.get(k) for k in named[0]]
             if parts is None or not parts or any(p is None for p in parts):
@@ -235,15 +264,17 @@ class PartitionChanges:
                 "leader writes the resolved value as a Put)",
             )
             return None
-        new = verdict is Verdict.NEW
-        return ChangeEvent(
-            self.partition,
-            rec.offset,
-            content,
-            op,
-            value,
-            logical_timestamp(body, env["producerMetadata"]),
-            it.region if new else None,
-            it.rt_position if new else None,
-            schema_id,
+        new = verdict is _NEW
+        return _new_event(
+            (
+                self.partition,
+                rec.offset,
+                content,
+                op,
+                value,
+                logical_timestamp(body, env["producerMetadata"]),
+                it.region if new else None,
+                it.rt_position if new else None,
+                schema_id,
+            )
         )

@@ -126,7 +126,7 @@ class Item(NamedTuple):
     vector: tuple[int, ...] | None = None
 
 
-def item(record: Record, *, chunked: bool = False) -> Item:
+def item(record: Record, *, chunked: bool = False, kind: Kind | None = None) -> Item:
     """The `Item` of a record from `div.records.iter_records` (`chunked`: the version's StartOfPush says so).
 
     The coordinate is `div.records.footer_source`'s reading (Venice's position fallback), the vector the `hbw`
@@ -134,7 +134,7 @@ def item(record: Record, *, chunked: bool = False) -> Item:
     """
     if record.offset is None:
         raise ValueError("change capture needs each record's VT offset (the batch has no offset column)")
-    kind = record.kind
+    kind = record.kind if kind is None else kind  # `kind`: the record's, when the caller has it already
     role = role_of(kind, record.key, chunked)
     if role is Role.CHANGE or role is Role.PART:
         source = footer_source(record.env) if record.env is not None else None

@@ -14,12 +14,9 @@ from collections import Counter
 
 import pyarrow.parquet as pq
 import pytest
-from change_truth import expected_changes
+from change_truth import expected_changes, read_naively, read_with_the_rule
 
-from div import archive
-from div.envelope import EnvelopeCodec
-from div.records import Kind, iter_records
-from heartbeat.changes import DELIVERED, ChangeFilter, ChangeState, Role, Verdict, item
+from heartbeat.changes import DELIVERED, Verdict
 from sim import SimConfig, run
 from sim.config import TimedFault
 
@@ -61,63 +58,6 @@ def sim(tmp_path_factory):
     return run(_config(tmp_path_factory.mktemp("sim-changes") / "out"))
 
 
-def _records(arch: str, topic: str, partition: int):
-    codec = EnvelopeCodec()
-    for batch in archive.iter_partition(arch, topic, partition):
-        for rec in iter_records(batch, codec):
-            yield rec, item(rec)
-
-
-def _read_with_the_rule(sim, region: int) -> tuple[list[tuple[int, int, int]], Counter]:
-    """Region `region`'s VTs read by a reader that starts on version 1 with no state and follows version 2 at
-    version 1's VersionSwap. Returns the delivered coordinates (bulk loads aside) in order, and every verdict."""
-    truth = sim.truth
-    run_, changes = truth["run"], truth["changes"]["regions"][str(region)]
-    n, arch = run_["regions"], sim.archives[region]
-    delivered: list[tuple[int, int, int]] = []
-    verdicts: Counter = Counter()
-    for p in range(run_["partitions"]):
-        f = ChangeFilter.fresh(n)
-        swapped = False
-        for rec, it in _records(arch, changes["1"]["topic"], p):
-            v = f.step(it)
-            verdicts[v] += 1
-            if v is Verdict.NEW:
-                delivered.append((p, it.region, it.rt_position))
-            if rec.kind is Kind.VERSION_SWAP:
-                assert it.position == changes["1"]["version_swap_offsets"][str(p)]
-                swapped = True
-                break
-        assert swapped, f"partition {p}: version 1 has no VersionSwap"
-        state = ChangeState(run_["store"], 1, n, {p: f.state()}).follow(2).partition(p)
-        f = ChangeFilter(state)
-        for _rec, it in _records(arch, changes["2"]["topic"], p):
-            v = f.step(it)
-            verdicts[v] += 1
-            assert v is not Verdict.SNAPSHOT, "a reader that follows a version never gets its bulk load"
-            if v is Verdict.NEW:
-                delivered.append((p, it.region, it.rt_position))
-    return delivered, verdicts
-
-
-def _read_naively(sim, region: int) -> Counter:
-    """Venice's at-least-once changelog consumer: every data record after End of Push of version 1 up to its
-    VersionSwap, then every data record after version 2's End of Push."""
-    truth = sim.truth
-    run_, changes = truth["run"], truth["changes"]["regions"][str(region)]
-    got: Counter = Counter()
-    for p in range(run_["partitions"]):
-        for v in ("1", "2"):
-            eop = changes[v]["eop_offsets"][str(p)]
-            vs = (changes[v]["version_swap_offsets"] or {}).get(str(p))
-            for _rec, it in _records(sim.archives[region], changes[v]["topic"], p):
-                if vs is not None and it.position >= vs:
-                    break
-                if it.position > eop and it.role == Role.CHANGE and it.region >= 0:
-                    got[(p, it.region, it.rt_position)] += 1
-    return got
-
-
 def test_the_run_has_what_the_check_needs(sim):
     truth = sim.truth
     assert truth["faults_shortfall"] == {}
@@ -142,7 +82,7 @@ def test_the_run_has_what_the_check_needs(sim):
 
 @pytest.mark.parametrize("region", [0, 1, 2])
 def test_the_rule_delivers_exactly_the_expected_changes(sim, region):
-    delivered, verdicts = _read_with_the_rule(sim, region)
+    delivered, verdicts = read_with_the_rule(sim.truth, sim.archives, region)
     expected = expected_changes(sim.truth, region)
     counts = Counter(delivered)
     twice = {c: k for c, k in counts.items() if k > 1}
@@ -165,7 +105,7 @@ def test_the_rule_delivers_exactly_the_expected_changes(sim, region):
 
 @pytest.mark.parametrize("region", [0, 1, 2])
 def test_a_naive_reader_delivers_duplicates(sim, region):
-    got = _read_naively(sim, region)
+    got = read_naively(sim.truth, sim.archives, region)
     duplicates = sum(k - 1 for k in got.values())
     expected = expected_changes(sim.truth, region)
     print(

@@ -1,4 +1,7 @@
-"""What a change-capture reader of one region must be delivered, from a simulation's truth.json `changes`.
+"""What a change-capture reader of one region must be delivered, from a simulation's truth.json `changes`, and two
+readers of a simulation's archives to hold it against: `read_with_the_rule` (heartbeat/changes.py over both
+versions, following at the VersionSwap) and `read_naively` (Venice's at-least-once changelog consumer), which the
+tests and bench/bench_changes.py share.
 
 `expected_changes(truth, region, version_from)` is the set of (partition, source region, RT position) a reader gets
 exactly once when it starts on version `version_from` with no state and follows each newer version at the old
@@ -15,6 +18,13 @@ one's VersionSwap message, by the rule of heartbeat/changes.py (bulk-load record
 """
 
 from __future__ import annotations
+
+from collections import Counter
+
+from div import archive
+from div.envelope import EnvelopeCodec
+from div.records import Kind, iter_records
+from heartbeat.changes import ChangeFilter, ChangeState, Role, Verdict, item
 
 
 def expected_changes(truth: dict, region: int, version_from: int = 1) -> set[tuple[int, int, int]]:
@@ -44,3 +54,60 @@ def expected_changes(truth: dict, region: int, version_from: int = 1) -> set[tup
                     vector[int(r)] if int(r) < len(vector) else -1,
                 )
     return out
+
+
+def _records(arch: str, topic: str, partition: int):
+    codec = EnvelopeCodec()
+    for batch in archive.iter_partition(arch, topic, partition):
+        for rec in iter_records(batch, codec):
+            yield rec, item(rec)
+
+
+def read_with_the_rule(
+    truth: dict, archives: dict, region: int
+) -> tuple[list[tuple[int, int, int]], Counter]:
+    """Region `region`'s VTs read by a reader that starts on version 1 with no state and follows version 2 at
+    version 1's VersionSwap. Returns the delivered coordinates (bulk loads aside) in order, and every verdict."""
+    run_, changes = truth["run"], truth["changes"]["regions"][str(region)]
+    n, arch = run_["regions"], archives[region]
+    delivered: list[tuple[int, int, int]] = []
+    verdicts: Counter = Counter()
+    for p in range(run_["partitions"]):
+        f = ChangeFilter.fresh(n)
+        swapped = False
+        for rec, it in _records(arch, changes["1"]["topic"], p):
+            v = f.step(it)
+            verdicts[v] += 1
+            if v is Verdict.NEW:
+                delivered.append((p, it.region, it.rt_position))
+            if rec.kind is Kind.VERSION_SWAP:
+                assert it.position == changes["1"]["version_swap_offsets"][str(p)]
+                swapped = True
+                break
+        assert swapped, f"partition {p}: version 1 has no VersionSwap"
+        state = ChangeState(run_["store"], 1, n, {p: f.state()}).follow(2).partition(p)
+        f = ChangeFilter(state)
+        for _rec, it in _records(arch, changes["2"]["topic"], p):
+            v = f.step(it)
+            verdicts[v] += 1
+            assert v is not Verdict.SNAPSHOT, "a reader that follows a version never gets its bulk load"
+            if v is Verdict.NEW:
+                delivered.append((p, it.region, it.rt_position))
+    return delivered, verdicts
+
+
+def read_naively(truth: dict, archives: dict, region: int) -> Counter:
+    """Venice's at-least-once changelog consumer: every data record after End of Push of version 1 up to its
+    VersionSwap, then every data record after version 2's End of Push."""
+    run_, changes = truth["run"], truth["changes"]["regions"][str(region)]
+    got: Counter = Counter()
+    for p in range(run_["partitions"]):
+        for v in ("1", "2"):
+            eop = changes[v]["eop_offsets"][str(p)]
+            vs = (changes[v]["version_swap_offsets"] or {}).get(str(p))
+            for _rec, it in _records(archives[region], changes[v]["topic"], p):
+                if vs is not None and it.position >= vs:
+                    break
+                if it.position > eop and it.role == Role.CHANGE and it.region >= 0:
+                    got[(p, it.region, it.rt_position)] += 1
+    return got
