@@ -133,11 +133,15 @@ def run_changes(args: argparse.Namespace) -> int:
     if args.source is not None:
         region, loc = parse_location(args.source)
     else:
-        configured = conf.get("sources") or {}
-        if len(configured) != 1:
-            raise UsageError("--source LOC is required (or exactly one entry under `sources:` in --conf)")
-        ((rid, loc),) = configured.items()
-        region = int(rid)
+        configured = {int(r): u for r, u in (conf.get("sources") or {}).items()}
+        region = conf.get("changes")  # the region whose changes `tidegauge watch --changes` writes
+        if region is None and len(configured) == 1:
+            (region,) = configured
+        if region is None or region not in configured:
+            raise UsageError(
+                "--source LOC is required (or `sources:` in --conf with one entry, or with `changes: R` naming one)"
+            )
+        loc = configured[region]
     regions = args.regions if args.regions is not None else conf.get("regions")
     opts = ChangesOptions(
         store=str(store),

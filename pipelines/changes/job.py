@@ -27,6 +27,7 @@ import pyarrow as pa
 
 from div.heartbeat_headers import HeaderError, decode_hbw, header_value
 from heartbeat.change_events import CHANGES_SCHEMA, PartitionChanges, Problem, events_table
+from heartbeat.change_reader import initial_state
 from heartbeat.changes import ChangeState, PartitionState, Verdict
 from pipelines.changes import state as states
 from pipelines.core.errors import UsageError
@@ -214,24 +215,18 @@ def start_state(
     loaded: ChangeState | None, opts: ChangesOptions, state_file: str
 ) -> tuple[ChangeState | None, str]:
     """The state to read version N with, and how: FRESH (no state), RESUME (a state of N) or SWAP (of N-1:
-    followed). A state of another store or version is a usage error naming both."""
+    followed). The decision is the consumer API's (`heartbeat.change_reader.initial_state`), so every reader
+    resumes and swaps alike; a state of another store or version is a usage error naming both."""
     if loaded is None:
         return None, FRESH
-    here = f"store {opts.store!r} version {opts.version}"
-    if loaded.store != opts.store:
+    try:
+        state = initial_state(opts.store, opts.version, loaded, None)
+    except ValueError as exc:
         raise UsageError(
-            f"--state {state_file}: the state is of store {loaded.store!r} version {loaded.version}, this run reads "
-            f"{here}; give the state directory of this store (or a new one to start afresh)"
-        )
-    if loaded.version == opts.version:
-        return loaded, RESUME
-    if loaded.version == opts.version - 1:
-        return loaded.follow(opts.version), SWAP
-    raise UsageError(
-        f"--state {state_file}: the state is of store {loaded.store!r} version {loaded.version}, this run reads "
-        f"{here}: a state resumes its own version or follows it to the next one ({loaded.version + 1}), "
-        "nothing else"
-    )
+            f"--state {state_file}: {exc}; this run reads store {opts.store!r} version {opts.version} (use another "
+            "--state directory, or a new one to start afresh)"
+        ) from None
+    return state, RESUME if loaded.version == opts.version else SWAP
 
 
 def prepare(opts: ChangesOptions) -> Prepared:

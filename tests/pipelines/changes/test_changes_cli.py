@@ -1,6 +1,7 @@
 """`tidegauge changes` as a user runs it, on a small simulation with a leader failover (its VT holds duplicates).
 
-Truth is the one rule run directly: `PartitionChanges` over `div.archive.iter_partition`, one pass per partition.
+Truth is the one rule run directly: `PartitionChanges` over `div.archive.iter_partition`, one pass per partition
+(tests/support/change_oracle.py).
 The command (either engine, any number of incremental steps, killed anywhere and run again, following a version
 swap) must give exactly those rows.
 """
@@ -15,11 +16,12 @@ from pathlib import Path
 import pyarrow as pa
 import pyarrow.parquet as pq
 import pytest
+from change_oracle import one_pass
 from damage import Damage, damage_archive, read_archive
 
 from div import archive
-from heartbeat.change_events import CHANGES_SCHEMA, PartitionChanges, events_table
-from heartbeat.changes import ChangeState, PartitionState
+from heartbeat.change_events import CHANGES_SCHEMA
+from heartbeat.changes import ChangeState
 from pipelines.cli import main
 
 N_REGIONS = 3
@@ -28,18 +30,6 @@ N_REGIONS = 3
 def vt_tables(directory, topic: str) -> dict[int, pa.Table]:
     parts = sorted(i.partition for i in archive.describe(directory) if i.topic == topic)
     return {p: pa.Table.from_batches(list(archive.iter_partition(directory, topic, p))) for p in parts}
-
-
-def one_pass(directory, topic: str) -> dict[int, pa.Table]:
-    """The rule over each whole partition: what every run must deliver."""
-    out = {}
-    for p, table in vt_tables(directory, topic).items():
-        out[p] = events_table(PartitionChanges(p, PartitionState.fresh(N_REGIONS)).feed(table))
-    return out
-
-
-def concat(tables: dict[int, pa.Table]) -> pa.Table:
-    return pa.concat_tables([tables[p] for p in sorted(tables)])
 
 
 def changes(*argv) -> int:
@@ -91,7 +81,7 @@ def test_one_run_delivers_the_rule_s_rows_in_vt_order_and_each_coordinate_once(s
     assert changes("--store", sim.store, "--version", 1, "--source", sim.archive, "--out", out) == 0
     got = rows(out)
     assert got.schema == CHANGES_SCHEMA
-    expected = concat(one_pass(sim.archive, sim.topic))
+    expected = one_pass(sim.archive, sim.topic, N_REGIONS)
     assert got.equals(expected)
     for p, rs in by_partition(got).items():
         offsets = [r["vt_offset"] for r in rs]
@@ -171,7 +161,7 @@ def test_runs_over_a_growing_source_deliver_together_exactly_the_one_pass_rows(s
         ]
         delivered.append(rows(out))
     got = by_partition(pa.concat_tables(delivered))
-    expected = by_partition(concat(one_pass(sim.archive, sim.topic)))
+    expected = by_partition(one_pass(sim.archive, sim.topic, N_REGIONS))
     assert got == expected
     assert (
         ChangeState.from_bytes((state / "state.tgcc").read_bytes()).partition(0).position == full[0].num_rows
@@ -212,7 +202,7 @@ def test_a_version_swap_keeps_the_marks_skips_the_bulk_load_and_drops_the_replay
     assert (s["state"]["used"], s["state"]["version"], s["version"]) == ("swap", 1, 2)
     assert s["bulk_load"] == 0 and s["bulk_skipped"] > 0 and s["duplicates_dropped"]["total"] > 0
     got = by_partition(pa.concat_tables([rows(tmp_path / "o1"), rows(tmp_path / "o2")]))
-    assert got == by_partition(concat(one_pass(sim.archive, sim.topic)))
+    assert got == by_partition(one_pass(sim.archive, sim.topic, N_REGIONS))
     assert ChangeState.from_bytes((state / "state.tgcc").read_bytes()).version == 2
     # and version 2 resumes from there: nothing new
     assert (
@@ -324,7 +314,7 @@ def test_out_on_user_files_or_on_the_source_is_refused_and_nothing_is_touched(si
 
 def test_an_undecodable_record_is_counted_with_its_offset_never_delivered_and_the_rest_is(sim, tmp_path):
     table = read_archive(sim.archive)
-    expected = concat(one_pass(sim.archive, sim.topic))
+    expected = one_pass(sim.archive, sim.topic, N_REGIONS)
     # a change delivered in partition 1 (no failover there: no later copy of it would take its place)
     victim = [r for r in expected.to_pylist() if r["partition"] == 1 and r["upstream_region"] is not None][10]
     recs = table.to_pylist()
@@ -380,7 +370,7 @@ def test_a_kafka_source_gives_the_archive_s_rows_and_resumes_as_it_grows(
     produce(0.5, 1)
     assert changes(*argv, "--out", tmp_path / "k2", "--state", state) == 0
     got = by_partition(pa.concat_tables([rows(tmp_path / "k1"), rows(tmp_path / "k2")]))
-    assert got == by_partition(concat(one_pass(sim.archive, sim.topic)))
+    assert got == by_partition(one_pass(sim.archive, sim.topic, N_REGIONS))
     assert summary(tmp_path / "k2")["source"] == embedded_kafka.uri
     _refused(
         capsys,

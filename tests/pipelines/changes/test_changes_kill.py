@@ -19,8 +19,9 @@ from pathlib import Path
 
 import pyarrow as pa
 import pytest
+from change_oracle import one_pass
 from kill_points import Killed, kill_at
-from test_changes_cli import by_partition, changes, concat, one_pass, rows, summary, vt_tables, write_vt
+from test_changes_cli import by_partition, changes, rows, summary, vt_tables, write_vt
 
 from pipelines.changes.state import PENDING_FILE, state_id
 
@@ -51,7 +52,7 @@ def world(sim, tmp_path_factory):
         )
         == 0
     )
-    everything = by_partition(concat(one_pass(sim.archive, sim.topic)))
+    everything = by_partition(one_pass(sim.archive, sim.topic, 3))
     already = by_partition(rows(root / "o0"))
     rest = {p: rs[len(already.get(p, [])) :] for p, rs in everything.items()}
     assert all(rs for rs in rest.values())
