@@ -406,3 +406,45 @@ def test_kafka_client_settings_from_conf_pass_through_untouched(tmp_path, monkey
         "sasl.password": "secret",
         "sasl.username": "reader",
     }
+
+
+def test_a_partition_that_cannot_be_read_delivers_nothing_keeps_its_state_and_is_read_next_time(
+    sim, tmp_path, monkeypatch
+):
+    from pipelines.core.sources import ArchiveSource, SourceError
+
+    original = ArchiveSource.iter_partition
+
+    def failing(self, topic, partition, *args, **kwargs):
+        for i, batch in enumerate(original(self, topic, partition, *args, batch_size=100, **kwargs)):
+            if partition == 1 and i == 2:
+                raise SourceError("the disk went away")
+            yield batch
+
+    state, argv = tmp_path / "state", ["--store", sim.store, "--version", 1, "--source", sim.archive]
+    with monkeypatch.context() as m:
+        m.setattr(ArchiveSource, "iter_partition", failing)
+        assert changes(*argv, "--out", tmp_path / "o1", "--state", state) == 3
+    s = summary(tmp_path / "o1")
+    assert s["verdict"] == "partial" and s["failed_partitions"] == [
+        {"partition": 1, "error": "the disk went away"}
+    ]
+    assert sorted(p.name for p in (tmp_path / "o1" / "changes").iterdir()) == ["part-00000.parquet"]
+    assert ChangeState.from_bytes((state / "state.tgcc").read_bytes()).partition(1).position == 0
+    assert changes(*argv, "--out", tmp_path / "o2", "--state", state) == 0
+    assert summary(tmp_path / "o2")["partitions"][0]["read"]["records"] == 0
+    got = by_partition(pa.concat_tables([rows(tmp_path / "o1"), rows(tmp_path / "o2")]))
+    assert got == by_partition(one_pass(sim.archive, sim.topic, N_REGIONS))
+
+
+def test_one_out_for_every_run_is_replaced_by_each_and_other_commands_state_is_refused(sim, tmp_path, capsys):
+    out, state = tmp_path / "out", tmp_path / "state"
+    argv = ["--store", sim.store, "--version", 1, "--source", sim.archive, "--state", state, "--out", out]
+    assert changes(*argv) == 0
+    first = summary(out)["state"]
+    assert changes(*argv) == 0  # the same --out again: the earlier output of `changes` is replaced
+    assert summary(out)["state"]["from"] == first["to"] and rows(out).num_rows == 0
+    lf = tmp_path / "lf-state"
+    lf.mkdir()
+    (lf / "state.json").write_text("{}")
+    _refused(capsys, [*argv[:-4], "--state", lf], tmp_path / "x", "state.json", state=lf)

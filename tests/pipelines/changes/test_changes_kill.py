@@ -75,8 +75,9 @@ def _check_after_kill(sim, state: Path, killed_out: Path, expected: dict, start_
     assert by_partition(pa.concat_tables(delivered)) == expected, where
     s = summary(again)
     if (killed_out / "summary.json").exists():  # published: the re-run went on from the state it ended at
-        assert s["state"]["from"] == summary(killed_out)["state"]["to"], where
-        assert s["state"]["from"] == start_id or s["state"]["recovered"] or s["delivered"] == 0, where
+        killed = summary(killed_out)["state"]
+        assert (killed["from"], s["state"]["from"]) == (start_id, killed["to"]), where
+        assert killed["to"] != start_id, where  # (so the re-run did go on from the killed run's end)
     else:
         assert s["state"]["from"] == start_id, where
     assert not (state / PENDING_FILE).exists(), where
