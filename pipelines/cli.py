@@ -26,6 +26,7 @@ _JOBS = [
     "pipelines.lag.cli",
     "pipelines.leapfrog.cli",
     "pipelines.div.cli",
+    "pipelines.changes.cli",
     "pipelines.report.cli",
     "pipelines.demo.cli",
     "pipelines.watch.cli",

@@ -26,7 +26,17 @@ def outputs(spark, tmp_path_factory) -> dict[str, Path]:
     """command -> its output directory (`--state` and `--history` too), every command exiting 0, 1 or 3."""
     root = tmp_path_factory.mktemp("outputs")
     out = {
-        name: root / name for name in ("simulate", "lag", "leapfrog", "state", "div validate", "div restore")
+        name: root / name
+        for name in (
+            "simulate",
+            "lag",
+            "leapfrog",
+            "state",
+            "div validate",
+            "div restore",
+            "changes",
+            "changes state",
+        )
     }
     out |= {"report": root / "report", "history": root / "history"}
     sim = out["simulate"]
@@ -40,6 +50,8 @@ def outputs(spark, tmp_path_factory) -> dict[str, Path]:
         ["div", "restore", "--store", "sim_store", "--version", "1", "--partition", "0", "--at-offset", "600"]
         + ["--rt-source", f"0={sim / 'archive' / 'dc-0'}", "--rt-source", f"1={sim / 'archive' / 'dc-1'}"]
         + ["--source", f"0={sim / 'archive' / 'dc-0'}", "--out", str(out["div restore"])],
+        ["changes", "--store", "sim_store", "--version", "1", "--source", str(sim / "archive" / "dc-1")]
+        + ["--out", str(out["changes"]), "--state", str(out["changes state"])],
         [
             "report",
             "--leapfrog",
@@ -70,7 +82,9 @@ def test_every_output_file_has_the_same_mode(outputs):
                 modes[path] = stat.S_IMODE(path.stat().st_mode)
     names = {p.name for p in modes}
     assert {"summary.json", "report.html", "report.json", "lag.json", "state.json", ".tidegauge"} <= names
-    assert {"truth.json", "partition_state.bin"} <= names and any(n.endswith(".parquet") for n in names)
+    assert {"truth.json", "partition_state.bin", "state.tgcc"} <= names and any(
+        n.endswith(".parquet") for n in names
+    )
     assert {p: oct(m) for p, m in modes.items() if m != 0o666 & ~umask} == {}
 
 
@@ -118,6 +132,7 @@ def _figures(doc, out: set[str]) -> set[str]:
         ("leapfrog", "summary.json"),
         ("div validate", "summary.json"),
         ("div restore", "summary.json"),
+        ("changes", "summary.json"),
         ("lag", "lag.json"),
     ],
 )

@@ -295,6 +295,17 @@ class ParquetFileWriter:
         if self.tmp != self.target:
             self.tmp.move_to(self.target)
 
+    def abort(self) -> None:
+        """Give up: nothing appears at the target (a temporary file written so far is removed)."""
+        if self.writer is None:
+            return
+        try:
+            self.writer.close()
+        finally:
+            self.writer = None
+            if self.tmp is not None:
+                self.tmp.remove()
+
 
 def write_parquet_file(table: pa.Table, target: Location, **options: Any) -> None:
     """One Parquet file holding `table` (its schema even when empty), appearing whole."""
