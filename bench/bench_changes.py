@@ -43,7 +43,7 @@ from div import archive
 from div.envelope import EnvelopeCodec
 from div.records import iter_records
 from heartbeat.change_events import PartitionChanges
-from heartbeat.changes import ChangeState, Phase, PartitionState
+from heartbeat.changes import ChangeState, PartitionState, Phase
 
 REPO = Path(__file__).resolve().parent.parent
 
