@@ -59,7 +59,9 @@ def decode_pass(directory: str, topic: str, partitions: list[int]) -> tuple[floa
     return time.perf_counter() - t, n
 
 
-def changes_pass(directory: str, topic: str, partitions: list[int], n_regions: int) -> tuple[float, int, dict]:
+def changes_pass(
+    directory: str, topic: str, partitions: list[int], n_regions: int
+) -> tuple[float, int, dict]:
     t = time.perf_counter()
     events = 0
     states = {}
@@ -153,7 +155,9 @@ def state_sizes() -> dict:
     out = {}
     for n in (3, 5):
         big = 1_000_000_007
-        ps = PartitionState(big, Phase.ONLINE, tuple(big + r for r in range(n)), tuple(big + r for r in range(n)))
+        ps = PartitionState(
+            big, Phase.ONLINE, tuple(big + r for r in range(n)), tuple(big + r for r in range(n))
+        )
         empty = len(ChangeState("store", 1, n).to_bytes())
         full = len(ChangeState("store", 1, n, {p: ps for p in range(100)}).to_bytes())
         out[f"{n}_regions"] = round((full - empty) / 100, 1)
@@ -219,7 +223,9 @@ def beyond_venice(sims: int) -> dict:
 
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    ap.add_argument("--records", type=int, default=500_000, help="VT records of the region read (default 500k)")
+    ap.add_argument(
+        "--records", type=int, default=500_000, help="VT records of the region read (default 500k)"
+    )
     ap.add_argument("--partitions", type=int, default=4)
     ap.add_argument("--repeat", type=int, default=3, help="timed rounds after one untimed (default 3)")
     ap.add_argument("--sims", type=int, default=3, help="simulations for the duplicate count (default 3)")

@@ -18,7 +18,8 @@ from dataclasses import dataclass
 
 import pyarrow as pa
 import pytest
-from confluent_kafka import Producer, TopicPartition
+from confluent_kafka import TopicPartition
+from kafka_copy import produce_archive
 from small_sim import small_sim
 from vt_builder import RegionVt, produce
 
@@ -50,25 +51,6 @@ class Vt:
         return sum(len(v) for v in self.expected.values())
 
 
-def _produce_archive(bootstrap: str, directory: str, source_topic: str, topic: str, partitions) -> None:
-    """Every record of the archive's partitions, in order, into `topic` (empty: offsets come out the archive's)."""
-    p = Producer({"bootstrap.servers": bootstrap, "enable.idempotence": True, "linger.ms": 5, "log_level": 0})
-    failed: list = []
-    for part in partitions:
-        for batch in archive.iter_partition(directory, source_topic, part):
-            for r in batch.to_pylist():
-                p.produce(
-                    topic,
-                    key=r["key"],
-                    value=r["value"],
-                    headers=[(h["key"], h["value"]) for h in r["headers"] or []] or None,
-                    partition=part,
-                    on_delivery=lambda err, _m: err and failed.append(err),
-                )
-            p.poll(0)
-    assert p.flush(60) == 0 and not failed, failed
-
-
 @pytest.fixture(scope="module")
 def vt(real_kafka, tmp_path_factory) -> Vt:
     sim = small_sim(tmp_path_factory.mktemp("sim"), faults={"failover": 1}, records=1200)
@@ -77,7 +59,7 @@ def vt(real_kafka, tmp_path_factory) -> Vt:
     directory = sim.archives[FAILOVER_REGION]
     store = f"cc{uuid.uuid4().hex[:8]}"
     real_kafka.create_topics({f"{store}_v1": 2})
-    _produce_archive(real_kafka.bootstrap_servers, directory, sim.topic, f"{store}_v1", range(2))
+    produce_archive(real_kafka.bootstrap_servers, directory, sim.topic, f"{store}_v1", range(2))
     expected, final, duplicates = {}, {}, 0
     for p in range(2):
         table = pa.Table.from_batches(list(archive.iter_partition(directory, sim.topic, p)))
