@@ -135,6 +135,7 @@ BENCHES: dict[str, list[str]] = {
     "watch": ["bench/bench_watch.py", "--queries", "leapfrog,watch"],
     "watch_1m": ["bench/bench_watch.py", "--records", "1000000", "--queries", "decode,leapfrog,div"],
     "brokers": ["bench/bench_brokers.py", "--repeat", "3"],
+    "changes": ["bench/bench_changes.py", "--records", "500000", "--repeat", "3", "--sims", "3"],
 }
 
 
@@ -500,6 +501,28 @@ SHOWN: dict[str, tuple[str, list[str]]] = {
             "three_nodes.close_s.median",
         ],
     ),
+    "changes": (
+        "change capture over one region's VT of 500k records (4 partitions, a heartbeat every 1,000): "
+        "`PartitionChanges` (decode, the rule, the events) and `tidegauge changes` end to end against decoding "
+        "alone (`iter_records`), as throughput ratios per round (goal >= 0.8); the state's bytes per partition; "
+        "and on 3 simulations with VT redeliveries, a failover and a version swap (3 regions each), the changes a "
+        "heartbeat-free at-least-once reader (Venice's changelog consumer) delivers twice against tidegauge's",
+        [
+            "throughput.decode_records_per_s",
+            "throughput.changes_records_per_s",
+            "throughput.ratio.median",
+            "throughput.ratio.min",
+            "throughput.ratio.max",
+            "throughput.cli_ratio.median",
+            "throughput.state_bytes_per_partition",
+            "state_bytes_per_partition_at_1e9.3_regions",
+            "state_bytes_per_partition_at_1e9.5_regions",
+            "beyond_venice.total.changes",
+            "beyond_venice.total.naive_duplicates",
+            "beyond_venice.total.tidegauge_duplicates",
+            "beyond_venice.total.tidegauge_missing",
+        ],
+    ),
     "kafka_io": ("archive and Kafka plumbing every job stands on", []),
     "report": ("`tidegauge report`: Great Expectations startup and suites, plots", []),
 }
@@ -523,6 +546,12 @@ GOALS: dict[str, list[tuple[str, str, float]]] = {
     "scale_cluster": [("cluster.speedup", ">=", 1.7)],
     "scale_cluster_4m": [("cluster.speedup", ">=", 1.7)],
     "watch": [("watch.records_per_s_per_region", ">=", 20_000)],
+    "changes": [
+        ("throughput.ratio.median", ">=", 0.8),
+        ("throughput.cli_ratio.median", ">=", 0.8),
+        ("beyond_venice.total.tidegauge_duplicates", "<=", 0),
+        ("beyond_venice.total.tidegauge_missing", "<=", 0),
+    ],
 }
 
 
