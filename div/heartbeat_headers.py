@@ -21,6 +21,7 @@ bytes), and never return a partial value.
 from __future__ import annotations
 
 import io
+from collections.abc import Iterable
 from dataclasses import dataclass, field
 
 import fastavro
@@ -225,3 +226,19 @@ def header_value(headers, name: str) -> bytes | None:
         if k == name:
             return v
     return None
+
+
+def widest_hbw(headers: Iterable) -> int:
+    """The length of the longest `hbw` vector among records' headers (each a record's header list or None; 0: no
+    vector). A vector names every region of the store, so this is how a reader learns the store's region count
+    from a topic's tail; a damaged header is skipped (the reading job counts its record)."""
+    widest = 0
+    for record_headers in headers:
+        raw = header_value(record_headers, HBW_HEADER)
+        if raw is None:
+            continue
+        try:
+            widest = max(widest, len(decode_hbw(raw).high_watermarks))
+        except (HeaderError, ValueError, EOFError, IndexError):
+            continue
+    return widest

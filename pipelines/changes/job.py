@@ -25,7 +25,7 @@ from typing import Any
 
 import pyarrow as pa
 
-from div.heartbeat_headers import HeaderError, decode_hbw, header_value
+from div.heartbeat_headers import widest_hbw as hbw_width
 from heartbeat.change_events import CHANGES_SCHEMA, PartitionChanges, Problem, events_table
 from heartbeat.change_reader import initial_state
 from heartbeat.changes import ChangeState, PartitionState, Verdict
@@ -185,17 +185,8 @@ class Prepared:
 
 
 def widest_hbw(batches: Iterable[pa.RecordBatch]) -> int:
-    widest = 0
-    for batch in batches:
-        for headers in batch.column("headers").to_pylist():
-            raw = header_value(headers, "hbw")
-            if raw is None:
-                continue
-            try:
-                widest = max(widest, len(decode_hbw(raw).high_watermarks))
-            except (HeaderError, ValueError, EOFError, IndexError):
-                continue  # a damaged header: the run counts its record
-    return widest
+    """The length of the longest `hbw` vector among the batches' records (0: none)."""
+    return max((hbw_width(b.column("headers").to_pylist()) for b in batches), default=0)
 
 
 def probe_regions(source: Source, topic: str, partitions: list[int]) -> int:

@@ -29,7 +29,8 @@ from dataclasses import dataclass
 
 import pyarrow as pa
 
-from div.heartbeat_headers import HeaderError, decode_hbw, header_value
+from div.heartbeat_headers import header_value
+from div.heartbeat_headers import widest_hbw as hbw_width
 from pipelines.core.errors import UsageError
 from pipelines.core.sources import is_kafka, read_range
 from pipelines.leapfrog.source import _READ_ERRORS, VtSplit
@@ -81,16 +82,7 @@ def tails(
 
 def widest_hbw(table: pa.Table) -> int:
     """The length of the longest `hbw` vector among `table`'s records (0: none)."""
-    widest = 0
-    for headers in table.column("headers").to_pylist():
-        raw = header_value(headers, "hbw")
-        if raw is None:
-            continue
-        try:
-            widest = max(widest, len(decode_hbw(raw).high_watermarks))
-        except (HeaderError, ValueError, EOFError, IndexError):
-            continue  # a damaged header: the scan counts its record
-    return widest
+    return hbw_width(table.column("headers").to_pylist())
 
 
 def store_regions(
