@@ -166,36 +166,14 @@ def state_sizes() -> dict:
 
 def beyond_venice(sims: int) -> dict:
     sys.path.insert(0, str(REPO / "tests" / "support"))
-    from change_truth import expected_changes, read_naively, read_with_the_rule
+    from change_truth import expected_changes, read_naively, read_with_the_rule, swap_sim_config
 
-    from sim import SimConfig, run
-    from sim.config import TimedFault
+    from sim import run
 
     per_run = []
     for seed in range(1, sims + 1):
         with tempfile.TemporaryDirectory() as tmp:
-            cfg = SimConfig(
-                out=os.path.join(tmp, "out"),
-                seed=seed,
-                regions=3,
-                partitions=2,
-                records=4000,
-                write_rate=[500.0],
-                keys=400,
-                batch_records=100,
-                heartbeat_every_records=100,
-                heartbeat_every_ms=400,
-                default_lag_ms=100,
-                faults={"redelivery": 2, "failover": 1},
-                fault_times=[TimedFault("swap", 1.2)],
-                failover_delay_ms=200,
-                swap_push_ms=150,
-                swap_rewind_ms=600,
-                swap_overlap_ms=300,
-                step_records=500,
-                progress=False,
-                workers="inline",
-            )
+            cfg = swap_sim_config(os.path.join(tmp, "out"), seed=seed, lag_ms={})
             sim = run(cfg)
             archives = {int(k): v for k, v in sim.archives.items()}
             for region in range(3):

@@ -21,7 +21,7 @@ from collections import Counter
 import pyarrow as pa
 import pyarrow.parquet as pq
 import pytest
-from change_truth import expected_changes
+from change_truth import expected_changes, swap_sim_config
 from kafka_copy import produce_archive
 
 from heartbeat import ChangeReader
@@ -30,8 +30,7 @@ from pipelines.cli import main
 from pipelines.core.sources import SourceSpec
 from pipelines.watch.changes import read_changes
 from pipelines.watch.job import WatchOptions, start
-from sim import SimConfig, run
-from sim.config import TimedFault
+from sim import run
 
 pytestmark = [pytest.mark.slow]
 ORDER = [("partition", "ascending"), ("vt_offset", "ascending")]
@@ -39,27 +38,8 @@ ORDER = [("partition", "ascending"), ("vt_offset", "ascending")]
 
 @pytest.fixture(scope="module")
 def sim(tmp_path_factory):
-    cfg = SimConfig(
-        out=str(tmp_path_factory.mktemp("readers") / "sim"),
-        seed=11,
-        regions=3,
-        partitions=2,
-        records=3000,
-        write_rate=[500.0],
-        keys=300,
-        batch_records=100,
-        heartbeat_every_records=100,
-        heartbeat_every_ms=400,
-        default_lag_ms=100,
-        faults={"redelivery": 2, "failover": 1},
-        fault_times=[TimedFault("swap", 1.0)],
-        failover_delay_ms=200,
-        swap_push_ms=150,
-        swap_rewind_ms=600,
-        swap_overlap_ms=300,
-        step_records=500,
-        progress=False,
-        workers="inline",
+    cfg = swap_sim_config(
+        tmp_path_factory.mktemp("readers") / "sim", seed=11, records=3000, keys=300, lag_ms={}
     )
     result = run(cfg)
     kinds = Counter(f["kind"] for f in result.truth["faults"])

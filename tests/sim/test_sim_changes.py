@@ -14,7 +14,7 @@ from collections import Counter
 
 import pyarrow.parquet as pq
 import pytest
-from change_truth import expected_changes, read_naively, read_with_the_rule
+from change_truth import expected_changes, read_naively, read_with_the_rule, swap_sim_config
 
 from heartbeat.changes import DELIVERED, Verdict
 from sim import SimConfig, run
@@ -23,34 +23,7 @@ from sim.config import TimedFault
 pytestmark = [pytest.mark.kafka]
 
 
-def _config(out, **kw) -> SimConfig:
-    base = dict(
-        out=str(out),
-        seed=5,
-        regions=3,
-        partitions=2,
-        records=4000,
-        write_rate=[500.0],  # 2.7 s of writes
-        keys=400,
-        batch_records=100,
-        heartbeat_every_records=100,
-        heartbeat_every_ms=400,
-        default_lag_ms=100,
-        lag_ms={(0, 2): 250},
-        faults={"redelivery": 2, "failover": 1},
-        fault_times=[
-            TimedFault("swap", 1.2)
-        ],  # the rewind (300-900 ms) inside the RTs, longer than every lag
-        failover_delay_ms=200,
-        swap_push_ms=150,
-        swap_rewind_ms=600,
-        swap_overlap_ms=300,
-        step_records=500,
-        progress=False,
-        workers="inline",
-    )
-    base.update(kw)
-    return SimConfig(**base)
+_config = swap_sim_config
 
 
 @pytest.fixture(scope="module")

@@ -111,3 +111,37 @@ def read_naively(truth: dict, archives: dict, region: int) -> Counter:
                 if it.position > eop and it.role == Role.CHANGE and it.region >= 0:
                     got[(p, it.region, it.rt_position)] += 1
     return got
+
+
+def swap_sim_config(out, **kw):
+    """A small simulation with every source of duplicates a change reader meets: 3 regions, 2 partitions, two VT
+    redeliveries, a leader failover and a version swap at 1.2 s while writes go on (the rewind, 300-900 ms, lies
+    inside the RTs and is longer than every lag). `kw` overrides any setting (e.g. the seed)."""
+    from sim import SimConfig
+    from sim.config import TimedFault
+
+    base = dict(
+        out=str(out),
+        seed=5,
+        regions=3,
+        partitions=2,
+        records=4000,
+        write_rate=[500.0],  # 2.7 s of writes
+        keys=400,
+        batch_records=100,
+        heartbeat_every_records=100,
+        heartbeat_every_ms=400,
+        default_lag_ms=100,
+        lag_ms={(0, 2): 250},
+        faults={"redelivery": 2, "failover": 1},
+        fault_times=[TimedFault("swap", 1.2)],
+        failover_delay_ms=200,
+        swap_push_ms=150,
+        swap_rewind_ms=600,
+        swap_overlap_ms=300,
+        step_records=500,
+        progress=False,
+        workers="inline",
+    )
+    base.update(kw)
+    return SimConfig(**base)
