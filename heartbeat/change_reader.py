@@ -264,7 +264,8 @@ class ChangeReader:
                 )
             except KafkaException as e:
                 raise ChangeReaderError(
-                    f"cannot read the offsets of {self._where(topic)}, partition {p}: "
+                    f"cannot read the offsets of {self._where(topic)}, partition {p} (does the cluster answer? "
+                    f"librdkafka says the partition is unknown when it does not): "
                     f"{_scrub(str(e), self._scrub_config)}"
                 ) from None
             if ps.position > high:
