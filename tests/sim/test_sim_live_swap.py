@@ -195,3 +195,39 @@ def test_the_archives_hold_both_versions_whole(live):
                     assert vs < end
                 else:
                     assert end > truth["changes"]["regions"][str(x)]["2"]["eop_offsets"][str(q)] + 2
+
+
+def test_a_run_stopped_during_the_swap_completes_it(tmp_path):
+    """Stopped by its duration between the re-push and the VersionSwap (due 6.5 s, the run stops at 4 s): End of Push
+    and the VersionSwap are written at the stop, as outages end there, and every change is still delivered once."""
+    lines: list[str] = []
+    cfg = SimConfig(
+        out=str(tmp_path / "out"),
+        live=True,
+        duration_s=4.0,
+        seed=7,
+        regions=2,
+        partitions=2,
+        keys=300,
+        batch_records=50,
+        write_rate=[40.0],
+        heartbeat_every_records=40,
+        heartbeat_every_ms=500,
+        default_lag_ms=100,
+        fault_times=[TimedFault("swap", 3.0)],
+        swap_push_ms=3000,
+        swap_rewind_ms=1500,
+        swap_overlap_ms=500,
+        workers="inline",
+    )
+    result = simulate(cfg, progress=lines.append)
+    truth = result.truth
+    d = _swap(truth)["detail"]
+    assert truth["faults_shortfall"] == {} and d["completed_at_stop"] is True
+    assert d["end_of_push_ms"] == d["version_swap_ms"] < d["snapshot_ms"] + 3000
+    assert truth["changes"]["versions"] == [1, 2]
+    assert any(line.endswith("version 1 ended with VersionSwap; version 2 is current") for line in lines)
+    for region in (0, 1):
+        delivered, _ = read_with_the_rule(truth, result.archives, region)
+        counts = Counter(delivered)
+        assert max(counts.values()) == 1 and set(counts) == expected_changes(truth, region)
