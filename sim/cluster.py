@@ -317,6 +317,13 @@ class Reader:
             self._next[tp] = last + 1
             self._handler(tp[0], tp[1], msgs)
 
+    def add_partitions(self, partitions: list[tuple[str, int]]) -> None:
+        """Read (and archive) these partitions too, from offset 0: a topic created while the run goes on (a live run's
+        new version)."""
+        new = [tp for tp in partitions if tp not in self._next]
+        self._consumer.incremental_assign([TopicPartition(t, p, 0) for t, p in new])
+        self._next.update(dict.fromkeys(new, 0))
+
     def positions(self) -> dict[tuple[str, int], int]:
         return dict(self._next)
 

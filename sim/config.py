@@ -249,10 +249,6 @@ class SimConfig:
         need(self.outage_ms >= 1, f"outage_ms must be at least 1, got {self.outage_ms}")
         swaps = self.faults.get("swap", 0) + sum(tf.kind == "swap" for tf in self.fault_times)
         need(swaps <= 1, f"at most one version swap per run (swap=1 or swap@SECONDS), got {swaps}")
-        need(
-            not (swaps and self.live),
-            "a version swap (swap) is for planned runs; a live run cannot do one yet",
-        )
         for name in ("swap_push_ms", "swap_rewind_ms", "swap_overlap_ms"):
             need(getattr(self, name) >= 1, f"{name} must be at least 1, got {getattr(self, name)}")
         need(self.live_step_ms >= 10, f"live_step_ms must be at least 10, got {self.live_step_ms}")

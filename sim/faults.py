@@ -127,7 +127,7 @@ class Fault:
         }
         if live:
             out["at"] = self.at_ms
-            if self.kind in STOP_RESUME_KINDS:
+            if self.kind in STOP_RESUME_KINDS or self.kind == "swap":  # a swap ends with its VersionSwap
                 out["end_at"] = self.end_at_ms
         return out
 

@@ -196,8 +196,14 @@ class _Simulation:
         swaps = self.plan.of("swap")
         self.swap_fault = swaps[0] if swaps else None
         # every VT topic of the run: version N, and N+1 when a swap is planned (created up front, empty until the
-        # re-push starts)
+        # re-push starts; a live run creates it when the re-push starts, `_swap`)
         self.vt_topics = [cfg.vt_topic] + ([self.swap_fault.detail["to_topic"]] if self.swap_fault else [])
+        # a live run's swap: requested (placed once the clock runs), then which of its steps happened
+        self.live_swap = cfg.live and any(tf.kind == "swap" for tf in self.timed)
+        self.swap_step: str | None = None  # "snapshot", "started" (End of Push), "ended" (VersionSwap)
+        # region -> what its worker said of End of Push, the rewind and the VersionSwap
+        self.swap_live_facts: dict[int, dict[str, Any]] = {}
+        self.current_version = cfg.version
         started = self._start_brokers() if cfg.kafka is None and cfg.brokers == "real" else None
         confs = {}
         for x in range(n):
@@ -250,16 +256,25 @@ class _Simulation:
                 str(self.out / "followers" / f"dc-{x}"),
                 push,
                 cfg.start_ms - PUSH_LEAD_MS,
-                None
-                if self.swap_fault is None
-                else {
-                    "to_version": self.swap_fault.detail["to_version"],
-                    "topic": self.swap_fault.detail["to_topic"],
-                    "rewind_from_ms": self.swap_fault.detail["rewind_from_ms"],
-                },
+                self._worker_swap(),
             )
             self.workers.append(ProcessWorker(spec) if cfg.workers == "process" else InlineWorker(spec))
         self.timings["start_workers_s"] += time.perf_counter() - t0
+
+    def _worker_swap(self) -> dict[str, Any] | None:
+        """What a region worker is told of the run's swap up front (`WorkerSpec.swap`)."""
+        cfg = self.cfg
+        if self.swap_fault is not None:
+            d = self.swap_fault.detail
+            return {
+                "to_version": d["to_version"],
+                "topic": d["to_topic"],
+                "rewind_from_ms": d["rewind_from_ms"],
+            }
+        if self.live_swap:  # placed when its chunk is drawn: the worker learns the rest at the re-push
+            to = cfg.version + 1
+            return {"to_version": to, "topic": f"{cfg.store}_v{to}", "rewind_from_ms": None, "live": True}
+        return None
 
     def _start_brokers(self) -> list:
         """One Apache Kafka cluster per region on loopback (`sim.brokers`), started side by side; each region
@@ -314,6 +329,15 @@ class _Simulation:
             w.call("progress")
         self.start_ms = self.t_now = self.last_write_ms = _now_ms()
         self.clock.now = self.start_ms
+        if self.live_swap:
+            # the new leaders replay the RTs from up to 1.5 x swap_rewind_ms before the snapshot (and no later than
+            # where the source region's leaders stood, up to a lag behind): the workers keep those records
+            cfg = self.cfg
+            max_lag = max(max(row) for row in cfg.lag_matrix())
+            first = min(self._at_ms(tf) for tf in self.timed if tf.kind == "swap")
+            keep = first - (3 * cfg.swap_rewind_ms + 1) // 2 - max_lag - 1
+            for w in self.workers:
+                w.send("swap_keep", keep)
         self._announce("running")
         self._publish_truth()
 
@@ -329,12 +353,15 @@ class _Simulation:
             "partitions": cfg.partitions,
             "rt_topic": cfg.rt_topic,
             "vt_topic": cfg.vt_topic,
+            # a swap: the new version's topic from its re-push on; current_version changes at the VersionSwap
+            "vt_topics": list(self.vt_topics),
+            "current_version": self.current_version,
             "heartbeat_every_ms": cfg.heartbeat_every_ms,
             "regions": [
                 {
                     "region": r.region,
                     "uri": "kafka://" + r.bootstrap,
-                    "topics": [cfg.rt_topic, cfg.vt_topic],
+                    "topics": [cfg.rt_topic, *self.vt_topics],
                     "archive": str(self.out / "archive" / f"dc-{r.region}"),
                 }
                 | ({} if r.brokers is None else {"brokers": _brokers_info(r.brokers)})
@@ -346,8 +373,9 @@ class _Simulation:
             "truth": str(self.out / "truth.json"),
         }
         atomic_write(self.out / "live.json", (json.dumps(info, indent=2) + "\n").encode())
+        ready = state == "running" and self.announced != "running"  # once (a swap announces its topic again)
         self.announced = state
-        if state == "running" and self.on_ready is not None:
+        if ready and self.on_ready is not None:
             self.on_ready(info)
 
     # ------------------------------------------------------------------------------------------ run
@@ -747,18 +775,107 @@ class _Simulation:
 
     def _swap(self, step: str, f: F.Fault, *args: Any) -> None:
         """A version swap's three moments, in every region: the re-push's snapshot, its End of Push (the new
-        leaders start), the VersionSwap that ends version N."""
+        leaders start), the VersionSwap that ends version N.
+
+        A live run creates the new version's topics in every region at the snapshot (it is placed only when its
+        chunk is drawn), waits for every region at End of Push and at the VersionSwap so that truth.json and the
+        console say so once the records are in the clusters, and holds the VersionSwap back while a failover of
+        version N goes on (a failed leader writes none: it waits for the successor, as a planned run's placement
+        does)."""
+        cfg, d = self.cfg, f.detail
+        live = cfg.live
+        if step == "swap_end" and live and self._swap_waits_for_failover(f, args[0]):
+            return
         if step == "swap_snapshot":  # the source region's state, the same bulk load everywhere
-            source = f.detail["source_region"]
+            source = d["source_region"]
             snapshot = self.workers[source].call("swap_state")
-            f.detail["snapshot_rt_positions"] = {str(q): c for q, c in enumerate(snapshot["cursor"])}
+            d["snapshot_rt_positions"] = {str(q): c for q, c in enumerate(snapshot["cursor"])}
             args = (*args[:-1], snapshot)
-        for w in self.workers:
-            w.send(step, *args)
+            self.swap_fault = f
+            if live:
+                self._create_version_topics(d["to_topic"])
+                plan = {
+                    "to_version": d["to_version"],
+                    "topic": d["to_topic"],
+                    "rewind_from_ms": d["rewind_from_ms"],
+                }
+                args = (*args, plan)
+        if not live or step == "swap_snapshot":
+            for w in self.workers:
+                w.send(step, *args)
+        else:
+            replies = self._ask_all(step, *args)
+            for x, reply in enumerate(replies):
+                self.swap_live_facts.setdefault(x, {}).update(reply)
+        self.swap_step = {"swap_snapshot": "snapshot", "swap_start": "started", "swap_end": "ended"}[step]
         if step == "swap_snapshot":
-            self._started(f, f"re-push of {f.detail['to_topic']} starts")
-        elif step == "swap_end":
-            self._ended(f, f"{f.detail['from_topic']} ends with a VersionSwap; {f.detail['to_topic']} serves")
+            self._started(
+                f, f"re-push of {d['to_topic']} starts (StartOfPush and the bulk load in every region)"
+            )
+            if live:
+                self._announce("running")
+        elif step == "swap_start":
+            if live:
+                d["end_of_push_at"] = _now_ms()
+                self.truth_dirty = True
+                self._say(f"version {d['to_version']} of {cfg.store}: End of Push written")
+        else:
+            self.current_version = d["to_version"]
+            if live:
+                d["version_swap_at"] = _now_ms()
+                self._announce("running")
+            self._ended(f, f"{d['from_topic']} ends with a VersionSwap; {d['to_topic']} serves")
+            if live:
+                self._say(
+                    f"version {d['from_version']} ended with VersionSwap; version {d['to_version']} is current"
+                )
+
+    def _swap_waits_for_failover(self, f: F.Fault, t: int) -> bool:
+        """A live run's VersionSwap due at `t` while a leader of version N has failed and its successor has not yet
+        taken over: moved to just after the takeover (the run's stop brings that on too)."""
+        going = [g for g in self.plan.of("failover") if g.at_ms is not None and g.end_at_ms is None]
+        if not going:
+            return False
+        t_new = max(max(g.end_ms for g in going) + 1, t + 1)
+        f.detail["version_swap_ms"] = f.end_ms = t_new
+        f.detail["version_swap_waited_for_failover"] = sorted(g.id for g in going)
+        self._at(t_new, lambda: self._swap("swap_end", f, t_new, f.detail["to_version"]))
+        return True
+
+    def _create_version_topics(self, topic: str) -> None:
+        """A live run's new version topic, created in every region's cluster when its re-push starts (through the
+        AdminClient, or the mock's own API), before any region writes it."""
+        for region in self.regions:
+            region.create_topics([topic], self.cfg.partitions)
+        if topic not in self.vt_topics:
+            self.vt_topics.append(topic)
+
+    def _ask_all(self, cmd: str, *args: Any) -> list[Any]:
+        """`cmd` in every region at once; their replies (earlier replies still waiting are read on the way)."""
+        for w in self.workers:
+            w.send(cmd, *args)
+        replies = []
+        for x, w in enumerate(self.workers):
+            while w.outstanding() > 1:
+                reply = w.recv()
+                if isinstance(reply, dict) and "vt_records" in reply:
+                    self.worker_progress[x] = reply
+            replies.append(w.recv())
+        return replies
+
+    def _complete_swap(self, t: int) -> None:
+        """A live run that stops during a swap completes it, as a planned run's does before its end: End of Push
+        (if not yet written) and the VersionSwap at `t`, after the outages have ended."""
+        f = self.swap_fault
+        if f is None or self.swap_step not in ("snapshot", "started"):
+            return
+        d = f.detail
+        d["completed_at_stop"] = True
+        if self.swap_step == "snapshot":
+            d["end_of_push_ms"] = t
+            self._swap("swap_start", f, t)
+        d["version_swap_ms"] = f.end_ms = t
+        self._swap("swap_end", f, t, d["to_version"])
 
     def _silence(self, f: F.Fault) -> None:
         """The leader stops heartbeating: no RT heartbeat of its partition is written (its data still is)."""
@@ -906,6 +1023,7 @@ class _Simulation:
             elif f.kind == "broker" and f.id in self.broker_up:
                 self.timers[f.id].cancel()
                 self.broker_up[f.id]()
+        self._complete_swap(t)
 
     # -- a fault happens (a live run's truth.json lists it from then on) --------------------------------------
     def _started(self, f: F.Fault, what: str) -> None:
@@ -1180,6 +1298,8 @@ class _Simulation:
         }
         if reports is not None:
             truth["changes"] = self._changes(reports)
+        elif live:
+            truth["changes"] = self._live_changes()
         if live:
             truth["live"] = self._live_info()
         return truth
@@ -1223,6 +1343,53 @@ class _Simulation:
                 }
             regions[str(x)] = per_version
         return {"versions": sorted(int(v) for v in reports[0]["applied"]), "regions": regions}
+
+    def _live_changes(self) -> dict:
+        """truth.json `changes` while a live run goes on: each version as soon as it exists, its End of Push,
+        rewind point, VersionSwap and `hbw` there as they are written (the same fields as at the end); `applied`
+        (the RT positions written) is null until the run stops."""
+        cfg, p = self.cfg, self.cfg.partitions
+        f = self.swap_fault if self.swap_step is not None else None
+        versions = [cfg.version] + ([f.detail["to_version"]] if f is not None else [])
+        regions = {}
+        for x in range(cfg.regions):
+            facts = self.swap_live_facts.get(x, {})
+            vs, hbw, eop, rewind = (
+                facts.get("version_swap_offsets"),
+                facts.get("hbw_at_version_swap"),
+                facts.get("eop_offsets"),
+                facts.get("rewind"),
+            )
+            per = {
+                str(cfg.version): {
+                    "topic": cfg.vt_topic,
+                    "eop_offsets": {str(q): self.eop_offsets[q] for q in range(p)},
+                    "version_swap_offsets": None
+                    if vs is None
+                    else {str(q): o for q, o in sorted(vs.items())},
+                    "hbw_at_version_swap": None
+                    if hbw is None
+                    else {str(q): m for q, m in sorted(hbw.items())},
+                    "rewind": None,
+                    "applied": None,
+                }
+            }
+            if f is not None:
+                per[str(f.detail["to_version"])] = {
+                    "topic": f.detail["to_topic"],
+                    "eop_offsets": None if eop is None else {str(q): o for q, o in sorted(eop.items())},
+                    "version_swap_offsets": None,
+                    "hbw_at_version_swap": None,
+                    "rewind": None
+                    if rewind is None
+                    else {
+                        str(q): {str(r): pos for r, pos in enumerate(by_r)}
+                        for q, by_r in sorted(rewind.items())
+                    },
+                    "applied": None,
+                }
+            regions[str(x)] = per
+        return {"versions": versions, "regions": regions}
 
     def _live_info(self) -> dict:
         cfg = self.cfg

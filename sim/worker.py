@@ -59,7 +59,9 @@ class WorkerSpec:
     followers_dir: str
     push_records: list[tuple[bytes, bytes, list | None, int]]  # (key, value, headers, partition)
     push_ms: int
-    # a planned version swap: {"to_version", "topic", "rewind_from_ms"} (None: no swap in this run)
+    # a version swap: {"to_version", "topic", "rewind_from_ms"} (None: no swap in this run). A live run's swap is
+    # placed once the clock runs: then "live" is true, "rewind_from_ms" None, and the topic is created, the RT records
+    # kept (`swap_keep`) and the rewind point known at the re-push (`swap_snapshot`)
     swap: dict[str, Any] | None = None
 
 
@@ -95,7 +97,8 @@ class RegionWorker:
         self.swap = spec.swap
         self.version = cfg.version  # the version the leaders in self.leaders write
         self.vt_topic = cfg.vt_topic
-        self.vt_topics = [cfg.vt_topic] + ([spec.swap["topic"]] if spec.swap else [])
+        later = bool(spec.swap and spec.swap.get("live"))  # a live run's new VT exists from the re-push on
+        self.vt_topics = [cfg.vt_topic] + ([spec.swap["topic"]] if spec.swap and not later else [])
         # the RT records from the swap's rewind time on are kept until its new leaders start (they replay them)
         self.keep_from_ts: int | None = spec.swap["rewind_from_ms"] if spec.swap else None
         self.next: dict[str, Any] | None = None  # the new version while both are written (swap_snapshot..end)
@@ -365,15 +368,30 @@ class RegionWorker:
             "cursor": [list(lead.cursor) for lead in self.leaders],
         }
 
-    def swap_snapshot(self, t: int, to_version: int, snapshot: dict[str, Any]) -> None:
+    def swap_keep(self, ts: int) -> None:
+        """A live run's swap is coming: keep the RT records written from `ts` on (at or before its earliest possible
+        rewind point) until its new leaders have replayed them."""
+        self.keep_from_ts = ts
+
+    def swap_snapshot(
+        self, t: int, to_version: int, snapshot: dict[str, Any], plan: dict[str, Any] | None = None
+    ) -> None:
         """The re-push job starts at `t`: in every partition StartOfPush, then the source region's value of every
         key it holds at `t` (`snapshot`, from `swap_state`: Puts and Deletes, no leader footer), with its replica
         state (values and DCR metadata: Venice re-pushes the RMD along). As in Venice, where a push reaches the other
         regions through native replication from one source region, every region gets the same bulk load. End of
-        Push follows in `swap_start`."""
+        Push follows in `swap_start`. A live run's swap comes with its `plan` (topic, rewind point): the coordinator
+        has just created the topic, and this region's reader starts archiving and following it."""
         cfg, x, p = self.cfg, self.x, self.cfg.partitions
-        self._sync()
         topic = f"{cfg.store}_v{to_version}"
+        if plan is not None:
+            self.swap = {**(self.swap or {}), **plan}
+            if self.keep_from_ts is None or plan["rewind_from_ms"] < self.keep_from_ts:
+                self.keep_from_ts = plan["rewind_from_ms"]
+        if topic not in self.vt_topics:
+            self.vt_topics.append(topic)
+            self.readers[x].add_partitions([(topic, q) for q in range(p)])
+        self._sync()
         self.clock.now = t
         push = SegmentWriter(
             seeded_guid(cfg.seed, 0, to_version, x),
@@ -406,7 +424,7 @@ class RegionWorker:
         }
         self.swap_report = {"bulk_records": bulk}
 
-    def swap_start(self, t: int) -> None:
+    def swap_start(self, t: int) -> dict[str, Any]:
         """End of Push at `t`, and the new version's leaders start: each replays every RT from the first record
         written at or after the rewind time (never later than where the snapshot stood), the
         backlog up to where the old leader stands now in an interleaving of its own (drawn from the seed; Venice's
@@ -467,8 +485,9 @@ class RegionWorker:
         nxt["leaders"] = leaders
         self.keep_from_ts = None
         self.swap_report.update({"eop_offsets": eop, "rewind": rewinds})
+        return {"eop_offsets": eop, "rewind": rewinds}
 
-    def swap_end(self, t: int, to_version: int) -> None:
+    def swap_end(self, t: int, to_version: int) -> dict[str, Any]:
         """Version N ends at `t`: each of its leaders writes a VersionSwap control message (old and new topic, its
         RT positions processed as localHighWatermarks) and steps down; from now on only the new version is
         written. Notes the last heartbeat vector before each VersionSwap (what a reader's marks reach there)."""
@@ -512,6 +531,7 @@ class RegionWorker:
         self.leaders, self.stores, self.followers = nxt["leaders"], nxt["stores"], self.next_followers
         self.next = None
         self._sync()
+        return {"version_swap_offsets": vs_offsets, "hbw_at_version_swap": marks}
 
     def close_leaders(self, t: int) -> None:
         """Leaders step down gracefully: a final EndOfSegment in the VT, everything acknowledged."""

@@ -61,7 +61,8 @@ EPILOG = textwrap.dedent("""\
       isolated*   a region stops replicating the others, then catches up (outage_ms) -> lag only
       redelivery  a leader writes a VT record twice (a retry after a lost ack) -> div DUPLICATE (not fatal)
       swap        a re-push of version+1 while writes go on: bulk load, End of Push, an RT replay from a
-                  rewind point, then a VersionSwap ends version N (one per run; not --live) -> nothing
+                  rewind point, then a VersionSwap ends version N (one per run; --live prints when End of
+                  Push and the VersionSwap are written: read version N to its VersionSwap, then N+1) -> nothing
     truth.json `changes` says which changes a change-capture reader of each region's VTs must get.
     A live run without --duration takes timed faults only (and compaction=N, done to the archives at the end).
 
@@ -75,6 +76,7 @@ EPILOG = textwrap.dedent("""\
       tidegauge simulate --live --out out/live --duration 600 --rate 200 --heartbeat-ms 2000 \\
           --faults failover@60,dropped@120,poisoned@150,silent@200+30,isolated@300+40,broker@400+5
       tidegauge simulate --live --out out/live --rate 50          # until Ctrl-C; prints the kafka:// URIs
+      tidegauge simulate --live --out out/swap --brokers real --duration 180 --faults failover@40,swap@90
 
     configuration: --conf FILE (default conf/simulate.yaml when present) holds a `simulate:` section (traffic:
     key count and skew, write rates, value sizes, quiet periods, lags, heartbeat cadence, ...; documented in
