@@ -5,7 +5,9 @@ The driver reads the leapfrog output (its summary must name the same store and v
 version topic once, partition by partition, keeping only the divergent keys' current records: each partition's
 records go through `heartbeat.change_events.PartitionChanges` — the reading every change reader shares (key
 without Venice's header, chunked values put back together, the logical timestamp DCR compares, the coordinate
-from the leader footer) — and the last change of a divergent key is its current record there. With `--rt`, the
+from the leader footer) — and the last change of a divergent key is its current record there. (The duplicates
+the reading drops are writes re-applied after a failover: a leader re-writes a write only when it still wins its
+key, so the last delivered change is the record the region serves.) With `--rt`, the
 RT write each coordinate names is read from that region's real-time topic (one range per partition). The rule
 is `leapfrog.repair.plan_key`; this module only reads and writes. Local engine only: the reads are one pass over
 each VT and the output is one row per divergent key.
@@ -153,8 +155,15 @@ class RegionRead:
 def _open(spec: SourceSpec, opts: PlanOptions, topic: str, flag: str) -> Source:
     source = open_source(spec, opts.kafka_conf.get(spec.region))
     if topic not in source.topics():
+        _close(source)
         raise SourceError(f"{flag} {spec.region}={spec.uri}: no topic {topic!r}")
     return source
+
+
+def _close(source: Source) -> None:
+    close = getattr(source, "close", None)  # a Kafka source holds a client; an archive nothing
+    if close is not None:
+        close()
 
 
 def read_current(
@@ -166,6 +175,14 @@ def read_current(
     got: dict[tuple[int, bytes], Record | None] = {(p, k): None for p, ks in wanted.items() for k in ks}
     info = RegionRead(spec.region)
     state = ChangeState(opts.store, opts.version, n_regions)
+    try:
+        _read_partitions(source, spec, opts, wanted, state, got, info, progress)
+    finally:
+        _close(source)
+    return got, info
+
+
+def _read_partitions(source, spec, opts, wanted, state, got, info, progress) -> None:
     partitions = set(source.partitions(opts.topic))
     for p in sorted(wanted):
         if p not in partitions:
@@ -186,7 +203,6 @@ def read_current(
         info.problems += [
             {"partition": q.partition, "offset": q.offset, "reason": q.reason} for q in changes.problems
         ][: MAX_LISTED - len(info.problems)]
-    return got, info
 
 
 def read_rt_writes(
@@ -198,6 +214,14 @@ def read_rt_writes(
     source = _open(spec, opts, opts.rt_topic, "--rt")
     out: dict[tuple[int, int, int], Record | None] = {}
     counts = {"read": 0, "unreadable": 0}
+    try:
+        _read_rt(source, spec, opts, wanted, out, counts, progress)
+    finally:
+        _close(source)
+    return out, counts
+
+
+def _read_rt(source, spec, opts, wanted, out, counts, progress) -> None:
     codec = E.EnvelopeCodec()
     for p, offsets in sorted(wanted.items()):
         progress.stage(f"region {spec.region}: {opts.rt_topic}[{p}]")
@@ -225,7 +249,6 @@ def read_rt_writes(
         found = sum(1 for o in offsets if out[(p, spec.region, o)] is not None)
         counts["read"] += found
         counts["unreadable"] += len(offsets) - found
-    return out, counts
 
 
 def _key_hex(k: bytes) -> str:
