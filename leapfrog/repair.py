@@ -20,7 +20,10 @@ that need it, and why.
     deleted) wins, "we prefer deletes to win in the case where there is a tie"; otherwise the value with the
     higher `hashCode()` wins, and on equal hash codes the *old* value stays. `ByteBuffer.hashCode` is Java's
     `h = 1; for i from last byte down to first: h = 31*h + (signed byte)` in int32 (`java_bytes_hash`).
-    Venice's own TODO there says this "is not deterministic when hash collision happens".
+    Venice's own TODO there says this "is not deterministic when hash collision happens". The bytes hashed
+    are the incoming RT Put's `putValue` (`ActiveActiveStoreIngestionTask` passes it to
+    `MergeConflictResolver.put`) against the stored value; for an uncompressed store both are the value bytes a
+    VT record carries (not checked for compressed stores).
   - `AbstractMerge.deleteWithValueLevelTimestamp`: a DELETE wins when the stored timestamp is lower *or
     equal* ("Delete wins when old and new write operation timestamps are equal").
 
