@@ -192,12 +192,12 @@ NO_CLI_YET: set[str] = set()
 
 
 def test_every_command_is_a_package_with_a_cli():
-    assert COMMANDS == ["changes", "demo", "div", "lag", "leapfrog", "report", "simulate", "watch"]
+    assert COMMANDS == ["changes", "demo", "div", "lag", "leapfrog", "repair", "report", "simulate", "watch"]
     from pipelines import cli
 
     assert cli._JOBS == [
         f"pipelines.{c}.cli"
-        for c in ("simulate", "lag", "leapfrog", "div", "changes", "report", "demo", "watch")
+        for c in ("simulate", "lag", "leapfrog", "div", "changes", "repair", "report", "demo", "watch")
     ]
     for command in COMMANDS:
         has_cli = (REPO / "pipelines" / command / "cli.py").exists()

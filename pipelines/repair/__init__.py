@@ -1,0 +1,1 @@
+"""`tidegauge repair`: plan the writes that make divergent regions agree (issue 31)."""
