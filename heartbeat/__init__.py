@@ -45,7 +45,7 @@ from div.heartbeat_headers import (
 )
 
 from .change_events import ChangeEvent
-from .change_reader import ChangeReader, ChangeReaderError, ChangeReaderStats
+from .change_reader import ChangeReader, ChangeReaderError, ChangeReaderStats, UnendedVersionError
 from .changes import ChangeState, StateError
 from .lag import LagMonitor, LagRow
 from .leader import HeartbeatLeader, LeaderBrokenError, LeaderStats, LeaderUsageError, RtRecord
@@ -68,6 +68,7 @@ __all__ = [
     "LeaderUsageError",
     "RtRecord",
     "StateError",
+    "UnendedVersionError",
     "VtHeartbeat",
     "WatermarkTracker",
     "Watermarks",

@@ -79,6 +79,7 @@ _PUT, _DELETE, _MANIFEST, _CHUNK, _START_OF_PUSH = (
     Kind.START_OF_PUSH,
 )
 _CHANGE, _NEW = int(Role.CHANGE), Verdict.NEW
+_VERSION_SWAP = Kind.VERSION_SWAP
 _NO_CHUNKS: dict[bytes, bytes] = {}
 _Item = Item
 _new_event = partial(tuple.__new__, ChangeEvent)  # without NamedTuple's Python-level constructor
@@ -156,6 +157,7 @@ class PartitionChanges:
         self.codec = codec or E.EnvelopeCodec()
         self.filter = ChangeFilter(state)
         self.chunked = state.chunked
+        self.ended = state.ended  # the version's VersionSwap has been read: its end
         self.problems: list[Problem] = []
         self.already_read = 0  # records before the state's position (a re-read range): skipped
         self._chunks: dict[bytes, bytes] = dict(
@@ -183,7 +185,7 @@ class PartitionChanges:
         twice keeps `state(hold=False)` and `waiting_chunks` instead."""
         if hold and self._held is not None:
             return self._held
-        return replace(self.filter.state(), chunked=self.chunked)
+        return replace(self.filter.state(), chunked=self.chunked, ended=self.ended)
 
     def feed(self, batch: pa.RecordBatch | pa.Table) -> list[ChangeEvent]:
         return list(self.iter_events(batch))
@@ -207,9 +209,11 @@ class PartitionChanges:
             else:
                 if kind is _START_OF_PUSH:
                     self.chunked = bool(E.control_body(rec.env).get("chunked"))
+                elif kind is _VERSION_SWAP:
+                    self.ended = True
                 elif kind is _CHUNK:
                     if self._held is None:
-                        self._held = replace(f.state(), chunked=self.chunked)
+                        self._held = replace(f.state(), chunked=self.chunked, ended=self.ended)
                     self._chunks[rec.key[1:]] = rec.env["payloadUnion"][1]["putValue"]
                 it = item(rec, chunked=self.chunked, kind=kind)
             verdict = step(it)

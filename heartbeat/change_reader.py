@@ -114,11 +114,35 @@ def _scrub(text: str, config: Mapping[str, object]) -> str:
     return text
 
 
+class UnendedVersionError(ValueError):
+    """A version swap asked of a state that has not read its version's end (the VersionSwap message) everywhere."""
+
+
+def check_ended(state: ChangeState, version: int) -> None:
+    """Refuse to follow `version` from `state` before the state has read its version's VersionSwap message in
+    every partition it reads: until then the new version's bulk load, which a follower skips, may hold changes of
+    the old version the reader has not been given (docs/design.md, "Change capture", the precondition)."""
+    unended = state.unended()
+    if unended:
+        raise UnendedVersionError(
+            f"version {state.version} of store {state.store!r} has not ended in partition(s) "
+            f"{', '.join(map(str, unended))} of this state (their VersionSwap message is not read yet): following "
+            f"version {version} now could lose changes of version {state.version}. Read version {state.version} on "
+            "until its VersionSwap in every partition, then follow; a store whose versions end without a "
+            "VersionSwap message can be followed anyway (`unended_ok=True`; `tidegauge changes --follow-unended`)"
+        )
+
+
 def initial_state(
-    store: str, version: int, state: bytes | ChangeState | None, n_regions: int | None
+    store: str,
+    version: int,
+    state: bytes | ChangeState | None,
+    n_regions: int | None,
+    unended_ok: bool = False,
 ) -> ChangeState:
     """The state a reader of `store` version `version` starts from: fresh (needs `n_regions`), resumed (a state of
-    `version`) or followed from the version before (a state of `version - 1`: a version swap). Raises ValueError
+    `version`) or followed from the version before (a state of `version - 1`: a version swap, refused with
+    UnendedVersionError unless the state has read that version's end, or `unended_ok`). Raises ValueError
     (StateError for damaged bytes) naming both sides of a mismatch."""
     if state is None:
         if n_regions is None:
@@ -137,6 +161,8 @@ def initial_state(
     if state.version == version:
         return state
     if state.version == version - 1:
+        if not unended_ok:
+            check_ended(state, version)
         return state.follow(version)
     raise ValueError(
         f"the state is of version {state.version} of store {store!r}: a reader of version {version} takes a state "
@@ -163,6 +189,7 @@ class ChangeReader:
         *,
         batch_size: int = 1000,
         timeout_s: float = 10.0,
+        unended_ok: bool = False,
     ) -> None:
         if not store:
             raise ValueError("store must be a store name")
@@ -175,7 +202,7 @@ class ChangeReader:
             raise ValueError("config must hold the region cluster's bootstrap.servers")
         self.store = store
         self.version = int(version)
-        self._base = initial_state(store, self.version, state, n_regions)
+        self._base = initial_state(store, self.version, state, n_regions, unended_ok)
         self.n_regions = self._base.n_regions
         self.cluster = bootstrap_of(str(bootstrap))
         self._wanted = None if partitions is None else sorted({int(p) for p in partitions})
@@ -400,11 +427,17 @@ class ChangeReader:
         last one `poll` returned, once. Events read from Kafka but not returned yet are not covered."""
         return self.change_state().to_bytes()
 
-    def follow(self, version: int) -> None:
+    def version_ended(self) -> bool:
+        """Every partition read has reached its version's end (its VersionSwap message) and every event before it
+        was returned: the moment to `follow` the next version."""
+        return not self._buffer and bool(self._committed) and all(ps.ended for ps in self._committed.values())
+
+    def follow(self, version: int, unended_ok: bool = False) -> None:
         """Swap to `version` (newer than the one read): read `<store>_v<version>` with the marks of `state()`, its
         bulk load skipped and the changes already delivered dropped. Events read but not returned yet are dropped:
-        the reader is where a reader restarted from `state()` with `version` would be. Raises ChangeReaderError
-        when the new topic cannot be read, and then stays on its version."""
+        the reader is where a reader restarted from `state()` with `version` would be. Raises UnendedVersionError
+        before `version_ended()` (unless `unended_ok`: a store whose versions end without a VersionSwap message),
+        and ChangeReaderError when the new topic cannot be read; either way it stays on its version."""
         self._check_open()
         version = int(version)
         if version <= self.version:
@@ -412,7 +445,10 @@ class ChangeReader:
                 f"cannot follow version {version} of store {self.store!r} from version {self.version}: "
                 f"it is not newer"
             )
-        followed = self.change_state().follow(version)
+        current = self.change_state()
+        if not unended_ok:
+            check_ended(current, version)
+        followed = current.follow(version)
         retiring = self._streams
         self._assign(followed)  # raises before changing anything
         for stream in retiring.values():

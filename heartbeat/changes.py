@@ -157,13 +157,15 @@ class PartitionState:
     region of the store, -1 = nothing yet) and `seen` (per region the highest position of a change read, ≤ marks;
     kept only to tell a duplicate below a record from one below a heartbeat). `chunked`: the version's
     StartOfPush said its values may be chunked (then every data key ends with a chunk suffix); a reader that
-    resumes past the StartOfPush learns it from here."""
+    resumes past the StartOfPush learns it from here. `ended`: the reader has read the version's VersionSwap
+    message, its end (only then may it follow the next version: `ChangeState.follow`)."""
 
     position: int
     phase: Phase
     marks: tuple[int, ...]
     seen: tuple[int, ...]
     chunked: bool = False
+    ended: bool = False
 
     def __post_init__(self) -> None:
         if self.position < 0:
@@ -418,6 +420,7 @@ def restore(items: Iterable[Item], position: int, n_regions: int) -> PartitionSt
 MAGIC = b"TGCC"
 FORMAT_VERSION = 1
 _CHUNKED_FLAG = 4  # added to a partition's phase: its version is chunked
+_ENDED_FLAG = 8  # added to a partition's phase: its version's VersionSwap has been read
 
 
 class StateError(ValueError):
@@ -454,8 +457,13 @@ class ChangeState:
         """This state with the given partitions' states replaced (others kept)."""
         return ChangeState(self.store, self.version, self.n_regions, {**self.partitions, **partitions})
 
+    def unended(self) -> list[int]:
+        """The partitions this state has read without reaching their version's end (its VersionSwap message)."""
+        return [p for p, ps in self.partitions.items() if not ps.ended]
+
     def follow(self, version: int) -> ChangeState:
-        """The state to read `version` (newer than this one's) with: every partition `PartitionState.follow`ed."""
+        """The state to read `version` (newer than this one's) with: every partition `PartitionState.follow`ed.
+        Exact once every partition has read its version's VersionSwap (`unended()` empty; the callers check)."""
         if version <= self.version:
             raise ValueError(f"cannot follow version {version} from version {self.version}: it is not newer")
         return ChangeState(
@@ -464,7 +472,8 @@ class ChangeState:
 
     def to_bytes(self) -> bytes:
         """`TGCC`, format version 1, then Avro zig-zag varints: store (length, UTF-8), version, n_regions,
-        partition count and per partition (ascending) its id, position, phase (+4 when the version is chunked),
+        partition count and per partition (ascending) its id, position, phase (+4 when the version is chunked, +8
+        once its VersionSwap has been read),
         W[0..n) and W[r] − seen[r] (usually 0: one byte); a big-endian CRC32 of everything before it closes the
         bytes."""
         body = bytearray(MAGIC)
@@ -473,7 +482,7 @@ class ChangeState:
         body += write_long(len(name)) + name
         body += write_long(self.version) + write_long(self.n_regions) + write_long(len(self.partitions))
         for p, ps in self.partitions.items():
-            flags = int(ps.phase) | (_CHUNKED_FLAG if ps.chunked else 0)
+            flags = int(ps.phase) | (_CHUNKED_FLAG if ps.chunked else 0) | (_ENDED_FLAG if ps.ended else 0)
             body += write_long(p) + write_long(ps.position) + write_long(flags)
             for m in ps.marks:
                 body += write_long(m)
@@ -530,7 +539,7 @@ class ChangeState:
                 raise StateError(f"change-capture state is invalid: partition {p} after {last}")
             last = p
             position, flags = count("position"), count("phase")
-            phase = flags & ~_CHUNKED_FLAG
+            phase = flags & ~(_CHUNKED_FLAG | _ENDED_FLAG)
             if phase >= len(Phase):
                 raise StateError(f"change-capture state is invalid: partition {p} has unknown phase {flags}")
             marks = []
@@ -539,7 +548,12 @@ class ChangeState:
                 marks.append(m)
             seen = tuple(m - count("mark gap") for m in marks)
             partitions[p] = PartitionState(
-                position, Phase(phase), tuple(marks), seen, bool(flags & _CHUNKED_FLAG)
+                position,
+                Phase(phase),
+                tuple(marks),
+                seen,
+                bool(flags & _CHUNKED_FLAG),
+                bool(flags & _ENDED_FLAG),
             )
         if i != len(body):
             raise StateError(

@@ -85,6 +85,13 @@ def register(sub) -> None:
         "version N-1; commit the new state there after the output is published",
     )
     p.add_argument(
+        "--follow-unended",
+        action="store_true",
+        help="with a --state of version N-1: follow version N although that state has not read version N-1's "
+        "VersionSwap message in every partition (refused by default: the new version's bulk load, which a follower "
+        "skips, may then hold changes it never got). Only for stores whose versions end without one",
+    )
+    p.add_argument(
         "--regions",
         type=cfg.region_count,
         metavar="N",
@@ -153,6 +160,7 @@ def run_changes(args: argparse.Namespace) -> int:
         regions=regions,
         engine=args.engine,
         region_given=region is not None,
+        follow_unended=bool(args.follow_unended),
     )
     if args.engine == "spark":
         from pipelines.changes.spark import run_spark

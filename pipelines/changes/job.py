@@ -27,7 +27,7 @@ import pyarrow as pa
 
 from div.heartbeat_headers import widest_hbw as hbw_width
 from heartbeat.change_events import CHANGES_SCHEMA, PartitionChanges, Problem, events_table
-from heartbeat.change_reader import initial_state
+from heartbeat.change_reader import UnendedVersionError, initial_state
 from heartbeat.changes import ChangeState, PartitionState, Verdict
 from pipelines.changes import state as states
 from pipelines.core.errors import UsageError
@@ -63,6 +63,9 @@ class ChangesOptions:
     regions: int | None = None  # the store's region count; None: the state's, else the heartbeats'
     engine: str = "local"
     region_given: bool = False  # the source was given as ID=URI (summary.json's `sources` names the id)
+    follow_unended: bool = (
+        False  # --follow-unended: swap although the state has not read the old version's end
+    )
 
     @property
     def topic(self) -> str:
@@ -211,7 +214,9 @@ def start_state(
     if loaded is None:
         return None, FRESH
     try:
-        state = initial_state(opts.store, opts.version, loaded, None)
+        state = initial_state(opts.store, opts.version, loaded, None, opts.follow_unended)
+    except UnendedVersionError as exc:
+        raise UsageError(f"--state {state_file}: {exc}") from None
     except ValueError as exc:
         raise UsageError(
             f"--state {state_file}: {exc}; this run reads store {opts.store!r} version {opts.version} (use another "
@@ -352,7 +357,12 @@ def _partition_json(t: PartitionTask, o: PartitionOutcome | None) -> dict[str, A
 def _state_json(ps: PartitionState | None) -> dict[str, Any] | None:
     if ps is None:
         return None
-    return {"position": ps.position, "phase": ps.phase.name.lower(), "marks": list(ps.marks)}
+    return {
+        "position": ps.position,
+        "phase": ps.phase.name.lower(),
+        "marks": list(ps.marks),
+        "ended": ps.ended,
+    }
 
 
 def finish(
@@ -403,6 +413,8 @@ def finish(
         "undecodable": sum(o.problem_count for o in ok),
         "problems": [_problem_json(p) for p in problems],
         "partitions": [_partition_json(t, outcomes.get(t.partition)) for t in prep.tasks],
+        # the version's VersionSwap read in every partition: the next run may follow version N+1
+        "version_ended": bool(new_state.partitions) and not new_state.unended(),
         "failed_partitions": [
             {"partition": p, "error": outcomes[p].error if p in outcomes else "no result"} for p in failed
         ],
@@ -420,6 +432,13 @@ def finish(
         len(prep.tasks),
         prep.used,
     )
+    if doc["version_ended"]:
+        log.info(
+            "%s has ended (its VersionSwap is read in every partition): follow the store with --version %d and "
+            "the same --state",
+            opts.topic,
+            opts.version + 1,
+        )
     if opts.state_dir:
         states.prepare(opts.state_dir, out.target.uri, prep.loaded.id, new)
     return code, new

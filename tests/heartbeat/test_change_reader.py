@@ -24,7 +24,7 @@ from small_sim import small_sim
 from vt_builder import RegionVt, produce
 
 from div import archive
-from heartbeat import ChangeReader, ChangeReaderError, ChangeState, StateError
+from heartbeat import ChangeReader, ChangeReaderError, ChangeState, StateError, UnendedVersionError
 from heartbeat.change_events import PartitionChanges
 from heartbeat.changes import PartitionState, Phase, Verdict
 
@@ -172,6 +172,7 @@ def _versions(partition: int) -> tuple[RegionVt, RegionVt, list[tuple[int, int]]
         if q % 2:
             write(v1, 1, q // 2)
     v1.heartbeat(0, 100, [9, 4])
+    v1.version_swap("s_v1", "s_v2")  # version 1 ends here: a reader may follow version 2 once it has read it
     v2.start_of_push()
     for i in range(6):
         v2.put(b"p%d-k%d" % (partition, i), b"restated", 0, 0)
@@ -195,9 +196,10 @@ def test_following_a_version_delivers_only_the_changes_the_old_one_did_not_have(
     produce([b[0] for b in built], real_kafka.bootstrap_servers, f"{store}_v1")
     produce([b[1] for b in built], real_kafka.bootstrap_servers, f"{store}_v2")
     conf = {"bootstrap.servers": real_kafka.bootstrap_servers, "log_level": 0}
-    with ChangeReader(store, 1, conf, n_regions=2) as reader:
+    with ChangeReader(store, 1, conf, n_regions=2, partitions=[0, 1]) as reader:
         v1 = _drain(reader)
         assert len(v1) == 2 * (5 + 15) and sum(e.upstream_region is None for e in v1) == 10
+        assert reader.version_ended()
         old_state = reader.state()
         reader.follow(2)
         assert reader.topic == f"{store}_v2"
@@ -206,7 +208,7 @@ def test_following_a_version_delivers_only_the_changes_the_old_one_did_not_have(
         with pytest.raises(ValueError, match="cannot follow version 2 .* from version 2"):
             reader.follow(2)
         with pytest.raises(ChangeReaderError, match=f"{store}_v5 on {real_kafka.bootstrap_servers} does not"):
-            reader.follow(5)
+            reader.follow(5, unended_ok=True)
         assert reader.version == 2 and reader.poll(0.2) is None  # still reading version 2
     for p, (_, _, new) in enumerate(built):
         assert [(e.upstream_region, e.upstream_offset) for e in v2 if e.partition == p] == new
@@ -240,6 +242,16 @@ def test_usage_errors_name_both_sides(vt):
     with ChangeReader(vt.store, 1, vt.conf, partitions=[1], n_regions=3) as one:
         assert {e.partition for e in _drain(one)} == {1}
         assert set(one.change_state().partitions) == {1}
+        # this version has no VersionSwap: following it would skip a bulk load that may hold unread changes
+        assert not one.version_ended()
+        with pytest.raises(
+            UnendedVersionError, match=r"version 1 of store .* has not ended in partition\(s\) 1"
+        ):
+            one.follow(2)
+        assert one.version == 1
+        unended = one.state()
+    with pytest.raises(UnendedVersionError, match="has not ended"):
+        ChangeReader(vt.store, 2, vt.conf, state=unended)
 
 
 def test_a_cluster_that_cannot_be_reached_is_named_and_no_secret_is_told(caplog):

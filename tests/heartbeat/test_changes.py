@@ -328,6 +328,10 @@ def test_state_bytes_round_trip():
         _state(1, 0),
         _state(5, 3, big=False),
         ChangeState("s", 2, 2, {9: PartitionState.fresh(2)}),
+        ChangeState(
+            "s", 2, 2, {1: PartitionState(4, Phase.ONLINE, (3, 4), (3, 2), chunked=True, ended=True)}
+        ),
+        ChangeState("s", 2, 2, {1: PartitionState(4, Phase.SKIP_BULK, (3, 4), (3, 2), ended=True)}),
     ):
         data = state.to_bytes()
         assert data[:4] == MAGIC and data[4] == 1
@@ -369,9 +373,9 @@ def _body(*longs: int, store: bytes = b"s") -> bytes:
     "longs,message",
     [
         (
-            (1, 1, 1, 0, 5, 9, 3, 0),
-            "unknown phase 9",
-        ),  # version 1, 1 region, 1 partition: p0 position 5 phase 9
+            (1, 1, 1, 0, 5, 19, 3, 0),
+            "unknown phase 19",
+        ),  # version 1, 1 region, 1 partition: p0 position 5 phase 19 (3 + the two flags' bits 4 and 16)
         ((1, 1, 2, 3, 5, 2, 3, 0, 3, 5, 2, 3, 0), "partition 3 after 3"),
         ((1, 1, 1, 0, 5, 2, 3, 5), "seen .-2,. must lie between -1 and marks"),
         ((1, 1, 1, 0, 5, 2, -2, 0), "seen .-2,. must lie between"),

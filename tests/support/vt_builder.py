@@ -145,6 +145,23 @@ class RegionVt:
     def end_of_push(self) -> int:
         return self._control(E.END_OF_PUSH, {})
 
+    def version_swap(self, old_topic: str, new_topic: str) -> int:
+        """The VersionSwap message that ends this version (Venice's fields, as the simulator writes them)."""
+        return self._control(
+            E.VERSION_SWAP,
+            {
+                "oldServingVersionTopic": old_topic,
+                "newServingVersionTopic": new_topic,
+                "localHighWatermarks": [],
+                "localHighWatermarkPubSubPositions": [],
+                "isRepush": True,
+                "isLastVersionSwapMessageFromRealTimeTopic": False,
+                "sourceRegion": "dc-0",
+                "destinationRegion": "dc-0",
+                "generationId": 1,
+            },
+        )
+
     def heartbeat(self, origin: int, origin_offset: int, vector: list[int]) -> int:
         """A VT heartbeat for RT heartbeat (origin, origin_offset) with `hbw` = vector."""
         env = {

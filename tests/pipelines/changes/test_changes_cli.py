@@ -192,9 +192,29 @@ def test_a_version_swap_keeps_the_marks_skips_the_bulk_load_and_drops_the_replay
         )
         == 0
     )
+    # version 1 was cut before its end (no VersionSwap read): following is refused, nothing written...
+    assert summary(tmp_path / "o1")["version_ended"] is False
     assert (
         changes(
             "--store", sim.store, "--version", 2, "--source", v2, "--out", tmp_path / "o2", "--state", state
+        )
+        == 2
+    )
+    assert not (tmp_path / "o2").exists()
+    # ...unless the operator says the store's versions end without one
+    assert (
+        changes(
+            "--store",
+            sim.store,
+            "--version",
+            2,
+            "--source",
+            v2,
+            "--out",
+            tmp_path / "o2",
+            "--state",
+            state,
+            "--follow-unended",
         )
         == 0
     )
