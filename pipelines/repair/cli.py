@@ -110,6 +110,7 @@ def register(sub) -> None:
     )
     p.set_defaults(func=run_plan)
     _register_apply(repair_sub)
+    _register_verify(repair_sub)
 
 
 @exit_codes(SourceError)
@@ -234,3 +235,66 @@ def run_apply(args: argparse.Namespace) -> int:
             out=args.out,
         )
     )
+
+
+VERIFY_HELP = textwrap.dedent("""\
+    Check that a repair converged: read a repair plan and a `tidegauge leapfrog` output made after the plan was
+    applied and had time to replicate, and report each planned key:
+
+      converged        leapfrog no longer finds it divergent
+      pending          still divergent, and some region's final high-water mark for the region whose RT took the
+                       write is below the write's RT offset: that region has not processed the repair yet (lag)
+      ignored_by_dcr   still divergent though every mark covers the write, and the plan warned that a region's
+                       DCR keeps its own value (same timestamp, higher hash): the write alone cannot fix it
+      diverging_again  still divergent though every mark covers the write
+      still_divergent  still divergent, without --applied: leapfrog's output has the regions' marks but not where
+                       the repair write is in the RT, so pending cannot be told from diverging again
+      no_write         a planned key without a write (op NONE: undecidable) still divergent
+
+    Divergent keys outside the plan are counted (new divergences: plan them again). The leapfrog output must be
+    of the plan's store and version; --applied, the --out of `repair apply`, of the same store. Prints a page;
+    --out DIR also writes verify.txt (the page), keys/ (Parquet: partition, key, op, cause, status, regions,
+    types) and summary.json.
+
+    Exit codes: 0 every planned key converged, 1 some did not, 2 bad usage or an unreadable input (nothing
+    written).""")
+
+VERIFY_EPILOG = textwrap.dedent("""\
+    examples:
+      after `repair apply --out out/repair-apply` and replication, compare the regions again and verify
+        tidegauge leapfrog --store s --version 3 --source 0=kafka://dc0:9092 --source 1=kafka://dc1:9092 \\
+            --out out/leapfrog-after
+        tidegauge repair verify --plan out/repair-plan --leapfrog out/leapfrog-after \\
+            --applied out/repair-apply --out out/repair-verify""")
+
+
+def _register_verify(repair_sub) -> None:
+    p = repair_sub.add_parser(
+        "verify",
+        help="check on a later leapfrog run that every planned key converged",
+        description=VERIFY_HELP,
+        epilog=VERIFY_EPILOG,
+    )
+    p.add_argument("--plan", required=True, metavar="DIR", help="the --out of a `tidegauge repair plan` run")
+    p.add_argument(
+        "--leapfrog",
+        required=True,
+        metavar="DIR",
+        help="the --out of a `tidegauge leapfrog` run made after the repair replicated",
+    )
+    p.add_argument(
+        "--applied",
+        metavar="DIR",
+        help="the --out of the `tidegauge repair apply` run: where each write landed, to tell pending keys",
+    )
+    p.add_argument(
+        "--out", metavar="DIR", help="also write verify.txt, keys/ (Parquet) and summary.json there"
+    )
+    p.set_defaults(func=run_verify)
+
+
+@exit_codes()
+def run_verify(args: argparse.Namespace) -> int:
+    from pipelines.repair.verify import VerifyOptions, run
+
+    return run(VerifyOptions(plan=args.plan, leapfrog=args.leapfrog, applied=args.applied, out=args.out))

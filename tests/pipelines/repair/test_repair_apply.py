@@ -12,16 +12,14 @@ from __future__ import annotations
 import json
 import uuid
 
-import pyarrow as pa
 import pytest
+from repair_plans import write_plan
 
 from div import envelope as E
 from div.records import Kind, iter_records
 from leapfrog.repair import DELETE, PUT, Record, dcr_apply
 from pipelines.cli import main
-from pipelines.core.output import OutputDir
 from pipelines.core.sources import SourceSpec, open_source
-from pipelines.repair.job import PLAN_SCHEMA
 
 pytestmark = [pytest.mark.kafka, pytest.mark.slow]
 
@@ -48,21 +46,6 @@ def _rows() -> list[dict]:
         row(2, b"\x10key-b", "DELETE", None, 1_700_000_002_000, [1], "lost_delete"),
         row(1, b"\x10key-c", "NONE", None, None, [], "undecidable"),
     ]
-
-
-def write_plan(path, store: str, rows: list[dict], ignore: list[dict] | None = None) -> None:
-    """A plan directory as `tidegauge repair plan` publishes it."""
-    with OutputDir(str(path), "repair plan") as out:
-        out.write_table("plan", pa.Table.from_pylist(rows, schema=PLAN_SCHEMA))
-        out.write_json(
-            "summary.json",
-            {
-                **out.common_fields("repair plan", 0),
-                "store": store,
-                "version": 1,
-                "writes_dcr_would_ignore": ignore or [],
-            },
-        )
 
 
 @pytest.fixture
