@@ -18,6 +18,7 @@ with no write (op NONE: undecidable) still found divergent is **no_write**.
 
 from __future__ import annotations
 
+import datetime as dt
 import json
 import logging
 import sys
@@ -146,8 +147,14 @@ def run(opts: VerifyOptions) -> int:
             }
         )
     outside = sorted(set(lf.keys) - planned)
+    too_early = _leapfrog_before_apply(lf.summary, applied)
     code = EXIT_CLEAN if counts["converged"] == len(rows) else EXIT_FINDINGS
     page = _page(plan, opts, lf, rows, counts, outside, applied)
+    if too_early:
+        page += (
+            "\nwarning: the leapfrog run started before the apply finished: it cannot show the repair "
+            "(run leapfrog again once the writes have replicated)"
+        )
     print(page, file=sys.stdout)
     doc = {
         "verdict": "converged" if code == EXIT_CLEAN else "not_converged",
@@ -161,6 +168,7 @@ def run(opts: VerifyOptions) -> int:
         "by_status": counts,
         "outside_plan_keys": len(outside),
         "can_tell_pending": applied is not None,
+        "leapfrog_before_apply": too_early,
         "not_converged": [
             {
                 "partition": r["partition"],
@@ -178,6 +186,19 @@ def run(opts: VerifyOptions) -> int:
             out.file("verify.txt").write_text(page + "\n")
             out.write_json("summary.json", {**out.common_fields(COMMAND, code), **doc})
     return code
+
+
+def _leapfrog_before_apply(lf_summary: dict[str, Any], applied: dict[str, Any] | None) -> bool | None:
+    """Whether the leapfrog run started before the apply finished (None: not known)."""
+    if applied is None or not applied.get("finished_at_ms") or not lf_summary.get("started_at"):
+        return None
+    try:
+        started = dt.datetime.fromisoformat(str(lf_summary["started_at"]))
+    except ValueError:
+        return None
+    if started.tzinfo is None:
+        started = started.replace(tzinfo=dt.UTC)
+    return started.timestamp() * 1000 < int(applied["finished_at_ms"])
 
 
 def _page(plan, opts, lf, rows, counts, outside, applied) -> str:

@@ -10,6 +10,7 @@ taken. `--dry-run` prints the writes and produces nothing."""
 from __future__ import annotations
 
 import json
+import time
 import uuid
 
 import pytest
@@ -154,6 +155,9 @@ def test_applying_twice_changes_nothing_a_region_holds(real_kafka, store, tmp_pa
             twice = dcr_apply(once, second)
             assert twice.content == once.content and twice.logical_ts == once.logical_ts
         assert dcr_apply(Record(PUT, b"newer", row["logical_ts"] + 1), first).value == b"newer"
+        # the ablation: re-emitted with the current time instead of the winner's, it overwrites a newer write
+        now = Record(first.op, first.value, int(time.time() * 1000))
+        assert dcr_apply(Record(PUT, b"newer", row["logical_ts"] + 1), now).content != (PUT, b"newer")
 
 
 def test_usage_errors_write_nothing(real_kafka, store, tmp_path):

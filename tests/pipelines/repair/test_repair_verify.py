@@ -72,7 +72,7 @@ def _leapfrog(path, found: list[tuple[int, bytes]], store: str = STORE) -> None:
         )
 
 
-def _applied(path) -> None:
+def _applied(path, finished_at_ms: int = 1) -> None:
     rows = [
         {
             "partition": r["partition"],
@@ -93,6 +93,7 @@ def _applied(path) -> None:
                 "store": STORE,
                 "region": APPLY_REGION,
                 "dry_run": False,
+                "finished_at_ms": finished_at_ms,
             },
         )
 
@@ -161,3 +162,13 @@ def test_usage_errors(tmp_path):
     assert main([*argv, "--leapfrog", str(tmp_path / "lf"), "--applied", str(tmp_path / "lf")]) == 2
     assert main([*argv, "--leapfrog", str(tmp_path / "lf"), "--out", str(tmp_path / "lf" / "x")]) == 2
     assert not (tmp_path / "lf" / "x").exists()
+
+
+def test_a_leapfrog_run_older_than_the_apply_is_called_out(tmp_path, capsys):
+    _world(tmp_path, [(0, b"pend")])
+    _applied(tmp_path / "late", finished_at_ms=4_102_444_800_000)  # 2100: after the leapfrog run
+    code, s = _verify(tmp_path, "--applied", str(tmp_path / "late"))
+    assert code == 1 and s["leapfrog_before_apply"] is True
+    assert "started before the apply finished" in capsys.readouterr().out
+    code, s = _verify(tmp_path, "--applied", str(tmp_path / "applied"))
+    assert s["leapfrog_before_apply"] is False
