@@ -142,3 +142,58 @@ def test_usage_errors_write_nothing(world, tmp_path):
     (user / "notes.txt").write_text("mine")
     assert main([*base, "--store", sim.store, *srcs, "--out", str(user)]) == 2  # --out on user files
     assert [p.name for p in user.iterdir()] == ["notes.txt"]
+
+
+def test_the_plan_applied_on_a_real_broker_makes_every_region_converge(world, real_kafka, tmp_path):
+    """The loop without simulator support: the plan (with --rt) is applied into `<store>_rt` on a real broker;
+    each region's current record of each planned key (read from its VT, as the plan reads it) then takes the
+    applied RT write through Venice's value-level DCR (`leapfrog.repair.dcr_apply`). Every region ends with the
+    fault-free record, except exactly those the plan warned of (`writes_dcr_would_ignore`); a second apply
+    changes nothing."""
+    from leapfrog.repair import DELETE, PUT, Record, dcr_apply
+    from pipelines.core.progress import Progress
+    from pipelines.repair.job import PlanOptions, read_current
+
+    root, sim, faults = world
+    code, rows, summary, _ = _plan(world, "plan-apply", *_rts(sim))
+    assert code == 0
+    real_kafka.create_topics({f"{sim.store}_rt": 2})
+    bootstrap = f"1={real_kafka.bootstrap_servers}"
+    for _ in range(2):
+        assert main(["repair", "apply", "--plan", str(root / "plan-apply"), "--kafka", bootstrap]) == 0
+    from pipelines.core.sources import open_source
+
+    source = open_source(SourceSpec(0, real_kafka.uri))
+    applied: dict[tuple[int, bytes], list[Record]] = {}
+    try:
+        for p in range(2):
+            first, end = source.bounds(f"{sim.store}_rt", p)
+            for batch in source.iter_partition(f"{sim.store}_rt", p, start=first, end=end):
+                for r in iter_records(batch, E.EnvelopeCodec()):
+                    if r.kind in (Kind.PUT, Kind.DELETE):
+                        pm, body = r.env["producerMetadata"], r.env["payloadUnion"][1]
+                        value = body["putValue"] if r.kind is Kind.PUT else None
+                        op = PUT if r.kind is Kind.PUT else DELETE
+                        applied.setdefault((p, r.key[1:]), []).append(
+                            Record(op, value, pm["logicalTimestamp"])
+                        )
+    finally:
+        source.close()
+    assert {(p, k.hex()) for p, k in applied} == set(rows), "one key per planned write, nothing else"
+    assert all(len(w) == 2 for w in applied.values()), "once per apply"
+    opts = PlanOptions(sim.store, sim.version, [], "", "")
+    wanted: dict[int, set[bytes]] = {}
+    for p, k in applied:
+        wanted.setdefault(p, set()).add(k)
+    ignored = {(e["partition"], e["key"]): set(e["regions"]) for e in summary["writes_dcr_would_ignore"]}
+    with Progress("test") as progress:
+        for x, d in sorted(sim.archives.items()):
+            current, _ = read_current(SourceSpec(x, d), opts, wanted, len(sim.archives), progress)
+            for (p, k), writes in applied.items():
+                row = rows[(p, k.hex())]
+                once = dcr_apply(current[(p, k)], writes[0])
+                assert dcr_apply(once, writes[1]) == once, "applying twice equals applying once"
+                if x in ignored.get((p, k.hex()), ()):
+                    assert once == current[(p, k)], f"region {x} keeps its value, as the plan warned"
+                    continue
+                assert once.content == (row["op"], row["value"]), f"region {x} converges on key {k.hex()}"
