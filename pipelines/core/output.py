@@ -377,3 +377,27 @@ def guard(
 def source_inputs(specs) -> dict[str, str]:
     """`--source N` → URI, for check_disjoint."""
     return {f"--source {s.region}": s.uri for s in specs}
+
+
+def read_output(
+    path: str, flag: str, command: str, jobs: tuple[str | None, ...]
+) -> tuple[Location, dict[str, Any]]:
+    """Another command's published output given as an input (`flag`, e.g. `--plan`): where it is published and its
+    summary.json. A usage error names the flag and says which command's --out to give when `path` is not a
+    directory, has no readable summary.json, or is not the output of one of `jobs` (its summary's `job`)."""
+    hint = f"give the --out of a `tidegauge {command}` run"
+    try:
+        where = locate(path)
+        if not where.is_dir():
+            raise UsageError(f"{flag} {path}: not a directory ({hint})")
+        where = current(where)
+        raw = (where / "summary.json").read_text()
+    except OSError as exc:
+        raise UsageError(f"{flag} {path}: cannot read its summary.json ({exc}); {hint}") from None
+    try:
+        summary = json.loads(raw)
+    except json.JSONDecodeError as exc:
+        raise UsageError(f"{flag} {path}: summary.json is not JSON ({exc})") from None
+    if not isinstance(summary, dict) or summary.get("job") not in jobs or "store" not in summary:
+        raise UsageError(f"{flag} {path}: not the output of `tidegauge {command}`")
+    return where, summary

@@ -11,7 +11,6 @@ so a write larger than VeniceWriter's per-message limit is refused before anythi
 
 from __future__ import annotations
 
-import json
 import logging
 import sys
 import time
@@ -23,9 +22,7 @@ import pyarrow.parquet as pq
 
 from div.writer import SegmentWriter, random_guid
 from pipelines.core.errors import EXIT_CLEAN, EXIT_PARTIAL, UsageError
-from pipelines.core.output import OutputDir, guard
-from pipelines.core.publish import current as published
-from pipelines.core.storage import locate
+from pipelines.core.output import OutputDir, guard, read_output
 
 log = logging.getLogger("tidegauge.repair")
 
@@ -70,22 +67,7 @@ class Plan:
 def load_plan(path: str) -> Plan:
     """A `tidegauge repair plan` output: its summary.json and the rows of plan/."""
     flag = f"--plan {path}"
-    try:
-        where = locate(path)
-        if not where.is_dir():
-            raise UsageError(f"{flag}: not a directory (give the --out of a `tidegauge repair plan` run)")
-        where = published(where)
-        raw = (where / "summary.json").read_text()
-    except OSError as exc:
-        raise UsageError(
-            f"{flag}: cannot read its summary.json ({exc}); give the --out of `repair plan`"
-        ) from None
-    try:
-        summary = json.loads(raw)
-    except json.JSONDecodeError as exc:
-        raise UsageError(f"{flag}: summary.json is not JSON ({exc})") from None
-    if not isinstance(summary, dict) or summary.get("job") != PLAN_COMMAND or "store" not in summary:
-        raise UsageError(f"{flag}: not the output of `tidegauge repair plan`")
+    where, summary = read_output(path, "--plan", PLAN_COMMAND, (PLAN_COMMAND,))
     from pipelines.repair.job import PLAN_DIR, PLAN_SCHEMA
 
     d = where / PLAN_DIR

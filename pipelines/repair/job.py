@@ -15,7 +15,6 @@ each VT and the output is one row per divergent key.
 
 from __future__ import annotations
 
-import json
 import logging
 from collections.abc import Iterable
 from dataclasses import dataclass, field
@@ -30,11 +29,9 @@ from heartbeat.change_events import PartitionChanges, logical_timestamp
 from heartbeat.changes import ChangeState
 from leapfrog.repair import CAUSES, NONE, UNDECIDABLE, Record, Repair, plan_key
 from pipelines.core.errors import EXIT_CLEAN, EXIT_FINDINGS, EXIT_PARTIAL, UsageError
-from pipelines.core.output import OutputDir, guard, write_parquet_file
+from pipelines.core.output import OutputDir, guard, read_output, write_parquet_file
 from pipelines.core.progress import Progress
-from pipelines.core.publish import current as published
 from pipelines.core.sources import Source, SourceError, SourceSpec, open_source
-from pipelines.core.storage import locate
 
 log = logging.getLogger("tidegauge.repair")
 
@@ -99,26 +96,7 @@ class Leapfrog:
 def load_leapfrog(path: str, opts: PlanOptions) -> Leapfrog:
     """The divergences of a `tidegauge leapfrog` output, checked to be of the store version planned."""
     flag = f"--leapfrog {path}"
-    try:
-        where = locate(path)
-        if not where.is_dir():
-            raise UsageError(f"{flag}: not a directory (give the --out of a `tidegauge leapfrog` run)")
-        where = published(where)
-        raw = (where / "summary.json").read_text()
-    except OSError as exc:
-        raise UsageError(
-            f"{flag}: cannot read its summary.json ({exc}); give the --out of a `tidegauge leapfrog` run"
-        ) from None
-    try:
-        summary = json.loads(raw)
-    except json.JSONDecodeError as exc:
-        raise UsageError(f"{flag}: summary.json is not JSON ({exc})") from None
-    if (
-        not isinstance(summary, dict)
-        or summary.get("job") not in (None, "leapfrog")
-        or "store" not in summary
-    ):
-        raise UsageError(f"{flag}: not the output of `tidegauge leapfrog`")
+    where, summary = read_output(path, "--leapfrog", "leapfrog", (None, "leapfrog"))
     if summary.get("store") != opts.store or summary.get("version") != opts.version:
         raise UsageError(
             f"{flag}: compared store {summary.get('store')!r} version {summary.get('version')}, but this plan is for "
