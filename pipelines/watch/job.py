@@ -344,7 +344,7 @@ def observe_rows(
         metrics.set_pending_keys(a, b, sum(n for (_, x, y), n in pending.items() if (x, y) == (a, b)))
     if topic is not None:
         for r in table.filter(pa.array(kind == "N", pa.bool_())).to_pylist():
-            metrics.addrecords(r["region"], topic, r["records"])
+            metrics.add_records(r["region"], topic, r["records"])
     regions: set[int] = set()
     for r in table.filter(pa.array(kind == "M", pa.bool_())).to_pylist():
         if r["mark"] is not None:
