@@ -38,17 +38,23 @@ def decode(blob: bytes) -> tuple[int, int]:
     """(type id, numeric offset). EARLIEST → -1, LATEST → Long.MAX_VALUE, Kafka → the offset."""
     if len(blob) < 4 or blob[0] != MAGIC or blob[1] != VERSION:
         raise PositionError(f"not a position blob (magic/version {blob[:2].hex()!r})")
-    type_id, pos = read_long(blob, 2)
-    length, pos = read_long(blob, pos)
+    try:
+        type_id, pos = read_long(blob, 2)
+        length, pos = read_long(blob, pos)
+    except ValueError:  # a varint cut short or longer than 10 bytes
+        raise PositionError("truncated position blob") from None
     raw = blob[pos : pos + length]
-    if len(raw) != length:
+    if length < 0 or len(raw) != length:
         raise PositionError("truncated position blob")
     if type_id == TYPE_EARLIEST:
         return type_id, -1
     if type_id == TYPE_LATEST:
         return type_id, LATEST_OFFSET
     if type_id == TYPE_KAFKA_OFFSET:
-        offset, end = read_long(raw, 0)
+        try:
+            offset, end = read_long(raw, 0)
+        except ValueError:
+            raise PositionError("bad Kafka offset in position blob") from None
         if end != len(raw) or offset < -1:
             raise PositionError("bad Kafka offset in position blob")
         return type_id, offset

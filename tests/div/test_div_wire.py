@@ -156,10 +156,14 @@ def test_position_blob_matches_venices_schema_file():
         b"\x22\x01\x00\x04\x02",
         b"\x22\x01\x02\x00",
         b"\x22\x01\x00\x02\x03",
+        b"\x22\x01\x80\x80",
+        b"\x22\x01\x00\x80",
+        b"\x22\x01\x00\x02\x80\x80",
     ],
 )
 def test_bad_position_blobs_are_refused(bad):
-    # empty, short, wrong magic, wrong version, truncated raw bytes, unknown type 1, Kafka offset -2
+    # empty, short, wrong magic, wrong version, truncated raw bytes, unknown type 1, Kafka offset -2; varints cut
+    # short in the type, the length and the raw offset (a damaged footer: a PositionError, never a dead task)
     with pytest.raises(positions.PositionError):
         positions.decode(bad)
 
@@ -173,6 +177,7 @@ def test_offset_fallback_rule():
     assert positions.offset_with_fallback(positions.EARLIEST_BLOB, 42) == -1
     assert positions.offset_with_fallback(positions.LATEST_BLOB, 42) == (1 << 63) - 1
     assert positions.offset_with_fallback(b"\x00garbage", 42) == 42
+    assert positions.offset_with_fallback(b"\x22\x01\x00\x02\x80\x80", 42) == 42
 
 
 # -- §1.9 vectors --------------------------------------------------------------------------------------------------
