@@ -44,6 +44,7 @@ def _watch_with_everything() -> WatchMetrics:
     m.observe_div_findings([{"type": "MISSING", "fatal": True, "region": 0, "topic": "s_v1"}])
     m.set_pending_keys(0, 1, 2)
     m.set_unverified_keys(0, 1)
+    m.add_changes(3, 1)
     m.observe_progress(
         {
             "timestamp": "2026-01-01T00:00:00.000Z",
