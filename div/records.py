@@ -19,6 +19,8 @@ its own; they now share this module, so a record is undecodable, a heartbeat or 
 
 from __future__ import annotations
 
+import functools
+import io
 from collections.abc import Iterable, Iterator
 from enum import IntEnum
 from functools import partial
@@ -144,6 +146,28 @@ def footer_source(env: dict) -> tuple[int, int] | None:
         f.get("upstreamKafkaClusterId", -1),
         offset_with_fallback(f.get("upstreamPubSubPosition") or b"", f.get("upstreamOffset", -1)),
     )
+
+
+@functools.cache
+def _manifest_schema():
+    import fastavro
+
+    from . import schemas
+
+    return fastavro.parse_schema(schemas.load_json("ChunkedValueManifest.avsc"))
+
+
+def manifest_chunk_keys(value: bytes) -> tuple[list[bytes], int] | None:
+    """What a chunked value's `ChunkedValueManifest` (a Put with schema id -20) names: its chunk keys (key content
+    with their chunk suffixes, in order) and the whole value's schema id; None when the bytes are no manifest.
+    The one reading of a manifest, for Leap Frog's decoder and change capture alike."""
+    import fastavro
+
+    try:
+        manifest = fastavro.schemaless_reader(io.BytesIO(value), _manifest_schema(), None)
+        return [bytes(k) for k in manifest["keysWithChunkIdSuffix"]], int(manifest["schemaId"])
+    except Exception:  # fastavro raises assorted errors on damaged bytes
+        return None
 
 
 def key_problem(key: bytes | None) -> str | None:

@@ -22,7 +22,6 @@ deliver the same events and count the same duplicates.
 
 from __future__ import annotations
 
-import io
 from collections.abc import Iterator, Mapping
 from dataclasses import replace
 from functools import partial
@@ -33,7 +32,7 @@ import pyarrow as pa
 from div import envelope as E
 from div import keys
 from div.avro_bits import read_long
-from div.records import Kind, footer_source, iter_records
+from div.records import Kind, footer_source, iter_records, manifest_chunk_keys
 
 from .changes import DELIVERED, ChangeFilter, Item, PartitionState, Role, Verdict, item
 
@@ -116,26 +115,6 @@ def logical_timestamp(body: dict, producer_metadata: dict) -> int:
             pass  # damaged RMD: the producer's timestamp still orders the write
     lts = producer_metadata.get("logicalTimestamp", -1)
     return lts if lts is not None and lts >= 0 else producer_metadata.get("messageTimestamp", -1)
-
-
-_MANIFEST_SCHEMA = None
-
-
-def manifest_chunk_keys(value: bytes) -> tuple[list[bytes], int] | None:
-    """The chunk keys (key content, with their chunk suffixes) a `ChunkedValueManifest` names and the value's
-    schema id, or None when the bytes are no manifest."""
-    global _MANIFEST_SCHEMA
-    import fastavro
-
-    if _MANIFEST_SCHEMA is None:
-        from div import schemas
-
-        _MANIFEST_SCHEMA = fastavro.parse_schema(schemas.load_json("ChunkedValueManifest.avsc"))
-    try:
-        manifest = fastavro.schemaless_reader(io.BytesIO(value), _MANIFEST_SCHEMA, None)
-        return [bytes(k) for k in manifest["keysWithChunkIdSuffix"]], int(manifest["schemaId"])
-    except Exception:  # fastavro raises assorted errors on damaged bytes
-        return None
 
 
 class PartitionChanges:

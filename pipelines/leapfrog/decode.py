@@ -19,7 +19,7 @@ import xxhash
 from div import envelope as E
 from div import keys as K
 from div.heartbeat_headers import header_value
-from div.records import Kind, footer_source
+from div.records import Kind, footer_source, manifest_chunk_keys
 from div.records import kind as record_kind
 
 # int8 codes of the kinds this module writes and its readers (scan, job) test, as plain ints for numpy and Spark
@@ -87,22 +87,6 @@ class VtDecoder:
 
     def __init__(self) -> None:
         self.codec = E.EnvelopeCodec()
-        self._manifest_schema = None
-
-    def _manifest_keys(self, value: bytes) -> list[bytes] | None:
-        import io
-
-        import fastavro
-
-        from div import schemas
-
-        if self._manifest_schema is None:
-            self._manifest_schema = fastavro.parse_schema(schemas.load_json("ChunkedValueManifest.avsc"))
-        try:
-            manifest = fastavro.schemaless_reader(io.BytesIO(value), self._manifest_schema, None)
-        except Exception:
-            return None
-        return [bytes(k) for k in manifest["keysWithChunkIdSuffix"]]
 
     def decode(self, batch: pa.RecordBatch, region: int | None = None) -> pa.RecordBatch:
         names = batch.schema.names
@@ -153,12 +137,12 @@ class VtDecoder:
                     kind[i] = DELETE
                     deleted[i] = True
                 elif k is k_manifest:
-                    ks = self._manifest_keys(body["putValue"])
-                    if ks is None:
+                    named = manifest_chunk_keys(body["putValue"])
+                    if named is None:
                         kind[i] = UNDECODABLE
                         continue
                     kind[i] = MANIFEST
-                    chunk_keys[i] = ks
+                    chunk_keys[i] = named[0]
                     deleted[i] = False
                 elif k is k_chunk:
                     kind[i] = CHUNK
