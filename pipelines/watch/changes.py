@@ -19,17 +19,24 @@ snapshot. A swap to the next version is `tidegauge changes --state` or the consu
 
 from __future__ import annotations
 
+import logging
 from collections.abc import Iterator
 from typing import Any
 
+import numpy as np
 import pandas as pd
 import pyarrow as pa
+import pyarrow.parquet as pq
 from pyspark.sql import DataFrame, SparkSession
 from pyspark.sql.streaming import StatefulProcessor, StatefulProcessorHandle
+from pyspark.sql.types import BinaryType, StructField, StructType
 
 from heartbeat.change_events import CHANGES_SCHEMA, PartitionChanges, events_table
 from heartbeat.changes import ChangeState, PartitionState
+from pipelines.core.storage import locate
 from pipelines.watch.rows import ddl, parquet_bytes, records, unpacked
+
+log = logging.getLogger("tidegauge.watch")
 
 PROBLEMS_SCHEMA = pa.schema([("partition", pa.int32()), ("vt_offset", pa.int64()), ("reason", pa.string())])
 # what the processor emits: a change ("E") or a record that could not become one ("P", `reason` says why)
@@ -71,8 +78,6 @@ class ChangesProcessor(StatefulProcessor):
         self.store, self.version, self.n = store, version, n_regions
 
     def init(self, handle: StatefulProcessorHandle) -> None:
-        from pyspark.sql.types import BinaryType, StructField, StructType
-
         schema = StructType([StructField("state", BinaryType()), StructField("chunks", BinaryType())])
         self.state = handle.getValueState("change_state", schema)
 
@@ -126,8 +131,6 @@ class ChangesSink:
     """`foreachBatch`: a micro-batch's changes to OUT/changes/batch-<id>.parquet, its problems beside them."""
 
     def __init__(self, opts, metrics=None) -> None:
-        from pipelines.core.storage import locate
-
         self.metrics = metrics
         self.dir = locate(opts.out) / "changes"
         self.problems_dir = locate(opts.out) / "changes_problems"
@@ -135,10 +138,6 @@ class ChangesSink:
         self.warned = 0
 
     def __call__(self, df: DataFrame, batch_id: int) -> None:
-        import logging
-
-        import numpy as np
-
         table = df.toArrow()
         if not table.num_rows:
             return
@@ -153,7 +152,7 @@ class ChangesSink:
             (self.problems_dir / f"batch-{batch_id:08d}.parquet").write_bytes(parquet_bytes(problems))
             if self.warned < 20:  # the files hold every one; the log names the first few
                 for r in problems.to_pylist()[: 20 - self.warned]:
-                    logging.getLogger("tidegauge.watch").warning(
+                    log.warning(
                         "tidegauge watch: changes: partition %d offset %d not delivered: %s",
                         r["partition"],
                         r["vt_offset"],
@@ -166,10 +165,6 @@ class ChangesSink:
 
 def read_changes(out: str) -> pa.Table:
     """Every change the watch has appended under OUT/changes, in micro-batch order."""
-    import pyarrow.parquet as pq
-
-    from pipelines.core.storage import locate
-
     where = locate(out) / "changes"
     files = sorted(where.files(".parquet"), key=lambda f: f.path) if where.exists() else []
     tables = [pq.read_table(f.path, filesystem=f.fs) for f in files]
