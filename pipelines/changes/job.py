@@ -434,10 +434,10 @@ def finish(
     )
     if doc["version_ended"]:
         log.info(
-            "%s has ended (its VersionSwap is read in every partition): follow the store with --version %d and "
-            "the same --state",
+            "%s has ended (its VersionSwap is read in every partition): follow the store with --version %d%s",
             opts.topic,
             opts.version + 1,
+            " and the same --state" if opts.state_dir else "",
         )
     if opts.state_dir:
         states.prepare(opts.state_dir, out.target.uri, prep.loaded.id, new)
