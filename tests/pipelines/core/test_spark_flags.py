@@ -133,7 +133,7 @@ def test_the_interval_check_agrees_with_sparks_own_parser(spark):
     utf8 = jvm.org.apache.spark.unsafe.types.UTF8String
     intervals = getattr(getattr(jvm, "org.apache.spark.sql.catalyst.util.SparkIntervalUtils$"), "MODULE$")
     writer = spark.readStream.format("rate").load().writeStream
-    texts = [*ACCEPTED, *REFUSED, *_fuzz(4000)]
+    texts = [*ACCEPTED, *REFUSED, *_fuzz(1500)]
     disagree = []
     for text in texts:
         try:
@@ -161,7 +161,7 @@ def test_the_interval_check_agrees_with_sparks_own_parser(spark):
         if our_interval != spark_interval:
             disagree.append((text, spark_interval, our_interval))
     assert not disagree, disagree[:20]
-    assert sum(1 for t in texts if _accepted(t)) > 500  # the fuzz reaches the accepting paths too
+    assert sum(1 for t in texts if _accepted(t)) > 200  # the fuzz reaches the accepting paths too
 
 
 def _accepted(text: str) -> bool:

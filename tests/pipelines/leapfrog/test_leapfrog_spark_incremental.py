@@ -89,7 +89,7 @@ def _two_days(spark, histories, seed: int, tmp_path):
 
 
 def test_two_days_equal_one_rescan(spark, tmp_path):
-    histories = [h for h in generated(60) if h.n_regions == 3][:80]
+    histories = [h for h in generated(60) if h.n_regions == 3][:80:2]
     cuts, day1, day2, expected = _two_days(spark, histories, 5, tmp_path)
     state = tmp_path / "state"
     _run(spark, day1, tmp_path / "out-day1", state)
@@ -157,7 +157,7 @@ def test_carried_records_are_read_by_each_task_or_shuffled_in(spark, tmp_path, m
     from pipelines.leapfrog import job as leapfrog_job
     from pipelines.leapfrog.rows import bucket_labels
 
-    histories = [h for h in generated(30) if h.n_regions == 3][:60]
+    histories = [h for h in generated(30) if h.n_regions == 3][:60:2]
     _, day1, day2, expected = _two_days(spark, histories, 7, tmp_path)
     state = tmp_path / "state"
     buckets = int(spark.conf.get("spark.sql.shuffle.partitions"))
@@ -194,7 +194,7 @@ def test_many_findings_take_the_spark_path_with_the_same_result(spark, tmp_path,
     """Findings are merged on the driver when few (the usual case) and by Spark when very many: same findings."""
     import pipelines.leapfrog.job as J
 
-    histories = [h for h in generated(61) if h.n_regions == 2][:80]
+    histories = [h for h in generated(61) if h.n_regions == 2][:80:2]
     _, day1, day2, expected = _two_days(spark, histories, 8, tmp_path)
     monkeypatch.setattr(J, "FINDINGS_ON_DRIVER", 0)
     written = []  # the directories Spark's tasks wrote (not the driver)
@@ -217,7 +217,7 @@ def test_many_findings_take_the_spark_path_with_the_same_result(spark, tmp_path,
 
 
 def test_a_killed_run_then_a_rerun_gives_the_same_findings(spark, tmp_path):
-    histories = [h for h in generated(60) if h.n_regions == 2][:80]
+    histories = [h for h in generated(60) if h.n_regions == 2][:80:2]
     _, day1, day2, expected = _two_days(spark, histories, 9, tmp_path)
     state = tmp_path / "state"
     _run(spark, day1, tmp_path / "out-day1", state)
@@ -255,7 +255,7 @@ def test_a_killed_run_then_a_rerun_gives_the_same_findings(spark, tmp_path):
 def test_three_days_equal_one_rescan_and_untouched_settled_keys_carry_over(spark, tmp_path):
     """Settled keys that day 2 does not touch pass through day 2's run into its state unchanged, and day 3
     still finds what a full rescan finds."""
-    histories = [h for h in generated(60) if h.n_regions == 2][:80]
+    histories = [h for h in generated(60) if h.n_regions == 2][:80:2]
     rng = random.Random(13)
     first, second = _cuts(histories, rng), {}
     for (p, x), c in first.items():
