@@ -53,6 +53,8 @@ from __future__ import annotations
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass
 
+import numpy as np
+
 PUT, DELETE, NONE = "PUT", "DELETE", "NONE"
 MISSED, POISONED, LOST_DELETE, UNDECIDABLE, TIE_BREAK, CONVERGED = (
     "missed",
@@ -114,11 +116,32 @@ class Repair:
 
 def java_bytes_hash(value: bytes) -> int:
     """Java's `ByteBuffer.hashCode()` of a buffer holding `value` (what Venice's `MergeUtils.compareAndReturn`
-    compares): `h = 1`, then for each byte from the *last* to the first `h = 31*h + b` with b signed, in int32."""
-    h = 1
-    for b in reversed(value):
-        h = (31 * h + (b - 256 if b > 127 else b)) & 0xFFFFFFFF
+    compares): `h = 1`, then for each byte from the *last* to the first `h = 31*h + b` with b signed, in int32.
+
+    Unrolled, that is `31**n + sum(b[i] * 31**i)` mod 2**32: above a few dozen bytes one numpy dot product
+    (uint64 arithmetic wraps mod 2**64, which keeps the residue mod 2**32) is ten to thirty times faster than
+    the loop, which the simulator's DCR pays on every winning write."""
+    n = len(value)
+    if n <= 32:
+        h = 1
+        for b in reversed(value):
+            h = (31 * h + (b - 256 if b > 127 else b)) & 0xFFFFFFFF
+    else:
+        signed = np.frombuffer(value, dtype=np.int8).astype(np.uint64)  # two's complement, as Java adds it
+        h = (int(np.dot(signed, _powers_of_31(n))) + pow(31, n, 1 << 32)) & 0xFFFFFFFF
     return h - (1 << 32) if h & 0x80000000 else h
+
+
+_POWERS = np.ones(1, dtype=np.uint64)
+
+
+def _powers_of_31(n: int) -> np.ndarray:
+    """`31**i mod 2**32` for i < n (kept, doubled as longer values come)."""
+    global _POWERS
+    while len(_POWERS) < n:
+        step = np.uint64(pow(31, len(_POWERS), 1 << 32))
+        _POWERS = np.concatenate([_POWERS, (_POWERS * step) & np.uint64(0xFFFFFFFF)])
+    return _POWERS[:n]
 
 
 def dcr_put_wins_tie(old: Record, new: Record) -> bool:

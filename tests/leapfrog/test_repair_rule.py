@@ -52,6 +52,21 @@ def test_java_bytes_hash_is_javas_bytebuffer_hashcode():
     assert -(2**31) <= h < 2**31
 
 
+@pytest.mark.parametrize("n", [31, 32, 33, 64, 1000, 70_000])
+def test_the_vectorised_hash_equals_javas_loop(n):
+    """Above 32 bytes the hash is one numpy dot product: it must equal Java's loop, written out here."""
+
+    def java_loop(value: bytes) -> int:
+        h = 1
+        for b in reversed(value):
+            h = (31 * h + (b - 256 if b > 127 else b)) & 0xFFFFFFFF
+        return h - (1 << 32) if h & 0x80000000 else h
+
+    rng = random.Random(n)
+    for value in (rng.randbytes(n), b"\xff" * n, b"\x80" * n, bytes(n)):
+        assert java_bytes_hash(value) == java_loop(value)
+
+
 def test_highest_timestamp_wins_and_older_regions_missed_it():
     r = plan_key({0: put(b"new", 20, 1, 7), 1: put(b"new", 20, 1, 7), 2: put(b"old", 10, 2, 3)})
     assert (r.op, r.value, r.logical_ts, r.source_region, r.source_offset) == (PUT, b"new", 20, 1, 7)
