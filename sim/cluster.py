@@ -125,6 +125,12 @@ class RegionProducer:
     def ends(self) -> dict[tuple[str, int], int]:
         return dict(self._next)
 
+    def skip_to(self, topic: str, partition: int, offset: int) -> None:
+        """Another producer wrote to `topic[partition]` (a repair): the next own record goes to `offset`."""
+        if offset < self._next.get((topic, partition), 0):
+            raise ClusterError(f"{topic}[{partition}]: end offset {offset} is below what this producer wrote")
+        self._next[(topic, partition)] = offset
+
     def __len__(self) -> int:  # confluent's Producer reports its queue length; keep the same meaning
         return len(self._producer)
 
@@ -216,6 +222,21 @@ class Region:
                         f"region {self.region}: topic {topic} on {self.bootstrap} is not empty; "
                         f"use another store name (simulate --conf with `store:`)"
                     )
+        finally:
+            c.close()
+
+    def end_offsets(self, topic: str, partitions: int) -> dict[int, int]:
+        """Each partition's high watermark as the cluster reports it (what any producer wrote there)."""
+        c = Consumer(consumer_config(self.bootstrap, self.conf))
+        try:
+            return {
+                q: c.get_watermark_offsets(TopicPartition(topic, q), timeout=30, cached=False)[1]
+                for q in range(partitions)
+            }
+        except KafkaException as exc:
+            raise ClusterError(
+                f"region {self.region}: cannot read the end offsets of {topic}: {exc}"
+            ) from None
         finally:
             c.close()
 

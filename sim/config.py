@@ -118,6 +118,10 @@ class SimConfig:
     live_step_ms: int = 200  # live: the step (simulated = wall ms) between two hand-overs to the workers
     live_chunk_s: float = 60.0  # live: seconds of traffic drawn at a time (quiet periods repeat per chunk)
     linger_s: float = 0.0  # live: after the stop, keep the clusters serving this long (or until told to stop)
+    # After the last write and the leaders' last heartbeats, hold the run open this long (0: no window; or until
+    # told to go on) with leaders up: a `tidegauge repair apply` then writes into an RT, and the leaders apply
+    # what it wrote through DCR before they step down (sim.runner's `_repair_window`).
+    repair_window_s: float = 0.0
     # a `swap` fault (a re-push of version+1 while writes go on): the push job takes `swap_push_ms` from the
     # snapshot to End of Push; the new version's leaders replay the RTs from `swap_rewind_ms` (times a factor drawn
     # from the seed in [0.5, 1.5]) before the snapshot; version N ends with a VersionSwap `swap_overlap_ms` later
@@ -254,6 +258,7 @@ class SimConfig:
         need(self.live_step_ms >= 10, f"live_step_ms must be at least 10, got {self.live_step_ms}")
         need(self.live_chunk_s >= 1, f"live_chunk_s must be at least 1, got {self.live_chunk_s}")
         need(self.linger_s >= 0, f"linger_s must not be negative, got {self.linger_s:g}")
+        need(self.repair_window_s >= 0, f"repair_window_s must not be negative, got {self.repair_window_s:g}")
         need(self.live or not self.linger_s, f"linger_s ({self.linger_s:g}) is for live runs only (--live)")
         if self.duration_s is not None:
             need(self.live, f"duration_s ({self.duration_s:g}) is for live runs only (--live)")

@@ -60,6 +60,12 @@ class RtBuffer:
         self.values.extend(m.value() for m in msgs)
         self.headers.extend(m.headers() for m in msgs)
 
+    def restamp(self, start: int, ts: int) -> None:
+        """Records from offset `start` on count as written at simulated time `ts`: writes another producer made
+        during a repair window carry its wall-clock time, which means nothing on the simulated clock."""
+        i = max(0, start - self.base)
+        self.ts[i:] = [ts] * (len(self.ts) - i)
+
     def trim(self, upto: int) -> None:
         """Forget records below offset `upto` (every leader has processed them)."""
         n = upto - self.base

@@ -97,12 +97,18 @@ def run(
     *,
     stop: threading.Event | None = None,
     on_ready: Callable[[dict], None] | None = None,
+    on_repair_window: Callable[[dict], None] | None = None,
 ) -> SimResult:
     """Run a simulation; `progress` receives one-line progress reports (default: stderr when cfg.progress).
 
     A live run (`cfg.live`) ends cleanly after `cfg.duration_s` or once `stop` is set (from a signal handler or
     another thread); `on_ready` receives what `OUT/live.json` holds (each region's `kafka://` URI and topics)
-    as soon as the clusters are up and the clock starts."""
+    as soon as the clusters are up and the clock starts.
+
+    With `cfg.repair_window_s`, the run holds a repair window after its last write (`_Simulation._repair_window`):
+    `on_repair_window` is called then with live.json's content (state `repair-window`), in this thread, and the
+    window closes when it returns; without it the window lasts `repair_window_s`, or until the file named in
+    live.json's `repair_window_done` exists, or `stop` is set."""
     cfg.validate()
     if progress is None and cfg.progress:
 
@@ -110,6 +116,7 @@ def run(
             print(line, file=sys.stderr, flush=True)
 
     sim = _Simulation(cfg, progress, stop, on_ready)
+    sim.on_repair_window = on_repair_window
     try:
         return sim.run()
     finally:
@@ -164,6 +171,8 @@ class _Simulation:
         self.announced: str | None = None  # live.json's state
         self.clusters_up = False  # lingering after the stop (live.json `clusters_up`)
         self.started_brokers: list[Any] = []  # Apache Kafka clusters started here (closed by close())
+        self.on_repair_window: Callable[[dict], None] | None = None
+        self.repair_window: dict[str, Any] | None = None  # truth.json's `repair_window`, once it opened
 
     # ------------------------------------------------------------------------------------------ setup
     def _prepare_out(self) -> None:
@@ -372,6 +381,8 @@ class _Simulation:
             "clusters_up": state == "running" or self.clusters_up,
             "truth": str(self.out / "truth.json"),
         }
+        if cfg.repair_window_s:
+            info["repair_window_done"] = str(self.out / "repair-window.done")
         atomic_write(self.out / "live.json", (json.dumps(info, indent=2) + "\n").encode())
         ready = state == "running" and self.announced != "running"  # once (a swap announces its topic again)
         self.announced = state
@@ -464,7 +475,7 @@ class _Simulation:
             self._at(self.t_close, self._end_outages)
         self._at(self.t_close, self._close_writers)
         self._at(self.t_final_hb, self._final_heartbeats)
-        self._at(self.t_done, self._close_leaders)
+        self._at(self.t_done, self._repair_window if self.cfg.repair_window_s else self._close_leaders)
 
     def _planned_steps(self) -> list[tuple[int, list[Callable[[], None]]]]:
         """Step ends, each with the actions that run once everything before it is done. Step boundaries are
@@ -1058,6 +1069,84 @@ class _Simulation:
         for w in self.workers:
             w.send("close_leaders", self.t_done)
 
+    def _repair_window(self) -> None:
+        """Hold the run open after its last heartbeats, leaders up, for writes another producer makes into the
+        RTs (`tidegauge repair apply`); then let every region's leaders apply them through DCR, heartbeat once
+        more so that the VT heartbeats cover them, and step down.
+
+        Everything before the window is processed and archived when it opens, so jobs run during the window (a
+        `leapfrog` on the archives, the repair plan) see the whole history, every write covered by heartbeats.
+        The cluster's end offsets say what was written meanwhile; the producers and the archive follow them.
+        Those records are processed as written at the window's close in simulated time (`RtBuffer.restamp`):
+        their own timestamps are the wall clock's. DCR orders them by their logical timestamps, as Venice does."""
+        cfg = self.cfg
+        self._collect(0)
+        for w in self.workers:
+            w.send("snapshot")
+        self._collect(0)
+        done_file = self.out / "repair-window.done"
+        done_file.unlink(missing_ok=True)
+        opened = _now_ms()
+        self.repair_window = {"opened_at": opened, "closed_at": None, "closed_by": None, "rt_records": {}}
+        self.clusters_up = True
+        self._announce("repair-window")
+        if self.progress:
+            self.progress(
+                f"[simulate] repair window open (up to {cfg.repair_window_s:g} s): leaders wait for writes into the "
+                f"RTs; `touch {done_file}` closes it"
+            )
+        if self.on_repair_window is not None:
+            self.on_repair_window(json.loads((self.out / "live.json").read_text()))
+            closed_by = "done"
+        else:
+            deadline = time.monotonic() + cfg.repair_window_s
+            while not (done_file.exists() or self.stop.is_set() or time.monotonic() >= deadline):
+                self.stop.wait(0.2)
+            closed_by = (
+                "done" if done_file.exists() else "stop requested" if self.stop.is_set() else "duration"
+            )
+        before = {
+            x: {q: prod.next_offset(cfg.rt_topic, q) for q in range(cfg.partitions)}
+            for x, prod in enumerate(self.producers)
+        }
+        ends = {x: self.regions[x].end_offsets(cfg.rt_topic, cfg.partitions) for x in range(cfg.regions)}
+        for x, prod in enumerate(self.producers):
+            for q, end in ends[x].items():
+                prod.skip_to(cfg.rt_topic, q, end)
+        t_w = self.t_done + 1
+        for w in self.workers:
+            w.send("outside_writes", t_w, before, ends)
+        self._collect(0)
+        max_lag = max(max(row) for row in cfg.lag_matrix())
+        self._grid_heartbeats(t_w)
+        self._flush()
+        t_end = t_w + max_lag + 1
+        rt_ends = {
+            r: {q: prod.next_offset(cfg.rt_topic, q) for q in range(cfg.partitions)}
+            for r, prod in enumerate(self.producers)
+        }
+        for w in self.workers:
+            w.send("step", t_end, rt_ends, [])
+        self._collect(0)
+        self.t_now = self.t_done = t_end + 1
+        self._close_leaders()
+        written = {
+            str(x): {
+                str(q): ends[x][q] - before[x][q] for q in range(cfg.partitions) if ends[x][q] > before[x][q]
+            }
+            for x in range(cfg.regions)
+        }
+        self.repair_window.update(
+            closed_at=_now_ms(), closed_by=closed_by, rt_records={x: n for x, n in written.items() if n}
+        )
+        self.clusters_up = False
+        self._announce("stopping")
+        if self.progress:
+            n = sum(v for by_q in written.values() for v in by_q.values())
+            self.progress(
+                f"[simulate] repair window closed ({closed_by}): {n} records written to the RTs meanwhile"
+            )
+
     # ------------------------------------------------------------------------------------------ ending
     def _finish(self) -> list[dict]:
         t = time.perf_counter()
@@ -1302,6 +1391,8 @@ class _Simulation:
             truth["changes"] = self._live_changes()
         if live:
             truth["live"] = self._live_info()
+        if self.repair_window is not None:
+            truth["repair_window"] = self.repair_window
         return truth
 
     def _changes(self, reports: list[dict]) -> dict:

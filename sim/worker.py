@@ -266,6 +266,27 @@ class RegionWorker:
             if ends:
                 reader.drain(ends)
 
+    def snapshot(self) -> dict:
+        """Read the own VT up to what was produced and write every buffered archive record to its files (the
+        archive then holds the run so far, for jobs run during a repair window)."""
+        self._sync()
+        for reader in self.readers:
+            if reader.writer is not None:
+                reader.writer.flush()
+        return self.progress()
+
+    def outside_writes(
+        self, t: int, before: dict[int, dict[int, int]], ends: dict[int, dict[int, int]]
+    ) -> dict:
+        """Read the records another producer wrote to the RTs during a repair window (from `before` up to
+        `ends`, per region and partition) and stamp them with simulated time `t`, the window's close: the
+        leaders process them at the next step as written then."""
+        self._sync(ends)
+        for r, by_q in before.items():
+            for q, start in by_q.items():
+                self.rt_buffers[int(r)][int(q)].restamp(int(start), t)
+        return self.progress()
+
     def isolate(self, t: int) -> None:
         """The region stops replicating at simulated time `t`: its leaders leave the other regions' RTs unread
         until `reconnect`."""

@@ -324,6 +324,63 @@ def read_div_findings(div_dir: Path) -> set[DivFinding]:
     return {(r["region"], r["topic"], r["partition"], r["offset"], r["type"], bool(r["fatal"])) for r in t}
 
 
+def check_repair(truth: dict, repair_dir: Path) -> list[Check]:
+    """The repair loop, judged against the truth: the plan holds a write for every divergence an injected fault
+    caused and for nothing else, every planned key agrees in every region afterwards (the regions' current
+    records, read by `repair verify --source`), and `leapfrog` after the repair finds nothing it had not found
+    before it (the repair diverged no key)."""
+    import pyarrow.parquet as pq
+
+    plan = {
+        (r["partition"], r["key"].hex()): r["op"]
+        for r in pq.read_table(repair_dir / "plan" / "plan", columns=["partition", "key", "op"]).to_pylist()
+    }
+    injected = {
+        (e["partition"], e["key"])
+        for f in truth.get("faults", [])
+        for e in (f.get("expect") or {}).get("leapfrog", [])
+    }
+    checks = []
+    unplanned = sorted(k for k in injected if plan.get(k) in (None, "NONE"))
+    extra = sorted(k for k in plan if k not in injected)
+    checks.append(
+        Check(
+            not unplanned and not extra,
+            "repair plan: a write for every injected divergence, and nothing else",
+            f"{len(plan)} keys planned, {len(injected)} injected"
+            + (
+                f"; without a write: {_some([f'{p}:{_key_text(k)}' for p, k in unplanned])}"
+                if unplanned
+                else ""
+            )
+            + (f"; not injected: {_some([f'{p}:{_key_text(k)}' for p, k in extra])}" if extra else ""),
+        )
+    )
+    verified = json.loads((repair_dir / "verify" / "summary.json").read_text())
+    converged = verified["by_status"]["converged"]
+    checks.append(
+        Check(
+            verified["verdict"] == "converged" and verified["current_records_read"],
+            "repair verify: every planned key agrees in every region after the repair",
+            f"{converged} of {verified['planned_keys']} converged"
+            + "".join(f", {v} {k}" for k, v in verified["by_status"].items() if v and k != "converged"),
+        )
+    )
+    before = {f[3:] for f in read_leapfrog_findings(repair_dir.parent / "leapfrog")}
+    after = {f[3:] for f in read_leapfrog_findings(repair_dir / "leapfrog-after")}
+    new = sorted(after - before)
+    checks.append(
+        Check(
+            not new,
+            "leapfrog after the repair: no divergence it had not found before",
+            f"{len(after)} keys listed, each found before the repair (Leap Frog lists what it saw in its range)"
+            if not new
+            else f"{len(new)} new: {_some([f'{p}:{_key_text(k)}' for p, k in new])}",
+        )
+    )
+    return checks
+
+
 def check_report(truth: dict, report_json: dict) -> Check:
     """The report must fail exactly the checks the injected faults break: consistency when a fault expects a
     divergence, nothing else (RT findings are warnings, heartbeats cover every partition, lag and coverage
@@ -604,7 +661,7 @@ def run_demo(opts: DemoOptions, emit: Callable[[str], None] | None = None, spark
     cfg = demo_config(
         str(out / "sim"), opts.seed, opts.records, opts.partitions, opts.kafka, opts.brokers_per_region
     )
-    progress = _Progress(7, emit)
+    progress = _Progress(12, emit)
     result = DemoResult(out=out, exit_code=EXIT_STEP_FAILED, elapsed_s=0.0)
     on = "embedded Kafka" if opts.kafka == "mock" else "Apache Kafka brokers"
     emit(f"tidegauge demo: 3 regions on {on}, {cfg.records:,} writes, seed {cfg.seed} -> {out}")
@@ -648,66 +705,123 @@ def _run_steps(
 ) -> None:
     from pipelines.core.sources import SourceSpec
     from pipelines.core.spark_session import get_session
-    from sim import run as simulate
+    from pipelines.demo.repair_loop import WindowedSimulation
 
     kinds = ", ".join(f"{k}" if v == 1 else f"{k} x{v}" for k, v in cfg.faults.items())
-    with progress.step(
-        "simulate",
-        f"{cfg.regions} regions x {cfg.partitions} partitions, {_clusters_text(cfg)}; faults: {kinds}",
-    ) as res:
-        sim = simulate(cfg)
-        s = sim.summary
-        res.append(
-            "VT records per region: "
-            + ", ".join(f"dc-{x} {n:,}" for x, n in sorted(s["vt_records_per_region"].items()))
-        )
-    truth = sim.truth
-    run = truth["run"]
-    sources = [SourceSpec(x, sim.archives[x]) for x in range(run["regions"])]
-
     own_session = spark is None
-    with progress.step("spark", f"start one local Spark session for the Spark jobs ({java})") as res:
-        spark = spark or get_session(opts.master, app_name="tidegauge-demo")
-        res.append(f"Spark {spark.version} on {spark.sparkContext.master}")
+    simulation = WindowedSimulation(cfg)
     try:
-        _run_jobs(out, truth, sources, spark, progress, result)
+        with progress.step(
+            "simulate",
+            f"{cfg.regions} regions x {cfg.partitions} partitions, {_clusters_text(cfg)}; faults: {kinds}",
+        ) as res:
+            window = simulation.start().wait_for_window()
+            res.append(
+                f"{cfg.records:,} writes replicated; leaders wait in a repair window on the clusters "
+                f"({', '.join(r['uri'] for r in window['regions'])})"
+            )
+        sources = [SourceSpec(r["region"], r["archive"]) for r in window["regions"]]
+        with progress.step("spark", f"start one local Spark session for the Spark jobs ({java})") as res:
+            spark = spark or get_session(opts.master, app_name="tidegauge-demo")
+            res.append(f"Spark {spark.version} on {spark.sparkContext.master}")
+        _detect_and_repair(out, window, sources, spark, progress)
+        with progress.step(
+            "replicate", "every region's leaders apply the repair writes through conflict resolution"
+        ) as res:
+            sim = simulation.go_on()
+            rw = sim.truth.get("repair_window") or {}
+            n = sum(v for by_q in (rw.get("rt_records") or {}).values() for v in by_q.values())
+            res.append(
+                f"{n} records taken from the RTs; VT records per region: "
+                + ", ".join(f"dc-{x} {n:,}" for x, n in sorted(sim.summary["vt_records_per_region"].items()))
+            )
+    except BaseException:
+        simulation.abandon()
+        raise
+    try:
+        _run_jobs(out, sim.truth, sources, spark, progress, result)
     finally:
         if own_session and not interrupts.interrupted():  # interrupted: the process ends, and Spark with it
             spark.stop()
+
+
+def _leapfrog_step(out_dir: Path, run: dict, sources: list, spark: Any, res: list[str]) -> None:
+    from pipelines.leapfrog.job import LeapfrogOptions
+    from pipelines.leapfrog.job import run as leapfrog
+
+    code = leapfrog(
+        LeapfrogOptions(
+            store=run["store"], version=run["version"], sources=sources, out=str(out_dir), mode="heartbeat"
+        ),
+        spark=spark,
+    )
+    lf = json.loads((out_dir / "summary.json").read_text())
+    found = {k: v for k, v in lf["totals"]["findings"].items() if v}
+    res.append(
+        f"exit {code}: "
+        + (", ".join(f"{v} {k}" for k, v in found.items()) or "no divergence")
+        + f"; {lf['totals']['comparable_pairs']:,} value pairs compared, "
+        f"{lf['totals']['pending_keys']} keys pending"
+    )
+
+
+def _detect_and_repair(out: Path, window: dict, sources: list, spark: Any, progress: _Progress) -> None:
+    """In the simulation's repair window: find the divergences, plan their repair with the RTs as the truth,
+    and write the plan into region 0's RT through its cluster, as an operator would."""
+    from pipelines.demo.repair_loop import APPLY_REGION
+    from pipelines.repair.apply import ApplyOptions
+    from pipelines.repair.apply import run as apply
+    from pipelines.repair.job import PlanOptions
+    from pipelines.repair.job import run as plan
+
+    run = {"store": window["store"], "version": window["version"]}
+    with progress.step("leapfrog", "are the regions consistent? (every key, every region pair)") as res:
+        _leapfrog_step(out / "leapfrog", run, sources, spark, res)
+    with progress.step(
+        "repair plan", "for each divergent key, the write that makes every region agree"
+    ) as res:
+        code = plan(
+            PlanOptions(
+                store=run["store"],
+                version=run["version"],
+                sources=sources,
+                rts=sources,
+                leapfrog=str(out / "leapfrog"),
+                out=str(out / "repair" / "plan"),
+            )
+        )
+        ps = json.loads((out / "repair" / "plan" / "summary.json").read_text())
+        causes = ", ".join(f"{v} {k}" for k, v in ps["by_cause"].items() if v) or "nothing to repair"
+        res.append(f"exit {code}: {ps['divergent_keys']} divergent keys, {ps['writes']} writes ({causes})")
+    target = next(r for r in window["regions"] if r["region"] == APPLY_REGION)
+    with progress.step(
+        "repair apply", f"produce the writes into region {APPLY_REGION}'s RT ({target['uri']})"
+    ) as res:
+        with contextlib.redirect_stdout(sys.stderr):  # its page goes to demo.log with the logs
+            code = apply(
+                ApplyOptions(
+                    plan=str(out / "repair" / "plan"),
+                    region=APPLY_REGION,
+                    bootstrap=target["uri"].removeprefix("kafka://"),
+                    out=str(out / "repair" / "apply"),
+                )
+            )
+        ap = json.loads((out / "repair" / "apply" / "summary.json").read_text())
+        res.append(f"exit {code}: {ap['writes_acknowledged']} of {ap['writes']} writes acknowledged")
 
 
 def _run_jobs(
     out: Path, truth: dict, sources: list, spark: Any, progress: _Progress, result: DemoResult
 ) -> None:
     from pipelines.div.validate import ValidateOptions, run_local
-    from pipelines.leapfrog.job import LeapfrogOptions
-    from pipelines.leapfrog.job import run as leapfrog
+    from pipelines.repair.verify import VerifyOptions
+    from pipelines.repair.verify import run as verify
     from pipelines.report.job import run_report
 
     run = truth["run"]
 
     with progress.step("lag", "how far behind is each region? (VT heartbeats)") as res:
         res.append(_lag_step(out, truth))
-
-    with progress.step("leapfrog", "are the regions consistent? (every key, every region pair)") as res:
-        code = leapfrog(
-            LeapfrogOptions(
-                store=run["store"],
-                version=run["version"],
-                sources=sources,
-                out=str(out / "leapfrog"),
-                mode="heartbeat",
-            ),
-            spark=spark,
-        )
-        lf = json.loads((out / "leapfrog" / "summary.json").read_text())
-        found = {k: v for k, v in lf["totals"]["findings"].items() if v}
-        res.append(
-            f"exit {code}: "
-            + (", ".join(f"{v} {k}" for k, v in found.items()) or "no divergence")
-            + f"; {lf['totals']['comparable_pairs']:,} value pairs compared, "
-            f"{lf['totals']['pending_keys']} keys pending"
-        )
 
     with progress.step("div validate", "are the logs whole? (DIV on every RT and VT of every region)") as res:
         code = run_local(
@@ -739,9 +853,30 @@ def _run_jobs(
         )
         result.report_html = report.html_path.local
 
+    with progress.step("leapfrog", "again, on the logs after the repair replicated") as res:
+        _leapfrog_step(out / "repair" / "leapfrog-after", run, sources, spark, res)
+    with progress.step("repair verify", "does every planned key agree in every region now?") as res:
+        with contextlib.redirect_stdout(sys.stderr):  # its page goes to demo.log; verify.txt keeps it
+            code = verify(
+                VerifyOptions(
+                    plan=str(out / "repair" / "plan"),
+                    leapfrog=str(out / "repair" / "leapfrog-after"),
+                    applied=str(out / "repair" / "apply"),
+                    out=str(out / "repair" / "verify"),
+                    sources=sources,
+                )
+            )
+        vs = json.loads((out / "repair" / "verify" / "summary.json").read_text())
+        res.append(
+            f"exit {code}: "
+            + ", ".join(f"{v} {k}" for k, v in vs["by_status"].items() if v or k == "converged")
+            + f" of {vs['planned_keys']} planned keys"
+        )
+
     result.checks = check_faults(
         truth, read_leapfrog_findings(out / "leapfrog"), read_div_findings(out / "div")
     )
+    result.checks += check_repair(truth, out / "repair")
     result.checks += restore_checks
     result.checks.append(check_report(truth, json.loads(report.json_path.read_text())))
     if truth.get("faults_shortfall"):
@@ -761,7 +896,7 @@ def _final_block(result: DemoResult, emit: Callable[[str], None]) -> None:
         emit(f"        {result.report_html.as_uri()}")
     ok = result.exit_code == EXIT_MATCH
     emit(
-        f"{'Every injected fault was found, and nothing else' if ok else 'MISMATCH: see the ✗ lines above'} "
+        f"{'Every injected fault was found, nothing else, and the repair made the regions agree' if ok else 'MISMATCH: see the ✗ lines above'} "
         f"({duration(result.elapsed_s * 1000)}). Outputs of every job: {result.out}"
     )
 

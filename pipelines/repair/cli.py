@@ -239,9 +239,11 @@ def run_apply(args: argparse.Namespace) -> int:
 
 VERIFY_HELP = textwrap.dedent("""\
     Check that a repair converged: read a repair plan and a `tidegauge leapfrog` output made after the plan was
-    applied and had time to replicate, and report each planned key:
+    applied and had time to replicate, and report each planned key. Leap Frog lists every divergence it saw in
+    the range it read, the ones the repair has since fixed too: give --source for every region and the regions'
+    current records of the planned keys decide (read from each VT once, as `repair plan` reads them).
 
-      converged        leapfrog no longer finds it divergent
+      converged        every region holds the same record now (--source), or leapfrog no longer finds it divergent
       pending          still divergent, and some region's final high-water mark for the region whose RT took the
                        write is below the write's RT offset: that region has not processed the repair yet (lag)
       ignored_by_dcr   still divergent though every mark covers the write, and the plan warned that a region's
@@ -265,7 +267,8 @@ VERIFY_EPILOG = textwrap.dedent("""\
         tidegauge leapfrog --store s --version 3 --source 0=kafka://dc0:9092 --source 1=kafka://dc1:9092 \\
             --out out/leapfrog-after
         tidegauge repair verify --plan out/repair-plan --leapfrog out/leapfrog-after \\
-            --applied out/repair-apply --out out/repair-verify""")
+            --applied out/repair-apply --source 0=kafka://dc0:9092 --source 1=kafka://dc1:9092 \\
+            --out out/repair-verify""")
 
 
 def _register_verify(repair_sub) -> None:
@@ -288,6 +291,15 @@ def _register_verify(repair_sub) -> None:
         help="the --out of the `tidegauge repair apply` run: where each write landed, to tell pending keys",
     )
     p.add_argument(
+        "--source",
+        action="append",
+        default=[],
+        metavar="ID=LOC",
+        help="region ID's VT after the repair (archive directory or kafka://bootstrap), once per region: the "
+        "regions' current records of the planned keys then decide whether each converged",
+    )
+    p.add_argument("--conf", metavar="FILE", help="configuration file (Kafka client settings per region)")
+    p.add_argument(
         "--out", metavar="DIR", help="also write verify.txt, keys/ (Parquet) and summary.json there"
     )
     p.set_defaults(func=run_verify)
@@ -297,4 +309,16 @@ def _register_verify(repair_sub) -> None:
 def run_verify(args: argparse.Namespace) -> int:
     from pipelines.repair.verify import VerifyOptions, run
 
-    return run(VerifyOptions(plan=args.plan, leapfrog=args.leapfrog, applied=args.applied, out=args.out))
+    conf = cfg.load(args.conf)
+    specs = [parse_source(s) for s in args.source]
+    check_unique(specs)
+    return run(
+        VerifyOptions(
+            plan=args.plan,
+            leapfrog=args.leapfrog,
+            applied=args.applied,
+            out=args.out,
+            sources=specs,
+            kafka_conf={s.region: cfg.kafka_conf(conf, s.region) for s in specs},
+        )
+    )

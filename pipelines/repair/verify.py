@@ -1,8 +1,15 @@
 """`tidegauge repair verify`: did the planned keys converge? Reads a repair plan and a `leapfrog` output made after
 the repair was applied and had time to replicate (docs/outputs.md, `tidegauge repair verify`).
 
-A planned key absent from the leapfrog's findings has **converged**. One still found divergent is, with the
-output of `repair apply --out` (`--applied`: where each write landed, region X's RT offset o):
+Leap Frog reports every divergence it saw in the range it read, so a `leapfrog` over a range that includes the
+time before the repair still lists a key the repair fixed. With `--source ID=LOC` (every region's VT, read after
+the repair replicated) the regions' *current* records of the planned keys decide instead: a key whose regions
+all hold the same record now has **converged**, whatever the leapfrog run saw earlier in its range. Without
+`--source`, a planned key absent from the leapfrog's findings has converged (for a leapfrog run over the records
+after the repair only).
+
+A key still divergent is, with the output of `repair apply --out` (`--applied`: where each write landed, region
+X's RT offset o):
 
 - **pending** when some region of its findings has a final high-water mark for X below o (or none): its VT does not
   yet show it has processed the repair write — replication lag, look again later;
@@ -22,7 +29,7 @@ import datetime as dt
 import json
 import logging
 import sys
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any
 
 import pyarrow as pa
@@ -30,7 +37,9 @@ import pyarrow.parquet as pq
 
 from pipelines.core.errors import EXIT_CLEAN, EXIT_FINDINGS, UsageError
 from pipelines.core.output import OutputDir, guard
+from pipelines.core.progress import Progress
 from pipelines.core.publish import current as published
+from pipelines.core.sources import SourceSpec
 from pipelines.core.storage import locate
 from pipelines.repair.apply import COMMAND as APPLY_COMMAND
 from pipelines.repair.apply import load_plan
@@ -61,6 +70,32 @@ class VerifyOptions:
     leapfrog: str
     applied: str | None = None
     out: str | None = None
+    sources: list[SourceSpec] = field(default_factory=list)
+    kafka_conf: dict[int, dict[str, Any]] = field(default_factory=dict)
+
+
+def _current_disagreement(
+    opts: VerifyOptions, store: str, version: int, planned: dict[int, set[bytes]], n_regions: int
+) -> dict[tuple[int, bytes], list[int]]:
+    """Read each region's current record of the planned keys (`--source`); per key, the regions whose record
+    differs from another region's (empty: every region holds the same record now). A tombstone and no record
+    agree, as Leap Frog counts them."""
+    from pipelines.repair.job import PlanOptions, read_current
+
+    popts = PlanOptions(store, version, opts.sources, opts.leapfrog, "", kafka_conf=opts.kafka_conf)
+    current: dict[int, dict[tuple[int, bytes], Any]] = {}
+    with Progress(COMMAND) as progress:
+        for spec in opts.sources:
+            current[spec.region], _ = read_current(spec, popts, planned, n_regions, progress)
+    out: dict[tuple[int, bytes], list[int]] = {}
+    for p, keys in planned.items():
+        for k in keys:
+            seen = {
+                x: ("DELETE", None) if (rec := current[x].get((p, k))) is None else rec.content
+                for x in current
+            }
+            out[(p, k)] = [] if len(set(seen.values())) <= 1 else sorted(seen)
+    return out
 
 
 def _load_applied(path: str, store: str) -> tuple[dict[str, Any], dict[tuple[int, bytes], int]]:
@@ -106,6 +141,13 @@ def run(opts: VerifyOptions) -> int:
     ignored = {
         (int(e["partition"]), str(e["key"])) for e in plan.summary.get("writes_dcr_would_ignore") or []
     }
+    disagree: dict[tuple[int, bytes], list[int]] | None = None
+    if opts.sources:
+        wanted: dict[int, set[bytes]] = {}
+        for r in plan.rows:
+            wanted.setdefault(int(r["partition"]), set()).add(bytes(r["key"]))
+        n_regions = int(lf.summary.get("store_regions") or max(s.region for s in opts.sources) + 1)
+        disagree = _current_disagreement(opts, plan.store, plan.version, wanted, n_regions)
     rows = []
     counts = dict.fromkeys(STATUSES, 0)
     planned = set()
@@ -115,7 +157,9 @@ def run(opts: VerifyOptions) -> int:
         d = lf.keys.get((p, k))
         regions = sorted({x for a, b, _ in d.pairs for x in (a, b)}) if d else []
         types = sorted({t for _, _, t in d.pairs}) if d else []
-        if d is None:
+        if disagree is not None:
+            regions = disagree[(p, k)]
+        if (d is None and disagree is None) or (disagree is not None and not regions):
             status = "converged"
         elif r["op"] == "NONE":
             status = "no_write"
@@ -168,6 +212,7 @@ def run(opts: VerifyOptions) -> int:
         "by_status": counts,
         "outside_plan_keys": len(outside),
         "can_tell_pending": applied is not None,
+        "current_records_read": bool(opts.sources),
         "leapfrog_before_apply": too_early,
         "not_converged": [
             {

@@ -33,6 +33,12 @@ HELP = textwrap.dedent("""\
     happen at known times (KIND@SECONDS) and each is added to DIR/truth.json as it happens, with the wall-clock
     time `at` (ms since the epoch; `end_at` too for faults that stop and resume).
 
+    --repair-window S closes the loop of `tidegauge repair`: after the last write and the leaders' last
+    heartbeats the run waits (live.json: state repair-window), leaders up and the archives complete so far, for
+    `tidegauge repair apply` to write into a region's RT; it goes on once the file live.json names in
+    repair_window_done exists (or after S seconds): every region's leaders apply those writes through their
+    conflict resolution, heartbeat once more and step down. `tidegauge demo` runs this loop itself.
+
     Writes:
       DIR/archive/dc-<id>/    every topic of region <id> (Parquet, Spark's Kafka schema): input for
                               `tidegauge leapfrog`, `div validate`, `lag`
@@ -77,6 +83,9 @@ EPILOG = textwrap.dedent("""\
           --faults failover@60,dropped@120,poisoned@150,silent@200+30,isolated@300+40,broker@400+5
       tidegauge simulate --live --out out/live --rate 50          # until Ctrl-C; prints the kafka:// URIs
       tidegauge simulate --live --out out/swap --brokers real --duration 180 --faults failover@40,swap@90
+      tidegauge simulate --out out/sim --repair-window 600 &       # then, once live.json says repair-window:
+          tidegauge leapfrog ... --out out/lf && tidegauge repair plan ... --leapfrog out/lf --out out/plan
+          tidegauge repair apply --plan out/plan --kafka 0=HOST:PORT && touch out/sim/repair-window.done
 
     configuration: --conf FILE (default conf/simulate.yaml when present) holds a `simulate:` section (traffic:
     key count and skew, write rates, value sizes, quiet periods, lags, heartbeat cadence, ...; documented in
@@ -131,6 +140,17 @@ def register(sub) -> None:
         metavar="S",
         help="with --live --duration: after the stop, keep the clusters serving S more seconds (or until "
         "SIGINT/SIGTERM), so a watch attached to them can read to the end (live.json says clusters_up)",
+    )
+    p.add_argument(
+        "--repair-window",
+        type=float,
+        metavar="S",
+        help="after the last write and the leaders' last heartbeats, hold the run open up to S seconds with "
+        "leaders up (live.json: state repair-window; the archives hold the whole history by then): run "
+        "`tidegauge leapfrog` and `tidegauge repair plan` on the archives, `tidegauge repair apply` into a "
+        "region's RT (live.json has each region's kafka:// URI), then create the file live.json names in "
+        "repair_window_done (or wait S s). Every region's leaders then apply what was written through their "
+        "conflict resolution and heartbeat once more; truth.json's repair_window counts it",
     )
     p.add_argument(
         "--rate",
@@ -215,6 +235,10 @@ def build_config(args):
             if not args.live:
                 raise ConfigError("--linger is for live runs: add --live")
             changes["linger_s"] = args.linger
+        if args.repair_window is not None:
+            if args.repair_window <= 0:
+                raise ConfigError(f"--repair-window {args.repair_window:g}: give a number of seconds above 0")
+            changes["repair_window_s"] = args.repair_window
         if args.rate is not None:
             changes["write_rate"] = [args.rate]
         if args.heartbeat_ms is not None:

@@ -192,11 +192,16 @@ def test_demo_finds_every_injected_fault_and_nothing_else(spark, tmp_path):
     assert [s.name for s in result.steps] == [
         "simulate",
         "spark",
-        "lag",
         "leapfrog",
+        "repair plan",
+        "repair apply",
+        "replicate",
+        "lag",
         "div validate",
         "div restore",
         "report",
+        "leapfrog",
+        "repair verify",
     ], text
     assert all(s.ok for s in result.steps), text
     truth = json.loads((result.out / "sim" / "truth.json").read_text())
@@ -217,6 +222,17 @@ def test_demo_finds_every_injected_fault_and_nothing_else(spark, tmp_path):
         else:
             assert check.ok, check.line()
     assert {"leapfrog: nothing else", "div validate: nothing else", "div restore", "report"} <= set(checks)
+    # the repair loop: a write per injected divergence, applied into region 0's RT during the simulation's repair
+    # window, replicated by every region's leaders; each planned key agrees now, and no new divergence
+    repair = [c for c in checks if c.startswith(("repair ", "leapfrog after the repair"))]
+    assert len(repair) == 3, sorted(checks)
+    window = truth["repair_window"]
+    plan = json.loads((result.out / "repair" / "plan" / "summary.json").read_text())
+    assert plan["writes"] == plan["divergent_keys"] > 0 and window["closed_by"] == "done"
+    assert sum(window["rt_records"]["0"].values()) > plan["writes"]  # the writes and their DIV segments
+    verify = json.loads((result.out / "repair" / "verify" / "summary.json").read_text())
+    assert verify["by_status"]["converged"] == verify["planned_keys"] == plan["writes"]
+    assert "the repair made the regions agree" in text
     assert result.exit_code == (1 if KNOWN_MISMATCHES else 0)
 
     # the fault check agrees with what the jobs wrote, and the user is told where the report is
