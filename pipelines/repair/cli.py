@@ -245,7 +245,8 @@ VERIFY_HELP = textwrap.dedent("""\
       pending          still divergent, and some region's final high-water mark for the region whose RT took the
                        write is below the write's RT offset: that region has not processed the repair yet (lag)
       ignored_by_dcr   still divergent though every mark covers the write, and the plan warned that a region's
-                       DCR keeps its own value (same timestamp, higher hash): the write alone cannot fix it
+                       DCR keeps its own value (same timestamp, higher hash): only a plan made before such
+                       writes were stamped one above the winner carries that warning; plan again
       diverging_again  still divergent though every mark covers the write
       still_divergent  still divergent, without --applied: leapfrog's output has the regions' marks but not where
                        the repair write is in the RT, so pending cannot be told from diverging again
