@@ -37,6 +37,10 @@ where a region's DCR would ignore it there: "The stamp" below), the regions that
     (the fault pt-table-sync warns of). The RT, or an operator's `tie_break` region, decides it.
   An undecidable key gets no write (op NONE) unless `tie_break` names a region: then that region's record is
   the winner (cause `tie_break`).
+- Without the RT writes, a poisoned value that beat *another* write of the same timestamp in its region (the
+  true value would have lost that tie) is the only record of its coordinate: it looks exactly like a write the
+  other regions missed, and the plan re-emits it (cause `missed`). Only the RT tells (`--rt`);
+  `tests/leapfrog/test_repair_cycle.py` generates such keys.
 
 **Causes** (one per key, the first that applies): `undecidable`; `tie_break`; `poisoned` (a region to fix was
 shown poisoned by the RT); `lost_delete` (the winner is a DELETE a region holding a value missed); `missed`
