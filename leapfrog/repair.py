@@ -3,8 +3,8 @@
 Pure: no Spark, no Kafka, no files. `plan_key` takes each region's current record of the key (PUT, DELETE or
 absent, with its value, its logical timestamp and its coordinate: the RT write its leader footer names) and,
 when the real-time topics were read, the RT write each coordinate names; it returns the repair: the write to
-re-emit (with the winner's own logical timestamp, so that a write made after the plan still wins), the regions
-that need it, and why.
+re-emit (with the winner's own logical timestamp, so that a write made after the plan still wins, or one above it
+where a region's DCR would ignore it there: "The stamp" below), the regions that need it, and why.
 
 **The truth.**
 
@@ -37,15 +37,30 @@ that need it, and why.
     (the fault pt-table-sync warns of). The RT, or an operator's `tie_break` region, decides it.
   An undecidable key gets no write (op NONE) unless `tie_break` names a region: then that region's record is
   the winner (cause `tie_break`).
+- Without the RT writes, a poisoned value that beat *another* write of the same timestamp in its region (the
+  true value would have lost that tie) is the only record of its coordinate: it looks exactly like a write the
+  other regions missed, and the plan re-emits it (cause `missed`). Only the RT tells (`--rt`);
+  `tests/leapfrog/test_repair_cycle.py` generates such keys.
 
 **Causes** (one per key, the first that applies): `undecidable`; `tie_break`; `poisoned` (a region to fix was
 shown poisoned by the RT); `lost_delete` (the winner is a DELETE a region holding a value missed); `missed`
 (regions to fix hold an older write, a losing one, or nothing); `converged` (the regions agree now: no write).
 
-**A warning the plan carries** (`Repair.ignored_by`): Venice applies the re-emitted write through the same DCR,
-so a region that stores a *different* value at the *same* timestamp (a poisoned region, typically) keeps its
-value when that value's hash is the higher one, and ignores the repair. The plan names those regions; the
-write alone will not fix them.
+**The stamp** (`Repair.logical_ts`). The repair is re-emitted through Venice's own DCR in every region, so it
+carries the winner's own logical timestamp W: a region that missed the winner holds an older record and takes it,
+a region holding it (or a newer write) ignores it, and a write made after the plan (stamped with the current time)
+still wins. Except where a region to fix stores a *different* record at the same timestamp W that wins Venice's
+tie against the winner — a poisoned value of the same RT write with the higher hash, typically, or a DELETE when
+the winner is a PUT: that region's DCR would ignore the write at W (`Repair.ignored_by` names those regions). The
+write is then stamped **W + 1**: the smallest timestamp that wins in every region (W is the highest timestamp any
+region holds for the key, so every region's record is older), while a write made after the plan, stamped far above
+W + 1, still wins over the repair. (`Repair.winner_ts` keeps W. With `tie_break` naming a region whose record is
+older than another region's, the stamp is one above the highest timestamp held, so that the chosen record wins.)
+
+The one risk of the bump: a genuine write stamped exactly W + 1 before the plan that no region held when the
+plan was made (still in flight, or lost everywhere) ties with the repair at W + 1, and Venice's tie-break (a
+DELETE, else the higher hash) decides between them instead of arrival order. A write at W + 1 that some region
+holds makes W + 1 the highest timestamp, so the plan sees it.
 """
 
 from __future__ import annotations
@@ -95,7 +110,9 @@ class Repair:
     """The repair of one key. `op` NONE: no write (undecidable, or the regions agree). `regions_to_fix`: the
     regions whose record differs from the winner (for an undecidable key: empty; `undecided` names the regions
     in conflict). `poisoned`: regions the RT showed poisoned. `ignored_by`: regions of `regions_to_fix` whose
-    stored record Venice's DCR would keep against the write (equal timestamp, higher hash): see the module doc."""
+    stored record Venice's DCR would keep against the write at the winner's own timestamp (equal timestamp,
+    higher hash or a stored DELETE). `logical_ts` is the timestamp to write: the winner's own (`winner_ts`),
+    or one above the highest any region holds when `ignored_by` is not empty (module doc, "The stamp")."""
 
     op: str
     value: bytes | None
@@ -108,10 +125,16 @@ class Repair:
     undecided: tuple[int, ...] = ()
     poisoned: tuple[int, ...] = ()
     ignored_by: tuple[int, ...] = ()
+    winner_ts: int | None = None
 
     @property
     def has_write(self) -> bool:
         return self.op != NONE
+
+    @property
+    def stamped_above_winner(self) -> bool:
+        """Whether the write carries a timestamp above the winner's own (some region would ignore it there)."""
+        return self.has_write and self.logical_ts != self.winner_ts
 
 
 def java_bytes_hash(value: bytes) -> int:
@@ -270,10 +293,18 @@ def plan_key(
         for x in fix
         if current[x] is not None and dcr_apply(current[x], winner).content == current[x].content
     )
+    stamp = winner.logical_ts
+    if ignored:
+        # the smallest timestamp every region's DCR takes: above every record any region holds (module doc)
+        stamp = max(r.logical_ts for r in present) + 1
+        reason = (
+            f"{reason}; stamped {stamp}, one above the highest timestamp any region holds: at the winner's own "
+            f"{winner.logical_ts}, Venice's DCR in regions {_names(ignored)} would keep the stored record"
+        )
     return Repair(
         winner.op,
         winner.value if winner.op == PUT else None,
-        winner.logical_ts,
+        stamp,
         winner.region,
         winner.offset,
         fix,
@@ -282,6 +313,7 @@ def plan_key(
         (),
         tuple(poisoned),
         ignored,
+        winner.logical_ts,
     )
 
 

@@ -3,8 +3,10 @@ producer (VeniceWriter) does (docs/design.md, "Repair"; docs/outputs.md, `tidega
 
 Each write is a Put or a Delete envelope under a new producer GUID (`div.writer.SegmentWriter`: DIV segments,
 StartOfSegment, sequence numbers, checksums, a final EndOfSegment per partition on close) whose
-`producerMetadata.logicalTimestamp` is the plan's `logical_ts`: the winner's own timestamp, which is what every
-region's leader compares in its conflict resolution (`sim/leader.py` reads it the same way). The partition is the
+`producerMetadata.logicalTimestamp` is the plan's `logical_ts`, as it is: the winner's own timestamp, or one above
+the highest any region holds where a region's DCR would keep another record at the winner's
+(`leapfrog.repair`, "The stamp") — what every region's leader compares in its conflict resolution (`sim/leader.py`
+reads it the same way). The partition is the
 plan's: a key's VT partition is its RT partition in Venice. Values are not chunked: `div.writer` does not chunk,
 so a write larger than VeniceWriter's per-message limit is refused before anything is produced.
 """
@@ -135,7 +137,9 @@ def _describe(r: dict[str, Any]) -> str:
 
 
 def _ignored(plan: Plan) -> dict[tuple[int, str], list[int]]:
-    """(partition, key hex) → regions whose DCR keeps its value against the write (the plan's summary: first 100)."""
+    """(partition, key hex) → regions whose DCR keeps its value against the write: only a plan made before writes
+    were stamped above the winner where needed lists them (`writes_dcr_would_ignore`, first 100); a plan made
+    since lists none."""
     return {
         (int(e["partition"]), str(e["key"])): list(e["regions"])
         for e in plan.summary.get("writes_dcr_would_ignore") or []
@@ -181,7 +185,8 @@ def run(opts: ApplyOptions) -> int:
     for (p, k), regions in sorted(ignored.items()):
         log.warning(
             "partition %d key %s: Venice's DCR in regions %s keeps its stored value against this write (same "
-            "logical timestamp, higher value hash); the write alone will not fix them",
+            "logical timestamp, higher value hash); the write alone will not fix them (an old plan: a plan made "
+            "now stamps such a write one above the winner)",
             p,
             k,
             ", ".join(map(str, regions)),
@@ -274,7 +279,8 @@ def run(opts: ApplyOptions) -> int:
     if ignored:
         print(
             f"warning: {len(ignored)} writes will be ignored by a region's DCR (same timestamp, higher stored "
-            "hash; listed above): re-emitting alone will not fix those regions",
+            "hash; listed above): re-emitting alone will not fix those regions; this plan predates writes stamped "
+            "above the winner: plan again",
             file=sys.stdout,
         )
     if failures:

@@ -147,14 +147,17 @@ APPLY_HELP = textwrap.dedent("""\
     Every region's leader then applies each write through its normal conflict resolution (DCR): a region that
     holds the write or a newer one ignores it, a region that missed it takes it.
 
-    Idempotent: re-running a plan changes nothing the regions hold. Each write is the winner itself, with its own
-    logical timestamp and value: a region that already applied it meets an equal timestamp and an equal value,
-    a tie Venice's DCR resolves to the stored record, and a region holding a newer write keeps it. The RT gains
+    Idempotent: re-running a plan changes nothing the regions hold. Each write is the winner itself, with the
+    plan's logical timestamp (the winner's own, or one above the highest any region held where a region's DCR
+    would have kept another record at the winner's) and value: a region that already applied it meets an equal
+    timestamp and an equal value, a tie Venice's DCR resolves to the stored record, and a region holding a newer
+    write keeps it. The RT gains
     records (under a new GUID each run); the regions' data does not change.
 
-    Rows with op NONE (undecidable, or already agreeing) are skipped and counted. Keys whose plan warns that a
-    region's DCR would keep its own value (writes_dcr_would_ignore: same timestamp, higher stored hash — a
-    poisoned region, typically) are written too and named on stderr: the write alone will not fix that region.
+    Rows with op NONE (undecidable, or already agreeing) are skipped and counted. A plan made before writes were
+    stamped above the winner may warn that a region's DCR would keep its own value (writes_dcr_would_ignore: same
+    timestamp, higher stored hash — a poisoned region, typically): those keys are written too and named on
+    stderr, and the write alone will not fix that region: plan again.
     Values are not chunked: a key and value over VeniceWriter's 972,800-byte message limit refuse the whole
     plan before anything is written. The plan holds no value schema id: PUTs carry --value-schema-id.
 
@@ -247,7 +250,8 @@ VERIFY_HELP = textwrap.dedent("""\
       pending          still divergent, and some region's final high-water mark for the region whose RT took the
                        write is below the write's RT offset: that region has not processed the repair yet (lag)
       ignored_by_dcr   still divergent though every mark covers the write, and the plan warned that a region's
-                       DCR keeps its own value (same timestamp, higher hash): the write alone cannot fix it
+                       DCR keeps its own value (same timestamp, higher hash): only a plan made before such
+                       writes were stamped one above the winner carries that warning; plan again
       diverging_again  still divergent though every mark covers the write
       still_divergent  still divergent, without --applied: leapfrog's output has the regions' marks but not where
                        the repair write is in the RT, so pending cannot be told from diverging again

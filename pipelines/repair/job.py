@@ -245,8 +245,9 @@ def _write_text(r: Repair) -> str:
     if not r.has_write:
         return "no write"
     src = "a bulk-load record" if r.source_region is None else f"RT write {r.source_region}@{r.source_offset}"
+    stamp = f", above the winner's own {r.winner_ts}" if r.stamped_above_winner else ""
     return (
-        f"{_value_text(r)} at logical_ts {r.logical_ts} (re-emits {src}); regions to fix: "
+        f"{_value_text(r)} at logical_ts {r.logical_ts}{stamp} (re-emits {src}); regions to fix: "
         f"{', '.join(map(str, r.regions_to_fix))}"
     )
 
@@ -254,11 +255,14 @@ def _write_text(r: Repair) -> str:
 def plan_text(opts: PlanOptions, lf: Leapfrog, plans: dict[tuple[int, bytes], Repair], counts: dict) -> str:
     lines = [
         f"tidegauge repair plan: store {opts.store} version {opts.version}, from {lf.path}",
-        f"{counts['divergent_keys']} divergent keys: {counts['writes']} writes, {counts['undecidable']} undecidable, "
-        f"{counts['converged']} already agreeing; RT writes {'read (--rt)' if opts.rts else 'not read (no --rt)'}"
+        f"{counts['divergent_keys']} divergent keys: {counts['writes']} writes "
+        f"({counts['stamped_above_winner']} stamped above the winner's timestamp), "
+        f"{counts['undecidable']} undecidable, {counts['converged']} already agreeing; RT writes {'read (--rt)' if opts.rts else 'not read (no --rt)'}"
         + (f"; --tie-break {opts.tie_break}" if opts.tie_break is not None else ""),
         "Each write is the winning record re-emitted with its own logical timestamp: a region that holds it or a "
-        "newer write ignores it, a write made after the plan still wins.",
+        "newer write ignores it, a write made after the plan still wins. Where a region stores another record at "
+        "that timestamp that Venice's tie-break keeps (a poisoned value with a higher hash), the write is stamped "
+        "one above the highest timestamp any region holds, which every region takes (said per key).",
         "",
     ]
     by_pair: dict[tuple[int, int], list[tuple[int, bytes, str]]] = {}
@@ -273,11 +277,6 @@ def plan_text(opts: PlanOptions, lf: Leapfrog, plans: dict[tuple[int, bytes], Re
             lines.append(f"    write: {_write_text(r)}")
             if r.detail:
                 lines.append(f"    why: {r.detail}")
-            if r.ignored_by:
-                lines.append(
-                    f"    warning: Venice's DCR in regions {', '.join(map(str, r.ignored_by))} keeps its stored "
-                    "value against this write (same timestamp, higher hash): the write alone will not fix them"
-                )
         lines.append("")
     return "\n".join(lines)
 
@@ -348,6 +347,7 @@ def run(opts: PlanOptions) -> int:
         "writes": sum(1 for r in plans.values() if r.has_write),
         "undecidable": len(undecidable),
         "converged": by_cause.get("converged", 0),
+        "stamped_above_winner": sum(1 for r in plans.values() if r.stamped_above_winner),
     }
     rows = [
         {
@@ -386,10 +386,16 @@ def run(opts: PlanOptions) -> int:
                 {"partition": p, "key": k.hex(), "regions": list(r.undecided), "why": r.detail}
                 for p, k, r in undecidable[:MAX_LISTED]
             ],
-            "writes_dcr_would_ignore": [
-                {"partition": p, "key": k.hex(), "regions": list(r.ignored_by)}
+            "writes_stamped_above_winner": [
+                {
+                    "partition": p,
+                    "key": k.hex(),
+                    "winner_ts": r.winner_ts,
+                    "logical_ts": r.logical_ts,
+                    "regions": list(r.ignored_by),
+                }
                 for (p, k), r in sorted(plans.items())
-                if r.ignored_by
+                if r.stamped_above_winner
             ][:MAX_LISTED],
             "rt_writes": rt_counts,
             "reads": [
@@ -412,9 +418,10 @@ def run(opts: PlanOptions) -> int:
 def _report(undecidable: Iterable[tuple[int, bytes, Repair]], counts: dict[str, int]) -> None:
     undecidable = list(undecidable)
     log.info(
-        "%d divergent keys: %d writes, %d undecidable, %d already agreeing",
+        "%d divergent keys: %d writes (%d stamped above the winner's timestamp), %d undecidable, %d already agreeing",
         counts["divergent_keys"],
         counts["writes"],
+        counts["stamped_above_winner"],
         counts["undecidable"],
         counts["converged"],
     )

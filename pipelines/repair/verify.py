@@ -14,7 +14,9 @@ X's RT offset o):
 - **pending** when some region of its findings has a final high-water mark for X below o (or none): its VT does not
   yet show it has processed the repair write — replication lag, look again later;
 - **ignored_by_dcr** when every mark covers the write and the plan warned that a region's DCR would keep its own
-  value (same timestamp, higher stored hash): the write alone cannot fix it;
+  value (same timestamp, higher stored hash): the write alone cannot fix it. Only a plan made before the repair
+  rule stamped such writes one above the winner (`leapfrog.repair`, "The stamp") carries that warning
+  (`writes_dcr_would_ignore` in its summary); with a plan made since, such a key is **diverging_again**;
 - **diverging_again** when every mark covers the write: the regions processed it and still disagree (a newer
   write diverged, or the fault repeated).
 

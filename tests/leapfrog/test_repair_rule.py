@@ -117,10 +117,91 @@ def test_same_write_with_different_values_needs_the_rt():
     r = plan_key(current, rt={(2, 188): Record(PUT, b"good", 50)})
     assert (r.op, r.value, r.logical_ts, r.source_region, r.source_offset) == (PUT, b"good", 50, 2, 188)
     assert r.regions_to_fix == (1,) and r.cause == POISONED and r.poisoned == (1,)
-    # Venice applies the repair to region 1 only when the true value's hash beats the poisoned one's
-    assert (1 in r.ignored_by) == (java_bytes_hash(b"good") <= java_bytes_hash(b"bad!"))
+    # Venice applies the repair at 50 to region 1 only when the true value's hash beats the poisoned one's;
+    # otherwise the write is stamped 51, which every region takes
+    ignored = java_bytes_hash(b"good") <= java_bytes_hash(b"bad!")
+    assert (r.ignored_by, r.logical_ts, r.winner_ts) == (((1,), 51, 50) if ignored else ((), 50, 50))
     r = plan_key(current, tie_break=0)
     assert (r.op, r.value, r.cause, r.regions_to_fix) == (PUT, b"good", TIE_BREAK, (1,))
+
+
+def _by_hash(a: bytes, b: bytes) -> tuple[bytes, bytes]:
+    """(higher, lower) by Java hash."""
+    assert java_bytes_hash(a) != java_bytes_hash(b)
+    return (a, b) if java_bytes_hash(a) > java_bytes_hash(b) else (b, a)
+
+
+def test_a_poisoned_value_with_the_higher_hash_is_overwritten_one_above_the_winner():
+    """Region 1 stores a corrupted value of the same RT write (same timestamp and coordinate) whose hash beats the
+    true one: Venice's DCR there would ignore the winner at its own timestamp W = 50, so the write is stamped 51."""
+    bad, good = _by_hash(b"bad-value", b"good-value")
+    current = {
+        0: put(good, 50, 2, 188),
+        1: put(bad, 50, 2, 188),
+        2: put(good, 50, 2, 188),
+        3: put(b"o", 40, 3, 1),
+    }
+    r = plan_key(current, rt={(2, 188): Record(PUT, good, 50)})
+    assert (r.op, r.value, r.cause, r.regions_to_fix) == (PUT, good, POISONED, (1, 3))
+    assert r.ignored_by == (1,) and (r.winner_ts, r.logical_ts) == (50, 51) and r.stamped_above_winner
+    assert (r.source_region, r.source_offset) == (2, 188)
+    assert "stamped 51" in r.detail and "regions 1" in r.detail
+    write = Record(r.op, r.value, r.logical_ts, 0, 999)
+    assert dcr_apply(current[1], Record(r.op, r.value, 50, 0, 999)) == current[1], "ignored at W"
+    for x, rec in current.items():
+        assert dcr_apply(rec, write).content == (PUT, good), f"region {x} takes it at W + 1"
+        assert dcr_apply(dcr_apply(rec, write), write) == dcr_apply(rec, write), "applying twice = once"
+    later = put(b"later", 1_700_000_000_000, 1, 7)
+    assert dcr_apply(later, write) == later and dcr_apply(dcr_apply(current[1], write), later) == later
+
+
+def test_a_stored_delete_of_a_put_at_the_same_timestamp_gets_the_bump():
+    # region 1's record names RT write 0@5, a PUT, but it stores a DELETE (poisoned): a stored DELETE keeps a tie
+    current = {0: put(b"v", 9, 0, 5), 1: delete(9, 0, 5)}
+    r = plan_key(current, rt={(0, 5): Record(PUT, b"v", 9)})
+    assert (r.op, r.value, r.regions_to_fix, r.ignored_by, r.logical_ts) == (PUT, b"v", (1,), (1,), 10)
+    assert dcr_apply(current[1], Record(PUT, b"v", 9)) == current[1]
+    assert dcr_apply(current[1], Record(PUT, b"v", 10)).content == (PUT, b"v")
+
+
+def test_no_bump_when_every_region_to_fix_takes_the_write_at_its_own_timestamp():
+    bad, good = _by_hash(b"bad-value", b"good-value")
+    good, bad = bad, good  # the true value has the higher hash: the poisoned region takes it at W
+    r = plan_key({0: put(good, 50, 2, 1), 1: put(bad, 50, 2, 1)}, rt={(2, 1): Record(PUT, good, 50)})
+    assert (r.value, r.cause, r.regions_to_fix, r.ignored_by) == (good, POISONED, (1,), ())
+    assert (r.logical_ts, r.winner_ts, r.stamped_above_winner) == (50, 50, False)
+    assert "stamped" not in r.detail
+    # missed writes, a lost delete, an equal-timestamp loser: all take the winner at its own timestamp
+    for current in (
+        {0: put(b"new", 20, 1, 7), 1: put(b"old", 10, 2, 3), 2: None},
+        {0: delete(9, 0, 4), 1: put(b"v", 9, 1, 2)},
+        {0: put(good, 7, 0, 1), 1: put(bad, 7, 1, 1)},
+    ):
+        r = plan_key(current)
+        assert r.has_write and r.ignored_by == () and r.logical_ts == r.winner_ts
+
+
+def test_a_tie_break_region_holding_an_older_record_is_stamped_above_the_newest():
+    x, y = _collision()
+    current = {0: put(x, 3, 0, 1), 1: put(y, 3, 1, 1), 2: put(b"older", 2, 2, 1)}
+    r = plan_key(current, tie_break=2)
+    assert (r.value, r.cause, r.regions_to_fix, r.ignored_by) == (b"older", TIE_BREAK, (0, 1), (0, 1))
+    assert (r.winner_ts, r.logical_ts) == (2, 4)
+    write = Record(r.op, r.value, r.logical_ts, 0, 9)
+    assert all(dcr_apply(rec, write).content == (PUT, b"older") for rec in current.values())
+
+
+def test_the_bumps_one_risk_a_write_stamped_exactly_w_plus_1_ties_with_the_repair():
+    """Documented risk: a genuine write at W + 1 that no region held at plan time ties with the bumped repair, and
+    Venice's tie-break (DELETE, else the higher hash), not arrival order, decides which one stays."""
+    bad, good = _by_hash(b"bad-value", b"good-value")
+    r = plan_key({0: put(good, 50, 2, 1), 1: put(bad, 50, 2, 1)}, rt={(2, 1): Record(PUT, good, 50)})
+    assert r.logical_ts == 51
+    repair = Record(r.op, r.value, 51, 0, 9)
+    genuine = put(b"genuine", 51, 1, 2)
+    winner = max((repair, genuine), key=lambda w: java_bytes_hash(w.value))
+    assert dcr_apply(dcr_apply(None, genuine), repair) == winner
+    assert dcr_apply(dcr_apply(None, repair), genuine) == winner
 
 
 def test_rt_shows_the_majority_poisoned():
@@ -220,8 +301,12 @@ def test_the_plan_restores_the_fault_free_history(history, fault):
     plans = [plan_key(current, rt=rt)]
     if fault != "poisoned":
         plans.append(plan_key(current))  # the winner of a missed write needs no RT
+    # the poisoned region keeps its value against the winner at W when the poison's hash is not lower (Venice's
+    # tie-break, computed here from the hashes): then, and only then, the write is stamped W + 1
+    bump = fault == "poisoned" and java_bytes_hash(winner.value + b"#poison") >= java_bytes_hash(winner.value)
     for r in plans:
-        assert (r.op, r.value, r.logical_ts) == (winner.op, winner.value, winner.logical_ts)
+        assert (r.op, r.value, r.winner_ts) == (winner.op, winner.value, winner.logical_ts)
+        assert r.logical_ts == winner.logical_ts + bump and set(r.ignored_by) == (faulted if bump else set())
         same = {
             w.coordinate for w in writes if (w.content, w.logical_ts) == (winner.content, winner.logical_ts)
         }
@@ -237,7 +322,8 @@ def test_the_plan_restores_the_fault_free_history(history, fault):
 
 @pytest.mark.parametrize("ts_rank", [0, 1])
 def test_a_write_after_the_plan_still_wins(ts_rank):
-    """Re-emitting the winner with its own timestamp never overwrites a newer write (issue 31's safety)."""
-    winner = put(b"w", 10, 0, 1)
-    newer = put(b"n", 11 + ts_rank, 1, 5)
-    assert dcr_apply(newer, winner) == newer
+    """Re-emitting the winner with its own timestamp (or one above it, 11) never overwrites a newer write, stamped
+    with the current time (issue 31's safety)."""
+    newer = put(b"n", 12 + ts_rank, 1, 5)
+    for stamp in (10, 11):
+        assert dcr_apply(newer, Record(PUT, b"w", stamp, 0, 1)) == newer

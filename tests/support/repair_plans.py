@@ -10,7 +10,9 @@ from pipelines.repair.job import PLAN_SCHEMA
 
 
 def write_plan(path, store: str, rows: list[dict], ignore: list[dict] | None = None) -> None:
-    """A plan directory as `tidegauge repair plan` publishes it."""
+    """A plan directory as `tidegauge repair plan` publishes it. `ignore`: the `writes_dcr_would_ignore` list of
+    a plan made before writes were stamped above the winner (a plan made since has none)."""
+    old = {} if ignore is None else {"writes_dcr_would_ignore": ignore}
     with OutputDir(str(path), "repair plan") as out:
         out.write_table("plan", pa.Table.from_pylist(rows, schema=PLAN_SCHEMA))
         out.write_json(
@@ -19,6 +21,8 @@ def write_plan(path, store: str, rows: list[dict], ignore: list[dict] | None = N
                 **out.common_fields("repair plan", 0),
                 "store": store,
                 "version": 1,
-                "writes_dcr_would_ignore": ignore or [],
+                "stamped_above_winner": 0,
+                "writes_stamped_above_winner": [],
+                **old,
             },
         )

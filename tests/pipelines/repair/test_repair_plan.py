@@ -90,6 +90,13 @@ def test_with_the_rts_every_fault_has_its_write(world):
     assert r["regions_to_fix"] == [f["detail"]["poisoned_in"]]
     assert (r["source_region"], r["source_offset"]) == (origin, f["rt_offset"])
     assert r["value"] == _rt_value(sim, origin, f["partition"], f["rt_offset"])
+    # stamped one above the winner exactly when the poisoned region's value would win Venice's tie at its own
+    stamped = {(e["partition"], e["key"]): e for e in summary["writes_stamped_above_winner"]}
+    bump = (f["partition"], f["key"]) in stamped
+    assert r["logical_ts"] == f["time_ms"] + bump and summary["stamped_above_winner"] == bump
+    if bump:
+        assert stamped[(f["partition"], f["key"])]["regions"] == [f["detail"]["poisoned_in"]]
+        assert f"above the winner's own {f['time_ms']}" in text
     assert summary["verdict"] == "clean" and summary["exit_code"] == 0
     assert (summary["divergent_keys"], summary["writes"], summary["undecidable"]) == (2, 2, 0)
     assert summary["by_cause"]["missed"] == 1 and summary["by_cause"]["poisoned"] == 1
@@ -148,8 +155,8 @@ def test_the_plan_applied_on_a_real_broker_makes_every_region_converge(world, re
     """The loop without simulator support: the plan (with --rt) is applied into `<store>_rt` on a real broker;
     each region's current record of each planned key (read from its VT, as the plan reads it) then takes the
     applied RT write through Venice's value-level DCR (`leapfrog.repair.dcr_apply`). Every region ends with the
-    fault-free record, except exactly those the plan warned of (`writes_dcr_would_ignore`); a second apply
-    changes nothing."""
+    fault-free record — a poisoned region whose value would win the tie at the winner's timestamp too, the write
+    being stamped one above it (`writes_stamped_above_winner`); a second apply changes nothing."""
     from leapfrog.repair import DELETE, PUT, Record, dcr_apply
     from pipelines.core.progress import Progress
     from pipelines.repair.job import PlanOptions, read_current
@@ -185,7 +192,11 @@ def test_the_plan_applied_on_a_real_broker_makes_every_region_converge(world, re
     wanted: dict[int, set[bytes]] = {}
     for p, k in applied:
         wanted.setdefault(p, set()).add(k)
-    ignored = {(e["partition"], e["key"]): set(e["regions"]) for e in summary["writes_dcr_would_ignore"]}
+    assert "writes_dcr_would_ignore" not in summary
+    stamped = {(e["partition"], e["key"]): e for e in summary["writes_stamped_above_winner"]}
+    assert summary["stamped_above_winner"] == len(stamped)
+    for (p, k), e in stamped.items():
+        assert rows[(p, k)]["logical_ts"] == e["winner_ts"] + 1 == e["logical_ts"] and e["regions"]
     with Progress("test") as progress:
         for x, d in sorted(sim.archives.items()):
             current, _ = read_current(SourceSpec(x, d), opts, wanted, len(sim.archives), progress)
@@ -193,7 +204,4 @@ def test_the_plan_applied_on_a_real_broker_makes_every_region_converge(world, re
                 row = rows[(p, k.hex())]
                 once = dcr_apply(current[(p, k)], writes[0])
                 assert dcr_apply(once, writes[1]) == once, "applying twice equals applying once"
-                if x in ignored.get((p, k.hex()), ()):
-                    assert once == current[(p, k)], f"region {x} keeps its value, as the plan warned"
-                    continue
                 assert once.content == (row["op"], row["value"]), f"region {x} converges on key {k.hex()}"

@@ -35,7 +35,7 @@ PLAN = [
     _row(0, b"conv"),  # converged
     _row(0, b"pend"),  # region 0's mark for RT[1] in partition 0 is below the write: pending
     _row(1, b"again"),  # marks cover the write, still divergent: diverging again
-    _row(1, b"ign", cause="poisoned"),  # marks cover it, the plan warned: ignored by DCR
+    _row(1, b"ign", cause="poisoned"),  # marks cover it, an old plan warned: ignored by DCR
     _row(1, b"none", op="NONE"),  # no write
 ]
 OFFSETS = {b"conv": 3, b"pend": 50, b"again": 4, b"ign": 5}
@@ -134,6 +134,19 @@ def test_statuses_with_the_applied_offsets(tmp_path, capsys):
     page = capsys.readouterr().out
     assert f"pending: partition 0 key {b'pend'.hex()}" in page
     assert (tmp_path / "verify" / "verify.txt").read_text().strip() == page.strip()
+
+
+def test_a_plan_that_stamps_above_the_winner_warns_of_nothing_so_a_key_still_divergent_diverges_again(
+    tmp_path,
+):
+    """Plans made since writes are stamped one above the winner where a region's DCR would keep its record carry no
+    `writes_dcr_would_ignore`: `ignored_by_dcr` is only for plans made before."""
+    write_plan(tmp_path / "plan", STORE, PLAN)
+    _leapfrog(tmp_path / "lf", [(1, b"ign")])
+    _applied(tmp_path / "applied")
+    code, s = _verify(tmp_path, "--applied", str(tmp_path / "applied"))
+    assert code == 1 and s["by_status"]["ignored_by_dcr"] == 0
+    assert {bytes.fromhex(e["key"]): e["status"] for e in s["not_converged"]} == {b"ign": "diverging_again"}
 
 
 def test_without_the_applied_offsets_it_says_what_it_cannot_tell(tmp_path, capsys):
