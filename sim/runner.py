@@ -382,7 +382,7 @@ class _Simulation:
             "truth": str(self.out / "truth.json"),
         }
         if cfg.repair_window_s:
-            info["repair_window_done"] = str(self.out / "repair-window.done")
+            info["repair_window_done"] = str((self.out / "repair-window.done").resolve())
         atomic_write(self.out / "live.json", (json.dumps(info, indent=2) + "\n").encode())
         ready = state == "running" and self.announced != "running"  # once (a swap announces its topic again)
         self.announced = state

@@ -303,6 +303,8 @@ def _register_verify(repair_sub) -> None:
         "regions' current records of the planned keys then decide whether each converged",
     )
     p.add_argument("--conf", metavar="FILE", help="configuration file (Kafka client settings per region)")
+    p.add_argument("--store", metavar="S", help="the plan's store, checked (the plan names it; optional)")
+    p.add_argument("--version", type=int, metavar="N", help="the plan's version, checked (optional)")
     p.add_argument(
         "--out", metavar="DIR", help="also write verify.txt, keys/ (Parquet) and summary.json there"
     )
@@ -324,5 +326,7 @@ def run_verify(args: argparse.Namespace) -> int:
             out=args.out,
             sources=specs,
             kafka_conf={s.region: cfg.kafka_conf(conf, s.region) for s in specs},
+            store=args.store,
+            version=args.version,
         )
     )

@@ -74,6 +74,10 @@ class VerifyOptions:
     out: str | None = None
     sources: list[SourceSpec] = field(default_factory=list)
     kafka_conf: dict[int, dict[str, Any]] = field(default_factory=dict)
+    store: str | None = (
+        None  # when given: must be the plan's (a copied command line of another store fails early)
+    )
+    version: int | None = None
 
 
 def _current_disagreement(
@@ -131,6 +135,14 @@ def run(opts: VerifyOptions) -> int:
     if opts.out is not None:
         guard(COMMAND, {"--out": opts.out}, inputs)
     plan = load_plan(opts.plan)
+    for flag, given, planned in (
+        ("--store", opts.store, plan.store),
+        ("--version", opts.version, plan.version),
+    ):
+        if given is not None and given != planned:
+            raise UsageError(
+                f"{flag} {given}: the plan {opts.plan} is of store {plan.store} version {plan.version}"
+            )
     from pipelines.repair.job import PlanOptions, load_leapfrog
 
     lf = load_leapfrog(opts.leapfrog, PlanOptions(plan.store, plan.version, [], opts.leapfrog, ""))
