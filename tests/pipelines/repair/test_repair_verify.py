@@ -178,7 +178,10 @@ def test_usage_errors(tmp_path):
     lf = ["--leapfrog", str(tmp_path / "lf")]
     assert main([*argv, *lf, "--store", "other"]) == 2  # a copied command line of another store
     assert main([*argv, *lf, "--version", "9"]) == 2
-    assert main([*argv, *lf, "--store", STORE, "--version", "1"]) in (0, 1)  # the plan's own: checked, accepted
+    assert main([*argv, *lf, "--store", STORE, "--version", "1"]) in (
+        0,
+        1,
+    )  # the plan's own: checked, accepted
 
 
 def test_a_leapfrog_run_older_than_the_apply_is_called_out(tmp_path, capsys):
