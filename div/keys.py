@@ -10,6 +10,8 @@ from __future__ import annotations
 import hashlib
 import struct
 
+from .avro_bits import write_long
+
 # Key header bytes (MessageType.Constants in Venice).
 HEADER_PUT_OR_DELETE = 0
 HEADER_CONTROL_MESSAGE = 2
@@ -89,6 +91,14 @@ def is_div_exempt(key: bytes | None) -> bool:
 
 # Chunking (Venice's ChunkedKeySuffix): with a chunked version every data key carries an Avro ChunkedKeySuffix.
 NON_CHUNK_SUFFIX = b"\x02\x00"  # union branch 1 (chunkId = null), isChunk = false
+
+
+def chunk_suffix(guid: bytes, segment: int, sequence: int, index: int) -> bytes:
+    """The `ChunkedKeySuffix` of a value chunk: branch 0 (ChunkId: the producer GUID, segment and sequence number
+    of the value's *first* chunk, this chunk's index, Avro ints), then isChunk = true."""
+    if len(guid) != 16:
+        raise ValueError("a producer GUID is 16 bytes")
+    return b"\x00" + guid + write_long(segment) + write_long(sequence) + write_long(index) + b"\x01"
 
 
 def strip_non_chunk_suffix(content: bytes) -> bytes:

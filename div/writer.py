@@ -4,6 +4,13 @@ One GUID per writer; per partition a segment: StartOfSegment (sequence 0), data 
 the checksum of everything fed since the SOS. Segments roll on time (default 5 minutes, ≤0 disables) and end as
 "final" on `end_segment(final=True)`, `end_of_push` and `close`.
 
+Large values (`put_large`) are written as VeniceWriter.putLargeValue writes them (venice-protocol-notes §1.7):
+value chunks (Puts with schema id -10 under chunk-suffixed keys, logical timestamp -1, the default footer) and then
+the manifest (a Put with schema id -20 under the key with the non-chunk suffix `02 00`, carrying the caller's
+logical timestamp and footer), all in one segment. Such records belong to a *chunked version topic*: Venice's
+online producers never chunk into a real-time topic (their RT writers have chunking disabled and refuse a value
+over the per-message limit), and a Venice leader does not reassemble chunks it reads from an RT.
+
 The writer never talks to Kafka: it returns finished records (key, value, headers). A caller that must retry a
 send re-sends the *same bytes* — unlike Venice's retry path, which re-reads the segment counter and duplicates a
 sequence number (a VeniceWriter quirk we do not copy).
@@ -20,6 +27,30 @@ from dataclasses import dataclass
 from . import checksum as cks
 from . import envelope as E
 from . import keys, schemas
+
+# VeniceWriter's DEFAULT_MAX_SIZE_FOR_USER_PAYLOAD_PER_MESSAGE_IN_BYTES: above it (key + value) VeniceWriter chunks
+# a value when chunking is enabled, and refuses it otherwise.
+MAX_PAYLOAD_BYTES = 950 * 1024
+CHUNK_SCHEMA_ID, MANIFEST_SCHEMA_ID = -10, -20  # AvroProtocolDefinition.CHUNK / CHUNKED_VALUE_MANIFEST
+
+
+class ValueTooLargeError(ValueError):
+    """A value VeniceWriter could not chunk either (the key is over half the per-message limit, or the manifest
+    itself would not fit one message)."""
+
+
+def encode_manifest(chunk_keys: list[bytes], schema_id: int, size: int) -> bytes:
+    """Avro `ChunkedValueManifest {keysWithChunkIdSuffix, schemaId, size}` (no magic byte: schema id -20 says it)."""
+    from .avro_bits import write_long
+
+    out = bytearray()
+    if chunk_keys:
+        out += write_long(len(chunk_keys))
+        for k in chunk_keys:
+            out += write_long(len(k)) + k
+    out += write_long(0)
+    out += write_long(schema_id) + write_long(size)
+    return bytes(out)
 
 
 @dataclass(frozen=True)
@@ -193,6 +224,77 @@ class SegmentWriter:
             partition, message_type, bytes([header]) + key_content, key_content, payload, footer, logical_ts
         )
 
+    def put_large(
+        self,
+        partition: int,
+        key_content: bytes,
+        value: bytes,
+        schema_id: int = 1,
+        *,
+        logical_ts: int = -2,
+        footer=None,
+        max_payload: int = MAX_PAYLOAD_BYTES,
+    ) -> list[OutRecord]:
+        """A Put of a value as VeniceWriter writes it with chunking enabled (module docstring), in send order: any
+        SOS/EOS, then the chunks, then the manifest (the last record). A key and value within `max_payload` are one
+        Put under the key with the non-chunk suffix, as VeniceWriter's put on a chunked version writes them.
+
+        Chunks are `max_payload - len(key_content)` bytes of the value each (VeniceWriter's sizeAvailablePerMessage),
+        the last one the rest. All records go into one segment (a segment due to roll rolls before the first
+        record), so the manifest's chunks are contiguous sequence numbers right before it. Raises
+        ValueTooLargeError where VeniceWriter throws (a key over half of `max_payload`, a manifest over the space
+        of one message). RMD is not written (an online producer's Put carries none)."""
+        if len(key_content) + len(value) <= max_payload:
+            return self.put(
+                partition,
+                key_content + keys.NON_CHUNK_SUFFIX,
+                value,
+                schema_id,
+                logical_ts=logical_ts,
+                footer=footer,
+            )
+        available = max_payload - len(key_content)
+        if available < max_payload // 2:
+            raise ValueTooLargeError(
+                f"a {len(key_content)}-byte key leaves {available} bytes per chunk, under half of {max_payload}: "
+                "VeniceWriter cannot chunk it"
+            )
+        n = -(-len(value) // available)
+        now = self.clock()
+        out: list[OutRecord] = []
+        seg = self._segment_for_send(partition, now, out)
+        first = seg.next_sequence
+        chunk_keys = [key_content + keys.chunk_suffix(self.guid, seg.number, first, i) for i in range(n)]
+        manifest = encode_manifest(chunk_keys, schema_id, len(value))
+        if len(manifest) > available:
+            raise ValueTooLargeError(
+                f"the manifest of a {len(value)}-byte value ({n} chunks) is {len(manifest)} bytes, over the "
+                f"{available} bytes of one message: VeniceWriter cannot chunk it"
+            )
+        for i, ck in enumerate(chunk_keys):
+            payload = (
+                E.PUT,
+                {
+                    "putValue": value[i * available : (i + 1) * available],
+                    "schemaId": CHUNK_SCHEMA_ID,
+                    "replicationMetadataVersionId": -1,
+                    "replicationMetadataPayload": b"",
+                },
+            )
+            out.append(self._data_in(partition, seg, now, 0, b"\x00" + ck, ck, payload, None, -1))
+        top = key_content + keys.NON_CHUNK_SUFFIX
+        payload = (
+            E.PUT,
+            {
+                "putValue": manifest,
+                "schemaId": MANIFEST_SCHEMA_ID,
+                "replicationMetadataVersionId": -1,
+                "replicationMetadataPayload": b"",
+            },
+        )
+        out.append(self._data_in(partition, seg, now, 0, b"\x00" + top, top, payload, footer, logical_ts))
+        return out
+
     def delete(
         self,
         partition: int,
@@ -237,11 +339,21 @@ class SegmentWriter:
         now = self.clock()
         out: list[OutRecord] = []
         seg = self._segment_for_send(partition, now, out)
+        out.append(
+            self._data_in(
+                partition, seg, now, message_type, kafka_key, key_content, payload, footer, logical_ts
+            )
+        )
+        return out
+
+    def _data_in(
+        self, partition, seg, now, message_type, kafka_key, key_content, payload, footer, logical_ts
+    ) -> OutRecord:
+        """One data record at the segment's next sequence number."""
         seq = seg.next_sequence
         seg.next_sequence += 1
         env = self._envelope(message_type, seg, seq, now, payload, footer, logical_ts)
-        out.append(self._emit(partition, seg, kafka_key, env, key_content))
-        return out
+        return self._emit(partition, seg, kafka_key, env, key_content)
 
     def control(
         self,

@@ -7,8 +7,15 @@ StartOfSegment, sequence numbers, checksums, a final EndOfSegment per partition 
 the highest any region holds where a region's DCR would keep another record at the winner's
 (`leapfrog.repair`, "The stamp") — what every region's leader compares in its conflict resolution (`sim/leader.py`
 reads it the same way). The partition is the
-plan's: a key's VT partition is its RT partition in Venice. Values are not chunked: `div.writer` does not chunk,
-so a write larger than VeniceWriter's per-message limit is refused before anything is produced.
+plan's: a key's VT partition is its RT partition in Venice.
+
+Values are not chunked, as Venice's online producers do not chunk into a real-time topic: their RT writers run
+with chunking disabled (AbstractVeniceProducer: `setChunkingEnabled(false)`; VeniceSystemProducer: "For pushes
+made to RT, the producer should not chunk the data") and throw RecordTooLargeException for a key and value over
+the per-message limit, and a Venice leader takes every RT Put as a whole value of its raw key (chunk and manifest
+records would become values of keys with a chunk suffix, not the user's key). So a plan holding such a write is
+refused before anything is produced. (`div.writer.SegmentWriter.put_large` writes chunks as VeniceWriter does into
+a chunked *version* topic; it is not used here for that reason.)
 """
 
 from __future__ import annotations
@@ -22,7 +29,7 @@ from typing import Any
 import pyarrow as pa
 import pyarrow.parquet as pq
 
-from div.writer import SegmentWriter, random_guid
+from div.writer import MAX_PAYLOAD_BYTES, SegmentWriter, random_guid
 from pipelines.core.errors import EXIT_CLEAN, EXIT_PARTIAL, UsageError
 from pipelines.core.output import OutputDir, guard, read_output
 
@@ -30,8 +37,6 @@ log = logging.getLogger("tidegauge.repair")
 
 COMMAND = "repair apply"
 PLAN_COMMAND = "repair plan"
-# VeniceWriter's DEFAULT_MAX_SIZE_FOR_USER_PAYLOAD_PER_MESSAGE_IN_BYTES: above it VeniceWriter chunks the value.
-MAX_PAYLOAD_BYTES = 950 * 1024
 VALUE_SCHEMA_ID = 1
 MAX_LISTED = 100
 
@@ -115,8 +120,9 @@ def _check_rows(plan: Plan) -> list[dict[str, Any]]:
         if size > MAX_PAYLOAD_BYTES:
             raise UsageError(
                 f"{where}: key and value are {size} bytes, over VeniceWriter's {MAX_PAYLOAD_BYTES}-byte limit "
-                "for one message; Venice would chunk it, and this command does not write chunks yet: nothing "
-                "was written (repush the store, or write this key with a Venice producer)"
+                "for one message; a Venice online producer refuses such a write to a real-time topic too (it "
+                "does not chunk into the RT, and leaders do not put RT chunks back together): nothing was "
+                "written (repush the store to repair this key)"
             )
         writes.append(r)
     return writes

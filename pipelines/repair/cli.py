@@ -158,8 +158,9 @@ APPLY_HELP = textwrap.dedent("""\
     stamped above the winner may warn that a region's DCR would keep its own value (writes_dcr_would_ignore: same
     timestamp, higher stored hash — a poisoned region, typically): those keys are written too and named on
     stderr, and the write alone will not fix that region: plan again.
-    Values are not chunked: a key and value over VeniceWriter's 972,800-byte message limit refuse the whole
-    plan before anything is written. The plan holds no value schema id: PUTs carry --value-schema-id.
+    Values are not chunked, as Venice's online producers do not chunk into a real-time topic (a Venice leader
+    does not put RT chunks back together): a key and value over VeniceWriter's 972,800-byte message limit
+    refuse the whole plan before anything is written; repush the store to repair such a key. The plan holds no value schema id: PUTs carry --value-schema-id.
 
     --dry-run prints each write (key in hex) and contacts no cluster. --out DIR writes summary.json and writes/
     (Parquet: partition, key, op, logical_ts, rt_offset) for `repair verify --applied`.

@@ -160,7 +160,7 @@ def test_applying_twice_changes_nothing_a_region_holds(real_kafka, store, tmp_pa
         assert dcr_apply(Record(PUT, b"newer", row["logical_ts"] + 1), now).content != (PUT, b"newer")
 
 
-def test_usage_errors_write_nothing(real_kafka, store, tmp_path):
+def test_usage_errors_write_nothing(real_kafka, store, tmp_path, capsys):
     write_plan(tmp_path / "plan", store, _rows())
     write_plan(tmp_path / "other", "no_such_store", _rows())
     assert _apply(tmp_path / "other", real_kafka) == 2  # a plan against a cluster without its store's RT
@@ -170,5 +170,9 @@ def test_usage_errors_write_nothing(real_kafka, store, tmp_path):
     big = _rows()[:1]
     big[0]["value"] = b"x" * (950 * 1024)
     write_plan(tmp_path / "big", store, big)
-    assert _apply(tmp_path / "big", real_kafka) == 2  # over VeniceWriter's limit: no chunking here
+    capsys.readouterr()
+    # over VeniceWriter's limit: refused, as a Venice online producer refuses it (no chunks into an RT)
+    assert _apply(tmp_path / "big", real_kafka) == 2
+    err = capsys.readouterr().err
+    assert "972800-byte limit" in err and "does not chunk into the RT" in err, err
     assert _read(real_kafka, f"{store}_rt") == []
