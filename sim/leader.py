@@ -277,16 +277,20 @@ class SimLeader:
                     pm = env["producerMetadata"]
                     lts = pm["logicalTimestamp"]
                     wts = lts if lts >= 0 else pm["messageTimestamp"]
-                    vector = store.resolve(rec.key, wts, r, off)
+                    body = env["payloadUnion"][1]
+                    rt_value = body["putValue"] if rec.kind == "PUT" else None
+                    # a poisoned write is compared as the RT write it is, but what the replica stores (and a
+                    # later tie compares with) is the poisoned value
+                    bad = poison(rt_value) if rt_value is not None and (r, off) in poison_set else None
+                    vector = store.resolve(rec.key, wts, r, off, rt_value, bad)
                     if vector is None:
                         stats.dcr_losers += 1
                     else:
                         rmd = encode_value_level_rmd(wts, vector) if vector else _empty_rmd(wts)
-                        body = env["payloadUnion"][1]
                         if rec.kind == "PUT":
-                            v = body["putValue"]
-                            if (r, off) in poison_set:
-                                v = poison(v)
+                            v = rt_value
+                            if bad is not None:
+                                v = bad
                                 stats.poisoned_by_fault += 1
                             put(
                                 rec.key, v, VALUE_SCHEMA_ID, rmd_version=RMD_PROTOCOL_VERSION, rmd_payload=rmd

@@ -1,6 +1,6 @@
 """Dependencies point one way (issue 17): the import graph, built from the source with `ast`, obeys the layers.
 
-    pipelines  →  leapfrog / div / heartbeat          sim  →  heartbeat  →  div
+    pipelines  →  leapfrog / div / heartbeat          sim  →  heartbeat  →  div;  sim  →  leapfrog (Venice's DCR rule)
 
 - no import cycle between our modules (imports inside functions and under TYPE_CHECKING count: a lazy import
   is still a dependency);

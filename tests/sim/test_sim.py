@@ -525,6 +525,63 @@ def test_regions_converge_except_on_dropped_and_poisoned_keys(sim_run, vts):
                 assert len(others) == 1 and finals[x].get(key) not in others
 
 
+def test_ties_are_resolved_by_venices_merge_in_every_region(tmp_path, venice):
+    """Few keys and many writes a millisecond, so that writes of one key often share a logical timestamp: every
+    region's final record of a key is the write Venice's merge (`leapfrog.repair.dcr_apply`) keeps among that
+    key's RT writes (no failover, so no replay), and some of those ties are ones the old (region, RT offset)
+    order decided otherwise."""
+    from leapfrog.repair import DELETE, PUT, Record, dcr_apply
+
+    result = run(
+        small_config(
+            tmp_path / "ties",
+            faults={},
+            records=3000,
+            keys=60,
+            batch_records=0,
+            write_rate=[20000.0],
+            quiet=[],
+            workers="inline",
+        )
+    )
+    t = result.truth["run"]
+    old_rule_differs = ties = 0
+    for q in range(t["partitions"]):
+        writes: dict[bytes, list[Record]] = defaultdict(list)
+        for r in range(t["regions"]):
+            for row in rows(result.archives[r], t["rt_topic"], q):
+                if row.key == K.HEARTBEAT_KEY:
+                    continue
+                env = venice.envelope(row.value)
+                branch, body = env["payloadUnion"]
+                kind = _BRANCH[branch]
+                if kind == "CONTROL":
+                    continue
+                pm = env["producerMetadata"]
+                ts = pm["logicalTimestamp"] if pm["logicalTimestamp"] >= 0 else pm["messageTimestamp"]
+                value = body["putValue"] if kind == "PUT" else None
+                writes[row.key[1:]].append(
+                    Record(PUT if value is not None else DELETE, value, ts, r, row.offset)
+                )
+        expected: dict[bytes, bytes | None] = {}
+        for key, ws in writes.items():
+            stored = None
+            for w in ws:
+                stored = dcr_apply(stored, w)
+            expected[key] = stored.value if stored.op == PUT else None
+            top = [w for w in ws if w.logical_ts == stored.logical_ts]
+            ties += len(top) > 1
+            old_winner = max(top, key=lambda w: (w.region, w.offset))
+            old_rule_differs += old_winner.content != stored.content
+        for x in range(t["regions"]):
+            finals = _final_values(leader_data(vt_records(result, venice, x, q)))
+            assert finals == expected, (x, q)
+    print(
+        f"keys whose winner had an equal-timestamp rival: {ties}; the old order picked another: {old_rule_differs}"
+    )
+    assert ties > 0 and old_rule_differs > 0, (ties, old_rule_differs)
+
+
 def test_archives_are_complete(sim_run):
     t = sim_run.truth["run"]
     removed = {

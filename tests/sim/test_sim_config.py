@@ -1,5 +1,5 @@
-"""The simulator's pure parts: settings and flags, the traffic schedule, conflict resolution, fault placement,
-archive compaction, and the `tidegauge simulate` command line (no Kafka needed)."""
+"""The simulator's pure parts: settings and flags, the traffic schedule, fault placement,
+archive compaction, and the `tidegauge simulate` command line (no Kafka needed). Conflict resolution: test_dcr.py."""
 
 from __future__ import annotations
 
@@ -14,7 +14,6 @@ from div import archive
 from pipelines.cli import main
 from sim.compaction import compact_range
 from sim.config import ConfigError, QuietPeriod, SimConfig, from_mapping, parse_faults, parse_kafka
-from sim.dcr import ReplicaStore
 from sim.faults import _neighbours, plan_faults
 from sim.traffic import DELETE, PUT, KeySpace, Values, build_schedule, key_content, poison, venice_partition
 
@@ -205,25 +204,6 @@ def test_values_name_their_write_and_poison_changes_them():
     a, b = v.write(7, 1, 100), v.write(8, 1, 100)
     assert len(a) == 100 and a != b and a[:1] == b"W"
     assert len(poison(a)) == 100 and poison(a) != a
-
-
-# ---------------------------------------------------------------------------------------- DCR
-def test_dcr_is_last_writer_wins_with_region_and_offset_tie_breaks():
-    s = ReplicaStore()
-    assert s.resolve(b"k", 100, 1, 5) == []
-    assert s.resolve(b"k", 99, 2, 9) is None  # older timestamp loses
-    assert s.resolve(b"k", 100, 0, 50) is None  # same time: lower region loses
-    assert s.resolve(b"k", 100, 1, 4) is None  # same time and region: lower offset loses
-    assert s.resolve(b"k", 100, 1, 5) == []  # the same write again (after a failover) is re-applied
-    assert s.resolve(b"k", 100, 2, 0) == []
-
-
-def test_legacy_vector_follows_venices_old_rule():
-    s = ReplicaStore(legacy_vectors=True)
-    assert s.resolve(b"k", 1, 2, 40) == [0, 0, 40]  # fresh: zeros up to the region, then its offset
-    assert s.resolve(b"k", 2, 0, 7) == [7, 0, 40]
-    assert s.resolve(b"k", 1, 1, 9) is None  # a loser leaves the vector alone
-    assert s.resolve(b"k", 3, 1, 9) == [7, 9, 40]
 
 
 # ---------------------------------------------------------------------------------------- faults
