@@ -167,15 +167,26 @@ def _powers_of_31(n: int) -> np.ndarray:
     return _POWERS[:n]
 
 
-def dcr_put_wins_tie(old: Record, new: Record) -> bool:
-    """Whether `new` replaces `old` when both have the same timestamp (`AbstractMerge` + `MergeUtils`): a DELETE
-    replaces anything (a DELETE too); a stored DELETE stays against a PUT; between PUTs the strictly higher Java
-    hash replaces."""
-    if new.op == DELETE:
+def tie_replaces(
+    stored_delete: bool, stored_hash: int | None, new_delete: bool, new_hash: int | None
+) -> bool:
+    """Venice's tie rule on what it compares (`AbstractMerge` + `MergeUtils`), for two writes of one timestamp:
+    a DELETE replaces anything (a DELETE too); a stored DELETE stays against a PUT; between PUTs the strictly
+    higher Java hash of the value replaces, and equal hashes keep the stored value. The hashes of DELETEs are
+    not looked at. (The simulator's DCR keeps hashes, not values: both call this.)"""
+    if new_delete:
         return True
-    if old.op == DELETE:
+    if stored_delete:
         return False
-    return java_bytes_hash(new.value or b"") > java_bytes_hash(old.value or b"")
+    assert new_hash is not None and stored_hash is not None
+    return new_hash > stored_hash
+
+
+def dcr_put_wins_tie(old: Record, new: Record) -> bool:
+    """Whether `new` replaces `old` when both have the same timestamp (`tie_replaces` on their values)."""
+    if new.op == DELETE or old.op == DELETE:
+        return tie_replaces(old.op == DELETE, None, new.op == DELETE, None)
+    return tie_replaces(False, java_bytes_hash(old.value or b""), False, java_bytes_hash(new.value or b""))
 
 
 def dcr_apply(stored: Record | None, incoming: Record) -> Record:

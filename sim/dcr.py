@@ -25,7 +25,7 @@ from __future__ import annotations
 
 from typing import NamedTuple
 
-from leapfrog.repair import java_bytes_hash
+from leapfrog.repair import java_bytes_hash, tie_replaces
 
 # One int per key: timestamp | region | RT offset | delete bit | Java hash + 2**31 (so that the unsigned field
 # compares like the signed hash). The timestamp is on top: one shift reads it.
@@ -103,14 +103,13 @@ class ReplicaStore:
             if timestamp < stored_ts:
                 return None
             if timestamp == stored_ts and coord != (stored >> _COORD_SHIFT) & _COORD_MASK:
-                # a tie between two different writes: Venice's rule (leapfrog.repair.dcr_put_wins_tie)
-                if value is not None:
-                    if stored & _DELETE:
-                        return None  # a stored DELETE stays against a PUT
+                # a tie between two different writes: Venice's rule, the one implementation in leapfrog.repair
+                # (biased hashes compare as the hashes do)
+                stored_delete = bool(stored & _DELETE)
+                if value is not None and not stored_delete:
                     h = java_bytes_hash(value) + _HASH_BIAS
-                    if h <= stored & _HASH_MASK:
-                        return None  # the strictly higher hash wins; equal hashes keep the stored value
-                # an incoming DELETE wins the tie
+                if not tie_replaces(stored_delete, stored & _HASH_MASK, value is None, h):
+                    return None
         if value is None:
             low = _DELETE
         elif stored_value is not None:

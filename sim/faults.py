@@ -416,14 +416,17 @@ class _Placer:
     # -- dropped and poisoned ---------------------------------------------------------------------------
     def dp_mask(self) -> np.ndarray:
         """A PUT that is the last write of its key (a live run never writes the key again), whose key was
-        absent or held a PUT before it, and that no RT fault touched."""
+        absent or held a PUT before it, that is strictly newer than the key's write before it (at an equal
+        timestamp Venice's tie-break may keep the older write, and the fault would cause nothing), and that no
+        RT fault touched."""
         if self._dp is None:
             s, st = self.s, self.state
             prev, nxt = _neighbours(s.key)
             before = st.last_op[s.key]
             prev_is_put = np.where(prev >= 0, s.op[np.maximum(prev, 0)] == PUT, before != DELETE)
+            newer = np.where(prev >= 0, s.time_ms[np.maximum(prev, 0)] < s.time_ms, True)
             tainted = np.isin(s.key, np.fromiter(st.tainted, dtype=np.int64, count=len(st.tainted)))
-            mask = (nxt < 0) & (s.op == PUT) & prev_is_put & ~tainted & ~self.used
+            mask = (nxt < 0) & (s.op == PUT) & prev_is_put & newer & ~tainted & ~self.used
             self._dp = (mask, prev)
         return self._dp[0]
 

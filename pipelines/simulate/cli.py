@@ -17,8 +17,8 @@ HELP = textwrap.dedent("""\
 
     N regions (default 3), P partitions, one store version. A push job writes StartOfPush, batch data and
     EndOfPush to every region's version topic (VT); online producers write each region's real-time topic (RT)
-    with DIV segments; in every region a leader per partition consumes all RTs, resolves conflicts (highest
-    logical timestamp wins, then region id, then RT offset) and writes its VT with leader footers and
+    with DIV segments; in every region a leader per partition consumes all RTs, resolves conflicts as Venice does
+    (highest logical timestamp wins; on a tie a DELETE, then the higher Java hash of the value) and writes its VT with leader footers and
     heartbeats that carry high-water marks (hbw) and DIV state (hbd); followers replay each VT with DIV and
     checkpoints. Faults can be injected; each is listed with the findings it must cause in DIR/truth.json.
 
