@@ -115,3 +115,25 @@ def fnv1a_64(data: bytes) -> int:
         h ^= b
         h = (h * 0x100000001B3) & 0xFFFFFFFFFFFFFFFF
     return h - (1 << 64) if h >= 1 << 63 else h
+
+
+def readable(content: bytes) -> str | None:
+    """The text a key holds when it is an Avro string of printable characters (what most stores use), for
+    pages people read beside the hex; None otherwise. Key content only: no Venice key header byte."""
+    n, shift, i = 0, 0, 0
+    while i < len(content) and i < 10:  # the zig-zag varint length prefix of an Avro string
+        b = content[i]
+        n |= (b & 0x7F) << shift
+        shift += 7
+        i += 1
+        if not b & 0x80:
+            break
+    else:
+        return None
+    if (n >> 1) ^ -(n & 1) != len(content) - i:
+        return None
+    try:
+        text = content[i:].decode("utf-8")
+    except UnicodeDecodeError:
+        return None
+    return text if text.isprintable() else None

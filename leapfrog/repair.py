@@ -267,13 +267,13 @@ def plan_key(
         conflict = [x for x in regions if truth[x] is not None and truth[x].coordinate in same_write]
         c = same_write[0]
         reason = (
-            f"regions {_names(conflict)} hold the same RT write (region {c[0]}, offset {c[1]}) with different "
+            f"{_regions(conflict)} hold the same RT write (region {c[0]}, offset {c[1]}) with different "
             "values: one was poisoned, and without that RT write (--rt) nothing says which"
         )
     elif _ambiguous(top):
         conflict = [x for x in regions if truth[x] is not None and truth[x].logical_ts == top_ts]
         reason = (
-            f"regions {_names(conflict)} hold different values at the same logical timestamp {top_ts} whose Java "
+            f"{_regions(conflict)} hold different values at the same logical timestamp {top_ts} whose Java "
             "hashes tie: Venice keeps whichever arrived first"
         )
     if conflict:
@@ -310,7 +310,7 @@ def plan_key(
         stamp = max(r.logical_ts for r in present) + 1
         reason = (
             f"{reason}; stamped {stamp}, one above the highest timestamp any region holds: at the winner's own "
-            f"{winner.logical_ts}, Venice's DCR in regions {_names(ignored)} would keep the stored record"
+            f"{winner.logical_ts}, Venice's DCR in {_regions(ignored)} would keep the stored record"
         )
     return Repair(
         winner.op,
@@ -328,6 +328,13 @@ def plan_key(
     )
 
 
+def _regions(regions: Iterable[int], one: str = "", many: str = "") -> str:
+    """`region 1 stores` / `regions 1, 2 store` (the verb as given for one region and for several)."""
+    xs = list(regions)
+    verb = one if len(xs) == 1 else many
+    return f"{'region' if len(xs) == 1 else 'regions'} {_names(xs)}" + (f" {verb}" if verb else "")
+
+
 def _names(regions: Iterable[int]) -> str:
     return ", ".join(str(x) for x in regions)
 
@@ -336,7 +343,7 @@ def _explain(cause: str, winner: Record, fix: tuple[int, ...], poisoned: list[in
     where = "a bulk-load record" if winner.coordinate is None else f"RT write {winner.region}@{winner.offset}"
     if cause == POISONED:
         bad = [x for x in fix if x in poisoned]
-        return f"regions {_names(bad)} store a value that differs from the RT write their record names; winner: {where}"
+        return f"{_regions(bad, 'stores', 'store')} a value that differs from the RT write its record names; winner: {where}"
     if cause == LOST_DELETE:
-        return f"regions {_names(fix)} still hold a value the winning DELETE ({where}) removes"
-    return f"regions {_names(fix)} do not hold the winning write ({where})"
+        return f"{_regions(fix, 'still holds', 'still hold')} a value the winning DELETE ({where}) removes"
+    return f"{_regions(fix, 'does not hold', 'do not hold')} the winning write ({where})"

@@ -32,6 +32,7 @@ from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
 
+from div import keys
 from pipelines.core import interrupts
 from pipelines.core.errors import EXIT_CLEAN as EXIT_MATCH
 from pipelines.core.errors import EXIT_FINDINGS as EXIT_MISMATCH
@@ -152,28 +153,11 @@ def _clusters_text(cfg: SimConfig) -> str:
 
 # -- the fault check ---------------------------------------------------------------------------------------
 def _key_text(hex_key: str | None) -> str:
-    """A key for people: the Avro string it encodes when it is one (`key-00000042`), else its hex."""
+    """A key for people: the Avro string it encodes when it is one (`'key-00000042'`), else its hex."""
     if not hex_key:
         return "-"
-    raw = bytes.fromhex(hex_key)
-    n, shift, i = 0, 0, 0
-    while i < len(raw):  # zig-zag varint length prefix of an Avro string
-        b = raw[i]
-        n |= (b & 0x7F) << shift
-        shift += 7
-        i += 1
-        if not b & 0x80:
-            break
-    length = (n >> 1) ^ -(n & 1)
-    text = raw[i:]
-    if length == len(text):
-        try:
-            s = text.decode("utf-8")
-            if s.isprintable():
-                return repr(s)
-        except UnicodeDecodeError:
-            pass
-    return hex_key
+    text = keys.readable(bytes.fromhex(hex_key))
+    return hex_key if text is None else repr(text)
 
 
 LeapfrogFinding = tuple[str, int, int, int, str]  # type, region_a, region_b, partition, key hex

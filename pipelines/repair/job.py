@@ -24,6 +24,7 @@ import pyarrow as pa
 import pyarrow.parquet as pq
 
 from div import envelope as E
+from div import keys
 from div.records import Kind, iter_records
 from heartbeat.change_events import PartitionChanges, logical_timestamp
 from heartbeat.changes import ChangeState
@@ -229,8 +230,10 @@ def _read_rt(source, spec, opts, wanted, out, counts, progress) -> None:
         counts["unreadable"] += len(offsets) - found
 
 
-def _key_hex(k: bytes) -> str:
-    return k.hex()
+def key_text(k: bytes) -> str:
+    """Hex, and the text beside it when the key is a printable Avro string."""
+    text = keys.readable(k)
+    return k.hex() if text is None else f"{k.hex()} ({text!r})"
 
 
 def _value_text(r: Repair) -> str:
@@ -273,7 +276,7 @@ def plan_text(opts: PlanOptions, lf: Leapfrog, plans: dict[tuple[int, bytes], Re
         lines.append(f"pair {a}-{b}: {len(items)} keys")
         for p, k, typ in items:
             r = plans[(p, k)]
-            lines.append(f"  partition {p} key {_key_hex(k)}  ({typ})  cause: {r.cause}")
+            lines.append(f"  partition {p} key {key_text(k)}  ({typ})  cause: {r.cause}")
             lines.append(f"    write: {_write_text(r)}")
             if r.detail:
                 lines.append(f"    why: {r.detail}")

@@ -45,6 +45,7 @@ from pipelines.core.sources import SourceSpec
 from pipelines.core.storage import locate
 from pipelines.repair.apply import COMMAND as APPLY_COMMAND
 from pipelines.repair.apply import load_plan
+from pipelines.repair.job import key_text
 
 log = logging.getLogger("tidegauge.repair")
 
@@ -275,7 +276,7 @@ def _page(plan, opts, lf, rows, counts, outside, applied) -> str:
     listed = [r for r in rows if r["status"] != "converged"]
     for r in listed[:MAX_LISTED]:
         lines.append(
-            f"  {r['status']}: partition {r['partition']} key {r['key'].hex()} ({r['op']}, cause {r['cause']}); "
+            f"  {r['status']}: partition {r['partition']} key {key_text(r['key'])} ({r['op']}, cause {r['cause']}); "
             f"regions {', '.join(map(str, r['regions']))}: {', '.join(r['types'])}"
         )
     if len(listed) > MAX_LISTED:

@@ -757,3 +757,20 @@ def test_md5_of_the_reference_agrees_with_hashlib():
     c = ref.RunningChecksum(ref.MD5)
     c.feed(b"abc")
     assert c.value() == hashlib.md5(b"abc").digest()
+
+
+@pytest.mark.parametrize(
+    ("content", "text"),
+    [
+        (b"\x18key-00001201", "key-00001201"),  # an Avro string: zig-zag length 12, then its bytes
+        (b"\x02a", "a"),
+        (b"\x00", ""),  # the empty string
+        (b"\x02\x07", None),  # not printable
+        (b"\x04a", None),  # the length says 2, one byte follows
+        (b"\x02\xff", None),  # not UTF-8
+        (b"", None),
+        (b"\x80" * 12, None),  # a varint that never ends
+    ],
+)
+def test_a_key_is_shown_as_text_only_when_it_is_a_printable_avro_string(content, text):
+    assert keys.readable(content) == text

@@ -145,7 +145,7 @@ def test_a_poisoned_value_with_the_higher_hash_is_overwritten_one_above_the_winn
     assert (r.op, r.value, r.cause, r.regions_to_fix) == (PUT, good, POISONED, (1, 3))
     assert r.ignored_by == (1,) and (r.winner_ts, r.logical_ts) == (50, 51) and r.stamped_above_winner
     assert (r.source_region, r.source_offset) == (2, 188)
-    assert "stamped 51" in r.detail and "regions 1" in r.detail
+    assert "stamped 51" in r.detail and "in region 1 would keep" in r.detail
     write = Record(r.op, r.value, r.logical_ts, 0, 999)
     assert dcr_apply(current[1], Record(r.op, r.value, 50, 0, 999)) == current[1], "ignored at W"
     for x, rec in current.items():
