@@ -137,3 +137,9 @@ def readable(content: bytes) -> str | None:
     except UnicodeDecodeError:
         return None
     return text if text.isprintable() else None
+
+
+def shown(content: bytes) -> str:
+    """A key as text pages show it: its hex, and the text beside it when it is a printable Avro string."""
+    text = readable(content)
+    return content.hex() if text is None else f"{content.hex()} ({text!r})"

@@ -29,6 +29,7 @@ from typing import Any
 import pyarrow as pa
 import pyarrow.parquet as pq
 
+from div import keys
 from div.writer import MAX_PAYLOAD_BYTES, SegmentWriter, random_guid
 from pipelines.core.errors import EXIT_CLEAN, EXIT_PARTIAL, UsageError
 from pipelines.core.output import OutputDir, guard, read_output
@@ -137,7 +138,7 @@ def _describe(r: dict[str, Any]) -> str:
     )
     fix = ",".join(map(str, r["regions_to_fix"] or []))
     return (
-        f"partition {r['partition']} key {bytes(r['key']).hex()} {what} logical_ts {r['logical_ts']} "
+        f"partition {r['partition']} key {keys.shown(bytes(r['key']))} {what} logical_ts {r['logical_ts']} "
         f"cause {r['cause']} regions_to_fix {fix}"
     )
 

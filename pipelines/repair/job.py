@@ -230,12 +230,6 @@ def _read_rt(source, spec, opts, wanted, out, counts, progress) -> None:
         counts["unreadable"] += len(offsets) - found
 
 
-def key_text(k: bytes) -> str:
-    """Hex, and the text beside it when the key is a printable Avro string."""
-    text = keys.readable(k)
-    return k.hex() if text is None else f"{k.hex()} ({text!r})"
-
-
 def _value_text(r: Repair) -> str:
     if r.op == "DELETE":
         return "DELETE"
@@ -276,7 +270,7 @@ def plan_text(opts: PlanOptions, lf: Leapfrog, plans: dict[tuple[int, bytes], Re
         lines.append(f"pair {a}-{b}: {len(items)} keys")
         for p, k, typ in items:
             r = plans[(p, k)]
-            lines.append(f"  partition {p} key {key_text(k)}  ({typ})  cause: {r.cause}")
+            lines.append(f"  partition {p} key {keys.shown(k)}  ({typ})  cause: {r.cause}")
             lines.append(f"    write: {_write_text(r)}")
             if r.detail:
                 lines.append(f"    why: {r.detail}")

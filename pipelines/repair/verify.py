@@ -37,6 +37,7 @@ from typing import Any
 import pyarrow as pa
 import pyarrow.parquet as pq
 
+from div import keys
 from pipelines.core.errors import EXIT_CLEAN, EXIT_FINDINGS, UsageError
 from pipelines.core.output import OutputDir, guard
 from pipelines.core.progress import Progress
@@ -45,7 +46,6 @@ from pipelines.core.sources import SourceSpec
 from pipelines.core.storage import locate
 from pipelines.repair.apply import COMMAND as APPLY_COMMAND
 from pipelines.repair.apply import load_plan
-from pipelines.repair.job import key_text
 
 log = logging.getLogger("tidegauge.repair")
 
@@ -95,8 +95,8 @@ def _current_disagreement(
         for spec in opts.sources:
             current[spec.region], _ = read_current(spec, popts, planned, n_regions, progress)
     out: dict[tuple[int, bytes], list[int]] = {}
-    for p, keys in planned.items():
-        for k in keys:
+    for p, wanted in planned.items():
+        for k in wanted:
             seen = {
                 x: ("DELETE", None) if (rec := current[x].get((p, k))) is None else rec.content
                 for x in current
@@ -276,7 +276,7 @@ def _page(plan, opts, lf, rows, counts, outside, applied) -> str:
     listed = [r for r in rows if r["status"] != "converged"]
     for r in listed[:MAX_LISTED]:
         lines.append(
-            f"  {r['status']}: partition {r['partition']} key {key_text(r['key'])} ({r['op']}, cause {r['cause']}); "
+            f"  {r['status']}: partition {r['partition']} key {keys.shown(r['key'])} ({r['op']}, cause {r['cause']}); "
             f"regions {', '.join(map(str, r['regions']))}: {', '.join(r['types'])}"
         )
     if len(listed) > MAX_LISTED:
