@@ -839,6 +839,12 @@ def _run_jobs(
 
     with progress.step("leapfrog", "again, on the logs after the repair replicated") as res:
         _leapfrog_step(out / "repair" / "leapfrog-after", run, sources, spark, res)
+        before = {f[3:] for f in read_leapfrog_findings(out / "leapfrog")}
+        new = {f[3:] for f in read_leapfrog_findings(out / "repair" / "leapfrog-after")} - before
+        res.append(
+            f"{len(new)} keys not found before the repair"
+            + ("" if new else " (it lists what it saw in the whole log, the time before the repair too)")
+        )
     with progress.step("repair verify", "does every planned key agree in every region now?") as res:
         with contextlib.redirect_stdout(sys.stderr):  # its page goes to demo.log; verify.txt keeps it
             code = verify(

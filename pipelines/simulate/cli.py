@@ -83,9 +83,9 @@ EPILOG = textwrap.dedent("""\
           --faults failover@60,dropped@120,poisoned@150,silent@200+30,isolated@300+40,broker@400+5
       tidegauge simulate --live --out out/live --rate 50          # until Ctrl-C; prints the kafka:// URIs
       tidegauge simulate --live --out out/swap --brokers real --duration 180 --faults failover@40,swap@90
-      tidegauge simulate --out out/sim --repair-window 600 &       # then, once live.json says repair-window:
-          tidegauge leapfrog ... --out out/lf && tidegauge repair plan ... --leapfrog out/lf --out out/plan
-          tidegauge repair apply --plan out/plan --kafka 0=HOST:PORT && touch out/sim/repair-window.done
+      tidegauge simulate --out out/sim --repair-window 600   # then, once live.json says repair-window:
+          # leapfrog and repair plan on out/sim/archive/dc-<id>, repair apply into a region's kafka:// URI
+          # (live.json's regions), then: touch out/sim/repair-window.done
 
     configuration: --conf FILE (default conf/simulate.yaml when present) holds a `simulate:` section (traffic:
     key count and skew, write rates, value sizes, quiet periods, lags, heartbeat cadence, ...; documented in
