@@ -414,6 +414,9 @@ def test_the_cycle_with_the_rts_converges_and_keeps_later_writes():
         check(c, with_rt=True)
         bumped += sum(1 for r in c.plans.values() if r.stamped_above_winner)
         later_on_planned += len(set(c.later) & {k for k, r in c.plans.items() if r.has_write})
+    print(
+        f"\nrepair cycle with the RTs: {bumped} writes stamped W+1, {later_on_planned} later writes on planned keys"
+    )
     assert bumped > 20 and later_on_planned > 100, (bumped, later_on_planned)
 
 
@@ -440,13 +443,21 @@ def test_applying_the_plan_twice_equals_applying_it_once():
 def test_ablations_are_caught():
     """The properties have teeth: a repair stamped with the current time overwrites a write made after the plan,
     and a repair stamped with the winner's own timestamp (no W + 1) leaves a poisoned key unconverged."""
-    overwrote = unconverged = 0
+    overwrote = unconverged = overwritten_keys = unconverged_keys = 0
     for seed in range(HISTORIES):
         h = history(seed)
-        overwrote += bool(later_writes_survive(run_cycle(h, stamp=current_time)))
+        lost = later_writes_survive(run_cycle(h, stamp=current_time))
+        overwrote += bool(lost)
+        overwritten_keys += len(lost)
         c = run_cycle(h, stamp=winners_own)
         poisoned = {k for k, f in h.faults.items() if f.kind == "poisoned"}
-        unconverged += bool(planned_keys_converge(c, poisoned))
+        stuck = planned_keys_converge(c, poisoned)
+        unconverged += bool(stuck)
+        unconverged_keys += len(stuck)
         assert not planned_keys_converge(c, set(c.plans) - poisoned), seed  # only the bump's keys need it
+    print(
+        f"\nablations over {HISTORIES} histories: stamped with the current time, {overwritten_keys} violations in "
+        f"{overwrote} histories; without W+1, {unconverged_keys} poisoned keys unconverged in {unconverged}"
+    )
     assert overwrote > 0, "a repair stamped with the current time must be caught overwriting a later write"
     assert unconverged > 0, "a repair without the W + 1 stamp must leave some poisoned key unconverged"
