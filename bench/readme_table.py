@@ -136,6 +136,7 @@ BENCHES: dict[str, list[str]] = {
     "watch_1m": ["bench/bench_watch.py", "--records", "1000000", "--queries", "decode,leapfrog,div"],
     "brokers": ["bench/bench_brokers.py", "--repeat", "3"],
     "changes": ["bench/bench_changes.py", "--records", "500000", "--repeat", "3", "--sims", "3"],
+    "repair": ["bench/bench_repair.py", "--dir", "/tmp/bench-repair-full"],
 }
 
 
@@ -521,6 +522,35 @@ SHOWN: dict[str, tuple[str, list[str]]] = {
             "beyond_venice.total.naive_duplicates",
             "beyond_venice.total.tidegauge_duplicates",
             "beyond_venice.total.tidegauge_missing",
+        ],
+    ),
+    "repair": (
+        "`repair plan` and `repair apply` in a simulation's repair window (2 regions, 4 partitions, a key per 5 "
+        "writes, `dropped` and `poisoned` faults, 500 each): the VT records per region the plan read, the "
+        "divergent keys it had, its wall time without and with `--rt` (one run each) and per 1,000 divergences, "
+        "its read rate against a scan of the same archives' batches; `repair apply` of the plan into region 0's "
+        "RT, and of a synthetic plan of 100,000 PUTs (200-byte values) into a fresh mock cluster: writes "
+        "acknowledged per second (the producer's start included)",
+        [
+            "vt_records_per_region",
+            "divergent_keys",
+            "plan_writes",
+            "undecidable",
+            "plan_rt_writes",
+            "plan_s",
+            "plan_rt_s",
+            "plan_s_per_1000_divergences",
+            "plan_rt_s_per_1000_divergences",
+            "plan_records_per_s",
+            "plan_rt_records_per_s",
+            "vt_scan_records_per_s",
+            "plan_over_scan",
+            "apply_acked",
+            "apply_s",
+            "apply_writes_per_s",
+            "synthetic_apply_acked",
+            "synthetic_apply_s",
+            "synthetic_apply_writes_per_s",
         ],
     ),
     "kafka_io": ("archive and Kafka plumbing every job stands on", []),
