@@ -137,6 +137,7 @@ class PartitionChanges:
         self.filter = ChangeFilter(state)
         self.chunked = state.chunked
         self.ended = state.ended  # the version's VersionSwap has been read: its end
+        self.push_started = False  # this stream read the version's StartOfPush (so `chunked` is known)
         self.problems: list[Problem] = []
         self.already_read = 0  # records before the state's position (a re-read range): skipped
         self._chunks: dict[bytes, bytes] = dict(
@@ -188,6 +189,7 @@ class PartitionChanges:
             else:
                 if kind is _START_OF_PUSH:
                     self.chunked = bool(E.control_body(rec.env).get("chunked"))
+                    self.push_started = True
                 elif kind is _VERSION_SWAP:
                     self.ended = True
                 elif kind is _CHUNK:
