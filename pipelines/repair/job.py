@@ -237,7 +237,9 @@ def _read_rt(source, spec, opts, wanted, out, counts, progress) -> None:
             out[(p, spec.region, o)] = None
         if p in source.partitions(opts.rt_topic):
             lo, hi = min(offsets), max(offsets) + 1
+            named = pa.array(sorted(offsets), pa.int64())
             for batch in source.iter_partition(opts.rt_topic, p, start=lo, end=hi):
+                batch = batch.filter(pc.is_in(batch.column("offset"), value_set=named))  # decode those only
                 for rec in iter_records(batch, codec):
                     if rec.offset not in offsets or rec.env is None or rec.key is None:
                         continue
