@@ -23,6 +23,7 @@ Imports nothing of tidegauge's: publishing, the Spark session and the exit codes
 
 from __future__ import annotations
 
+import _thread
 import contextlib
 import logging
 import os
@@ -68,7 +69,33 @@ def _on_sigint(signum: int, frame: Any) -> None:
     if _held:
         _pending = True
         return
+    if _in_weakref_callback(frame):
+        # Python runs a weakref callback (py4j's, when a Java object's proxy is collected) where the collection
+        # happened, and drops what it raises ("Exception ignored in"): the KeyboardInterrupt would be lost and
+        # the run go on (a job whose Spark tasks never end ran until killed). Deliver it again in a moment.
+        threading.Timer(0.05, _thread.interrupt_main).start()
+        return
     raise KeyboardInterrupt
+
+
+# py4j's weakref callbacks (java_gateway.py): collecting a Java object's proxy or a connection
+_WEAKREF_CALLBACKS = {
+    "<lambda>",
+    "_garbage_collect_object",
+    "_garbage_collect_connection",
+    "_garbage_collect_proxy",
+}
+
+
+def _in_weakref_callback(frame: Any) -> bool:
+    while frame is not None:
+        code = frame.f_code
+        if code.co_name in _WEAKREF_CALLBACKS and code.co_filename.endswith(
+            os.path.join("py4j", "java_gateway.py")
+        ):
+            return True
+        frame = frame.f_back
+    return False
 
 
 def install() -> None:

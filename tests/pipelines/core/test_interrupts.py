@@ -212,3 +212,31 @@ def test_a_failed_run_removes_its_own_staging_only(tmp_path, capsys):
         assert [p.name for p in tmp_path.iterdir()] == [other_staging.name]
     finally:
         other.abandon()
+
+
+def test_a_ctrl_c_that_lands_in_a_py4j_weakref_callback_is_delivered_again_not_lost():
+    """Python drops what a weakref callback raises ("Exception ignored in"): a KeyboardInterrupt raised while
+    py4j's callback collects a Java object's proxy was lost, and a Spark job whose tasks never end ran on (seen in
+    CI: `div validate --engine spark` ignored Ctrl-C). The handler sees such a frame and delivers the interrupt
+    again a moment later, where it is not dropped."""
+    import sys
+
+    scope: dict = {"sys": sys}
+    exec(
+        compile("grab = lambda: sys._getframe()", os.path.join("x", "py4j", "java_gateway.py"), "exec"), scope
+    )
+    in_callback = scope["grab"]()
+    assert interrupts._in_weakref_callback(in_callback)
+    assert not interrupts._in_weakref_callback(sys._getframe())
+
+    previous = signal.signal(signal.SIGINT, interrupts._on_sigint)
+    interrupts.reset()
+    try:
+        assert interrupts._on_sigint(signal.SIGINT, in_callback) is None  # not raised there: it would be lost
+        assert interrupts.interrupted()
+        with pytest.raises(KeyboardInterrupt):  # delivered again, to the main thread
+            time.sleep(2)
+    finally:
+        signal.signal(signal.SIGINT, previous)
+        interrupts.reset()
+        logging.disable(logging.NOTSET)
