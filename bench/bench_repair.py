@@ -81,6 +81,20 @@ def log(msg: str) -> None:
     print(f"[bench_repair] {msg}", file=sys.stderr, flush=True)
 
 
+def _apply(name: str, what: str, plan: str, bootstrap: str, work: str, log) -> dict:
+    """`repair apply` of `plan` into region 0's RT at `bootstrap`, timed: its `<name>_*` figures."""
+    out = os.path.join(work, name.replace("_", "-"))
+    s, code = _timed(apply_run, ApplyOptions(plan=plan, region=0, bootstrap=bootstrap, out=out))
+    done = _summary(out)
+    log(f"repair apply ({what}): {done['writes_acknowledged']} acknowledged in {s:.2f} s, exit {code}")
+    return {
+        f"{name}_writes": done["writes"],
+        f"{name}_acked": done["writes_acknowledged"],
+        f"{name}_s": round(s, 3),
+        f"{name}_writes_per_s": round(done["writes_acknowledged"] / s),
+    }
+
+
 def _timed(fn, *a, **kw) -> tuple[float, object]:
     t = time.perf_counter()
     with contextlib.redirect_stdout(sys.stderr):  # the jobs' own lines: stdout is this bench's JSON
@@ -187,40 +201,17 @@ def in_window(info: dict, args, work: str, res: dict) -> None:
     res["vt_scan_s"] = round(res["vt_scan_s"], 3)
 
     region0 = next(r for r in regions if int(r["region"]) == 0)
-    bootstrap = region0["uri"].removeprefix("kafka://")
-    out = os.path.join(work, "apply")
-    s, code = _timed(apply_run, ApplyOptions(plan=plans[True], region=0, bootstrap=bootstrap, out=out))
-    done = _summary(out)
-    res |= {
-        "apply_writes": done["writes"],
-        "apply_acked": done["writes_acknowledged"],
-        "apply_s": round(s, 3),
-        "apply_writes_per_s": round(done["writes_acknowledged"] / s),
-    }
-    log(f"repair apply (real plan): {done['writes_acknowledged']} acknowledged in {s:.2f} s, exit {code}")
+    res |= _apply("apply", "real plan", plans[True], region0["uri"].removeprefix("kafka://"), work, log)
 
     partitions = len({i.partition for i in archive.describe(dirs[0]) if i.topic == topic})
     synth = os.path.join(work, "synthetic-plan")
     synthetic_plan(synth, store, version, partitions, args.apply_writes, args.value_size)
-    out = os.path.join(work, "apply-synthetic")
     with EmbeddedKafka(
         brokers=1
     ) as kafka:  # the simulation's kind of cluster, started here: see the docstring
         kafka.create_topic(f"{store}_rt", partitions)
-        s, code = _timed(
-            apply_run, ApplyOptions(plan=synth, region=0, bootstrap=kafka.bootstrap_servers, out=out)
-        )
-    done = _summary(out)
-    res |= {
-        "synthetic_apply_writes": done["writes"],
-        "synthetic_apply_acked": done["writes_acknowledged"],
-        "synthetic_apply_s": round(s, 3),
-        "synthetic_apply_writes_per_s": round(done["writes_acknowledged"] / s),
-        "value_size": args.value_size,
-    }
-    log(
-        f"repair apply (synthetic plan): {done['writes_acknowledged']} acknowledged in {s:.2f} s, exit {code}"
-    )
+        res |= _apply("synthetic_apply", "synthetic plan", synth, kafka.bootstrap_servers, work, log)
+    res["value_size"] = args.value_size
 
 
 def main() -> None:
