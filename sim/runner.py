@@ -560,10 +560,7 @@ class _Simulation:
             self._produce_until(t1)
             self.timings["produce_s"] += time.perf_counter() - t
             self._flush()
-            ends = {
-                r: {q: prod.next_offset(cfg.rt_topic, q) for q in range(cfg.partitions)}
-                for r, prod in enumerate(self.producers)
-            }
+            ends = self._rt_ends()
             for x, w in enumerate(self.workers):
                 w.send("step", t1, ends, self.pending_faults[x])
                 self.pending_faults[x] = []
@@ -1065,6 +1062,14 @@ class _Simulation:
     def _final_heartbeats(self) -> None:
         self._grid_heartbeats(self.t_final_hb)
 
+    def _rt_ends(self) -> dict[int, dict[int, int]]:
+        """Per region and partition, the RT offset the next own record gets: what the workers read up to."""
+        cfg = self.cfg
+        return {
+            r: {q: prod.next_offset(cfg.rt_topic, q) for q in range(cfg.partitions)}
+            for r, prod in enumerate(self.producers)
+        }
+
     def _close_leaders(self) -> None:
         for w in self.workers:
             w.send("close_leaders", self.t_done)
@@ -1097,7 +1102,7 @@ class _Simulation:
             )
         if self.on_repair_window is not None:
             self.on_repair_window(json.loads((self.out / "live.json").read_text()))
-            closed_by = "done"
+            closed_by = "stop requested" if self.stop.is_set() else "done"
         else:
             deadline = time.monotonic() + cfg.repair_window_s
             while not (done_file.exists() or self.stop.is_set() or time.monotonic() >= deadline):
@@ -1105,10 +1110,7 @@ class _Simulation:
             closed_by = (
                 "done" if done_file.exists() else "stop requested" if self.stop.is_set() else "duration"
             )
-        before = {
-            x: {q: prod.next_offset(cfg.rt_topic, q) for q in range(cfg.partitions)}
-            for x, prod in enumerate(self.producers)
-        }
+        before = self._rt_ends()
         ends = {x: self.regions[x].end_offsets(cfg.rt_topic, cfg.partitions) for x in range(cfg.regions)}
         for x, prod in enumerate(self.producers):
             for q, end in ends[x].items():
@@ -1121,10 +1123,7 @@ class _Simulation:
         self._grid_heartbeats(t_w)
         self._flush()
         t_end = t_w + max_lag + 1
-        rt_ends = {
-            r: {q: prod.next_offset(cfg.rt_topic, q) for q in range(cfg.partitions)}
-            for r, prod in enumerate(self.producers)
-        }
+        rt_ends = self._rt_ends()
         for w in self.workers:
             w.send("step", t_end, rt_ends, [])
         self._collect(0)
