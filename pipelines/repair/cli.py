@@ -312,7 +312,7 @@ def _register_verify(repair_sub) -> None:
     p.set_defaults(func=run_verify)
 
 
-@exit_codes()
+@exit_codes(SourceError)
 def run_verify(args: argparse.Namespace) -> int:
     from pipelines.repair.verify import VerifyOptions, run
 

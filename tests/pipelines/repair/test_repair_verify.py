@@ -178,10 +178,12 @@ def test_usage_errors(tmp_path):
     lf = ["--leapfrog", str(tmp_path / "lf")]
     assert main([*argv, *lf, "--store", "other"]) == 2  # a copied command line of another store
     assert main([*argv, *lf, "--version", "9"]) == 2
-    assert main([*argv, *lf, "--store", STORE, "--version", "1"]) in (
-        0,
-        1,
-    )  # the plan's own: checked, accepted
+    own = main([*argv, *lf, "--store", STORE, "--version", "1"])
+    assert own in (0, 1)  # the plan's own store and version: checked, accepted
+    (tmp_path / "empty").mkdir()
+    assert (
+        main([*argv, *lf, "--source", f"0={tmp_path / 'empty'}"]) == 2
+    )  # no topic of the plan's version there
 
 
 def test_a_leapfrog_run_older_than_the_apply_is_called_out(tmp_path, capsys):
