@@ -13,7 +13,9 @@ are left undecoded as OTHER). The classification (`div.records.kind`) and the fo
 
 from __future__ import annotations
 
+import numpy as np
 import pyarrow as pa
+import pyarrow.compute as pc
 import xxhash
 
 from div import envelope as E
@@ -21,6 +23,7 @@ from div import keys as K
 from div.heartbeat_headers import header_value
 from div.records import Kind, footer_source, manifest_chunk_keys
 from div.records import kind as record_kind
+from pipelines.leapfrog.vector_decode import VectorDecoder
 
 # int8 codes of the kinds this module writes and its readers (scan, job) test, as plain ints for numpy and Spark
 PUT, DELETE, CHUNK, MANIFEST = int(Kind.PUT), int(Kind.DELETE), int(Kind.CHUNK), int(Kind.MANIFEST)
@@ -83,12 +86,63 @@ def _rmd_vector(body: dict) -> list[int] | None:
 
 
 class VtDecoder:
-    """Turns archive-schema batches of one or more VT partitions into DECODED_SCHEMA batches."""
+    """Turns archive-schema batches of one or more VT partitions into DECODED_SCHEMA batches.
 
-    def __init__(self) -> None:
+    The common records are read by `vector_decode` for the whole batch at once; the rest go through this class's
+    loop (`_decode_rows`), the reference both are tested against (`vectorised=False` uses it for every row).
+    """
+
+    def __init__(self, vectorised: bool = True) -> None:
         self.codec = E.EnvelopeCodec()
+        self.vector = VectorDecoder(self.codec) if vectorised else None
+        self.loop_rows = 0  # rows the vectorised path left to the loop (profiles and tests read it)
 
     def decode(self, batch: pa.RecordBatch, region: int | None = None) -> pa.RecordBatch:
+        if self.vector is None or batch.num_rows == 0:
+            return self._decode_rows(batch, region)
+        names = batch.schema.names
+        n = batch.num_rows
+        cols = self.vector.plan(
+            batch.column(names.index("key")),
+            batch.column(names.index("value")),
+            batch.column(names.index("headers")) if "headers" in names else None,
+        )
+        fast = pa.RecordBatch.from_arrays(
+            [
+                pa.array(np.full(n, region, np.int32))
+                if region is not None
+                else batch.column(names.index("region")).cast(pa.int32()),
+                batch.column(names.index("partition")).cast(pa.int32()),
+                batch.column(names.index("offset")).cast(pa.int64()),
+                pa.array(cols.kind),
+                cols.key,
+                pa.array(cols.value_hash, mask=~cols.has_hash),
+                pa.array(cols.deleted == 1, mask=cols.deleted < 0),
+                pa.array(cols.src.astype(np.int32), mask=~cols.has_src),
+                pa.array(cols.src_offset, mask=~cols.has_src),
+                pa.nulls(n, pa.list_(pa.int64())),
+                pa.nulls(n, pa.list_(pa.int64())),
+                pa.nulls(n, pa.bool_()),
+                pa.nulls(n, pa.list_(pa.binary())),
+                cols.chunk_payload,
+            ],
+            schema=DECODED_SCHEMA,
+        )
+        slow = np.flatnonzero(cols.slow)
+        if len(slow) == 0:
+            return fast
+        self.loop_rows += len(slow)
+        ref = self._decode_rows(batch.take(pa.array(slow)), region)
+        where = np.full(n, -1, np.int64)
+        where[slow] = np.arange(len(slow))
+        spread = pa.array(where, mask=where < 0)
+        is_slow = pa.array(cols.slow)
+        return pa.RecordBatch.from_arrays(
+            [pc.if_else(is_slow, r.take(spread), f) for r, f in zip(ref.columns, fast.columns, strict=True)],
+            schema=DECODED_SCHEMA,
+        )
+
+    def _decode_rows(self, batch: pa.RecordBatch, region: int | None = None) -> pa.RecordBatch:
         names = batch.schema.names
         n = batch.num_rows
         keys_in = batch.column(names.index("key")).to_pylist()
