@@ -184,6 +184,12 @@ def main() -> None:
         "spark_shuffle_s": round(min(shuffle), 2),
         "spark_direct_s": round(min(direct), 2),
         "local_records_per_s": round(records / min(local)),
+        # issue 32 asks for this figure beside Leap Frog's (no goal yet): the auto plan's rate per Spark core
+        "spark_records_per_s_per_core": round(
+            records
+            / min(direct if auto_plan == "direct" else shuffle)
+            / spark.sparkContext.defaultParallelism
+        ),
         # `ratio` is for the plan the job picks on its own (read=auto) for this archive
         "auto_plan": auto_plan,
         "ratio": round(min(local) / min(direct if auto_plan == "direct" else shuffle), 3),

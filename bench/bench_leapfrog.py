@@ -9,8 +9,12 @@ restored before each run). The job in (b) is the full rescan of both days that (
 Each side of each ratio gets one sample per round, so the best-of ratios compare minima over as many samples
 (a minimum over more samples is lower: giving one side more rounds biases its ratio), spread alike over the
 session (runs late in a session were seen to be faster than early ones, and one noisy sample off by 20 %).
-Prints one JSON object; goals: job / decode-only ≤ 1.6, incremental / full ≤ 0.6 (on the best-of ratios;
-`*_neighbours` give the median of the ratios within each round as well).
+A round also times two scans that read every byte of the same archives (the lengths of every key, value and
+header value, summed in the JVM) and decode nothing: Spark's Parquet reader over the archive files (the floor) and
+Leap Frog's own archive source. With `--loop`, a decode pass through the per-record reference loop as well.
+Prints one JSON object; goals: at least 250k VT records/s per core for the job, job / Parquet scan ≤ 6, job /
+decode-only ≤ 1.6, incremental / full ≤ 0.6 (on the best-of ratios; `*_neighbours` give the median of the ratios
+within each round as well).
 """
 
 from __future__ import annotations
@@ -32,13 +36,52 @@ from pipelines.core.spark_session import get_session  # noqa: E402
 from pipelines.leapfrog.job import LeapfrogOptions, decode_only, run  # noqa: E402
 
 
-def decode_pass(spark, dirs: dict[int, str], store: str) -> float:
-    t = time.perf_counter()
-    decode_only(
-        spark,
-        LeapfrogOptions(store=store, version=1, out="", sources=[SourceSpec(x, d) for x, d in dirs.items()]),
+def _opts(dirs: dict[int, str], store: str) -> LeapfrogOptions:
+    return LeapfrogOptions(
+        store=store, version=1, out="", sources=[SourceSpec(x, d) for x, d in dirs.items()]
     )
+
+
+def decode_pass(spark, dirs: dict[int, str], store: str, vectorised: bool = True) -> float:
+    t = time.perf_counter()
+    decode_only(spark, _opts(dirs, store), vectorised=vectorised)
     return time.perf_counter() - t
+
+
+def _byte_sum(df) -> int:
+    """Every byte of every record's key, value and header values, summed in the JVM: a scan that reads it all and
+    decodes nothing."""
+    from pyspark.sql import functions as F
+
+    headers = F.aggregate(
+        F.col("headers"), F.lit(0).cast("long"), lambda acc, h: acc + F.length(h.getField("value"))
+    )
+    row = (
+        F.coalesce(F.length("key"), F.lit(0))
+        + F.coalesce(F.length("value"), F.lit(0))
+        + F.coalesce(headers, F.lit(0))
+    )
+    return df.select(F.sum(row.cast("long")).alias("bytes")).first()["bytes"]
+
+
+def parquet_scan(spark, dirs: dict[int, str]) -> tuple[float, int]:
+    """Spark's own Parquet reader over the archive files, reading every byte (the floor of any scan here)."""
+    t = time.perf_counter()
+    n = _byte_sum(spark.read.parquet(*[os.path.join(d, "*.parquet") for d in dirs.values()]))
+    return time.perf_counter() - t, n
+
+
+def source_scan(spark, dirs: dict[int, str], store: str) -> tuple[float, int]:
+    """Leap Frog's own archive source (`tidegauge_vt`), reading every byte, decoding nothing."""
+    from pipelines.leapfrog.job import _sources
+    from pipelines.leapfrog.source import plan, read_vt
+
+    opts = _opts(dirs, store)
+    t = time.perf_counter()
+    n = _byte_sum(
+        read_vt(spark, plan(_sources(opts), opts.topic, opts.kafka_conf), opts.topic, opts.kafka_conf)
+    )
+    return time.perf_counter() - t, n
 
 
 def job(spark, dirs: dict[int, str], out: str, store: str, state: str | None = None) -> tuple[float, int]:
@@ -81,6 +124,11 @@ def main() -> None:
     ap.add_argument("--master", default="local[2]")
     ap.add_argument("--incremental", action="store_true")
     ap.add_argument(
+        "--loop",
+        action="store_true",
+        help="also time a decode pass through the per-record reference loop (VtDecoder(vectorised=False))",
+    )
+    ap.add_argument(
         "--keys",
         type=int,
         default=Workload.keys,
@@ -111,8 +159,15 @@ def main() -> None:
             shutil.rmtree(d, ignore_errors=True)
         job(spark, d1, os.path.join(args.dir, "inc-day1"), w.store, state)
         shutil.copytree(state, after_day1)
-    dec, jobs, incs = [], [], []
+    dec, jobs, incs, pq_scans, src_scans, loops = [], [], [], [], [], []
     for i in range(args.repeat):
+        pq_s, pq_bytes = parquet_scan(spark, dirs)
+        src_s, src_bytes = source_scan(spark, dirs, w.store)
+        assert pq_bytes == src_bytes, (pq_bytes, src_bytes)  # both read every byte
+        pq_scans.append(pq_s)
+        src_scans.append(src_s)
+        if args.loop:
+            loops.append(decode_pass(spark, dirs, w.store, vectorised=False))
         dec.append(decode_pass(spark, dirs, w.store))
         s, code = job(spark, dirs, os.path.join(args.dir, f"out-{i}"), w.store)
         jobs.append(s)
@@ -143,8 +198,31 @@ def main() -> None:
                 "state_rows_after_day1": _state_rows(after_day1),
             }
         )
+    cores = spark.sparkContext.defaultParallelism
+    records = w.regions * args.records
+    if loops:
+        result.update(
+            {
+                "loop_decode_only_s": round(min(loops), 2),
+                "loop_decode_runs_s": [round(x, 2) for x in loops],
+                "decode_speedup_over_loop": round(min(loops) / min(dec), 2),
+            }
+        )
     result.update(
         {
+            "cores": cores,
+            "job_vt_records_per_s_per_core": round(records / min(jobs) / cores),
+            "job_per_core_goal": ">= 250000",
+            "decode_vt_records_per_s_per_core": round(records / min(dec) / cores),
+            "scan_bytes": pq_bytes,
+            "parquet_scan_s": round(min(pq_scans), 2),
+            "source_scan_s": round(min(src_scans), 2),
+            "job_over_scan": round(min(jobs) / min(pq_scans), 2),
+            "job_over_scan_goal": "<= 6",
+            "job_over_scan_neighbours": _median_ratio(jobs, pq_scans),
+            "job_over_source_scan": round(min(jobs) / min(src_scans), 2),
+            "parquet_scan_runs_s": [round(x, 2) for x in pq_scans],
+            "source_scan_runs_s": [round(x, 2) for x in src_scans],
             "decode_only_s": round(min(dec), 2),
             "job_s": round(min(jobs), 2),
             "ratio": round(min(jobs) / min(dec), 3),

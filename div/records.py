@@ -123,6 +123,20 @@ def kind(key: bytes | None, env: dict | None) -> Kind:
     return _UNDECODABLE
 
 
+def data_kinds(is_put, is_delete, schema_id):
+    """`kind` of records under a data key, for numpy arrays of many at once: the same rule for readers that never
+    build an envelope (Leap Frog's vectorised decode). `is_put`/`is_delete`: the payload branch; `schema_id`:
+    the Put's. tests/pipelines/leapfrog/test_vector_decode.py checks it against `kind` on every payload."""
+    import numpy as np
+
+    out = np.full(len(is_put), int(_OTHER), np.int8)
+    out[is_delete] = int(_DELETE)
+    out[is_put] = int(_PUT)
+    out[is_put & (schema_id == CHUNK_SCHEMA_ID)] = int(_CHUNK)
+    out[is_put & (schema_id == MANIFEST_SCHEMA_ID)] = int(_MANIFEST)
+    return out
+
+
 _PUT_BRANCH, _DELETE_BRANCH, _UPDATE_BRANCH, _CONTROL_BRANCH = E.PUT, E.DELETE, E.UPDATE, E.CONTROL
 _HEARTBEAT_KEY = keys.HEARTBEAT_KEY
 _PUT, _DELETE, _UPDATE, _CONTROL, _OTHER = Kind.PUT, Kind.DELETE, Kind.UPDATE, Kind.CONTROL, Kind.OTHER

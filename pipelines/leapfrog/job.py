@@ -107,31 +107,29 @@ def _scan(
     rows (`rows`, chunk rows left out: a fused run falls back to two-phase when it meets any)."""
     from pipelines.leapfrog import rows as R
     from pipelines.leapfrog.scan import SCAN_DDL, SplitScan
-    from pipelines.leapfrog.source import read_vt
+    from pipelines.leapfrog.source import scan_splits
 
-    vt = read_vt(spark, splits, opts.topic, opts.kafka_conf)
     if buckets is None:
-        return vt.mapInArrow(SplitScan(n, opts.mode, records=records), SCAN_DDL)
-    return R.keyed(
-        vt.mapInArrow(
-            SplitScan(n, opts.mode, keep_chunks=False, buckets=buckets, records=records), R.SCAN_DDL
-        ),
-        buckets,
-    )
+        return scan_splits(
+            spark, splits, opts.topic, opts.kafka_conf, SplitScan(n, opts.mode, records=records), SCAN_DDL
+        )
+    scan = SplitScan(n, opts.mode, keep_chunks=False, buckets=buckets, records=records)
+    return R.keyed(scan_splits(spark, splits, opts.topic, opts.kafka_conf, scan, R.SCAN_DDL), buckets)
 
 
-def decode_only(spark: SparkSession, opts: LeapfrogOptions) -> int:
-    """Read and decode every record of every region's VT, nothing else: the floor of any Leap Frog run."""
-    from pipelines.leapfrog.source import plan, read_vt
+def decode_only(spark: SparkSession, opts: LeapfrogOptions, vectorised: bool = True) -> int:
+    """Read and decode every record of every region's VT, nothing else: the floor of any Leap Frog run
+    (`vectorised=False`: through the per-record reference loop alone, for benchmarks' comparison)."""
+    from pipelines.leapfrog.source import plan, scan_splits
 
     splits = plan(_sources(opts), opts.topic, opts.kafka_conf)
 
     def fn(batches):
-        dec = V.VtDecoder()
+        dec = V.VtDecoder(vectorised=vectorised)
         for b in batches:
             yield dec.decode(b, None)
 
-    df = read_vt(spark, splits, opts.topic, opts.kafka_conf).drop("split").mapInArrow(fn, V.DECODED_DDL)
+    df = scan_splits(spark, splits, opts.topic, opts.kafka_conf, fn, V.DECODED_DDL)
     return df.write.format("noop").mode("overwrite").save() or len(splits)
 
 

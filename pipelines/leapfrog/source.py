@@ -21,6 +21,7 @@ import json
 from collections.abc import Iterator, Mapping
 from dataclasses import dataclass
 
+import numpy as np
 import pyarrow as pa
 from pyspark.sql import DataFrame, SparkSession
 from pyspark.sql.datasource import DataSource, DataSourceReader, InputPartition
@@ -108,27 +109,64 @@ class _Reader(DataSourceReader):
         return list(self.splits) or [VtSplit(0, 0, "", 0, 0, 0)]
 
     def read(self, partition: InputPartition) -> Iterator[pa.RecordBatch]:
-        s: VtSplit = partition  # type: ignore[assignment]
-        if s.end <= s.start:
-            return
-        try:
-            conf = self.kafka_conf.get(s.region)
-            for b in read_range(s.uri, conf, self.topic, s.partition, s.start, s.end, columns=_COLUMNS):
-                n = b.num_rows
-                yield pa.RecordBatch.from_arrays(
-                    [
-                        pa.array([s.split] * n, pa.int32()),
-                        pa.array([s.region] * n, pa.int32()),
-                        b.column("partition").cast(pa.int32()),
-                        b.column("offset"),
-                        b.column("key"),
-                        b.column("value"),
-                        b.column("headers"),
-                    ],
-                    names=[f.name for f in SCHEMA.fields],
-                )
-        except _READ_ERRORS as exc:
-            yield read_error_batch(s, f"region {s.region} partition {s.partition}: {exc}")
+        yield from split_batches(partition, self.topic, self.kafka_conf)  # type: ignore[arg-type]
+
+
+def split_batches(s: VtSplit, topic: str, kafka_conf: Mapping[int, Mapping]) -> Iterator[pa.RecordBatch]:
+    """The records of split `s` as `tidegauge_vt` batches, in offset order; a read-error row last when it could not
+    be read to its end."""
+    if s.end <= s.start:
+        return
+    try:
+        conf = kafka_conf.get(s.region)
+        for b in read_range(s.uri, conf, topic, s.partition, s.start, s.end, columns=_COLUMNS):
+            n = b.num_rows
+            yield pa.RecordBatch.from_arrays(
+                [
+                    pa.array(np.full(n, s.split, np.int32)),
+                    pa.array(np.full(n, s.region, np.int32)),
+                    b.column("partition").cast(pa.int32()),
+                    b.column("offset"),
+                    b.column("key"),
+                    b.column("value"),
+                    b.column("headers"),
+                ],
+                names=[f.name for f in SCHEMA.fields],
+            )
+    except _READ_ERRORS as exc:
+        yield read_error_batch(s, f"region {s.region} partition {s.partition}: {exc}")
+
+
+class ReadSplits:
+    """`mapInArrow` over split ids (`scan_splits`): each task reads its split and hands the batches, in offset
+    order, to `then` (a function of an iterator of batches: a `scan.SplitScan`, a decoder), in the same Python
+    worker. Leap Frog's job reads this way: its records never cross into the JVM and back (the data source's rows
+    are Spark rows, which `mapInArrow` would turn into Arrow again), only what `then` yields does."""
+
+    def __init__(
+        self, splits: list[VtSplit], topic: str, kafka_conf: Mapping[int, Mapping] | None, then
+    ) -> None:
+        self.splits, self.topic, self.kafka_conf, self.then = splits, topic, dict(kafka_conf or {}), then
+
+    def __call__(self, ids: Iterator[pa.RecordBatch]) -> Iterator[pa.RecordBatch]:
+        for b in ids:
+            for i in b.column(0).to_pylist():
+                yield from self.then(split_batches(self.splits[i], self.topic, self.kafka_conf))
+
+
+def scan_splits(
+    spark: SparkSession,
+    splits: list[VtSplit],
+    topic: str,
+    kafka_conf: Mapping[int, Mapping] | None,
+    then,
+    ddl: str,
+) -> DataFrame:
+    """What `then` makes of each planned split's records (`ReadSplits`), one Spark task per split; `ddl` is its
+    rows' schema. Kafka settings travel inside the task's function, never in a plan's text."""
+    return spark.range(0, len(splits), 1, max(len(splits), 1)).mapInArrow(
+        ReadSplits(splits, topic, kafka_conf, then), ddl
+    )
 
 
 def read_error_batch(s: VtSplit, message: str) -> pa.RecordBatch:

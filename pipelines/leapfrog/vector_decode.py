@@ -34,9 +34,9 @@ import xxhash
 from div import envelope as E
 from div import keys as K
 from div import positions as P
-from div.records import CHUNK_SCHEMA_ID, MANIFEST_SCHEMA_ID, Kind
+from div.records import Kind, data_kinds
 
-_PUT, _DELETE, _CHUNK = int(Kind.PUT), int(Kind.DELETE), int(Kind.CHUNK)
+_PUT, _DELETE, _CHUNK, _MANIFEST = int(Kind.PUT), int(Kind.DELETE), int(Kind.CHUNK), int(Kind.MANIFEST)
 _UNDECODABLE, _OTHER = int(Kind.UNDECODABLE), int(Kind.OTHER)
 _LONG_MAX = (1 << 63) - 1
 _INT_MIN, _INT_MAX = -(1 << 31), (1 << 31) - 1
@@ -68,7 +68,9 @@ def _binary_parts(arr: pa.Array) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
     n = len(arr)
     bufs = arr.buffers()
     off_type = np.int64 if pa.types.is_large_binary(arr.type) else np.int32
-    offsets = np.frombuffer(bufs[1], off_type, n + 1, arr.offset * np.dtype(off_type).itemsize).astype(np.int64)
+    offsets = np.frombuffer(bufs[1], off_type, n + 1, arr.offset * np.dtype(off_type).itemsize).astype(
+        np.int64
+    )
     first, last = int(offsets[0]), int(offsets[-1])
     data = np.zeros(last - first + _PAD, np.uint8)
     if bufs[2] is not None and last > first:
@@ -218,7 +220,6 @@ class VectorDecoder:
         # Put: putValue, schemaId; Delete: schemaId. Then both: replicationMetadataVersionId, -Payload
         value_start, value_end = _masked_bytes(r, is_put)
         schema_id = r.int()
-        r.ok &= ~(is_put & (schema_id == MANIFEST_SCHEMA_ID))
         rmd_version = r.int()
         rmd_start, rmd_end = r.bytes()
         has_footer = r.long()
@@ -235,7 +236,9 @@ class VectorDecoder:
         sub.ok &= ~_nonascii(vdata, host_start, host_end, sub.ok)
         ok = np.where(footer, sub.ok & (sub.pos == vend), r.ok & (r.pos == vend))
 
-        chunk = is_put & (schema_id == CHUNK_SCHEMA_ID)
+        data_kind = data_kinds(is_put, is_delete, schema_id)  # the rule of div.records.kind, for many
+        chunk = data_kind == _CHUNK
+        ok &= data_kind != _MANIFEST  # the loop reads its chunk keys
         placed = ok & footer & ~chunk
         src_offset, blob_ok = _src_offsets(vdata, blob_start, blob_end, legacy)
         empty_vector = _empty_rmd_vector(vdata, rmd_start, rmd_end)
@@ -243,15 +246,13 @@ class VectorDecoder:
 
         slow |= data_key & ~ok
         fast_data = data_key & ok
-        kind[fast_data & is_put & ~chunk] = _PUT
-        kind[fast_data & chunk] = _CHUNK
-        kind[fast_data & is_delete] = _DELETE
-        puts = fast_data & is_put & ~chunk
+        kind[fast_data] = data_kind[fast_data]
+        puts = fast_data & (data_kind == _PUT)
         value_hash = np.zeros(n, np.int64)
         value_hash[puts] = _hashes(vdata, value_start[puts], value_end[puts])
         deleted = np.full(n, -1, np.int8)
         deleted[puts] = 0
-        deleted[fast_data & is_delete] = 1
+        deleted[fast_data & (data_kind == _DELETE)] = 1
         has_src = fast_data & footer & ~chunk
         chunks = fast_data & chunk
         return Columns(
