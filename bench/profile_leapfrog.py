@@ -71,8 +71,10 @@ def _stages(spark, after: int, records: int) -> list[dict]:
     return out
 
 
-def _python_top(spark, limit: int) -> list[dict]:
-    with tempfile.TemporaryDirectory() as d:
+def _python_top(spark, limit: int, keep: str | None) -> list[dict]:
+    with tempfile.TemporaryDirectory() as tmp:
+        d = keep or tmp
+        os.makedirs(d, exist_ok=True)
         spark.profile.dump(id=None, path=d, type="perf")
         files = [os.path.join(d, f) for f in os.listdir(d) if f.endswith(".pstats")]
         if not files:
@@ -98,6 +100,7 @@ def main() -> None:
     ap.add_argument("--master", default="local[2]")
     ap.add_argument("--python", action="store_true", help="also profile the Python workers (slows them)")
     ap.add_argument("--top", type=int, default=25, help="Python functions to list (default 25)")
+    ap.add_argument("--pstats", help="keep the workers' pstats files in this directory (for pstats/snakeviz)")
     args = ap.parse_args()
     w = Workload(vt_records=args.records)
     root = os.path.join(args.dir, f"w{args.records}")
@@ -127,7 +130,7 @@ def main() -> None:
         "stages": _stages(spark, after, records),
     }
     if args.python:
-        result["python_top"] = _python_top(spark, args.top)
+        result["python_top"] = _python_top(spark, args.top, args.pstats)
     print(json.dumps(result))
 
 

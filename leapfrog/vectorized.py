@@ -385,6 +385,26 @@ def _joint_rank(*arrays: np.ndarray) -> list[np.ndarray]:
     return out
 
 
+def _group_keys(
+    gid_x: np.ndarray, x: np.ndarray, gid_y: np.ndarray, y: np.ndarray
+) -> tuple[np.ndarray, np.ndarray]:
+    """One int64 per element of x and of y, ordered as (gid, value) pairs are: gid * span + value. The values
+    themselves when every key fits in 63 bits (offsets do, for the groups of a chunk), their dense joint ranks
+    otherwise: the ranks cost a sort, the values nothing."""
+    if len(x) == 0 and len(y) == 0:
+        return np.zeros(0, np.int64), np.zeros(0, np.int64)
+    lo = min(int(x.min(initial=0)), int(y.min(initial=0)))
+    hi = max(int(x.max(initial=0)), int(y.max(initial=0)))
+    top = max(int(gid_x.max(initial=0)), int(gid_y.max(initial=0))) + 1
+    span = hi - lo + 2
+    gid_x, gid_y = gid_x.astype(np.int64, copy=False), gid_y.astype(np.int64, copy=False)
+    if lo >= -(1 << 62) and top * span < (1 << 62):
+        return gid_x * span + (x - lo), gid_y * span + (y - lo)
+    rx, ry = _joint_rank(x, y)
+    span = int(max(rx.max(initial=0), ry.max(initial=0))) + 2
+    return gid_x * span + rx, gid_y * span + ry
+
+
 @dataclass
 class PairResult:
     """Per group of `groups`: the finding's rows (-1: none) and the counters."""
@@ -412,15 +432,11 @@ def compare(a: Histories, b: Histories, groups: np.ndarray) -> PairResult:
     gid_b = b.gid[b_rows]
     for r in range(n_regions):
         # L: first a (in group) with mark_a[r] >= K_b[r]
-        ra, rb = _joint_rank(a.mark[:, r], b.vector[b_rows, r])
-        span = int(max(ra.max(initial=0), rb.max(initial=0))) + 2
-        comp_a = gid_a * span + ra
-        low = np.maximum(low, np.searchsorted(comp_a, gid_b * span + rb, side="left"))
+        comp_a, key_b = _group_keys(gid_a, a.mark[:, r], gid_b, b.vector[b_rows, r])
+        low = np.maximum(low, np.searchsorted(comp_a, key_b, side="left"))
         # R: first a with K_a[r] > mark_b[r]
-        ka, mb = _joint_rank(a.vector[:, r], b.mark[b_rows, r])
-        span = int(max(ka.max(initial=0), mb.max(initial=0))) + 2
-        comp_k = gid_a * span + ka
-        high = np.minimum(high, np.searchsorted(comp_k, gid_b * span + mb, side="right"))
+        comp_k, key_m = _group_keys(gid_a, a.vector[:, r], gid_b, b.mark[b_rows, r])
+        high = np.minimum(high, np.searchsorted(comp_k, key_m, side="right"))
     band = np.maximum(high - low, 0)
     comparable_pairs = np.bincount(b_group, weights=band, minlength=g).astype(np.int64)
     # records matched with nothing on the other side

@@ -68,3 +68,21 @@ def test_vectorized_equals_reference(latest_kept):
                 checked += 1
             checked += 1
     assert checked > 1000 and found > 50
+
+
+@pytest.mark.parametrize("scale", [1, 1 << 40, 1 << 58])
+def test_group_keys_order_as_pairs(scale):
+    """`_group_keys` orders (gid, value) pairs as tuples do, and ties them as tuples do, whether the values fit
+    as they are (no sort) or need their ranks (offsets near 2^62 in a chunk of many groups)."""
+    from leapfrog.vectorized import _group_keys
+
+    rng = np.random.default_rng(scale % 1000)
+    gx, gy = rng.integers(0, 50, 300), rng.integers(0, 50, 200)
+    x, y = rng.integers(-1, 20, 300) * scale, rng.integers(-1, 20, 200) * scale
+    kx, ky = _group_keys(gx, x, gy, y)
+    pairs = list(zip(np.concatenate([gx, gy]).tolist(), np.concatenate([x, y]).tolist(), strict=True))
+    keys = np.concatenate([kx, ky]).tolist()
+    for i in range(0, len(pairs), 7):
+        for j in range(0, len(pairs), 5):
+            assert (pairs[i] < pairs[j]) == (keys[i] < keys[j])
+            assert (pairs[i] == pairs[j]) == (keys[i] == keys[j])
