@@ -9,7 +9,9 @@ are not the job's speed). Prints one JSON object:
   CPU time, records in and out, shuffle bytes), from Spark's REST API;
 - `python_top`: with `--python`, the Python functions taking the most time inside the workers (own time and
   cumulative time, calls), from the profiler's pstats;
-- `per_record_us`: the executors' run time per VT record, per stage.
+- `per_record_us`: the executors' run time per VT record, per stage;
+- `plan_nodes`: the time and size metrics of each node of the run's SQL plans (sort time, shuffle write time,
+  fetch wait time, rows), from the same API.
 """
 
 from __future__ import annotations
@@ -71,6 +73,24 @@ def _stages(spark, after: int, records: int) -> list[dict]:
     return out
 
 
+def _sql_metrics(spark, after_execution: int) -> list[dict]:
+    """The timing and size metrics of every plan node (sort time, shuffle write and fetch wait time, rows) of the
+    SQL executions after `after_execution`, as Spark's SQL tab shows them."""
+    out = []
+    for ex in _rest(spark, "sql?details=true&planDescription=false"):
+        if ex["id"] <= after_execution:
+            continue
+        for node in ex.get("nodes", []):
+            metrics = {
+                m["name"]: m["value"]
+                for m in node.get("metrics", [])
+                if any(w in m["name"] for w in ("time", "rows", "size", "written", "spill"))
+            }
+            if metrics:
+                out.append({"execution": ex["id"], "node": node["nodeName"], "metrics": metrics})
+    return out
+
+
 def _python_top(spark, limit: int, keep: str | None) -> list[dict]:
     with tempfile.TemporaryDirectory() as tmp:
         d = keep or tmp
@@ -118,6 +138,8 @@ def main() -> None:
     _job(spark, dirs, os.path.join(args.dir, "profile-warmup"), w.store)
     done = [s["stageId"] for s in _rest(spark, "stages")]
     after = max(done) if done else -1
+    executions = [e["id"] for e in _rest(spark, "sql")]
+    after_execution = max(executions) if executions else -1
     if args.python:
         spark.conf.set("spark.sql.pyspark.udf.profiler", "perf")
     wall = _job(spark, dirs, os.path.join(args.dir, "profile-run"), w.store)
@@ -128,6 +150,7 @@ def main() -> None:
         "python_profiler": args.python,
         "wall_s": round(wall, 2),
         "stages": _stages(spark, after, records),
+        "plan_nodes": _sql_metrics(spark, after_execution),
     }
     if args.python:
         result["python_top"] = _python_top(spark, args.top, args.pstats)
