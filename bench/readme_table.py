@@ -578,8 +578,14 @@ SHOWN: dict[str, tuple[str, list[str]]] = {
 
 # The goals the issues set, as (figure, comparison, limit).
 GOALS: dict[str, list[tuple[str, str, float]]] = {
-    "leapfrog": [("ratio", "<=", 1.6), ("incremental_ratio", "<=", 0.6)],
-    "leapfrog_50k_keys": [("ratio", "<=", 1.6), ("incremental_ratio", "<=", 0.6)],
+    # issue 32: the job per core and over a scan that reads every byte (job / decode-only, the goal of issue 7
+    # while decoding was the cost, is still shown)
+    "leapfrog": [
+        ("job_vt_records_per_s_per_core", ">=", 250_000),
+        ("job_over_scan", "<=", 6),
+        ("incremental_ratio", "<=", 0.6),
+    ],
+    "leapfrog_50k_keys": [("incremental_ratio", "<=", 0.6)],
     "div_validate": [("ratio", ">=", 0.7)],
     "div_spark": [("ratio", ">=", 1.5)],
     "div_restore": [("flatness.ratio", "<=", 1.5)],
@@ -594,7 +600,7 @@ GOALS: dict[str, list[tuple[str, str, float]]] = {
     ],
     "scale_cluster": [("cluster.speedup", ">=", 1.7)],
     "scale_cluster_4m": [("cluster.speedup", ">=", 1.7)],
-    "watch": [("watch.records_per_s_per_region", ">=", 20_000)],
+    "watch": [("watch.records_per_s_per_region", ">=", 60_000)],
     "changes": [
         ("throughput.ratio.median", ">=", 0.8),
         ("throughput.cli_ratio.median", ">=", 0.8),

@@ -1,10 +1,11 @@
 """`tidegauge_vt`: every region's version topic as one DataFrame, split by offset range, each split in offset order.
 
 Leap Frog's running high-water marks follow VT order. Spark's Parquet reader packs files into tasks in no
-particular order, so archives and live clusters are both read through this Python data source: a split is one
-(region, partition, offset range), read in offset order (`div.archive.iter_partition` or
-`div.kafka_log.iter_partition`), and every row carries its split id so the decoding stage can keep per-split
-running state. End offsets are fixed when the job is planned.
+particular order, so archives and live clusters are both read here: a split is one (region, partition, offset
+range), read in offset order (`div.archive.iter_partition` or `div.kafka_log.iter_partition`), and every row
+carries its split id so the decoding stage can keep per-split running state. End offsets are fixed when the job
+is planned. The job reads each split inside the task that scans it (`scan_splits`), so only the scan's narrow
+rows reach the JVM; the data source (`read_vt`) gives the records themselves as a DataFrame.
 
 Kafka client settings travel in the option `kafka_secret_conf`: Spark redacts options whose name matches its
 redaction pattern (`secret`), so they never show in plans or the UI.
