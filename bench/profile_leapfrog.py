@@ -34,10 +34,16 @@ from pipelines.core.spark_session import get_session  # noqa: E402
 from pipelines.leapfrog.job import LeapfrogOptions, run  # noqa: E402
 
 
-def _job(spark, dirs: dict[int, str], out: str, store: str) -> float:
+def _job(spark, dirs: dict[int, str], out: str, store: str, state: str | None = None) -> float:
     t = time.perf_counter()
     run(
-        LeapfrogOptions(store=store, version=1, out=out, sources=[SourceSpec(x, d) for x, d in dirs.items()]),
+        LeapfrogOptions(
+            store=store,
+            version=1,
+            out=out,
+            state_dir=state,
+            sources=[SourceSpec(x, d) for x, d in dirs.items()],
+        ),
         spark=spark,
     )
     return time.perf_counter() - t
@@ -120,12 +126,18 @@ def main() -> None:
     ap.add_argument("--master", default="local[2]")
     ap.add_argument("--python", action="store_true", help="also profile the Python workers (slows them)")
     ap.add_argument("--top", type=int, default=25, help="Python functions to list (default 25)")
+    ap.add_argument(
+        "--incremental",
+        action="store_true",
+        help="profile an incremental run over day 2 from day 1's state instead of the full job",
+    )
     ap.add_argument("--pstats", help="keep the workers' pstats files in this directory (for pstats/snakeviz)")
     args = ap.parse_args()
     w = Workload(vt_records=args.records)
     root = os.path.join(args.dir, f"w{args.records}")
-    if not os.path.isdir(os.path.join(root, "full")):
-        generate(w, root)
+    layout = "day1" if args.incremental else "full"
+    if not os.path.isdir(os.path.join(root, layout)):
+        generate(w, root, split=args.incremental)
     conf = {
         "spark.sql.shuffle.partitions": "8",
         "spark.driver.memory": "4g",
@@ -135,19 +147,38 @@ def main() -> None:
     }
     spark = get_session(args.master, conf=conf)
     dirs = {x: f"{root}/full/dc-{x}" for x in range(w.regions)}
-    _job(spark, dirs, os.path.join(args.dir, "profile-warmup"), w.store)
+    state = None
+    if args.incremental:
+        import shutil
+
+        state = os.path.join(args.dir, "profile-state")
+        shutil.rmtree(state, ignore_errors=True)
+        _job(
+            spark,
+            {x: f"{root}/day1/dc-{x}" for x in range(w.regions)},
+            os.path.join(args.dir, "p-d1"),
+            w.store,
+            state,
+        )
+        shutil.copytree(state, state + "-day1", dirs_exist_ok=True)
+        dirs = {x: f"{root}/day2/dc-{x}" for x in range(w.regions)}
+    _job(spark, dirs, os.path.join(args.dir, "profile-warmup"), w.store, state)
+    if state is not None:  # the profiled run starts from day 1's state too
+        shutil.rmtree(state)
+        shutil.copytree(state + "-day1", state)
     done = [s["stageId"] for s in _rest(spark, "stages")]
     after = max(done) if done else -1
     executions = [e["id"] for e in _rest(spark, "sql")]
     after_execution = max(executions) if executions else -1
     if args.python:
         spark.conf.set("spark.sql.pyspark.udf.profiler", "perf")
-    wall = _job(spark, dirs, os.path.join(args.dir, "profile-run"), w.store)
-    records = w.regions * args.records
+    wall = _job(spark, dirs, os.path.join(args.dir, "profile-run"), w.store, state)
+    records = w.regions * args.records // (2 if args.incremental else 1)
     result = {
         "benchmark": "profile_leapfrog",
         "vt_records": records,
         "python_profiler": args.python,
+        "incremental": args.incremental,
         "wall_s": round(wall, 2),
         "stages": _stages(spark, after, records),
         "plan_nodes": _sql_metrics(spark, after_execution),

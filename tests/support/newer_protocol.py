@@ -117,11 +117,10 @@ def _with_vtp(headers):
     ]
 
 
-def reencode_archive(src: str | os.PathLike, dst: str | os.PathLike, version: int) -> int:
-    """Copy archive `src` to `dst` with every decodable value re-encoded by the newer writer as `version`; the
-    `vtp` headers announce the newer schema. Returns how many values were re-encoded."""
+def reencode_rows(rows: list[dict], version: int, headers_of) -> int:
+    """Re-encode, in place, every decodable value of archive rows (pylist form) by the newer writer as `version`;
+    each re-encoded row's headers become `headers_of(row)`. Returns how many were re-encoded."""
     codec = E.EnvelopeCodec("fastavro")
-    rows = read_archive(src).to_pylist()
     done = 0
     for r in rows:
         try:
@@ -129,8 +128,16 @@ def reencode_archive(src: str | os.PathLike, dst: str | os.PathLike, version: in
         except E.UndecodableError:
             continue
         r["value"] = encode_newer(to_newer(env), version)
-        r["headers"] = _with_vtp(r["headers"])
+        r["headers"] = headers_of(r)
         done += 1
+    return done
+
+
+def reencode_archive(src: str | os.PathLike, dst: str | os.PathLike, version: int) -> int:
+    """Copy archive `src` to `dst` with every decodable value re-encoded by the newer writer as `version`; the
+    `vtp` headers announce the newer schema. Returns how many values were re-encoded."""
+    rows = read_archive(src).to_pylist()
+    done = reencode_rows(rows, version, lambda r: _with_vtp(r["headers"]))
     os.makedirs(dst)
     pq.write_table(
         pa.Table.from_pylist(rows, archive.KAFKA_ARROW_SCHEMA), os.path.join(dst, "records.parquet")

@@ -40,6 +40,20 @@ def _env(payload, footer, seq: int, ts: int = 1_700_000_000_000) -> dict:
     }
 
 
+def put_envelope(footer, value: bytes = b"v", schema_id: int = 1) -> dict:
+    """A leader's v14 Put envelope without RMD, as plain tests need one."""
+    payload = (
+        E.PUT,
+        {
+            "putValue": value,
+            "schemaId": schema_id,
+            "replicationMetadataVersionId": -1,
+            "replicationMetadataPayload": b"",
+        },
+    )
+    return _env(payload, footer, 1, 5)
+
+
 def record_of(entry, n_regions: int, region: int = 0) -> tuple[bytes, bytes, list | None]:
     """(key, value, headers) of one generated VT entry of `region`'s VT (whose leader names itself in footers
     and heartbeats, as a real one does: no two regions' VTs are byte-identical)."""

@@ -17,8 +17,8 @@ import pytest
 from chunked_histories import write_chunked_archives
 from damage import RECORD_KINDS, Damage, damage_archive, read_archive
 from leapfrog_histories import generated
-from newer_protocol import encode_newer, newer_vtp, to_newer
-from vt_fixtures import write_archives
+from newer_protocol import newer_vtp, reencode_rows
+from vt_fixtures import put_envelope, write_archives
 
 from div import envelope as E
 from div import keys as K
@@ -174,21 +174,17 @@ def test_fuzzed_envelopes(generated_archives, seed):
 def _newer(table: pa.Table, version: int, every_vtp: bool) -> pa.Table:
     """`table` as a newer producer writes it under protocol `version`: the newer schema in a `vtp` header on every
     record (`every_vtp`) or on the first of each partition only (later ones decode by what the first taught)."""
-    codec = E.EnvelopeCodec("fastavro")
     rows = table.to_pylist()
     seen = set()
-    for r in rows:
-        try:
-            env = codec.decode(r["value"], r["headers"])
-        except E.UndecodableError:
-            continue
-        r["value"] = encode_newer(to_newer(env), version)
+
+    def headers_of(r: dict) -> list:
         first = (r["region"], r["partition"]) not in seen
         seen.add((r["region"], r["partition"]))
-        if every_vtp or first:
-            r["headers"] = [h for h in (r["headers"] or []) if h["key"] != "vtp"] + [
-                {"key": "vtp", "value": newer_vtp()}
-            ]
+        if not (every_vtp or first):
+            return r["headers"]
+        return [h for h in (r["headers"] or []) if h["key"] != "vtp"] + [{"key": "vtp", "value": newer_vtp()}]
+
+    reencode_rows(rows, version, headers_of)
     return pa.Table.from_pylist(rows, table.schema)
 
 
@@ -263,20 +259,7 @@ def test_corrupt_lengths_are_undecodable_rows():
     from div.avro_bits import write_long
 
     codec = E.EnvelopeCodec()
-    env = {
-        "messageType": 0,
-        "producerMetadata": E.producer_metadata(bytes(16), 0, 1, 5),
-        "payloadUnion": (
-            E.PUT,
-            {
-                "putValue": b"v",
-                "schemaId": 1,
-                "replicationMetadataVersionId": -1,
-                "replicationMetadataPayload": b"",
-            },
-        ),
-        "leaderMetadataFooter": E.leader_footer("h", 7, 1),
-    }
+    env = put_envelope(E.leader_footer("h", 7, 1))
     good = codec.encode(env)
     at = good.index(write_long(1) + b"v")  # the putValue's length
     values = [good] + [
