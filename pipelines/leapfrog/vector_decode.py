@@ -40,7 +40,6 @@ _PUT, _DELETE, _CHUNK, _MANIFEST = int(Kind.PUT), int(Kind.DELETE), int(Kind.CHU
 _UNDECODABLE, _OTHER = int(Kind.UNDECODABLE), int(Kind.OTHER)
 _LONG_MAX = (1 << 63) - 1
 _INT_MIN, _INT_MAX = -(1 << 31), (1 << 31) - 1
-_PAD = 16  # bytes of zeros after a batch's buffer: a varint read past a row's end never leaves the array
 
 
 @dataclass
@@ -61,8 +60,9 @@ class Columns:
 
 
 def _binary_parts(arr: pa.Array) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
-    """(bytes padded with zeros, start offsets, end offsets) of a binary or large_binary array: only its own bytes
-    (a batch sliced from a table shares the table's whole buffer)."""
+    """(bytes, start offsets, end offsets) of a binary or large_binary array: a view of only its own bytes (a batch
+    sliced from a table shares the table's whole buffer), never a copy; at least one byte long, so that every
+    clamped read (`_Reader`) has a byte to read."""
     if isinstance(arr, pa.ChunkedArray):
         arr = arr.combine_chunks()
     n = len(arr)
@@ -72,20 +72,22 @@ def _binary_parts(arr: pa.Array) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
         np.int64
     )
     first, last = int(offsets[0]), int(offsets[-1])
-    data = np.zeros(last - first + _PAD, np.uint8)
-    if bufs[2] is not None and last > first:
-        data[: last - first] = np.frombuffer(bufs[2], np.uint8, last - first, first)
+    if bufs[2] is None or last == first:
+        data = np.zeros(1, np.uint8)
+    else:
+        data = np.frombuffer(bufs[2], np.uint8, last - first, first)
     offsets -= first
     return data, offsets[:-1], offsets[1:]
 
 
 class _Reader:
     """Cursors into one buffer, one per row, advanced field by field; a row whose field is malformed or runs past
-    its end is dropped from `ok` (its cursor stays inside the padded buffer)."""
+        its end is dropped from `ok`. Every read is clamped to the buffer: a cursor past the end reads its last byte, and
+    its row is dropped for being past its end."""
 
     def __init__(self, data: np.ndarray, pos: np.ndarray, end: np.ndarray, ok: np.ndarray) -> None:
         self.data, self.pos, self.end, self.ok = data, pos, end, ok
-        self.limit = len(data) - _PAD
+        self.limit = len(data) - 1
 
     def _varint(self) -> np.ndarray:
         """The zig-zag varint at every cursor, as int64; at most 10 bytes, the 10th at most 1 (a Java long).
@@ -100,7 +102,7 @@ class _Reader:
         for k in range(1, 10):
             if len(going) == 0:
                 break
-            b = data[pos[going] + k]
+            b = data[np.minimum(pos[going] + k, self.limit)]
             z[going] |= (b & 0x7F).astype(np.uint64) << np.uint64(7 * k)
             length[going] = k + 1
             if k == 9:
@@ -200,7 +202,7 @@ class VectorDecoder:
         vdata, vstart, vend = _binary_parts(value_col)
         value_valid = _valid(value_col, n)
         framed = value_valid & (vend - vstart >= 3)
-        first = np.minimum(vstart, len(vdata) - _PAD)
+        first = np.minimum(vstart, len(vdata) - 1)
         framed &= (vdata[first] == E.MAGIC) & (
             vdata[np.minimum(first + 1, len(vdata) - 1)] == E.CURRENT_VERSION
         )
@@ -306,7 +308,7 @@ def _src_offsets(
     it gives its offset by Venice's rule (EARLIEST and LATEST always, a Kafka offset when at least the long)."""
     n = len(start)
     size = end - start
-    first = np.minimum(start, len(data) - _PAD)
+    first = np.minimum(start, len(data) - 1)
     framed = (
         (size >= 4) & (data[first] == P.MAGIC) & (data[np.minimum(first + 1, len(data) - 1)] == P.VERSION)
     )
@@ -330,7 +332,7 @@ def _empty_rmd_vector(data: np.ndarray, start: np.ndarray, end: np.ndarray) -> n
     """Payloads that are exactly a value-level timestamp and an empty checkpoint vector (`00 <long> 00`), whose
     vector the reference reads as None; an empty payload is None too."""
     empty = end == start
-    first = np.minimum(start, len(data) - _PAD)
+    first = np.minimum(start, len(data) - 1)
     r = _Reader(data, start + 1, end, (end - start >= 3) & (data[first] == 0))
     r.long()
     last = np.minimum(np.maximum(end - 1, 0), len(data) - 1)
