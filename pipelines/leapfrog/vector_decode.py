@@ -208,7 +208,8 @@ class VectorDecoder:
         )
         vtp = _vtp_rows(headers, n)
         if vtp.any():
-            self._take_vtp(np.flatnonzero(vtp & data_key & framed), headers, framed, slow)
+            # any v14 record's header teaches the codec, control messages' included (Start of Segment carries it)
+            self._take_vtp(np.flatnonzero(vtp & framed), headers, framed, slow)
         if self.v14_taught:
             framed[:] = False
         r = _Reader(vdata, vstart + 2, vend, data_key & framed & ~vtp & ~slow)
@@ -271,8 +272,8 @@ class VectorDecoder:
         )
 
     def _take_vtp(self, rows: np.ndarray, headers: pa.Array, framed: np.ndarray, slow: np.ndarray) -> None:
-        """From the first version-14 data record whose `vtp` may teach another schema on, every version-14 data
-        record of the task goes to the reference decoder (it will learn from that header, in order)."""
+        """From the first version-14 record whose `vtp` may teach another schema on, every version-14 record of the
+        task goes to the reference decoder (it will learn from that header, in order)."""
         from div.heartbeat_headers import header_value
 
         if self.v14_taught or len(rows) == 0:

@@ -198,6 +198,26 @@ def test_newer_producer(generated_archives, version, every_vtp):
     _assert_equal(want, got)
 
 
+def test_vtp_on_a_control_message_teaches_version_14(generated_archives):
+    """A `vtp` header on a control message (Start of Segment carries it) that announces another schema for our
+    own version 14 teaches the codec: the data records after it, which carry no header, are decoded by what it
+    taught, so they are the loop's, never read with our layout."""
+    table = _table(generated_archives)
+    rows = table.to_pylist()
+    taught = set()
+    for r in rows:
+        where = (r["region"], r["partition"])
+        if r["key"][0] == K.HEADER_CONTROL_MESSAGE and where not in taught:
+            r["headers"] = [h for h in (r["headers"] or []) if h["key"] != "vtp"] + [
+                {"key": "vtp", "value": newer_vtp()}
+            ]
+            taught.add(where)
+    assert taught
+    want, got, routed = _both(pa.Table.from_pylist(rows, table.schema))
+    _assert_equal(want, got)
+    assert routed > want.num_rows // 2  # after the header, every v14 record is the loop's
+
+
 def test_kind_against_the_rule():
     """Every payload and schema id under every key header: where the vectorised path decides a row's kind (data
     keys and unknown headers) it is `div.records.kind`'s; Update and Global-RT-DIV keys are OTHER, as Leap Frog's
