@@ -151,6 +151,17 @@ BENCHES: dict[str, list[str]] = {
         "decode,leapfrog,div,watch",
     ],
     "brokers": ["bench/bench_brokers.py", "--repeat", "3"],
+    "vt_kafka_source": [
+        "bench/bench_vt_kafka_source.py",
+        "--records",
+        "1000000",
+        "--regions",
+        "2",
+        "--repeat",
+        "3",
+        "--warmup",
+        "1",
+    ],
     "changes": ["bench/bench_changes.py", "--records", "500000", "--repeat", "3", "--sims", "3"],
     "repair": ["bench/bench_repair.py", "--dir", "/tmp/bench-repair-full"],
 }
@@ -504,6 +515,23 @@ SHOWN: dict[str, tuple[str, list[str]]] = {
             "watch.records_per_s_per_region",
             "leapfrog.batch_s_trend",
             "leapfrog.state.1M.on_disk.bytes",
+        ],
+    ),
+    "vt_kafka_source": (
+        "reading `kafka://` VT ranges on real KRaft brokers (2 regions, exact offset ranges, headers; both "
+        "readers' records and bytes asserted equal): Spark's own Kafka source (`spark-sql-kafka-0-10`) against "
+        "tidegauge's reader, records/s per core kept in the JVM and handed to Python (what Leap Frog's job does "
+        "before decoding), with Spark's defaults and with larger fetches; the job keeps the faster on its path",
+        [
+            "records",
+            "read_vt_records_per_s_per_core",
+            "kafka_source_records_per_s_per_core",
+            "kafka_source_speedup",
+            "kafka_source_tuned_speedup",
+            "to_python.read_vt_records_per_s_per_core",
+            "to_python.kafka_source_records_per_s_per_core",
+            "to_python.kafka_source_speedup",
+            "to_python.kafka_source_tuned_speedup",
         ],
     ),
     "brokers": (
