@@ -22,31 +22,18 @@ import os
 import pstats
 import sys
 import tempfile
-import time
 import urllib.request
 
 sys.path.insert(0, os.path.dirname(__file__))
 
+from bench_leapfrog import job  # noqa: E402
 from leapfrog_workload import Workload, generate  # noqa: E402
 
-from pipelines.core.sources import SourceSpec  # noqa: E402
 from pipelines.core.spark_session import get_session  # noqa: E402
-from pipelines.leapfrog.job import LeapfrogOptions, run  # noqa: E402
 
 
 def _job(spark, dirs: dict[int, str], out: str, store: str, state: str | None = None) -> float:
-    t = time.perf_counter()
-    run(
-        LeapfrogOptions(
-            store=store,
-            version=1,
-            out=out,
-            state_dir=state,
-            sources=[SourceSpec(x, d) for x, d in dirs.items()],
-        ),
-        spark=spark,
-    )
-    return time.perf_counter() - t
+    return job(spark, dirs, out, store, state)[0]
 
 
 def _rest(spark, path: str):
