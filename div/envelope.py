@@ -263,8 +263,7 @@ class EnvelopeCodec:
         """
         byte = version & 0xFF
         try:
-            schema = json.loads(vtp)
-            announced = fastavro.schema.to_parsing_canonical_form(schema)
+            schema, announced = _announced(vtp)
         except Exception as exc:  # noqa: BLE001 - any garbage header
             if self._writer_schema(version) is None:
                 raise UndecodableError(
@@ -280,6 +279,16 @@ class EnvelopeCodec:
                 if self._writer_schema(version) is None:
                     raise
         self._vtp_seen[byte] = vtp
+
+    def may_relearn(self, version: int, vtp: bytes) -> bool:
+        """Whether taking this `vtp` header could change how `version` is decoded: it announces a schema other than
+        the one in use, or cannot be read (the cautious answer; `_take_vtp` then keeps a shipped version's schema).
+        For readers that decode the common records without this codec (Leap Frog's vectorised decode)."""
+        try:
+            announced = _announced(vtp)[1]
+        except Exception:  # noqa: BLE001 - any garbage header
+            return True
+        return announced != self._canonical_form(version)
 
     def _canonical_form(self, version: int) -> str | None:
         if version not in self._canonical:
@@ -301,6 +310,12 @@ class EnvelopeCodec:
             dec = self._decoder_for(version)
         self._by_byte[version & 0xFF] = dec
         return dec
+
+
+def _announced(vtp: bytes) -> tuple[Any, str]:
+    """(the schema a `vtp` header announces, its parsing canonical form); raises on a header that is not one."""
+    schema = json.loads(vtp)
+    return schema, fastavro.schema.to_parsing_canonical_form(schema)
 
 
 def _bytes_defaults(env: dict) -> dict:

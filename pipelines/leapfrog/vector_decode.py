@@ -23,7 +23,6 @@ xxh3 exists here, and the hashes are kept in Leap Frog's state across runs, so t
 
 from __future__ import annotations
 
-import json
 from dataclasses import dataclass
 
 import numpy as np
@@ -161,29 +160,14 @@ def _vtp_rows(headers: pa.Array | None, n: int) -> np.ndarray:
     return out
 
 
-def _announces_other_v14(codec: E.EnvelopeCodec, vtp: bytes | None) -> bool:
-    """A `vtp` header on a version-14 record that may teach the codec a schema other than ours (then every later
-    version-14 record is the reference decoder's). Anything unreadable counts as teaching: the cautious side."""
-    import fastavro.schema
-
-    if vtp is None:
-        return False
-    try:
-        announced = fastavro.schema.to_parsing_canonical_form(json.loads(vtp))
-    except Exception:  # noqa: BLE001 - any garbage header
-        return True
-    return announced != codec._canonical_form(E.CURRENT_VERSION)
-
-
 class VectorDecoder:
     """Reads the common records of a task's batches (see the module docstring); one per task, like the codec
     whose learnt schemas it respects."""
 
     def __init__(self, codec: E.EnvelopeCodec) -> None:
         self.codec = codec
-        self.v14_taught = (
-            False  # a vtp header announced another version-14 schema: v14 is the reference's now
-        )
+        # a vtp header announced another version-14 schema: v14 records are the reference's from then on
+        self.v14_taught = False
 
     def plan(self, key_col: pa.Array, value_col: pa.Array, headers: pa.Array | None) -> Columns:
         n = len(key_col)
@@ -279,7 +263,8 @@ class VectorDecoder:
         if self.v14_taught or len(rows) == 0:
             return
         for i in rows:
-            if _announces_other_v14(self.codec, header_value(headers[int(i)].as_py(), "vtp")):
+            vtp = header_value(headers[int(i)].as_py(), "vtp")
+            if vtp is not None and self.codec.may_relearn(E.CURRENT_VERSION, vtp):
                 slow[int(i) :] |= framed[int(i) :]
                 framed[int(i) :] = False
                 self.v14_taught = True
@@ -307,7 +292,6 @@ def _src_offsets(
     """`positions.offset_with_fallback(blob, legacy)` of each row's blob, and whether this reading is sure of it (the
     reference reads the other rows): an empty or unframed blob gives the long; a framed one whose varints end inside
     it gives its offset by Venice's rule (EARLIEST and LATEST always, a Kafka offset when at least the long)."""
-    n = len(start)
     size = end - start
     first = np.minimum(start, len(data) - 1)
     framed = (
@@ -326,7 +310,7 @@ def _src_offsets(
     # sure: no blob, not a blob (the long), a clean parse, or a framed blob of another type (the long)
     other_type = r.ok & ~np.isin(type_id, (P.TYPE_EARLIEST, P.TYPE_LATEST, P.TYPE_KAFKA_OFFSET))
     sure = (size == 0) | ~framed | special | kafka_ok | other_type
-    return (out if n else np.zeros(0, np.int64)), sure
+    return out, sure
 
 
 def _empty_rmd_vector(data: np.ndarray, start: np.ndarray, end: np.ndarray) -> np.ndarray:
