@@ -288,7 +288,9 @@ SHOWN: dict[str, tuple[str, list[str]]] = {
         ],
     ),
     "leapfrog_50k_keys": (
-        "the same with 50,000 keys instead of 400,000 (a day rewrites every key; the state is small)",
+        "the earlier form of the row above (no scans, no loop) at 2 M VT records per region with 50,000 keys "
+        "instead of 400,000 (a day rewrites every key; the state is small); not re-measured since issue 32's "
+        "decode and read changes (see its date)",
         [
             "vt_records_per_region",
             "keys",

@@ -5,10 +5,11 @@ footer's upstream region and RT offset, the heartbeat's `hbw` vector and the RMD
 Values are never carried further than this stage (chunks excepted: their payloads are needed to hash chunked
 values through their manifests).
 
-Why this loop is not `div.records.iter_records`: it is Leap Frog's hot path and builds its output columns in
-place, row by row, and it decodes only what Leap Frog reads (data and control keys; UPDATE and Global-RT-DIV keys
-are left undecoded as OTHER). The classification (`div.records.kind`) and the footer reading
-(`div.records.footer_source`) are the shared ones.
+The common records (nearly all) are read for the whole batch at once by `vector_decode`; the loop here reads the
+rest and is the reference the vectorised path is tested against. Why this loop is not `div.records.iter_records`:
+it builds its output columns in place, row by row, and it decodes only what Leap Frog reads (data and control
+keys; UPDATE and Global-RT-DIV keys are left undecoded as OTHER). The classification (`div.records.kind`) and the
+footer reading (`div.records.footer_source`) are the shared ones.
 """
 
 from __future__ import annotations

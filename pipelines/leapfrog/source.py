@@ -5,7 +5,8 @@ particular order, so archives and live clusters are both read here: a split is o
 range), read in offset order (`div.archive.iter_partition` or `div.kafka_log.iter_partition`), and every row
 carries its split id so the decoding stage can keep per-split running state. End offsets are fixed when the job
 is planned. The job reads each split inside the task that scans it (`scan_splits`), so only the scan's narrow
-rows reach the JVM; the data source (`read_vt`) gives the records themselves as a DataFrame.
+rows reach the JVM. The data source (`read_vt`) gives the records themselves as a DataFrame; no command uses it
+now, the benchmarks do, to time this reader against Spark's own (bench_leapfrog.py, bench_vt_kafka_source.py).
 
 Kafka client settings travel in the option `kafka_secret_conf`: Spark redacts options whose name matches its
 redaction pattern (`secret`), so they never show in plans or the UI.
