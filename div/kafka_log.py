@@ -37,6 +37,11 @@ class KafkaLogError(Exception):
     """A Kafka source could not be parsed, reached or read."""
 
 
+class RangeTrimmedError(KafkaLogError):
+    """A range read with `from_start=True` no longer starts where it was planned: retention (or DeleteRecords)
+    removed its first offsets between planning and reading, so what was read would silently be short."""
+
+
 def parse_kafka_uri(uri: str) -> str:
     """`kafka://host:port[,host:port...]` -> the bootstrap.servers string `host:port,...`."""
     if not isinstance(uri, str) or not uri.startswith("kafka://"):
@@ -243,14 +248,18 @@ def iter_partition(
     end: int,
     batch_size: int = 65536,
     stall_timeout_s: float = 60.0,
+    from_start: bool = False,
 ) -> Iterator[pa.RecordBatch]:
     """Yield records of `topic[partition]` with offsets in [start, end) as archive-schema batches (at most
     `batch_size` records and `archive.MAX_BATCH_BYTES` bytes each).
 
     `end` is fixed by the caller (usually the high watermark when the job was planned): records appended later
     are not read. Offsets missing inside the range (compaction, transaction markers) are skipped; a `start`
-    below the low watermark starts at the low watermark (auto.offset.reset=earliest). If the log ends below
-    `end` and nothing new arrives for `stall_timeout_s`, KafkaLogError is raised.
+    below the low watermark starts at the low watermark (auto.offset.reset=earliest), unless `from_start`:
+    then RangeTrimmedError is raised, because a caller that planned the range from the watermarks must not take
+    a range that retention cut after planning for a whole one. (Compaction never moves the low watermark, so a
+    compacted head is still read.) If the log ends below `end` and nothing new arrives for `stall_timeout_s`,
+    KafkaLogError is raised.
     """
     if batch_size < 1:
         raise ValueError(f"batch_size must be positive, got {batch_size}")
@@ -258,8 +267,12 @@ def iter_partition(
     if start is not None and start >= end:
         return
     where = f"{topic}[{partition}] on {bootstrap_of(bootstrap)}"
+    strict = from_start and start is not None
+    settings = consumer_config(bootstrap, conf)
+    if strict:  # librdkafka reports an out-of-range start as an error event instead of moving it
+        settings["auto.offset.reset"] = "error"
     try:
-        consumer = Consumer(consumer_config(bootstrap, conf))
+        consumer = Consumer(settings)
     except (KafkaException, ValueError) as e:
         raise _client_error(f"cannot create a Kafka client for {bootstrap_of(bootstrap)}", e) from e
     try:
@@ -272,6 +285,8 @@ def iter_partition(
             want = batch_size if next_offset < 0 else max(1, min(batch_size, end - next_offset))
             msgs = consumer.consume(want, timeout=0.5)
             data, events = split_messages(msgs)
+            if strict and any(m.error().code() == KafkaError._AUTO_OFFSET_RESET for m in events):
+                raise _trimmed(consumer, topic, int(partition), start, end, where)
             raise_on_fatal(events, where)
             done = False
             if data:
@@ -302,6 +317,22 @@ def iter_partition(
                 )
     finally:
         consumer.close()
+
+
+def _trimmed(
+    consumer: Consumer, topic: str, partition: int, start: int, end: int, where: str
+) -> RangeTrimmedError:
+    try:
+        low, high = consumer.get_watermark_offsets(
+            TopicPartition(topic, partition), timeout=5.0, cached=False
+        )
+        held = f"the partition now holds offsets {low} to {high - 1}"
+    except KafkaException as e:
+        held = f"the partition's watermarks cannot be read ({e})"
+    return RangeTrimmedError(
+        f"{where}: offsets {start} to {end - 1} were planned but offset {start} is no longer held "
+        f"(retention or DeleteRecords removed it before it was read); {held}"
+    )
 
 
 def topic_config(

@@ -39,14 +39,17 @@ def read_range(
     end: int,
     columns: list[str] | None = None,
     batch_size: int = 65536,
+    from_start: bool = False,
 ) -> Iterator[pa.RecordBatch]:
     """Records [start, end) of one partition of a source the driver has planned, read without opening the source
     first (no listing, no metadata request): what a Spark task runs for its split. Raises what the readers raise
-    (ArchiveError, KafkaLogError, OSError, ArrowException); the caller says which split failed."""
+    (ArchiveError, KafkaLogError, OSError, ArrowException); the caller says which split failed. With `from_start`
+    a Kafka range whose start retention removed after planning raises `kafka_log.RangeTrimmedError` instead of
+    being read from the first offset still held."""
     if is_kafka(uri):
         bootstrap = kafka_log.parse_kafka_uri(uri)
         for batch in kafka_log.iter_partition(
-            bootstrap, kafka_conf or {}, topic, partition, start, end, batch_size
+            bootstrap, kafka_conf or {}, topic, partition, start, end, batch_size, from_start=from_start
         ):
             yield batch.select(columns) if columns else batch
     else:
