@@ -25,8 +25,6 @@ import numpy as np
 import pyarrow as pa
 import pyarrow.compute as pc
 
-from leapfrog.vectorized import ranges
-
 HAS_VALUE = 1  # the value hash is set (a tombstone has none)
 HAS_RMD = 2  # an RMD vector follows the fixed record
 CARRIED = 4  # a carried record: its carry bytes follow the fixed record
@@ -88,6 +86,18 @@ def _offsets_and_bytes(arr: pa.Array) -> tuple[np.ndarray, np.ndarray]:
     return offsets, np.frombuffer(arr.buffers()[2] or b"", np.uint8)
 
 
+def _windows(buf: np.ndarray, width: int, writeable: bool = False) -> np.ndarray:
+    """Every `width`-byte window of `buf` as the rows of a 2-D view (row i starts at byte i): picking rows by their
+    start offsets then moves `width` bytes a row, where an index of every byte (rows x width int64s) would cost
+    eight times the bytes moved, and more in time than the rest of the stage."""
+    if buf.size < width:
+        return np.empty((0, width), np.uint8)
+    step = buf.strides[0]
+    return np.lib.stride_tricks.as_strided(
+        buf, shape=(buf.size - width + 1, width), strides=(step, step), writeable=writeable
+    )
+
+
 def _binary(fixed: np.ndarray, tail: pa.Array | None = None) -> pa.Array:
     """Binary array of each fixed record followed by its tail (a binary or list<long> array, null = nothing)."""
     m, width = len(fixed), fixed.dtype.itemsize
@@ -105,8 +115,11 @@ def _binary(fixed: np.ndarray, tail: pa.Array | None = None) -> pa.Array:
         tail_len = np.diff(offsets).astype(np.int64)
     offsets = np.concatenate([[0], np.cumsum(width + tail_len)])
     out = np.empty(int(offsets[-1]), np.uint8)
-    out[(offsets[:-1, None] + np.arange(width)).ravel()] = raw
-    out[ranges(offsets[:-1] + width, offsets[1:])[0]] = values
+    # the rows' windows never overlap (each is followed by its own tail), so writing through the views is safe
+    _windows(out, width, writeable=True)[offsets[:-1]] = raw.reshape(m, width)
+    is_tail = np.ones(out.size, bool)
+    _windows(is_tail, width, writeable=True)[offsets[:-1]] = False
+    out[is_tail] = values
     return pa.BinaryArray.from_buffers(
         pa.binary(), m, [None, pa.py_buffer(offsets.astype(np.int32)), pa.py_buffer(out)]
     )
@@ -256,7 +269,11 @@ def sortkey_column():
 def _tails(offsets: np.ndarray, data: np.ndarray, width: int) -> pa.Array:
     """What follows each row's fixed record, as a binary array (gathered: the tails are not contiguous)."""
     tail_start = np.concatenate([[0], np.cumsum(np.diff(offsets).astype(np.int64) - width)])
-    values = data[ranges(offsets[:-1] + width, offsets[1:])[0]]
+    # the rows' bytes with each fixed record cut out: a mask, not an index of every tail byte
+    lo = int(offsets[0])
+    keep = np.ones(int(offsets[-1]) - lo, bool)
+    _windows(keep, width, writeable=True)[offsets[:-1] - lo] = False
+    values = data[lo : int(offsets[-1])][keep]
     return pa.BinaryArray.from_buffers(
         pa.binary(), len(offsets) - 1, [None, pa.py_buffer(tail_start.astype(np.int32)), pa.py_buffer(values)]
     )
@@ -293,7 +310,7 @@ def unpack(batch: pa.RecordBatch, n_regions: int, with_rmd: bool) -> pa.RecordBa
     if m and (lengths == width).all():  # no tails: the records lie back to back
         fixed = np.frombuffer(data, dtype, count=m, offset=int(offsets[0]))
     else:
-        fixed = data[(offsets[:-1, None] + np.arange(width)).ravel()].view(dtype)
+        fixed = _windows(data, width)[offsets[:-1]].ravel().view(dtype)
     flags = fixed["flags"]
     tails = _tails(offsets, data, width) if (lengths > width).any() else None
     carry = (
