@@ -47,6 +47,10 @@ import time
 
 sys.path.insert(0, os.path.dirname(__file__))
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+# the tests' copy of an archive into a topic (kafka_copy), as bench_scale.py uses their VT builder
+sys.path.insert(
+    0, os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))), "tests", "support")
+)
 
 import spark_kafka_source as kafka_source  # noqa: E402
 from leapfrog_workload import Workload, generate  # noqa: E402
@@ -57,46 +61,20 @@ from pipelines.leapfrog.source import VtSplit, _close, plan, read_vt  # noqa: E4
 
 
 def _produce(bootstrap: str, directory: str, source_topic: str, topic: str, partitions: int) -> float:
-    """Every archive record of the partitions, in order, into the empty `topic` (offsets come out the archive's)."""
-    from confluent_kafka import Producer
-
-    from div import archive
-
-    p = Producer(
-        {
-            "bootstrap.servers": bootstrap,
-            "enable.idempotence": True,
-            "linger.ms": 20,
-            "batch.num.messages": 10000,
-            "queue.buffering.max.messages": 1_000_000,
-            "log_level": 0,
-        }
-    )
-    failed: list = []
-
-    def report(err, _m):
-        if err:
-            failed.append(err)
+    """Every archive record of the partitions, in order, into the empty `topic` (offsets come out the archive's),
+    with larger producer batches than the tests use; the seconds it took."""
+    from kafka_copy import produce_archive
 
     t = time.perf_counter()
-    for part in range(partitions):
-        for batch in archive.iter_partition(directory, source_topic, part):
-            for r in batch.to_pylist():
-                while True:
-                    try:
-                        p.produce(
-                            topic,
-                            key=r["key"],
-                            value=r["value"],
-                            headers=[(h["key"], h["value"]) for h in r["headers"] or []] or None,
-                            partition=part,
-                            on_delivery=report,
-                        )
-                        break
-                    except BufferError:
-                        p.poll(0.05)
-            p.poll(0)
-    assert p.flush(120) == 0 and not failed, failed[:3]
+    produce_archive(
+        bootstrap,
+        directory,
+        source_topic,
+        topic,
+        range(partitions),
+        conf={"linger.ms": 20, "batch.num.messages": 10000, "queue.buffering.max.messages": 1_000_000},
+        flush_timeout_s=120,
+    )
     return time.perf_counter() - t
 
 
