@@ -369,6 +369,18 @@ def ranges(lo: np.ndarray, hi: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
     return rows, np.repeat(np.arange(len(lo), dtype=np.int64), lengths)
 
 
+def inside(size: int, lo: np.ndarray, hi: np.ndarray) -> np.ndarray:
+    """A mask of `size` positions, True inside the ranges [lo[k], hi[k]), which must lie apart (none overlapping
+    another; empty ones are ignored): byte slices of a buffer picked with one byte of mask per byte, where the
+    positions themselves (`ranges`) would take eight."""
+    lo, hi = np.asarray(lo), np.asarray(hi)
+    taken = hi > lo
+    edges = np.zeros(size + 1, np.int8)
+    edges[lo[taken]] = 1
+    edges[hi[taken]] -= 1  # a range may end where the next begins: 1 - 1, still inside
+    return np.cumsum(edges[:-1], dtype=np.int8).view(bool)
+
+
 def _joint_rank(*arrays: np.ndarray) -> list[np.ndarray]:
     """Dense ranks of several arrays over their union (order preserved across them)."""
     allv = np.concatenate(arrays)

@@ -25,6 +25,8 @@ import numpy as np
 import pyarrow as pa
 import pyarrow.compute as pc
 
+from leapfrog.vectorized import inside
+
 HAS_VALUE = 1  # the value hash is set (a tombstone has none)
 HAS_RMD = 2  # an RMD vector follows the fixed record
 CARRIED = 4  # a carried record: its carry bytes follow the fixed record
@@ -117,9 +119,7 @@ def _binary(fixed: np.ndarray, tail: pa.Array | None = None) -> pa.Array:
     out = np.empty(int(offsets[-1]), np.uint8)
     # the rows' windows never overlap (each is followed by its own tail), so writing through the views is safe
     _windows(out, width, writeable=True)[offsets[:-1]] = raw.reshape(m, width)
-    is_tail = np.ones(out.size, bool)
-    _windows(is_tail, width, writeable=True)[offsets[:-1]] = False
-    out[is_tail] = values
+    out[inside(out.size, offsets[:-1] + width, offsets[1:])] = values
     return pa.BinaryArray.from_buffers(
         pa.binary(), m, [None, pa.py_buffer(offsets.astype(np.int32)), pa.py_buffer(out)]
     )
@@ -269,11 +269,7 @@ def sortkey_column():
 def _tails(offsets: np.ndarray, data: np.ndarray, width: int) -> pa.Array:
     """What follows each row's fixed record, as a binary array (gathered: the tails are not contiguous)."""
     tail_start = np.concatenate([[0], np.cumsum(np.diff(offsets).astype(np.int64) - width)])
-    # the rows' bytes with each fixed record cut out: a mask, not an index of every tail byte
-    lo = int(offsets[0])
-    keep = np.ones(int(offsets[-1]) - lo, bool)
-    _windows(keep, width, writeable=True)[offsets[:-1] - lo] = False
-    values = data[lo : int(offsets[-1])][keep]
+    values = data[inside(data.size, offsets[:-1] + width, offsets[1:])]
     return pa.BinaryArray.from_buffers(
         pa.binary(), len(offsets) - 1, [None, pa.py_buffer(tail_start.astype(np.int32)), pa.py_buffer(values)]
     )

@@ -86,3 +86,17 @@ def test_group_keys_order_as_pairs(scale):
         for j in range(0, len(pairs), 5):
             assert (pairs[i] < pairs[j]) == (keys[i] < keys[j])
             assert (pairs[i] == pairs[j]) == (keys[i] == keys[j])
+
+
+def test_inside_marks_exactly_the_positions_ranges_lists():
+    rng = np.random.default_rng(5)
+    for _ in range(50):
+        # ranges apart, some empty, some touching the next (a slice ending where the next begins)
+        cuts = np.sort(rng.choice(np.arange(200), size=2 * int(rng.integers(0, 20)), replace=True))
+        lo, hi = cuts[0::2], cuts[1::2]
+        size = 200 + int(rng.integers(0, 3))
+        want = np.zeros(size, bool)
+        want[vz.ranges(lo, hi)[0]] = True
+        assert np.array_equal(vz.inside(size, lo, hi), want)
+    assert np.array_equal(vz.inside(4, np.array([0, 2]), np.array([2, 4])), np.ones(4, bool))
+    assert not vz.inside(3, np.array([], np.int64), np.array([], np.int64)).any()
