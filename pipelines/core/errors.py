@@ -52,6 +52,7 @@ def exit_codes(*usage: type[Exception]) -> Callable[[Command], Command]:
                 unfinished_now()
             )  # other runs' in this process (tests, the demo): not this run's to remove
             try:
+                interrupts.import_uncut()
                 code = int(run(args))
             except BaseException as exc:
                 return _failed(name, exc, usage, earlier)

@@ -16,7 +16,8 @@ thread (`on_interrupt`): pyspark's calls Spark from inside the handler, which br
 the interrupted code was itself waiting in a Spark call.
 
 `held()` marks a block that Ctrl-C must not cut in two (publishing an output: two renames): an interrupt during it
-is recorded and raised when the block ends.
+is recorded and raised when the block ends. `import_uncut()` imports, in such a block, the extension modules whose
+initialisation Ctrl-C must not cut (`UNCUT_IMPORTS`).
 
 Imports nothing of tidegauge's: publishing, the Spark session and the exit codes all use it.
 """
@@ -25,6 +26,7 @@ from __future__ import annotations
 
 import _thread
 import contextlib
+import importlib
 import logging
 import os
 import signal
@@ -39,6 +41,12 @@ _hooks: list[Callable[[], None]] = []
 # the read end of the pipe Python's C-level signal handler writes each signal's number to (`_watch_arrivals`)
 _wakeup: int | None = None
 _arrived = False  # a SIGINT for our handler was seen in that pipe
+
+# Extension modules whose import runs Python source through the C API's PyRun_String (Cython's shims: cavro's
+# dataclass and abc patches). A KeyboardInterrupt that escapes such a run marks the interpreter as ended by Ctrl-C
+# (CPython's Py_RunMain), even when the command catches it: `python -m pipelines.cli` then dies by SIGINT after
+# printing its line, whatever exit code it returns. Imported whole, before the command's work, they never meet one.
+UNCUT_IMPORTS: tuple[str, ...] = ("cavro",)
 
 
 def interrupted() -> bool:
@@ -165,6 +173,16 @@ def held() -> Iterator[None]:
     if main and not _held and _pending:
         _pending = False
         raise KeyboardInterrupt
+
+
+def import_uncut() -> None:
+    """Import the installed `UNCUT_IMPORTS` in a `held()` block: a Ctrl-C meanwhile is raised once they are in."""
+    with held():
+        for name in UNCUT_IMPORTS:
+            try:
+                importlib.import_module(name)
+            except ImportError:  # an optional decoder that is not installed: nothing to protect
+                pass
 
 
 def caused_by_interrupt(exc: BaseException) -> bool:

@@ -240,3 +240,60 @@ def test_a_ctrl_c_that_lands_in_a_py4j_weakref_callback_is_delivered_again_not_l
         signal.signal(signal.SIGINT, previous)
         interrupts.reset()
         logging.disable(logging.NOTSET)
+
+
+# A module whose import runs Python source through the C API's PyRun_String, as Cython's module shims do (cavro's),
+# and meets a Ctrl-C there.
+PYRUN_SHIM = """
+import ctypes
+ctypes.pythonapi.PyRun_String.restype = ctypes.py_object
+ctypes.pythonapi.PyRun_String.argtypes = [ctypes.c_char_p, ctypes.c_int, ctypes.py_object, ctypes.py_object]
+ctypes.pythonapi.PyRun_String(
+    b"import os, signal\\nos.kill(os.getpid(), signal.SIGINT)\\nfor _ in range(100000): pass\\n", 257, {}, {}
+)
+"""
+
+# `python -m` a command whose work imports that module: either as the command's entry imports it
+# (`UNCUT_IMPORTS`), or within the command's own work (the control)
+COMMAND = """
+import argparse, sys
+from pipelines.core import errors, interrupts
+
+uncut = sys.argv[1] == "uncut"
+interrupts.UNCUT_IMPORTS = ("pyrun_shim",) if uncut else ()
+
+
+@errors.exit_codes()
+def run(args):
+    if not uncut:
+        import pyrun_shim  # noqa: F401
+    return 0
+
+
+sys.exit(run(argparse.Namespace(command="simulate")))
+"""
+
+
+@pytest.mark.parametrize("where", ["uncut", "in-the-work"])
+def test_a_ctrl_c_during_an_extension_import_still_exits_130(tmp_path, where):
+    """CI once saw `python -m pipelines.cli simulate` print `interrupted` and then die by SIGINT (-2): the Ctrl-C
+    had landed in cavro's import, inside a PyRun_String, and CPython remembers a KeyboardInterrupt that escapes one
+    as unhandled, however the program goes on. The command's entry imports such modules whole, first."""
+    import subprocess
+    import sys
+    from pathlib import Path
+
+    (tmp_path / "pyrun_shim.py").write_text(PYRUN_SHIM)
+    (tmp_path / "command.py").write_text(COMMAND)
+    repo = Path(__file__).resolve().parents[3]
+    proc = subprocess.run(
+        [sys.executable, "-m", "command", where],
+        cwd=tmp_path,
+        env={**os.environ, "PYTHONPATH": os.pathsep.join([str(tmp_path), str(repo)])},
+        capture_output=True,
+        text=True,
+        timeout=60,
+    )
+    assert proc.stderr == "tidegauge simulate: interrupted\n"
+    # the control shows the premise: the same exit code and line, but the interpreter ends by SIGINT
+    assert proc.returncode == (130 if where == "uncut" else -signal.SIGINT)
