@@ -17,17 +17,18 @@ from pipelines.core.sources import SourceError
 log = logging.getLogger("tidegauge.watch")
 
 HELP = textwrap.dedent("""\
-    Watch an active/active store continuously: Leap Frog as a Spark Structured Streaming query over every
-    region's version topic, with the nightly job's rules (each VT partition's state — marks, how the scan
-    started, the records of keys still in play — lives in Spark's state store, RocksDB), and DIV over the same
-    topics with `div validate`'s validator; with --rt DIV reads every region's real-time topic as well, as
-    `div validate` validates every topic a source holds, RTs included. A divergence is appended to
+    Watch an active/active store continuously: one Spark Structured Streaming query over every region's
+    version topic that runs Leap Frog, with the nightly job's rules (each VT partition's state — marks, how the
+    scan started, the records of keys still in play — lives in Spark's state store, RocksDB), and DIV, with `div
+    validate`'s validator, on each record read once; with --rt DIV reads every region's real-time topic as
+    well, as `div validate` validates every topic a source holds, RTs included. A divergence is appended to
     OUT/leapfrog/ (one Parquet file per micro-batch, the columns of `leapfrog`'s inconsistencies plus
     finding_id and detected_at) as soon as heartbeats of both regions cover it; a DIV finding to OUT/div/ (the
     columns of `div validate`'s errors plus finding_id, whichever topic it is in).
 
     Runs until stopped: Ctrl-C or SIGTERM stops it after the current micro-batch. Started again with the same
-    --checkpoint it goes on where it stopped: no finding lost, none repeated.
+    --checkpoint it goes on where it stopped: no finding lost, none repeated. The checkpoint of an older watch,
+    which ran Leap Frog and DIV as two queries (leapfrog/ and div/ in it), is refused: give a new --checkpoint.
 
     Metrics for Prometheus on --metrics-port (docs/watch.md; alert rules in conf/alerts.yaml).
 
@@ -314,7 +315,7 @@ def run(args: argparse.Namespace) -> int:
             for i, q in enumerate(queries):
                 if q.lastProgress is not None:
                     metrics.observe_progress(
-                        q.lastProgress, query=names[i], heartbeats_read=names[i] == "leapfrog"
+                        q.lastProgress, query=names[i], heartbeats_read=names[i] == "watch"
                     )
                     restarts.progressed(names[i], q.lastProgress.get("batchId"))
                 if not q.isActive and not stop.is_set():
@@ -326,14 +327,15 @@ def run(args: argparse.Namespace) -> int:
                 sources = read_status(status)
             except (OSError, ValueError):
                 sources = None  # not written yet (the first planning), or being replaced
-            # each query reads with offsets of its own, so each has its own lag (the status file is Leap Frog's)
+            # each query reads with offsets of its own, so each has its own lag (the status file is the watch
+            # query's)
             for i, q in enumerate(queries):
-                leapfrog = names[i] == "leapfrog"
+                main = names[i] == "watch"
                 observe_sources(
                     metrics,
                     q.lastProgress,
-                    sources if leapfrog else None,
-                    opts if leapfrog else None,
+                    sources if main else None,
+                    opts if main else None,
                     query=names[i],
                 )
         # let the running micro-batch finish (stopping inside one would only make the restart redo it), but not

@@ -1,26 +1,29 @@
-"""`tidegauge watch`: Leap Frog as a Spark Structured Streaming query, micro-batch by micro-batch.
+"""`tidegauge watch`: Leap Frog and DIV as one Spark Structured Streaming query, micro-batch by micro-batch.
 
 Three rooms, as in the batch job:
 
-- input: `pipelines.core.stream_source` (`tidegauge_stream`) reads every region's VT; its offsets live in the
-  query's checkpoint. Its rows are packed (a batch of up to 16,384 records per row, `stream_source.unpack`):
-  Spark hands a `transformWithStateInPandas` function its input one row at a time through pandas, which cost
-  more than the rules when a row was a record;
-- the rule: the rows are grouped by VT partition and handed to `LeapfrogProcessor`, a `StatefulProcessor` for
-  `transformWithStateInPandas` whose only job is to keep each partition's `PartitionState` in Spark's state store
-  (RocksDB) and run `pipelines.watch.leapfrog_step.LeapfrogStep` — the nightly incremental job's own code;
-- output: `foreachBatch` appends the micro-batch's findings to `OUT/leapfrog/batch-<id>.parquet` and feeds the
-  metrics.
+- input: `pipelines.core.stream_source` (`tidegauge_stream`) reads every region's VT and, with `--rt`, its RT
+  (`<store>_rt`); its offsets live in the query's checkpoint. Its rows are packed (a batch of up to 16,384 records
+  per row, `stream_source.unpack`): Spark hands a `transformWithStateInPandas` function its input one row at a
+  time through pandas, which cost more than the rules when a row was a record;
+- the rules: the rows are grouped by partition (each record is read, shuffled and handed to pandas once) and
+  handed to `WatchProcessor`, a `StatefulProcessor` for `transformWithStateInPandas` whose only job is to keep the
+  partition's state in Spark's state store (RocksDB) and run the steps: Leap Frog
+  (`pipelines.watch.leapfrog_step.LeapfrogStep`, the nightly incremental job's own code) over the VT records of
+  every region, its `PartitionState` in the value state `partition_state`; and DIV
+  (`pipelines.watch.div_step.DivStep`, `div validate`'s own run, resumed) over each (region, topic) of the
+  partition on its own, its `DivPartitionState` in the map state `div_state` keyed by (region, topic). Leap Frog
+  reads only the VTs; an RT partition is judged by DIV with RT rules, as `div validate` judges it;
+- output: `foreachBatch` (`WatchSink`) appends the micro-batch's Leap Frog findings to
+  `OUT/leapfrog/batch-<id>.parquet` and its DIV findings to `OUT/div/batch-<id>.parquet`, and feeds the metrics.
 
-DIV runs as a second query beside it, over every region's VT and, with `--rt`, its RT (`<store>_rt`; Leap Frog
-reads only VTs), grouped by (region, topic, partition), with `pipelines.watch.div_step` (`div validate`'s own run,
-resumed) in `DivProcessor`, appending to `OUT/div/`. Each query has its own checkpoint
-under --checkpoint (`leapfrog/`, `div/`).
+The query's checkpoint is --checkpoint/watch. A checkpoint of an older watch that ran Leap Frog and DIV as two
+queries (`leapfrog/`, `div/`) holds state in another layout and is refused (`check_layout`).
 
-**Exactly once across restarts.** A micro-batch's offsets, its state store version and its findings file all
+**Exactly once across restarts.** A micro-batch's offsets, its state store version and its findings files all
 carry its batch id. Spark re-runs an unfinished batch after a restart with the same offsets and the state of the
-batch before it, so it computes the same findings and the file of that id is rewritten with the same rows (our
-own file, written whole by rename). Each finding also has a deterministic `finding_id`.
+batch before it, so it computes the same findings and the files of that id are rewritten with the same rows (our
+own files, each written whole by rename). Each finding also has a deterministic `finding_id`.
 """
 
 from __future__ import annotations
@@ -38,7 +41,7 @@ import pandas as pd
 import pyarrow as pa
 from pyspark.sql import DataFrame, SparkSession
 from pyspark.sql.streaming import StatefulProcessor, StatefulProcessorHandle
-from pyspark.sql.types import BinaryType, StructField, StructType
+from pyspark.sql.types import BinaryType, IntegerType, StringType, StructField, StructType
 
 from pipelines.core.errors import UsageError
 from pipelines.core.output import check_disjoint, check_output, source_inputs
@@ -48,6 +51,7 @@ from pipelines.core.storage import absolute, locate
 from pipelines.leapfrog.keys import OUT_SCHEMA
 from pipelines.leapfrog.source import check_sources
 from pipelines.watch.checkpoint import check_checkpoint, check_session
+from pipelines.watch.div_step import FINDING_SCHEMA as DIV_SCHEMA
 from pipelines.watch.heartbeats import newest_heartbeats
 from pipelines.watch.leapfrog_step import RECORD_COLUMNS, LeapfrogStep, PartitionState
 from pipelines.watch.rows import DDL, parquet_bytes, records, unpacked
@@ -65,7 +69,9 @@ FINDINGS_SCHEMA = pa.schema(
 )
 # what the processor emits: findings ("F"), each region's running mark and unverified keys in a partition ("M"),
 # pending keys ("C"), the newest heartbeat from each source region in a region partition ("H"), the records read
-# of each region partition ("N") and what it could not judge ("W", the reason in `type`)
+# of each region partition ("N") and what it could not judge ("W", the reason in `type`) — Leap Frog's — and
+# DIV's findings ("D", the columns of div_step.FINDING_SCHEMA: region, partition and type are shared, of the same
+# types; the others are added)
 OUTPUT_SCHEMA = pa.schema(
     [("row", pa.string())]
     + [OUT_SCHEMA.field(c) for c in _STEP_COLUMNS]
@@ -80,9 +86,12 @@ OUTPUT_SCHEMA = pa.schema(
         ("records", pa.int64()),
         ("unverified", pa.int64()),
     ]
+    + [f for f in DIV_SCHEMA if f.name not in ("region", "partition", "type")]
 )
 OUTPUT_DDL = ", ".join(f"{f.name} {DDL[str(f.type)]}" for f in OUTPUT_SCHEMA)
 _STATE_SCHEMA = StructType([StructField("state", BinaryType())])
+# the key of DIV's map state: a (region, topic) of the partition
+_DIV_KEY_SCHEMA = StructType([StructField("region", IntegerType()), StructField("topic", StringType())])
 
 
 def finding_id(store: str, version: int, partition: int, a: int, b: int, key: bytes) -> str:
@@ -91,23 +100,43 @@ def finding_id(store: str, version: int, partition: int, a: int, b: int, key: by
     return h.hexdigest()[:32]
 
 
-class LeapfrogProcessor(StatefulProcessor):
-    """Keeps one VT partition's `PartitionState` in the state store and runs `LeapfrogStep` on its new rows."""
+class WatchProcessor(StatefulProcessor):
+    """Keeps one partition's state in the state store, Leap Frog's `PartitionState` (over the VT records of every
+    region) and DIV's `DivPartitionState` of each (region, topic), and runs `LeapfrogStep` and `DivStep` on its
+    new rows."""
 
-    def __init__(self, pairs: tuple[tuple[int, int], ...], n_regions: int) -> None:
-        self.pairs, self.n = tuple(pairs), n_regions
+    def __init__(self, pairs: tuple[tuple[int, int], ...], n_regions: int, vt_topic: str) -> None:
+        self.pairs, self.n, self.vt_topic = tuple(pairs), n_regions, vt_topic
 
     def init(self, handle: StatefulProcessorHandle) -> None:
+        from pipelines.watch.div_step import DivStep
+
         self.state = handle.getValueState("partition_state", _STATE_SCHEMA)
+        self.div_state = handle.getMapState("div_state", _DIV_KEY_SCHEMA, _STATE_SCHEMA)
         self.step = LeapfrogStep(self.pairs, self.n)
+        self.div_step = DivStep()
 
     def handleInputRows(
         self, key: Any, rows: Iterator[pd.DataFrame], timerValues: Any
     ) -> Iterator[pd.DataFrame]:
         partition = int(key[0])
+        groups = unpacked(rows, ("region", "topic"))
+        vt = {region: table for (region, topic), table in groups.items() if topic == self.vt_topic}
+        if vt:  # a partition whose micro-batch brought RT records only leaves Leap Frog's state as it is
+            out = self._leapfrog(partition, vt)
+            if out:
+                # through Arrow, so every column of the output is there (each row kind fills only some)
+                yield pa.Table.from_pylist(out, OUTPUT_SCHEMA).to_pandas()
+        for (region, topic), table in groups.items():
+            found = self._div(region, topic, partition, table)
+            if found.num_rows:
+                yield _div_rows(found).to_pandas()
+
+    def _leapfrog(self, partition: int, vt: dict[int, pa.Table]) -> list[dict]:
+        """Leap Frog over the micro-batch's VT records of every region: the processor's F, M, C, H, N, W rows."""
         records: dict[int, pa.Table] = {}
         out: list[dict] = []
-        for region, mine in unpacked(rows, "region").items():
+        for region, mine in vt.items():
             records[region] = mine.select(RECORD_COLUMNS)
             out.extend({"row": "H", **h} for h in newest_heartbeats(region, partition, mine))
             out.append({"row": "N", "partition": partition, "region": region, "records": mine.num_rows})
@@ -154,12 +183,36 @@ class LeapfrogProcessor(StatefulProcessor):
                     "pending": c["pending_keys"],
                 }
             )
-        if out:
-            # through Arrow, so every column of the output is there (each row kind fills only some)
-            yield pa.Table.from_pylist(out, OUTPUT_SCHEMA).to_pandas()
+        return out
+
+    def _div(self, region: int, topic: str, partition: int, table: pa.Table) -> pa.Table:
+        """DIV over the micro-batch's records of one (region, topic) of the partition: its findings
+        (div_step.FINDING_SCHEMA)."""
+        from pipelines.watch.div_step import RECORD_COLUMNS as DIV_COLUMNS
+        from pipelines.watch.div_step import DivPartitionState
+
+        kept = self.div_state.getValue((region, topic))
+        before = DivPartitionState.from_bytes(kept[0]) if kept is not None else None
+        result = self.div_step(region, topic, partition, table.select(DIV_COLUMNS), before)
+        self.div_state.updateValue((region, topic), (result.state.to_bytes(),))
+        return result.findings
 
     def close(self) -> None:
         pass
+
+
+def _div_rows(findings: pa.Table) -> pa.Table:
+    """DIV's findings as the processor's "D" rows: their columns, the other columns of OUTPUT_SCHEMA null."""
+    n = findings.num_rows
+    columns = [
+        pa.repeat(pa.scalar("D"), n)
+        if f.name == "row"
+        else findings.column(f.name).cast(f.type)
+        if f.name in DIV_SCHEMA.names
+        else pa.nulls(n, f.type)
+        for f in OUTPUT_SCHEMA
+    ]
+    return pa.Table.from_arrays(columns, schema=OUTPUT_SCHEMA)
 
 
 @dataclass
@@ -174,7 +227,8 @@ class WatchOptions:
     trigger_interval: str = "10 seconds"
     max_records_per_trigger: int | None = None
     starting: str = "earliest"
-    # DIV also validates this real-time topic of every region (`--rt`, `--rt-topic`); None: the VTs only
+    # DIV also validates this real-time topic of every region (`--rt`, `--rt-topic`); None: the VTs only (Leap Frog
+    # reads the VTs only either way)
     rt_topic: str | None = None
     # micro-batches whose state versions and offset logs the checkpoint keeps, not Spark's default 100: each
     # micro-batch writes every touched partition's whole value again, and a restart needs only the last one
@@ -193,12 +247,13 @@ class WatchOptions:
 
     @property
     def div_topics(self) -> list[str]:
-        """What the DIV query reads in every region: the VT, and the RT when asked for (Leap Frog: the VT only)."""
+        """What the watch query reads in every region: the VT, and the RT when asked for (DIV judges both; Leap
+        Frog only the VT)."""
         return [self.topic] + ([self.rt_topic] if self.rt_topic else [])
 
 
 def status_file(opts: WatchOptions) -> str:
-    """Where the Leap Frog query's source says which regions it could reach (what `tidegauge_source_up` and its
+    """Where the watch query's source says which regions it could reach (what `tidegauge_source_up` and its
     alert read). The source's planner writes it with local file calls, on the driver's machine: in a local
     checkpoint, else in a directory of the temporary directory named after the checkpoint (an s3a:// or hdfs://
     checkpoint would otherwise leave the metric unset and its alert silent)."""
@@ -208,9 +263,9 @@ def status_file(opts: WatchOptions) -> str:
     from pipelines.core.storage import is_local
 
     if is_local(opts.checkpoint):
-        return str(locate(opts.checkpoint).local / "leapfrog-sources.json")
+        return str(locate(opts.checkpoint).local / "watch-sources.json")
     digest = hashlib.sha256(absolute(opts.checkpoint).rstrip("/").encode()).hexdigest()[:16]
-    return str(Path(tempfile.gettempdir()) / f"tidegauge-watch-{digest}" / "leapfrog-sources.json")
+    return str(Path(tempfile.gettempdir()) / f"tidegauge-watch-{digest}" / "watch-sources.json")
 
 
 def observe_sources(
@@ -221,13 +276,13 @@ def observe_sources(
     *,
     query: str,
 ) -> None:
-    """Offset lag per region partition from the progress of the query `query` (`leapfrog` or `div`; the
-    source reports the latest offsets it saw beside the end of the micro-batch), and which sources were
-    reachable from the source's status.
+    """Offset lag per region partition from the progress of the query `query` (`watch`, or `changes` with
+    --changes; the source reports the latest offsets it saw beside the end of the micro-batch), and which sources
+    were reachable from the source's status.
 
     With `opts`, every partition of the version topic the source knows of expects a heartbeat from every region
     from now on: a partition whose heartbeats never come is seen too, not only one whose heartbeats stop (only
-    the Leap Frog query reads heartbeats: the DIV query's progress gives its lag only)."""
+    the watch query's Leap Frog reads heartbeats, and only in the VTs: an RT partition expects none)."""
     from pipelines.core.stream_source import parse_offset_key
 
     regions = sorted(s.region for s in opts.sources) if opts is not None else []
@@ -236,7 +291,7 @@ def observe_sources(
         for key, last in latest.items():
             region, topic, partition = parse_offset_key(key)
             metrics.set_lag(region, topic, partition, int(last), int(end.get(key, last)), query=query)
-            if opts is not None and query == "leapfrog" and topic == opts.topic:
+            if opts is not None and query == "watch" and topic == opts.topic:
                 metrics.expect_heartbeats(region, [partition], regions)
     for region, s in ((status or {}).get("sources") or {}).items():
         metrics.set_source_up(region, bool(s.get("up")))
@@ -251,27 +306,32 @@ def _offsets(value) -> dict:
     return value if isinstance(value, dict) else {}
 
 
-def findings_query(spark: SparkSession, opts: WatchOptions) -> DataFrame:
-    """The streaming DataFrame of the processor's rows (findings, marks, pending counts)."""
+def watch_query(spark: SparkSession, opts: WatchOptions) -> DataFrame:
+    """The streaming DataFrame of the processor's rows: Leap Frog's (findings, marks, pending counts, heartbeats,
+    records read, warnings) and DIV's findings, over every region's VT and, when `opts.rt_topic` names one, its
+    RT, grouped by partition."""
 
     regions = sorted(s.region for s in opts.sources)
     n = opts.store_regions or max(regions) + 1
     pairs = opts.pairs or tuple((a, b) for i, a in enumerate(regions) for b in regions[i + 1 :])
-    rows = records(spark, opts, status_file(opts))
+    rows = records(spark, opts, status_file(opts), topics=opts.div_topics)
     return (
-        rows.select("region", "partition", "records")
+        rows.select("region", "topic", "partition", "records")
         .groupBy("partition")
-        .transformWithStateInPandas(LeapfrogProcessor(pairs, n), OUTPUT_DDL, "Append", "None")
+        .transformWithStateInPandas(WatchProcessor(pairs, n, opts.topic), OUTPUT_DDL, "Append", "None")
     )
 
 
-class FindingsSink:
-    """`foreachBatch`: a micro-batch's findings to OUT/findings/batch-<id>.parquet, and the metrics."""
+class WatchSink:
+    """`foreachBatch`: a micro-batch's Leap Frog findings to OUT/leapfrog/batch-<id>.parquet, its DIV findings to
+    OUT/div/batch-<id>.parquet, and the metrics."""
 
     def __init__(self, opts: WatchOptions, metrics=None) -> None:
         self.opts, self.metrics = opts, metrics
         self.dir = locate(opts.out) / "leapfrog"
         self.dir.makedirs()
+        self.div_dir = locate(opts.out) / "div"
+        self.div_dir.makedirs()
         self.warned: set[tuple] = set()
         self.pending: dict[tuple[int, int, int], int] = {}  # (partition, region_a, region_b) → its last count
         self.unverified: dict[tuple[int, int], int] = {}  # (partition, region) → its last count
@@ -305,6 +365,12 @@ class FindingsSink:
             (self.dir / f"batch-{batch_id:08d}.parquet").write_bytes(parquet_bytes(out))
             if self.metrics is not None:
                 self.metrics.observe_divergences(rows)
+        div = table.filter(pa.array(kind == "D", pa.bool_())) if table.num_rows else None
+        if div is not None and div.num_rows:
+            div = div.select(DIV_SCHEMA.names)
+            (self.div_dir / f"batch-{batch_id:08d}.parquet").write_bytes(parquet_bytes(div))
+            if self.metrics is not None:
+                self.metrics.observe_div_findings(div.to_pylist())
         if table.num_rows:
             for r in table.filter(pa.array(kind == "W", pa.bool_())).to_pylist():
                 said = (r["partition"], r["region"], r["type"])
@@ -365,73 +431,11 @@ def read_findings(out: str, kind: str = "leapfrog") -> pa.Table:
     """Every finding the watch has appended under OUT/<kind> (`leapfrog` or `div`; one file per micro-batch)."""
     import pyarrow.parquet as pq
 
-    from pipelines.watch.div_step import FINDING_SCHEMA as DIV_SCHEMA
-
     where = locate(out) / kind
     files = where.files(".parquet") if where.exists() else []
     tables = [pq.read_table(f.path, filesystem=f.fs) for f in files]
     empty = FINDINGS_SCHEMA if kind == "leapfrog" else DIV_SCHEMA
     return pa.concat_tables(tables) if tables else empty.empty_table()
-
-
-class DivProcessor(StatefulProcessor):
-    """Keeps one (region, topic, partition)'s `DivPartitionState` in the state store and runs `DivStep`."""
-
-    def init(self, handle: StatefulProcessorHandle) -> None:
-        from pipelines.watch.div_step import DivStep
-
-        self.state = handle.getValueState("div_state", _STATE_SCHEMA)
-        self.step = DivStep()
-
-    def handleInputRows(
-        self, key: Any, rows: Iterator[pd.DataFrame], timerValues: Any
-    ) -> Iterator[pd.DataFrame]:
-        from pipelines.watch.div_step import RECORD_COLUMNS as DIV_COLUMNS
-        from pipelines.watch.div_step import DivPartitionState
-
-        region, topic, partition = int(key[0]), str(key[1]), int(key[2])
-        table = unpacked(rows).get(0)
-        if table is None:
-            return
-        before = DivPartitionState.from_bytes(self.state.get()[0]) if self.state.exists() else None
-        result = self.step(region, topic, partition, table.select(DIV_COLUMNS), before)
-        self.state.update((result.state.to_bytes(),))
-        if result.findings.num_rows:
-            yield result.findings.to_pandas()
-
-    def close(self) -> None:
-        pass
-
-
-def div_query(spark: SparkSession, opts: WatchOptions) -> DataFrame:
-    """The streaming DataFrame of DIV's findings over every region's VT, and its RT when `opts.rt_topic` names
-    one: `div validate`'s rows. An RT partition is a group of its own, judged by RT rules as `div validate`
-    judges it (the validator tells an RT by its name)."""
-    from pipelines.watch.div_step import FINDING_SCHEMA as DIV_SCHEMA
-
-    rows = records(spark, opts, topics=opts.div_topics)
-    ddl = ", ".join(f"{f.name} {DDL[str(f.type)]}" for f in DIV_SCHEMA)
-    return (
-        rows.select("region", "topic", "partition", "records")
-        .groupBy("region", "topic", "partition")
-        .transformWithStateInPandas(DivProcessor(), ddl, "Append", "None")
-    )
-
-
-class DivSink:
-    """`foreachBatch`: a micro-batch's DIV findings to OUT/div/batch-<id>.parquet, and the metrics."""
-
-    def __init__(self, opts: WatchOptions, metrics=None) -> None:
-        self.metrics = metrics
-        self.dir = locate(opts.out) / "div"
-        self.dir.makedirs()
-
-    def __call__(self, df: DataFrame, batch_id: int) -> None:
-        table = df.toArrow()
-        if table.num_rows:
-            (self.dir / f"batch-{batch_id:08d}.parquet").write_bytes(parquet_bytes(table))
-            if self.metrics is not None:
-                self.metrics.observe_div_findings(table.to_pylist())
 
 
 def check_rt_topic(opts: WatchOptions) -> None:
@@ -454,6 +458,7 @@ def prepare(opts: WatchOptions) -> None:
     adds to it run after run), neither is an input, and every source that answers holds the store's version
     topic, and its real-time topic when DIV is to read it."""
     check_checkpoint(opts.checkpoint)
+    check_layout(opts.checkpoint)
     if opts.changes_region is not None:
         if opts.changes_region not in {s.region for s in opts.sources}:
             raise UsageError(
@@ -480,6 +485,22 @@ def prepare(opts: WatchOptions) -> None:
     out.makedirs()
     if not (out / MARKER).exists():
         (out / MARKER).write_text(marker_text("watch"))
+
+
+def check_layout(checkpoint: str) -> None:
+    """Refuse the checkpoint of a watch that ran Leap Frog and DIV as two queries (`leapfrog/`, `div/` under
+    --checkpoint): its offsets and state are laid out for those queries, not for the one query that now runs
+    both (`watch/`), and Spark would not read them as that query's."""
+    where = locate(checkpoint)
+    old = [name for name in OLD_QUERIES if (where / name).exists()]
+    if old:
+        paths = " and ".join(absolute(str(where / name)) for name in old)
+        raise UsageError(
+            f"--checkpoint {checkpoint}: it holds {paths}, the checkpoint of an older watch that ran Leap Frog and "
+            "DIV as two queries; the watch now runs them as one query whose state is laid out otherwise, so it "
+            "cannot go on from there: start it with a new --checkpoint (it reads the topics again from "
+            "--starting)"
+        )
 
 
 def store_regions_of(opts: WatchOptions, down: set[int] = frozenset()) -> int:
@@ -517,18 +538,20 @@ def store_regions_of(opts: WatchOptions, down: set[int] = frozenset()) -> int:
     return width.count
 
 
-QUERIES = ("leapfrog", "div", "changes")
+QUERIES = ("watch", "changes")
+# the queries of a watch before Leap Frog and DIV ran as one (`check_layout` refuses their checkpoints)
+OLD_QUERIES = ("leapfrog", "div")
 
 
 def query_names(opts: WatchOptions) -> tuple[str, ...]:
-    """The queries this watch runs: Leap Frog and DIV, and the change stream with --changes."""
-    return QUERIES if opts.changes_region is not None else QUERIES[:2]
+    """The queries this watch runs: Leap Frog and DIV as one, and the change stream with --changes."""
+    return QUERIES if opts.changes_region is not None else QUERIES[:1]
 
 
 def start_query(
     spark: SparkSession, opts: WatchOptions, name: str, metrics=None, available_now: bool = False
 ):
-    """Start one of the two queries (`leapfrog` or `div`) with its checkpoint under --checkpoint/<name>: again
+    """Start one of the queries (`watch` or `changes`) with its checkpoint under --checkpoint/<name>: again
     after a failure, it goes on from its last committed micro-batch."""
     spark.conf.set("spark.sql.streaming.stateStore.providerClass", ROCKSDB)
     # a commit appends the micro-batch's changes to a changelog instead of flushing and uploading a snapshot of
@@ -536,10 +559,8 @@ def start_query(
     spark.conf.set("spark.sql.streaming.stateStore.rocksdb.changelogCheckpointing.enabled", "true")
     spark.conf.set("spark.sql.streaming.minBatchesToRetain", str(opts.batches_to_retain))
     checkpoint = absolute(opts.checkpoint).rstrip("/")
-    if name == "leapfrog":
-        df, sink = findings_query(spark, opts), FindingsSink(opts, metrics)
-    elif name == "div":
-        df, sink = div_query(spark, opts), DivSink(opts, metrics)
+    if name == "watch":
+        df, sink = watch_query(spark, opts), WatchSink(opts, metrics)
     else:
         from pipelines.watch.changes import ChangesSink, changes_query
 
@@ -565,9 +586,9 @@ def start(
     available_now: bool = False,
     queries: tuple[str, ...] = QUERIES,
 ) -> list:
-    """Start the queries, Leap Frog and DIV (and the change stream with --changes), each with its checkpoint
-    under --checkpoint (`leapfrog/`, `div/`, `changes/`); `available_now`: read what is there now, then stop
-    (tests, catch-up runs); `queries`: only some of them (the benchmark measures each alone)."""
+    """Start the queries, Leap Frog and DIV as one (and the change stream with --changes), each with its
+    checkpoint under --checkpoint (`watch/`, `changes/`); `available_now`: read what is there now, then stop
+    (tests, catch-up runs); `queries`: only some of them."""
     unknown = set(queries) - set(QUERIES)
     if unknown:
         raise ValueError(f"unknown watch queries {sorted(unknown)}; known: {QUERIES}")

@@ -12,10 +12,9 @@ growing while no micro-batch runs and while nobody writes: a region whose leader
 watch that stopped reading, crosses its alert threshold without any update. An older heartbeat that arrives late
 never makes it go backwards.
 
-The watch runs two streaming queries, Leap Frog and DIV. Every metric fed from one query's progress (its
+The watch runs Leap Frog and DIV as one streaming query, `watch`. Every metric fed from the query's progress (its
 micro-batch timings, rows, state, last batch, last progress time, and the offset lag its source reports) carries
-a `query` label, `leapfrog` or `div` (`QUERY_NAMES`), so each query has series of its own: one stalled query is
-seen while the other runs.
+a `query` label, `watch` (`QUERY_NAMES`), so that the series say which query they describe.
 
 The metric names and labels are a contract: `conf/alerts.yaml` and docs/watch.md use them. Label values are
 strings; region ids and partitions are written in decimal, booleans as `true`/`false`.
@@ -41,7 +40,7 @@ from prometheus_client.metrics_core import GaugeMetricFamily, Metric
 log = logging.getLogger("tidegauge.watch.metrics")
 
 HEARTBEAT_LABELS = ("region", "partition", "source_region")
-QUERY_NAMES = ("leapfrog", "div")  # the `query` label's values: the watch's two streaming queries
+QUERY_NAMES = ("watch",)  # the `query` label's values: the watch's streaming query of Leap Frog and DIV
 
 
 class BadRow(ValueError):
@@ -136,7 +135,7 @@ class WatchMetrics:
         )
         self._records = Counter(
             "tidegauge_records",
-            "Records the Leap Frog query read, by region and topic (each region's VT).",
+            "Records the watch's Leap Frog read, by region and topic (each region's VT).",
             ["region", "topic"],
             registry=r,
         )
@@ -213,10 +212,10 @@ class WatchMetrics:
     def set_lag(
         self, region: Any, topic: str, partition: Any, latest_offset: int, next_offset: int, *, query: str
     ) -> None:
-        """Offset lag of one partition for one query (`leapfrog` or `div`: each reads with its own offsets) when
-        its offsets are planned: `latest_offset` (Kafka's end offset, the offset the next record will get) minus
-        `next_offset` (the next one the query reads), never below 0 (an end offset read before the read position
-        moved can be the older of the two)."""
+        """Offset lag of one partition for the query `query` (`watch`) when its offsets are planned:
+        `latest_offset` (Kafka's end offset, the offset the next record will get) minus `next_offset` (the next one
+        the query reads), never below 0 (an end offset read before the read position moved can be the older of
+        the two)."""
         try:
             labels = (_query(query), _label(region), _label(topic), _label(partition))
             lag = max(0, _int(latest_offset, "latest_offset") - _int(next_offset, "next_offset"))
@@ -290,9 +289,8 @@ class WatchMetrics:
         self, progress: Mapping[str, Any] | str, *, query: str, heartbeats_read: bool = False
     ) -> None:
         """One `StreamingQueryProgress` (`query.lastProgress`, a listener event's `progress`, or its JSON) of the
-        streaming query `query` (`leapfrog` or `div`, the `query` label of the series it feeds). A report older
-        than that query's last one shown, or the same one again, is ignored; the other query's reports never
-        replace it.
+        streaming query `query` (`watch`, the `query` label of the series it feeds). A report older than that
+        query's last one shown, or the same one again, is ignored.
 
         `heartbeats_read`: this is the progress of the query whose rows feed `observe_heartbeats`. Its timestamp
         (when the micro-batch's offsets were planned) is then the time up to which every heartbeat has been

@@ -1,15 +1,14 @@
 """The watch's queries' shared plumbing: the stream they read, its packed rows unpacked, and Parquet bytes.
 
-Leap Frog, DIV and the change stream (`pipelines.watch.changes`) each read the regions' topics through
-`records`, get a group's records back from the packed rows with `unpacked`, declare their output with `ddl`
-and write each micro-batch's file with `parquet_bytes`.
+The watch's query (Leap Frog and DIV, `pipelines.watch.job`) and the change stream (`pipelines.watch.changes`)
+each read the regions' topics through `records`, get a group's records back from the packed rows with `unpacked`,
+declare their output with `ddl` and write each micro-batch's file with `parquet_bytes`.
 """
 
 from __future__ import annotations
 
 from collections.abc import Iterator
 
-import numpy as np
 import pandas as pd
 import pyarrow as pa
 from pyspark.sql import DataFrame, SparkSession
@@ -31,20 +30,31 @@ def ddl(schema: pa.Schema) -> str:
     return ", ".join(f"{f.name} {DDL[str(f.type)]}" for f in schema)
 
 
-def unpacked(frames: Iterator[pd.DataFrame], by: str | None = None) -> dict[int, pa.Table]:
+def unpacked(frames: Iterator[pd.DataFrame], by: str | tuple[str, ...] | None = None) -> dict:
     """A group's packed rows (`stream_source.PACKED_SCHEMA`) as records: per value of the column `by` (e.g. the
-    region), or all under 0."""
+    region: int keys), per tuple of values of the columns `by` (e.g. ("region", "topic"): tuple keys), or all
+    under 0. Keys in order; groups without records left out."""
     from pipelines.core.stream_source import unpack
 
-    blobs: dict[int, list[bytes]] = {}
+    blobs: dict = {}
     for f in frames:
         if not len(f):
             continue
-        groups = f[by].to_numpy() if by else np.zeros(len(f), np.int64)
-        for g, blob in zip(groups.tolist(), f["records"].tolist(), strict=True):
-            blobs.setdefault(int(g), []).append(blob)
+        if by is None:
+            groups = [0] * len(f)
+        elif isinstance(by, str):
+            groups = [int(g) for g in f[by].to_numpy().tolist()]
+        else:
+            groups = list(zip(*(_plain(f[c].to_numpy().tolist()) for c in by), strict=True))
+        for g, blob in zip(groups, f["records"].tolist(), strict=True):
+            blobs.setdefault(g, []).append(blob)
     out = {g: unpack(bs) for g, bs in sorted(blobs.items())}
     return {g: t for g, t in out.items() if t is not None and t.num_rows}
+
+
+def _plain(values: list) -> list:
+    """A column's values as Python ints (pandas may give a column of ints as floats) or as they are."""
+    return [int(v) if isinstance(v, int | float) and not isinstance(v, bool) else v for v in values]
 
 
 def records(

@@ -207,10 +207,10 @@ class SparkRow(tuple):
 
 def test_lag_sources_records_findings_and_key_counts(watch):
     metrics, url = watch
-    metrics.set_lag(0, "s_v1", 3, latest_offset=1_500, next_offset=1_200, query="leapfrog")
-    metrics.set_lag(0, "s_v1", 3, latest_offset=1_500, next_offset=1_450, query="div")  # offsets of its own
+    metrics.set_lag(0, "s_v1", 3, latest_offset=1_500, next_offset=1_200, query="watch")
+    metrics.set_lag(0, "s_rt", 3, latest_offset=1_500, next_offset=1_450, query="watch")  # the RT, with --rt
     # end read before the position moved
-    metrics.set_lag(1, "s_v1", 3, latest_offset=90, next_offset=100, query="leapfrog")
+    metrics.set_lag(1, "s_v1", 3, latest_offset=90, next_offset=100, query="watch")
     metrics.set_source_up(0, True)
     metrics.set_source_up(2, False)
     metrics.add_records(0, "s_v1", 400)
@@ -236,9 +236,9 @@ def test_lag_sources_records_findings_and_key_counts(watch):
     metrics.set_unverified_keys(2, 3)
     got = scrape(url)
     assert samples(got, "tidegauge_offset_lag_records") == {
-        labels(query="leapfrog", region=0, topic="s_v1", partition=3): 300,
-        labels(query="div", region=0, topic="s_v1", partition=3): 50,
-        labels(query="leapfrog", region=1, topic="s_v1", partition=3): 0,
+        labels(query="watch", region=0, topic="s_v1", partition=3): 300,
+        labels(query="watch", region=0, topic="s_rt", partition=3): 50,
+        labels(query="watch", region=1, topic="s_v1", partition=3): 0,
     }
     assert samples(got, "tidegauge_source_up") == {labels(region=0): 1, labels(region=2): 0}
     assert samples(got, "tidegauge_records_total") == {
@@ -279,12 +279,12 @@ def test_a_bad_row_is_skipped_counted_and_named_and_the_rest_applied(watch, cloc
         ]
     )
     metrics.observe_div_findings([{"type": "MISSING", "fatal": "maybe", "region": 0, "topic": "t"}])
-    metrics.set_lag(0, "s_v1", 0, latest_offset=None, next_offset=3, query="leapfrog")
+    metrics.set_lag(0, "s_v1", 0, latest_offset=None, next_offset=3, query="watch")
     metrics.set_lag(0, "s_v1", 0, latest_offset=4, next_offset=3, query="nightly")  # not a query of the watch
     metrics.add_records(0, "s_v1", -5)
-    metrics.observe_progress({"batchId": 1}, query="div")  # no timestamp
-    metrics.observe_progress("{not json", query="leapfrog")
-    metrics.observe_progress(REAL_PROGRESS, query="Leapfrog")
+    metrics.observe_progress({"batchId": 1}, query="watch")  # no timestamp
+    metrics.observe_progress("{not json", query="watch")
+    metrics.observe_progress(REAL_PROGRESS, query="Watch")
     got = scrape(url)
     assert samples(got, "tidegauge_heartbeat_age_seconds") == {
         labels(region=0, partition=1, source_region=1): 1.0
@@ -304,7 +304,7 @@ def test_a_bad_row_is_skipped_counted_and_named_and_the_rest_applied(watch, cloc
     assert "latest_offset None is not an integer" in text
     assert "count -5 is negative" in text
     assert "timestamp None is not an ISO-8601 string" in text
-    assert "query 'Leapfrog' is not one of the watch's queries ('leapfrog', 'div')" in text
+    assert "query 'Watch' is not one of the watch's queries ('watch',)" in text
     assert samples(got, "tidegauge_last_progress_timestamp_seconds") == {}
 
 
@@ -377,9 +377,9 @@ def _idle_after(progress: dict) -> dict:
 
 def test_a_real_progress_report_becomes_timings_rows_and_state(watch):
     metrics, url = watch
-    metrics.observe_progress(REAL_PROGRESS, query="leapfrog")
+    metrics.observe_progress(REAL_PROGRESS, query="watch")
     got = scrape(url)
-    lf = {"query": "leapfrog"}
+    lf = {"query": "watch"}
     assert samples(got, "tidegauge_microbatch_duration_seconds") == {
         labels(**lf, phase=phase): ms / 1000 for phase, ms in REAL_PROGRESS["durationMs"].items()
     }
@@ -393,13 +393,13 @@ def test_a_real_progress_report_becomes_timings_rows_and_state(watch):
     assert samples(got, "tidegauge_state_memory_bytes") == {labels(**lf, operator="stateStoreSave"): 1944}
 
     # the same report again (say from a listener and from lastProgress), or an older one: nothing changes
-    metrics.observe_progress(json.dumps(REAL_PROGRESS), query="leapfrog")
+    metrics.observe_progress(json.dumps(REAL_PROGRESS), query="watch")
     older = {**REAL_PROGRESS, "timestamp": "2026-11-26T07:08:30.000Z", "batchId": 8, "numInputRows": 7}
-    metrics.observe_progress(older, query="leapfrog")
+    metrics.observe_progress(older, query="watch")
     assert scrape(url) == got
 
     # an idle trigger: its phases replace the last batch's, rates Spark left out are not shown
-    metrics.observe_progress(_idle_after(REAL_PROGRESS), query="leapfrog")
+    metrics.observe_progress(_idle_after(REAL_PROGRESS), query="watch")
     idle = scrape(url)
     assert samples(idle, "tidegauge_microbatch_duration_seconds") == {
         labels(**lf, phase="latestOffset"): 0.001,
@@ -413,51 +413,27 @@ def test_a_real_progress_report_becomes_timings_rows_and_state(watch):
     assert samples(idle, "tidegauge_metric_rows_rejected_total") == {}
 
 
-def test_each_query_has_series_of_its_own_and_one_query_never_replaces_the_others(watch):
-    """The watch runs two queries: reports of both, interleaved as the driver hands them over every second,
-    give two sets of series, each the last report of its own query. Before, both wrote one unlabelled set, so a
-    scrape showed whichever query reported last (and a report older than the other query's was dropped)."""
+def test_the_series_are_the_one_query_s_and_the_old_two_queries_names_are_refused(watch):
+    """The watch runs Leap Frog and DIV as one query, `watch`: its reports give one set of series, labelled
+    query="watch". The names of the two queries an older watch ran (`leapfrog`, `div`) are no query of this one:
+    a report or a lag under them is skipped and counted, never shown as a series that alert rules would read."""
     metrics, url = watch
-    div = {
-        **REAL_PROGRESS,
-        "timestamp": "2026-11-26T07:08:40.000Z",  # newer than Leap Frog's
-        "batchId": 31,
-        "numInputRows": 4,
-        "durationMs": {"addBatch": 20, "triggerExecution": 30},
-        "stateOperators": [{"operatorName": "transformWithStateInPandasExec", "numRowsTotal": 12}],
-    }
-    for _ in range(2):  # the same reports again change nothing
-        metrics.observe_progress(div, query="div")
-        metrics.observe_progress(REAL_PROGRESS, query="leapfrog", heartbeats_read=True)
+    for _ in range(2):  # the same report again changes nothing
+        metrics.observe_progress(REAL_PROGRESS, query="watch", heartbeats_read=True)
+    metrics.observe_progress({**REAL_PROGRESS, "batchId": 31}, query="div")
+    metrics.observe_progress({**REAL_PROGRESS, "batchId": 32}, query="leapfrog")
+    metrics.set_lag(0, "s_v1", 3, latest_offset=10, next_offset=5, query="leapfrog")
     got = scrape(url)
     assert samples(got, "tidegauge_last_progress_timestamp_seconds") == {
-        labels(query="leapfrog"): REAL_TIMESTAMP,
-        labels(query="div"): REAL_TIMESTAMP + 6,
+        labels(query="watch"): REAL_TIMESTAMP
     }
-    assert samples(got, "tidegauge_last_batch_id") == {labels(query="leapfrog"): 9, labels(query="div"): 31}
-    assert samples(got, "tidegauge_microbatch_input_rows") == {
-        labels(query="leapfrog"): 50,
-        labels(query="div"): 4,
+    assert samples(got, "tidegauge_last_batch_id") == {labels(query="watch"): 9}
+    assert samples(got, "tidegauge_input_rows_total") == {labels(query="watch"): 50}
+    assert samples(got, "tidegauge_offset_lag_records") == {}
+    assert samples(got, "tidegauge_metric_rows_rejected_total") == {
+        labels(method="observe_progress"): 2,
+        labels(method="set_lag"): 1,
     }
-    assert samples(got, "tidegauge_input_rows_total") == {
-        labels(query="leapfrog"): 50,
-        labels(query="div"): 4,
-    }
-    durations = samples(got, "tidegauge_microbatch_duration_seconds")
-    assert durations[labels(query="div", phase="addBatch")] == 0.02
-    assert durations[labels(query="leapfrog", phase="addBatch")] == 0.717
-    assert samples(got, "tidegauge_state_rows") == {
-        labels(query="leapfrog", operator="stateStoreSave"): 3,
-        labels(query="div", operator="transformWithStateInPandasExec"): 12,
-    }
-    # each query's idle trigger moves its own series only
-    metrics.observe_progress(_idle_after(REAL_PROGRESS), query="leapfrog")
-    later = scrape(url)
-    assert samples(later, "tidegauge_last_progress_timestamp_seconds") == {
-        labels(query="leapfrog"): REAL_TIMESTAMP + 10,
-        labels(query="div"): REAL_TIMESTAMP + 6,
-    }
-    assert samples(later, "tidegauge_last_batch_id") == {labels(query="leapfrog"): 9, labels(query="div"): 31}
 
 
 @pytest.mark.spark
@@ -490,12 +466,12 @@ def test_the_progress_of_a_streaming_query_run_here(spark, tmp_path, clock):
 
     metrics = WatchMetrics(clock=clock)
     for report in reports:
-        metrics.observe_progress(report, query="leapfrog")
-    metrics.observe_progress(last, query="leapfrog")  # the last report again, as lastProgress: counted once
+        metrics.observe_progress(report, query="watch")
+    metrics.observe_progress(last, query="watch")  # the last report again, as lastProgress: counted once
     with metrics.serve(0) as server:
         got = scrape(server.url)
     assert samples(got, "tidegauge_metric_rows_rejected_total") == {}
-    lf = {"query": "leapfrog"}
+    lf = {"query": "watch"}
     assert samples(got, "tidegauge_input_rows_total") == {labels(**lf): 11}  # every row of both files, once
     assert samples(got, "tidegauge_last_batch_id") == {labels(**lf): last["batchId"]}
     assert samples(got, "tidegauge_microbatch_input_rows") == {labels(**lf): last["numInputRows"]}

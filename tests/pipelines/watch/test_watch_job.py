@@ -62,8 +62,12 @@ def test_growing_archives_watched_from_one_checkpoint_equal_a_nightly_run(spark,
         max_records_per_trigger=400,
     )
     metrics = WatchMetrics(clock=lambda: NOW_S)
-    for q in start(spark, opts, metrics, available_now=True):
+    queries = start(spark, opts, metrics, available_now=True)
+    # one query reads each record once for Leap Frog and DIV, with one checkpoint
+    assert [q.name for q in queries] == ["tidegauge_watch_watch"]
+    for q in queries:
         q.awaitTermination()
+    assert sorted(p.name for p in (tmp_path / "checkpoint").iterdir() if p.is_dir()) == ["watch"]
     first = read_findings(opts.out).num_rows
     # the rest of every log arrives; the same checkpoint goes on from where it stopped
     write_archives(histories, live, keep=lambda p, x, off: off > cuts[(p, x)])
@@ -133,7 +137,7 @@ def test_kill_9_at_random_moments_then_restart_loses_and_repeats_nothing(spark, 
     argv += ["--checkpoint", str(tmp_path / "ck"), "--out", str(tmp_path / "watch"), "--conf", str(conf)]
     argv += ["--trigger-interval", "3 seconds", "--max-records-per-trigger", "30", "--changes", "0"]
     rng = random.Random(7)
-    commits = tmp_path / "ck" / "leapfrog" / "commits"
+    commits = tmp_path / "ck" / "watch" / "commits"
 
     def committed() -> int:
         return len([f for f in commits.iterdir() if f.name.isdigit()]) if commits.exists() else 0

@@ -17,6 +17,7 @@ from small_sim import small_sim
 from div.archive import file_name
 from pipelines.core.sources import SourceError, SourceSpec
 from pipelines.watch.job import WatchOptions, prepare, read_findings, start
+from pipelines.watch.metrics import WatchMetrics
 
 
 def _row(r: dict) -> tuple:
@@ -85,23 +86,41 @@ def test_growing_simulated_archives_watched_with_rt_equal_div_validate_over_vt_a
         rt_topic=rt,
     )
     counts = []
+    metrics = WatchMetrics()
     for part in range(3):
         if part:
             _grow(sim.archives, live, part, 3)  # more of every log arrives; the same checkpoint goes on
         # the first run watches the VTs only, as a watch started before --rt existed: --rt added on a restart
         # reads each RT from its first offset, then goes on across runs as the VTs do
         run_opts = opts if part else dataclasses.replace(opts, rt_topic=None)
-        for q in start(spark, run_opts, available_now=True):
+        for q in start(spark, run_opts, metrics, available_now=True):
             q.awaitTermination()
         counts.append(read_findings(opts.out, "div").num_rows)
     watched = read_findings(opts.out, "div").to_pylist()
     assert sorted(_row(r) for r in watched) == expected
     assert len({r["finding_id"] for r in watched}) == len(watched)
     assert counts[0] < counts[-1], f"findings after each run: {counts}"
-    # Leap Frog stays on the VTs: its source never planned an RT partition
-    offsets = tmp_path / "checkpoint" / "leapfrog" / "offsets"
+    # the one query read the RTs (from the run that asked for them on) beside the VTs...
+    offsets = tmp_path / "checkpoint" / "watch" / "offsets"
     planned = [json.loads(f.read_text().splitlines()[-1]) for f in offsets.iterdir() if f.name.isdigit()]
-    assert planned and all(k.split("/")[1] == sim.topic for o in planned for k in o)
+    assert {k.split("/")[1] for o in planned for k in o} == {sim.topic, rt}
+    # ...and Leap Frog stayed on the VTs: the records it read are the VTs', every one of them once
+    read = {
+        (s.labels["region"], s.labels["topic"]): s.value
+        for fam in metrics.registry.collect()
+        if fam.name == "tidegauge_records"
+        for s in fam.samples
+        if s.name == "tidegauge_records_total"
+    }
+    vt_records = {
+        (str(x), sim.topic): sum(
+            pq.read_table(f, columns=["topic"]).column("topic").to_pylist().count(sim.topic)
+            for f in Path(d).iterdir()
+            if f.suffix == ".parquet"
+        )
+        for x, d in sim.archives.items()
+    }
+    assert read == vt_records
 
 
 def test_rt_asked_for_but_a_source_lacks_it_is_refused_at_start(tmp_path):

@@ -22,11 +22,12 @@ def test_lag_per_partition_from_progress_and_sources_up_from_status():
         ],
     }
     status = {"checked_ms": 1, "sources": {"0": {"up": True}, "1": {"up": False, "error": "down"}}}
-    observe_sources(m, progress, status, query="leapfrog")
-    # the DIV query reads the same partitions with offsets of its own (and, with --rt, the RT): its own series
-    div = json.dumps({"0/s_v1/0": 100, "1/s_v1/0": 25, "0/s_rt/0": 9})
-    ends = json.dumps({"0/s_v1/0": 90, "1/s_v1/0": 20, "0/s_rt/0": 9})
-    observe_sources(m, {"sources": [{"latestOffset": div, "endOffset": ends}]}, None, query="div")
+    observe_sources(m, progress, status, query="watch")
+    # with --rt the one query reads the RTs too, with the same offsets log: their lag is in the same series
+    rt = {
+        "sources": [{"latestOffset": json.dumps({"0/s_rt/0": 9}), "endOffset": json.dumps({"0/s_rt/0": 4})}]
+    }
+    observe_sources(m, rt, None, query="watch")
 
     def value(name, **labels):
         return m.registry.get_sample_value(name, labels)
@@ -34,11 +35,10 @@ def test_lag_per_partition_from_progress_and_sources_up_from_status():
     def lag(query, region, topic="s_v1"):
         return value("tidegauge_offset_lag_records", query=query, region=region, topic=topic, partition="0")
 
-    assert (lag("leapfrog", "0"), lag("leapfrog", "1")) == (60, 0)
-    assert (lag("div", "0"), lag("div", "1"), lag("div", "0", "s_rt")) == (10, 5, 0)
+    assert (lag("watch", "0"), lag("watch", "1"), lag("watch", "0", "s_rt")) == (60, 0, 5)
     assert value("tidegauge_source_up", region="0") == 1
     assert value("tidegauge_source_up", region="1") == 0
-    observe_sources(m, None, None, query="leapfrog")  # no progress yet, no status file yet: nothing changes
+    observe_sources(m, None, None, query="watch")  # no progress yet, no status file yet: nothing changes
     assert value("tidegauge_source_up", region="1") == 0
 
 
@@ -88,9 +88,9 @@ def test_heartbeat_rows_give_age_and_delay_and_every_planned_partition_waits_for
     m = WatchMetrics(heartbeat_interval_ms=2_000, clock=lambda: now[0])
     opts = WatchOptions("s", 1, [SourceSpec(0, "a"), SourceSpec(1, "b")], "ck", "out")
     progress = {"sources": [{"latestOffset": {"0/s_v1/0": 5, "0/s_v1/1": 5, "0/s_rt/0": 9}, "endOffset": {}}]}
-    observe_sources(m, progress, None, opts, query="leapfrog")
-    # only the Leap Frog query reads heartbeats: the DIV query's planning expects none
-    observe_sources(m, {"sources": [{"latestOffset": {"0/s_v1/2": 5}}]}, None, opts, query="div")
+    observe_sources(m, progress, None, opts, query="watch")
+    # only the watch query reads heartbeats: the change stream's planning (--changes) expects none
+    observe_sources(m, {"sources": [{"latestOffset": {"0/s_v1/2": 5}}]}, None, opts, query="changes")
     now[0] = 1_004.0
     age = "tidegauge_heartbeat_age_seconds"
     # planned VT partitions wait for a heartbeat from every region; an RT partition does not
@@ -159,9 +159,72 @@ def test_the_watch_refuses_bad_places_and_sources_before_any_work(tmp_path):
     assert (tmp_path / "theirs" / "notes.txt").read_text() == "not ours"
 
 
+def test_the_checkpoint_of_a_watch_that_ran_two_queries_is_refused(tmp_path, capsys):
+    """A checkpoint of the watch before Leap Frog and DIV ran as one query holds `leapfrog/` and `div/` (each
+    query's offsets and state): the one query's state is laid out otherwise, so it is refused, with the path and
+    what to do, before anything is written; the command line exits 2 with that message."""
+    import pytest
+    from leapfrog_histories import generated
+    from vt_fixtures import STORE, write_archives
+
+    from pipelines.cli import main
+    from pipelines.core.errors import UsageError
+    from pipelines.core.sources import SourceSpec
+    from pipelines.watch.job import WatchOptions, prepare
+
+    dirs = write_archives([h for h in generated(1) if h.n_regions == 3][:2], tmp_path / "a")
+    for old in (["leapfrog", "div"], ["leapfrog"], ["div"]):
+        ck = tmp_path / ("ck-" + "-".join(old))
+        for name in old:
+            (ck / name / "offsets").mkdir(parents=True)
+            (ck / name / "offsets" / "0").write_text("v1\n{}\n")
+        opts = WatchOptions(
+            store=STORE,
+            version=1,
+            sources=[SourceSpec(x, d) for x, d in dirs.items()],
+            checkpoint=str(ck),
+            out=str(tmp_path / "w"),
+        )
+        with pytest.raises(UsageError) as refused:
+            prepare(opts)
+        text = str(refused.value)
+        for name in old:
+            assert str(ck / name) in text
+        assert "two queries" in text and "start it with a new --checkpoint" in text
+        assert not (tmp_path / "w").exists()  # nothing written by a refused start
+        assert sorted(p.name for p in ck.iterdir()) == sorted(old)  # and the old checkpoint left as it was
+    argv = [
+        "watch",
+        "--store",
+        STORE,
+        "--version",
+        "1",
+        "--checkpoint",
+        str(ck),
+        "--out",
+        str(tmp_path / "w"),
+    ]
+    assert main(argv + [f"--source={x}={d}" for x, d in dirs.items()]) == 2
+    err = capsys.readouterr().err
+    assert f"{ck / 'div'}" in err and "new --checkpoint" in err
+    assert not (tmp_path / "w").exists()
+    # a checkpoint of this watch (watch/, and changes/ with --changes) is taken
+    (tmp_path / "ck-new" / "watch" / "offsets").mkdir(parents=True)
+    (tmp_path / "ck-new" / "changes").mkdir()
+    prepare(
+        WatchOptions(
+            store=STORE,
+            version=1,
+            sources=opts.sources,
+            checkpoint=str(tmp_path / "ck-new"),
+            out=str(tmp_path / "w"),
+        )
+    )
+
+
 def test_heartbeat_ages_count_up_to_what_the_watch_has_read_not_up_to_the_scrape():
     """A watch that runs behind must not make healthy partitions look silent: ages count up to the planning time
-    of the Leap Frog query's last micro-batch, when every heartbeat that had arrived was read."""
+    of the watch query's last micro-batch, when every heartbeat that had arrived was read."""
     now = [2_000.0]
     m = WatchMetrics(heartbeat_interval_ms=5_000, clock=lambda: now[0])
     labels = {"region": "0", "partition": "0", "source_region": "1"}
@@ -175,13 +238,11 @@ def test_heartbeat_ages_count_up_to_what_the_watch_has_read_not_up_to_the_scrape
 
         return {"batchId": batch, "timestamp": datetime.fromtimestamp(at_s, UTC).isoformat()}
 
-    m.observe_progress(progress(4, 1_995.0), query="leapfrog", heartbeats_read=True)
+    m.observe_progress(progress(4, 1_995.0), query="watch", heartbeats_read=True)
     now[0] = 2_030.0  # the watch is 35 s behind: the age says what it knows, 5 s
     assert m.registry.get_sample_value("tidegauge_heartbeat_age_seconds", labels) == 5
-    m.observe_progress(progress(9, 2_025.0), query="div")  # the DIV query's progress moves nothing
-    assert m.registry.get_sample_value("tidegauge_heartbeat_age_seconds", labels) == 5
-    # no heartbeat since: it grows, batch by batch (a Leap Frog report older than DIV's last counts too)
-    m.observe_progress(progress(5, 2_020.0), query="leapfrog", heartbeats_read=True)
+    # no heartbeat since: it grows, batch by batch
+    m.observe_progress(progress(5, 2_020.0), query="watch", heartbeats_read=True)
     assert m.registry.get_sample_value("tidegauge_heartbeat_age_seconds", labels) == 30
 
 
@@ -195,7 +256,7 @@ def test_the_source_status_file_is_local_whatever_the_checkpoint(tmp_path):
     def where(ck: str) -> str:
         return status_file(WatchOptions(store="s", version=1, sources=[], checkpoint=ck, out=str(tmp_path)))
 
-    assert where(str(tmp_path / "ck")) == str(tmp_path / "ck" / "leapfrog-sources.json")
+    assert where(str(tmp_path / "ck")) == str(tmp_path / "ck" / "watch-sources.json")
     remote = where("s3a://bucket/ck")
     assert Path(remote).is_absolute() and "bucket" not in remote
     assert where("s3a://bucket/ck/") == remote != where("s3a://bucket/other") != where("hdfs://nn/ck")
