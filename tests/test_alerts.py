@@ -37,7 +37,7 @@ def _watch_with_everything() -> WatchMetrics:
     m.observe_heartbeats(
         [{"region": 0, "partition": 0, "source_region": 1, "origin_ms": 1, "arrival_ms": 2, "mark": 3}]
     )
-    m.set_lag(0, "s_v1", 0, 10, 5, query="leapfrog")
+    m.set_lag(0, "s_v1", 0, 10, 5, query="watch")
     m.set_source_up(0, True)
     m.add_records(0, "s_v1", 1)
     m.observe_divergences([{"type": "VALUE_MISMATCH", "region_a": 0, "region_b": 1}])
@@ -55,7 +55,7 @@ def _watch_with_everything() -> WatchMetrics:
             "durationMs": {"addBatch": 3},
             "stateOperators": [{"operatorName": "x", "numRowsTotal": 1, "memoryUsedBytes": 1}],
         },
-        query="leapfrog",
+        query="watch",
     )
     m.observe_heartbeats([{"nonsense": 1}])  # one rejected row, so that counter has a sample too
     return m
@@ -273,7 +273,7 @@ def test_the_rules_fire_when_they_should(promtool):
     assert tested == {r["alert"] for r in _rules()}, "every rule has a promtool test"
 
 
-# -- one query stalls: the metrics' own series, through promtool ---------------------------------------------
+# -- the query stalls: the metrics' own series, through promtool ---------------------------------------------
 STEP_S = 15  # the scrape interval the series below are sampled at (and promtool's evaluation interval)
 
 
@@ -285,11 +285,11 @@ def _progress(at_s: float, batch: int) -> dict:
     return {"timestamp": stamp, "batchId": batch, "numInputRows": 1, "durationMs": {"triggerExecution": 100}}
 
 
-def _scraped(stalled: str | None, stall_at_s: float, steps: int) -> dict[str, str]:
+def _scraped(stalled: bool, stall_at_s: float, steps: int) -> dict[str, str]:
     """The watch's series as Prometheus would scrape them every STEP_S seconds from time 0, in promtool's
-    `input_series` form (series → values): at each step the Leap Frog and DIV queries hand WatchMetrics their
-    progress as the watch's driver does (`observe_progress`, Leap Frog's with heartbeats_read), and the Leap Frog
-    query a fresh heartbeat, except that the query `stalled` reports nothing after `stall_at_s`."""
+    `input_series` form (series → values): at each step the watch's query hands WatchMetrics its progress as the
+    watch's driver does (`observe_progress`, with heartbeats_read) and a fresh heartbeat, except that with
+    `stalled` it hands nothing over after `stall_at_s`."""
     from prometheus_client.exposition import generate_latest
     from prometheus_client.parser import text_string_to_metric_families
 
@@ -298,15 +298,12 @@ def _scraped(stalled: str | None, stall_at_s: float, steps: int) -> dict[str, st
     values: dict[str, list[str]] = {}
     for step in range(steps + 1):
         now[0] = t = float(step * STEP_S)
-        for query in ("leapfrog", "div"):
-            if query == stalled and t > stall_at_s:
-                continue
-            m.observe_progress(_progress(t, step), query=query, heartbeats_read=query == "leapfrog")
-            if query == "leapfrog":
-                ms = int(t * 1000)
-                m.observe_heartbeats(
-                    [{"region": 0, "partition": 0, "source_region": 1, "origin_ms": ms, "arrival_ms": ms}]
-                )
+        if not (stalled and t > stall_at_s):  # a stalled query reads nothing: no progress, no heartbeat
+            m.observe_progress(_progress(t, step), query="watch", heartbeats_read=True)
+            ms = int(t * 1000)
+            m.observe_heartbeats(
+                [{"region": 0, "partition": 0, "source_region": 1, "origin_ms": ms, "arrival_ms": ms}]
+            )
         text = generate_latest(m.registry).decode()
         for family in text_string_to_metric_families(text):
             for sample in family.samples:
@@ -326,38 +323,36 @@ def _stalled_alert(query: str, age: str) -> dict:
             "summary": f"tidegauge watch w:9400: the {query} query made no progress for {age}",
             "description": (
                 f"Spark's last progress report of the {query} query of the watch at w:9400 is {age} old, more "
-                "than 3 heartbeat intervals: that query is not reading, and its findings wait (the leapfrog "
+                "than 3 heartbeat intervals: that query is not reading, and its findings wait (the watch "
                 "query's stall also holds the heartbeat alerts back). See the driver's log."
             ),
         },
     }
 
 
-@pytest.mark.parametrize("stalled", ["leapfrog", "div", None])
-def test_a_stalled_query_fires_the_stalled_watch_alert_while_the_other_progresses(
-    promtool, tmp_path, stalled
-):
-    """One query stops reporting progress at 60 s while the other reports every 15 s (the metrics fed through
+@pytest.mark.parametrize("stalled", [True, False])
+def test_a_stalled_query_fires_the_stalled_watch_alert(promtool, tmp_path, stalled):
+    """The watch's query stops reporting progress at 60 s, or reports every 15 s (the metrics fed through
     WatchMetrics.observe_progress, scraped from its registry): conf/alerts.yaml's TidegaugeWatchStalled, run by
-    promtool, fires for the stalled query alone once its last report is over 3 intervals (180 s) old and `for:
-    1m` has passed; with both queries progressing it never fires. Neither stall raises a heartbeat alert: the
-    heartbeats keep coming, and a stalled Leap Frog query's ages stop where it stopped reading."""
+    promtool, fires for it (query="watch") once its last report is over 3 intervals (180 s) old and `for: 1m`
+    has passed; progressing, it never fires. The stall raises no heartbeat alert: the ages stop where the query
+    stopped reading."""
     series = _scraped(stalled, stall_at_s=60, steps=28)  # 0 .. 7 minutes
     progress = {k: v for k, v in series.items() if k.startswith("tidegauge_last_progress_timestamp_seconds")}
-    assert len(progress) == 2 and all('query="' in k for k in progress)  # one series per query
+    assert len(progress) == 1 and all('query="watch"' in k for k in progress)  # the one query's series
     # over 180 s old from 255 s on: pending then, firing a minute later (promtool evaluates every 15 s)
-    firing = [] if stalled is None else [_stalled_alert(stalled, "5m 0s")]
+    firing = [_stalled_alert("watch", "5m 0s")] if stalled else []
     checks = [
         {"eval_time": "5m", "alertname": "TidegaugeWatchStalled", "exp_alerts": []},
         {"eval_time": "6m", "alertname": "TidegaugeWatchStalled", "exp_alerts": firing},
         {"eval_time": "7m", "alertname": "TidegaugeHeartbeatMissing", "exp_alerts": []},
     ]
-    if stalled is not None:
+    if stalled:
         checks.append(
             {
                 "eval_time": "7m",
                 "alertname": "TidegaugeWatchStalled",
-                "exp_alerts": [_stalled_alert(stalled, "6m 0s")],
+                "exp_alerts": [_stalled_alert("watch", "6m 0s")],
             }
         )
     doc = {
@@ -365,7 +360,7 @@ def test_a_stalled_query_fires_the_stalled_watch_alert_while_the_other_progresse
         "evaluation_interval": f"{STEP_S}s",
         "tests": [
             {
-                "name": f"{stalled or 'no'} query stalled",
+                "name": f"the watch query {'stalled' if stalled else 'progressing'}",
                 "interval": f"{STEP_S}s",
                 "input_series": [{"series": k, "values": v} for k, v in sorted(series.items())],
                 "alert_rule_test": checks,

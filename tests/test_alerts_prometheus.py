@@ -12,7 +12,7 @@ a loaded 2-core host), a write is dropped in two regions, and 20 s later one lea
 active alert, and the watch's own series) the test asserts that:
 
 * nothing fires, nor is even pending, from the moment Prometheus sees the watch up (both targets scraped, every
-  heartbeat series under its threshold, both queries progressing) to the first fault: a healthy run; and nothing
+  heartbeat series under its threshold, its query progressing) to the first fault: a healthy run; and nothing
   but the two faults' own alerts after it;
 * `TidegaugeDivergence` fires for every region pair the dropped write left diverging (its delay after the write
   is reported);
@@ -192,7 +192,7 @@ class Observed:
 
     regions: int = 0
     loads: list[tuple[float, float]] = field(default_factory=list)
-    ready_at: float | None = None  # the watch up: every heartbeat series fresh, both queries progressing
+    ready_at: float | None = None  # the watch up: every heartbeat series fresh, its query progressing
     seen: dict[tuple, dict[str, float]] = field(default_factory=dict)  # alert → state → first poll seeing it
     alerts: dict[tuple, dict] = field(default_factory=dict)  # the last /api/v1/alerts entry of each
     truth: dict = field(default_factory=dict)
@@ -203,7 +203,7 @@ class Observed:
 
 def _ready(prom: Prometheus, regions: int, partitions: int, silent: dict | None) -> bool:
     """Whether the watch is up and caught up, as Prometheus sees it: both targets scraped, every heartbeat series
-    there and under its threshold (but the silent leader's, once its silence began), both queries' progress
+    there and under its threshold (but the silent leader's, once its silence began), the watch query's progress
     fresh, every region's source up, and the leader's series there."""
     up = {r["metric"]["job"]: r["value"][1] for r in prom.query("up")["result"]}
     if up != {"tidegauge-watch": "1", "tidegauge-leader": "1"}:
@@ -226,7 +226,7 @@ def _ready(prom: Prometheus, regions: int, partitions: int, silent: dict | None)
     return (
         len(ages) == regions * partitions * regions
         and not late
-        and len(progress) == 2
+        and len(progress) == 1
         and len(sources) == regions
         and bool(leader)
     )
@@ -488,13 +488,11 @@ def _judge(
             for t in times
         ]
         if not fired:
-            # A wrong verdict only if the watch's Leap Frog query got far enough to see it: its last progress
+            # A wrong verdict only if the watch's query got far enough to see it: its last progress
             # report after the heartbeats that cover the write (an interval, plus one for the replication).
             progress = [
                 float(v)
-                for _, values in _values(
-                    prom, 'tidegauge_last_progress_timestamp_seconds{query="leapfrog"}', at
-                )
+                for _, values in _values(prom, 'tidegauge_last_progress_timestamp_seconds{query="watch"}', at)
                 for _, v in values
             ]
             reached = max(progress, default=0.0)
@@ -505,7 +503,7 @@ def _judge(
                     Check(
                         False,
                         f"TidegaugeDivergence for {pair} after the dropped write",
-                        f"the Leap Frog query's last progress was {reached - at:+.1f} s after the write, before "
+                        f"the watch query's last progress was {reached - at:+.1f} s after the write, before "
                         f"the heartbeats that cover it (+{covered - at:g} s)"
                         + (
                             f" (not judged: load {load:.1f} on {cores} cores)"
@@ -517,8 +515,8 @@ def _judge(
                 )
                 continue
             pytest.fail(
-                f"TidegaugeDivergence never fired for {pair} after the dropped write {dropped}, though the Leap "
-                f"Frog query progressed to {reached - at:+.1f} s after it; the watch's log ends:\n"
+                f"TidegaugeDivergence never fired for {pair} after the dropped write {dropped}, though the watch "
+                f"query progressed to {reached - at:+.1f} s after it; the watch's log ends:\n"
                 + watch_log[-3000:]
             )
         assert min(fired) >= at, f"TidegaugeDivergence fired for {pair} before the write was dropped"
@@ -576,7 +574,7 @@ def _judge(
             prom.query(f"tidegauge_heartbeat_age_seconds{{{selector}}}", at=firing)["result"][0]["value"][1]
         )
         planned = float(
-            prom.query('tidegauge_last_progress_timestamp_seconds{query="leapfrog"}', at=firing)["result"][0][
+            prom.query('tidegauge_last_progress_timestamp_seconds{query="watch"}', at=firing)["result"][0][
                 "value"
             ][1]
         )
@@ -638,7 +636,7 @@ _NOT_SHOWN = {"__name__", "alertstate", "severity", "job", "instance"}
 
 
 def _alert_text(labels: tuple) -> str:
-    """`TidegaugeWatchStalled{query="div"}`: an alert's name and its own labels."""
+    """`TidegaugeWatchStalled{query="watch"}`: an alert's name and its own labels."""
     d = dict(labels)
     name = d.pop("alertname")
     return name + "{" + ", ".join(f'{k}="{v}"' for k, v in sorted(d.items())) + "}"

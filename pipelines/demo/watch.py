@@ -183,8 +183,8 @@ def committed_offsets(checkpoint: Path) -> dict[str, int] | None:
 
 
 def caught_up(checkpoint: Path, truth: dict, topics: dict[str, set[str]]) -> bool:
-    """Whether each query (`leapfrog`, `div`) committed every record the run wrote to the topics it reads
-    (`topics[query]`; truth.json's end offsets)."""
+    """Whether each query (`watch`, the watch's one query of Leap Frog and DIV) committed every record the run
+    wrote to the topics it reads (`topics[query]`; truth.json's end offsets)."""
     ends = (truth.get("run") or {}).get("end_offsets")
     if not ends:
         return False
@@ -450,12 +450,12 @@ class _Follower:
 
     def ages_from(self, metrics: dict) -> None:
         """Heartbeat ages as the alert rules read them (conf/alerts.yaml): older than 3 intervals alerts, unless
-        the Leap Frog query, which reads the heartbeats, is stalled (its last progress older than 3 intervals),
+        the watch query, which reads the heartbeats, is stalled (its last progress older than 3 intervals),
         when the rules hold back."""
         self.scrapes += 1
         now = self.clock()
         threshold = 3 * self.interval / 1000
-        read_until = leapfrog_progress(metrics)  # heartbeat ages count up to it (its last planning)
+        read_until = watch_progress(metrics)  # heartbeat ages count up to it (its last planning)
         if read_until is None or now - read_until > threshold:
             self.stalled_scrapes += 1
             return
@@ -521,14 +521,14 @@ def run_watch_demo(opts: WatchDemoOptions, emit: Callable[[str], None] | None = 
     return result
 
 
-def leapfrog_progress(metrics: dict) -> float | None:
-    """When the watch's Leap Frog query (which reads the heartbeats) last reported progress, in epoch seconds, from
+def watch_progress(metrics: dict) -> float | None:
+    """When the watch's query (whose Leap Frog reads the heartbeats) last reported progress, in epoch seconds, from
     a scrape (`scrape`); None before its first report."""
     return next(
         (
             v
             for labels, v in metrics.get("tidegauge_last_progress_timestamp_seconds", [])
-            if labels.get("query") == "leapfrog"
+            if labels.get("query") == "watch"
         ),
         None,
     )
@@ -546,7 +546,7 @@ def _metrics_url(watch: _Proc, wait_s: float = 180) -> str | None:
 
 
 class _Downtime:
-    """The spans the watch could not detect anything: from its start until its Leap Frog query first made
+    """The spans the watch could not detect anything: from its start until its query first made
     progress (Spark starting), and with `kill_watch_at` from the kill (SIGKILL, as a crashed service, its JVM and
     Python workers with it) until the watch started again from its checkpoint made progress. What it committed
     stands and the micro-batch it was in runs again, so nothing may be found twice or lost; but a detection delay
@@ -581,11 +581,11 @@ class _Downtime:
         return _Proc(argv, log)
 
     def seen(self, metrics: dict, follow: _Follower) -> None:
-        """A scrape: the open span ends at the Leap Frog query's first progress after it began."""
+        """A scrape: the open span ends at the watch query's first progress after it began."""
         why, since, up = self.spans[-1]
         if up is not None:
             return
-        last = leapfrog_progress(metrics)
+        last = watch_progress(metrics)
         if last is not None and last > since:
             self.spans[-1][2] = last
             if why == "kill -9":
@@ -690,7 +690,7 @@ def _run(
         raise DemoError(f"the simulation ended before the watch could read to the end; see {sim.log}")
     emit(f"  {follow.t(time.time() * 1000)}  simulation stopped; waiting for the watch to read to the end")
     vt = live["vt_topic"]
-    read = {"leapfrog": {vt}, "div": {vt, live["rt_topic"]}}
+    read = {"watch": {vt, live["rt_topic"]}}
     while not caught_up(out / "watch-checkpoint", truth, read):
         follow.sample_load()
         metrics = scrape(url)
@@ -796,7 +796,7 @@ def _judge(
     worst, where = follow.worst_healthy
     judged = follow.scrapes - follow.stalled_scrapes
     unheld = (
-        f"{judged} of {follow.scrapes} scrapes judged, the others came while the watch's Leap Frog query was "
+        f"{judged} of {follow.scrapes} scrapes judged, the others came while the watch's query was "
         "stalled, when the alert rules hold back"
     )
     if judged == 0:  # the watch never kept up: a wrong result, unless the host was overloaded all along

@@ -54,8 +54,7 @@ def test_detection_delay_counts_from_when_both_regions_heartbeats_covered_the_wr
 def metrics(now: float, progress_age: float, ages: dict[tuple[int, int, int], float]) -> dict:
     return {
         "tidegauge_last_progress_timestamp_seconds": [
-            ({"query": "div"}, now),  # the DIV query's progress holds no heartbeat alert back
-            ({"query": "leapfrog"}, now - progress_age),
+            ({"query": "watch"}, now - progress_age),
         ],
         "tidegauge_heartbeat_age_seconds": [
             ({"region": str(x), "partition": str(p), "source_region": str(s)}, age)
@@ -77,7 +76,7 @@ def test_heartbeat_ages_are_judged_as_the_alert_rules_judge_them():
     # running: the silent leader's partition alerts in region 1, 4 s after it stopped = 1 interval after the
     # threshold; a healthy series's age is the figure for false alerts
     f.ages_from(metrics(now, 1, {(1, 1, 0): 3.5, (1, 0, 0): 1.2, (1, 1, 1): 0.4}))
-    # its last heartbeat arrived 4.5 s ago (the age counts up to the Leap Frog query's last planning, 1 s ago):
+    # its last heartbeat arrived 4.5 s ago (the age counts up to the watch query's last planning, 1 s ago):
     # the threshold passed 1.5 s ago
     assert f.crossings[1] == {1: (now, pytest.approx(now - 4.5))}
     assert lines[-1].endswith(
@@ -92,7 +91,7 @@ def test_heartbeat_ages_are_judged_as_the_alert_rules_judge_them():
     assert f.worst_healthy[0] == pytest.approx(3.2)
 
 
-def test_caught_up_only_when_both_queries_committed_every_record(tmp_path):
+def test_caught_up_only_when_the_query_committed_every_record_of_every_topic_it_reads(tmp_path):
     truth = {"run": {"end_offsets": {"0": {"s_v1[0]": 10, "s_rt[0]": 99}, "1": {"s_v1[0]": 7}}}}
 
     def commit(query: str, batch: int, offsets: dict) -> None:
@@ -102,19 +101,23 @@ def test_caught_up_only_when_both_queries_committed_every_record(tmp_path):
         (d / "offsets" / str(batch)).write_text("v1\n{}\n" + json.dumps(offsets) + "\n")
         (d / "commits" / str(batch)).write_text("v1\n{}\n")
 
-    read = {"leapfrog": {"s_v1"}, "div": {"s_v1", "s_rt"}}
+    read = {"watch": {"s_v1", "s_rt"}}
     assert not caught_up(tmp_path, truth, read)
-    commit("leapfrog", 0, {"0/s_v1/0": 10, "1/s_v1/0": 7})
-    assert not caught_up(tmp_path, truth, read)  # DIV has not committed yet
-    commit("div", 0, {"0/s_v1/0": 10, "1/s_v1/0": 7, "0/s_rt/0": 98})
+    commit("watch", 0, {"0/s_v1/0": 10, "1/s_v1/0": 7})
+    assert not caught_up(tmp_path, truth, read)  # the RT not read yet
+    commit("watch", 1, {"0/s_v1/0": 10, "1/s_v1/0": 7, "0/s_rt/0": 98})
     assert not caught_up(tmp_path, truth, read)  # one RT record short
     # planned but not committed: not yet
-    (tmp_path / "div" / "offsets" / "1").write_text(
+    (tmp_path / "watch" / "offsets" / "2").write_text(
         "v1\n{}\n" + json.dumps({"0/s_v1/0": 10, "1/s_v1/0": 7, "0/s_rt/0": 99})
     )
     assert not caught_up(tmp_path, truth, read)
-    (tmp_path / "div" / "commits" / "1").write_text("v1\n{}\n")
-    assert caught_up(tmp_path, truth, read)  # Leap Frog does not read the RT: its end does not count there
+    (tmp_path / "watch" / "commits" / "2").write_text("v1\n{}\n")
+    assert caught_up(tmp_path, truth, read)
+    # a topic the query does not read does not count
+    assert caught_up(
+        tmp_path, {"run": {"end_offsets": {**truth["run"]["end_offsets"], "1": {"s_x[0]": 5}}}}, read
+    )
     assert not caught_up(tmp_path, {"run": {"end_offsets": None}}, read)  # the run has not ended
 
 
@@ -251,9 +254,10 @@ def test_a_delay_over_the_watchs_start_or_restart_is_not_judged_and_says_why():
     down = _Downtime(30.0, t0_ms, spawned_at=1_000.0)
     assert not down.up and down.due()  # 30 s after a start long past (the clock is the epoch's)
     assert not _Downtime(None, t0_ms, 1_000.0).due()  # no kill asked for
-    metrics = {"tidegauge_last_progress_timestamp_seconds": [({"query": "leapfrog"}, 1_040.0)]}
-    down.seen({"tidegauge_last_progress_timestamp_seconds": [({"query": "div"}, 1_090.0)]}, None)
-    assert not down.up  # only the Leap Frog query's progress ends a span: it reads the heartbeats
+    metrics = {"tidegauge_last_progress_timestamp_seconds": [({"query": "watch"}, 990.0)]}
+    down.seen(metrics, None)
+    assert not down.up  # a progress report from before the start ends no span
+    metrics = {"tidegauge_last_progress_timestamp_seconds": [({"query": "watch"}, 1_040.0)]}
     down.seen(metrics, None)
     assert down.up and down.spans == [["start", 1_000.0, 1_040.0]]
     down.spans.append(["kill -9", 1_070.0, 1_100.0])
