@@ -4,8 +4,9 @@ Workload: `--regions` regions' VT archives from bench/leapfrog_workload.py (last
 heartbeats carrying `hbw` high-water-mark vectors, so Leap Frog runs in heartbeat mode and keys settle), about
 `--records` VT records in all, a key per `--records-per-key` records; built once and cached under `--work`.
 
-Throughput. Each query of the watch is started alone, as `pipelines.watch.job.start` starts it for a user
-(`local[2]`, the session's defaults, RocksDB state), with `Trigger.AvailableNow` and a fixed
+Throughput. The watch's query (Leap Frog and DIV in one query, reading each record once) is started as
+`pipelines.watch.job.start` starts it for a user (`local[2]`, the session's defaults, RocksDB state), with
+`Trigger.AvailableNow` and a fixed
 `--max-records-per-trigger` over the whole archives as a backlog; Spark's progress reports of every micro-batch
 give its input rows (per region, from the source's start and end offsets) and its duration. A backlog drained at
 R records/s per region means the watch keeps up with R without its delay growing, as long as a micro-batch's
@@ -15,15 +16,13 @@ given on the micro-batches after the first (`records_per_s_per_region`) and on a
 default cap, 1,800,000, is what 3 regions at the goal rate (60k records/s each) write in the watch's default
 trigger interval (10 s): the goal is met when such a micro-batch takes at most the interval. The same backlog is
 read by a decode-only streaming query (the same source and cap, every record decoded as Leap Frog decodes it,
-nothing else; its rows packed as the watch's are), and `ratio_to_decode_only` is a query's rate over that one,
-measured in the same run. Leap Frog and DIV are measured one after the other, each alone on the 2 cores
-(`leapfrog`, `div`), then together as `tidegauge watch` runs them (`watch`): the goal is the whole watch's. Its
-rate is taken over the window in which both queries were past their first micro-batch and neither had finished
-(each query's records per second per region in its micro-batches inside the window; the lower of the two, since
-the watch keeps up only when both do); `records_per_s_per_region_wall` is the records per region over the wall
-time from start to the end of both, start-up included.
+nothing else; its rows packed as the watch's are), and `ratio_to_decode_only` is the watch's rate over that one,
+measured in the same run (`--queries decode,watch`; `decode` alone or `watch` alone also run). The goal is the
+watch's. `records_per_s_per_region_wall` is the records per region over the wall time from its start to its end,
+start-up included.
 
-State. The Leap Frog query keeps one value per VT partition in RocksDB: `PartitionState.to_bytes()`, the region
+State. The watch's Leap Frog keeps one value per VT partition in RocksDB (beside it DIV keeps a small map of
+producer states per (region, topic)): `PartitionState.to_bytes()`, the region
 partitions' facts, the (pair, key) already reported and the carried records. Which records are carried is
 `leapfrog --state`'s rule (pipelines/leapfrog/state.py, carried.py, `leapfrog.settle`): per key and region only
 the records that can still take part in a comparison; once every pair's current records are comparable a key is
@@ -64,7 +63,7 @@ from leapfrog_workload import Workload  # noqa: E402
 
 GOAL_PER_REGION = 60_000  # VT records/s per region with 3 regions (issue 32; issue 19 asked for 20k)
 DEFAULT_TRIGGER_S = 10  # the watch's default --trigger-interval
-STATE_VAR = "partition_state"  # LeapfrogProcessor's value state
+STATE_VAR = "partition_state"  # WatchProcessor's value state of Leap Frog
 
 
 def _ints(text: str) -> list[int]:
@@ -98,7 +97,7 @@ def _options(dirs: dict[int, str], work: Path, name: str, cap: int):
 def run_watch_query(
     spark, dirs: dict[int, str], work: Path, query: str, cap: int
 ) -> tuple[list[dict], float, Path]:
-    """One of the watch's queries over the whole archives (AvailableNow): its progress reports, wall seconds and
+    """The watch's query over the whole archives (AvailableNow): its progress reports, wall seconds and
     checkpoint."""
     from pipelines.watch.job import start
 
@@ -183,23 +182,6 @@ def run_decode_only(spark, dirs: dict[int, str], work: Path, cap: int) -> tuple[
     return progress, time.perf_counter() - t
 
 
-def run_watch_together(
-    spark, dirs: dict[int, str], work: Path, cap: int
-) -> tuple[dict[str, list[dict]], float]:
-    """The whole watch: both queries started together, as `tidegauge watch` starts them, sharing the cores; each
-    query's progress reports and the wall seconds until both were done."""
-    from pipelines.watch.job import query_names, start
-
-    opts = _options(dirs, work, "watch", cap)
-    t = time.perf_counter()
-    queries = start(spark, opts, available_now=True)
-    progress = {}
-    for name, q in zip(query_names(opts), queries, strict=True):
-        q.awaitTermination()
-        progress[name] = [json.loads(p.json) for p in q.recentProgress]
-    return progress, time.perf_counter() - t
-
-
 # -- reading the progress reports ----------------------------------------------------------------------------------
 def _offsets(value) -> dict:
     if isinstance(value, str):
@@ -274,42 +256,7 @@ def rates(bs: list[dict], regions: int) -> dict:
     }
 
 
-def together(runs: dict[str, list[dict]]) -> dict:
-    """The whole watch's rate: over the time both queries were past their first micro-batch and neither had
-    finished, each query's records per second per region in its micro-batches wholly inside that window; the
-    watch keeps up with the lower of the two (both must)."""
-    per = {name: batches(p) for name, p in runs.items()}
-    if not all(per.values()):
-        return {}
-    ends = {name: [b["start"] + b["s"] for b in bs] for name, bs in per.items()}
-    start = max(e[0] for e in ends.values())
-    stop = min(e[-1] for e in ends.values())
-    out: dict = {"window_s": round(stop - start, 1), "queries": {}}
-    for name, bs in per.items():
-        inside = [b for b, e in zip(bs, ends[name], strict=True) if b["start"] >= start and e <= stop]
-        if not inside:
-            out["queries"][name] = {"micro_batches": 0}
-            continue
-        secs = ends[name][bs.index(inside[-1])] - inside[0]["start"]
-        tot: dict[int, int] = {}
-        for b in inside:
-            for x, n in b["by_region"].items():
-                tot[x] = tot.get(x, 0) + n
-        out["queries"][name] = {
-            "micro_batches": len(inside),
-            "s": round(secs, 1),
-            "records_per_s_per_region": round(min(tot.values()) / secs),
-            "batch_s": [round(b["s"], 2) for b in inside],
-        }
-    measured = [
-        q["records_per_s_per_region"] for q in out["queries"].values() if "records_per_s_per_region" in q
-    ]
-    if len(measured) == len(per):
-        out["records_per_s_per_region"] = min(measured)
-    return out
-
-
-# -- the Leap Frog query's state -----------------------------------------------------------------------------------
+# -- the state of the watch's Leap Frog -----------------------------------------------------------------------------------
 def version_bytes(checkpoint: Path, version: int) -> dict:
     """Bytes on disk that one RocksDB state version needs, summed over the state store partitions. The watch
     checkpoints with changelogs: a version is its latest snapshot at or before it (`<v>.zip`, which names its SST
@@ -444,8 +391,9 @@ def main() -> None:
     )
     ap.add_argument(
         "--queries",
-        default="decode,leapfrog,div,watch",
-        help="which runs (default decode,leapfrog,div,watch; watch: both queries together)",
+        default="decode,watch",
+        help="which runs (default decode,watch; decode: the decode-only read, watch: the watch's query of Leap "
+        "Frog and DIV)",
     )
     ap.add_argument("--master", default="local[2]")
     ap.add_argument(
@@ -453,8 +401,8 @@ def main() -> None:
     )
     args = ap.parse_args()
     runs = [q for q in args.queries.split(",") if q]
-    if set(runs) - {"decode", "leapfrog", "div", "watch"}:
-        ap.error("--queries: decode, leapfrog, div, watch")
+    if set(runs) - {"decode", "watch"}:
+        ap.error("--queries: decode, watch")
     points = args.points or [args.records // 10, args.records // 2, args.records]
     work = Path(args.work)
     work.mkdir(parents=True, exist_ok=True)
@@ -497,33 +445,24 @@ def main() -> None:
         _keep(work, "decode-only", progress, wall)
         result["decode_only"] = {"load_avg_before": round(load, 2), "wall_s": round(wall, 1)}
         result["decode_only"].update(rates(batches(progress), args.regions))
-    for query in ("leapfrog", "div"):
-        if query not in runs:
-            continue
+    if "watch" in runs:
         load = os.getloadavg()[0]
-        progress, wall, checkpoint = run_watch_query(spark, dirs, work, query, cap)
-        _keep(work, query, progress, wall)
+        progress, wall, checkpoint = run_watch_query(spark, dirs, work, "watch", cap)
+        _keep(work, "watch", progress, wall)
         bs = batches(progress)
-        r = {"load_avg_before": round(load, 2), "wall_s": round(wall, 1), **rates(bs, args.regions)}
+        records = sum(_region_records(dirs).values()) / args.regions
+        r = {
+            "load_avg_before": round(load, 2),
+            "wall_s": round(wall, 1),
+            "records_per_s_per_region_wall": round(records / wall),
+            **rates(bs, args.regions),
+        }
         if "decode_only" in result and r:
             r["ratio_to_decode_only"] = round(
                 r["records_per_s_per_region"] / result["decode_only"]["records_per_s_per_region"], 3
             )
-        if query == "leapfrog":
-            r["state"] = state_points(spark, checkpoint, bs, points)
-        result[query] = r
-    if "watch" in runs:
-        load = os.getloadavg()[0]
-        progress, wall = run_watch_together(spark, dirs, work, cap)
-        for name, p in progress.items():
-            _keep(work, f"watch-{name}", p, wall)
-        records = sum(_region_records(dirs).values()) / args.regions
-        result["watch"] = {
-            "load_avg_before": round(load, 2),
-            "wall_s": round(wall, 1),
-            "records_per_s_per_region_wall": round(records / wall),
-            **together(progress),
-        }
+        r["state"] = state_points(spark, checkpoint, bs, points)
+        result["watch"] = r
     spark.stop()
     watch = result.get("watch", {})
     if "records_per_s_per_region" in watch:

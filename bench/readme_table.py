@@ -140,7 +140,7 @@ BENCHES: dict[str, list[str]] = {
         "--warmup",
         "0",
     ],
-    "watch": ["bench/bench_watch.py", "--queries", "leapfrog,watch"],
+    "watch": ["bench/bench_watch.py", "--queries", "watch"],
     "watch_1m": [
         "bench/bench_watch.py",
         "--records",
@@ -148,7 +148,7 @@ BENCHES: dict[str, list[str]] = {
         "--max-records-per-trigger",
         "300000",
         "--queries",
-        "decode,leapfrog,div,watch",
+        "decode,watch",
     ],
     "brokers": ["bench/bench_brokers.py", "--repeat", "3"],
     "vt_kafka_source": [
@@ -472,51 +472,47 @@ SHOWN: dict[str, tuple[str, list[str]]] = {
     "watch": (
         "`tidegauge watch` (local[2], RocksDB state), 3 regions, about 10 M VT records in all with heartbeats, "
         "400k keys, as a backlog read with the default `--max-records-per-trigger 1800000` (3 regions at the goal's "
-        "60k records/s for the default 10 s trigger). The whole watch, both queries together as the command runs them: VT records/s per "
-        "region while both ran (the slower query's, on its micro-batches inside that window). Its Leap Frog query "
-        "alone: records/s per region on the micro-batches after the first (Spark's progress), the median "
-        "micro-batch time and the last third's median over the first third's; the state after 1 M, 5 M and 10 M "
-        "records: RocksDB checkpoint bytes on disk that version needs (a snapshot and the changelogs after it), the "
-        "partitions' state values in all (LZ4) and the largest, the carried records (keys still in play, and "
-        "settled keys' current records) and their distinct keys; state_growth is the values' growth from 1 M to 10 M",
+        "60k records/s for the default 10 s trigger). The whole watch, its one query of Leap Frog and DIV as the "
+        "command runs it: VT records/s per region on the micro-batches after the first (Spark's progress), and over "
+        "the wall time from its start, the median micro-batch time and the last third's median over the first "
+        "third's; the state of its Leap Frog after 1 M, 5 M and 10 M records: RocksDB checkpoint bytes on disk "
+        "that version needs (a snapshot and the changelogs after it), the partitions' state values in all (LZ4) "
+        "and the largest, the carried records (keys still in play, and settled keys' current records) and their "
+        "distinct keys; state_growth is the values' growth from 1 M to 10 M",
         [
             "watch.records_per_s_per_region",
-            "watch.queries.leapfrog.records_per_s_per_region",
-            "watch.queries.div.records_per_s_per_region",
-            "leapfrog.records_per_s_per_region",
-            "leapfrog.batch_s_median",
-            "leapfrog.batch_s_trend",
-            "leapfrog.state.1M.on_disk.bytes",
-            "leapfrog.state.5M.on_disk.bytes",
-            "leapfrog.state.10M.on_disk.bytes",
-            "leapfrog.state.1M.partition_state.to_bytes_total",
-            "leapfrog.state.5M.partition_state.to_bytes_total",
-            "leapfrog.state.10M.partition_state.to_bytes_total",
-            "leapfrog.state.10M.partition_state.to_bytes_max",
-            "leapfrog.state.1M.partition_state.carried_records",
-            "leapfrog.state.5M.partition_state.carried_records",
-            "leapfrog.state.10M.partition_state.carried_records",
-            "leapfrog.state.1M.partition_state.carried_keys",
-            "leapfrog.state.5M.partition_state.carried_keys",
-            "leapfrog.state.10M.partition_state.carried_keys",
-            "leapfrog.state.state_growth",
-            "leapfrog.state.records_growth",
+            "watch.records_per_s_per_region_wall",
+            "watch.batch_s_median",
+            "watch.batch_s_trend",
+            "watch.state.1M.on_disk.bytes",
+            "watch.state.5M.on_disk.bytes",
+            "watch.state.10M.on_disk.bytes",
+            "watch.state.1M.partition_state.to_bytes_total",
+            "watch.state.5M.partition_state.to_bytes_total",
+            "watch.state.10M.partition_state.to_bytes_total",
+            "watch.state.10M.partition_state.to_bytes_max",
+            "watch.state.1M.partition_state.carried_records",
+            "watch.state.5M.partition_state.carried_records",
+            "watch.state.10M.partition_state.carried_records",
+            "watch.state.1M.partition_state.carried_keys",
+            "watch.state.5M.partition_state.carried_keys",
+            "watch.state.10M.partition_state.carried_keys",
+            "watch.state.state_growth",
+            "watch.state.records_growth",
         ],
     ),
     "watch_1m": (
-        "the same at 1 M VT records (40k keys) with micro-batches of at most 300,000 records: the Leap Frog and "
-        "DIV queries each against a decode-only streaming read of the same backlog with the same cap, one after "
-        "the other, then both together as `tidegauge watch` runs them, in one run: records/s per region and the "
-        "ratios (three or four micro-batches each: the goal's cap, 1.8 M, needs the 10 M run)",
+        "the same at 1 M VT records (40k keys) with micro-batches of at most 300,000 records: the watch's query "
+        "against a decode-only streaming read of the same backlog with the same cap, one after the other in one "
+        "run: records/s per region and the ratio (three or four micro-batches each: the goal's cap, 1.8 M, needs "
+        "the 10 M run)",
         [
             "decode_only.records_per_s_per_region",
-            "leapfrog.records_per_s_per_region",
-            "leapfrog.ratio_to_decode_only",
-            "div.records_per_s_per_region",
-            "div.ratio_to_decode_only",
             "watch.records_per_s_per_region",
-            "leapfrog.batch_s_trend",
-            "leapfrog.state.1M.on_disk.bytes",
+            "watch.records_per_s_per_region_wall",
+            "watch.ratio_to_decode_only",
+            "watch.batch_s_trend",
+            "watch.state.1M.on_disk.bytes",
         ],
     ),
     "vt_kafka_source": (

@@ -234,7 +234,7 @@ def test_a_watch_on_an_s3a_checkpoint_killed_and_restarted_loses_and_repeats_not
 
         def committed() -> int:
             return len(
-                [k for k in server.keys(bucket, "ck/leapfrog/commits/") if k.rsplit("/", 1)[1].isdigit()]
+                [k for k in server.keys(bucket, "ck/watch/commits/") if k.rsplit("/", 1)[1].isdigit()]
             )
 
         def done() -> bool:
@@ -276,10 +276,10 @@ def test_a_watch_on_an_s3a_checkpoint_killed_and_restarted_loses_and_repeats_not
     assert named(found) == expected
     assert len({r["finding_id"] for r in found}) == len(found)
     assert div_named(read_findings(str(out), "div").to_pylist()) == expected_div
-    # the checkpoint is in the bucket: both queries' offsets, commits and state, and the region count
-    for query in ("leapfrog", "div"):
-        for part in ("metadata", "offsets/", "commits/", "state/"):
-            assert any(k.startswith(f"ck/{query}/{part}") for k in keys), (query, part, keys[:20])
+    # the checkpoint is in the bucket: the query's offsets, commits and state, and the region count
+    for part in ("metadata", "offsets/", "commits/", "state/"):
+        assert any(k.startswith(f"ck/watch/{part}") for k in keys), (part, keys[:20])
+    assert not [k for k in keys if k.startswith(("ck/leapfrog/", "ck/div/"))]  # no query of the old layout
     assert "ck/store-regions.json" in keys
     # which sources answered (tidegauge_source_up) is said in a local file, the checkpoint being remote
     opts = WatchOptions(store=STORE, version=1, sources=[], checkpoint=f"s3a://{bucket}/ck", out=str(out))
