@@ -233,9 +233,7 @@ def test_a_watch_on_an_s3a_checkpoint_killed_and_restarted_loses_and_repeats_not
         argv += ["--trigger-interval", "1 second"]
 
         def committed() -> int:
-            return len(
-                [k for k in server.keys(bucket, "ck/watch/commits/") if k.rsplit("/", 1)[1].isdigit()]
-            )
+            return len([k for k in server.keys(bucket, "ck/watch/commits/") if k.rsplit("/", 1)[1].isdigit()])
 
         def done() -> bool:
             lf, div = read_findings(str(out)).to_pylist(), read_findings(str(out), "div").to_pylist()
