@@ -1,9 +1,9 @@
 """`tidegauge watch --changes R`: region R's change stream, each change once, written as the VT grows.
 
-A third query beside Leap Frog and DIV. It reads region R's version topic, groups it by VT partition and hands
-each partition's new records to `ChangesProcessor`, which keeps the partition's change-capture state in Spark's
-state store and feeds `heartbeat.change_events.PartitionChanges` — the consumer API's and `tidegauge changes`'
-own code, so the three deliver the same changes. `ChangesSink` appends a micro-batch's changes to
+A second query beside the watch's own (Leap Frog and DIV). It reads region R's version topic, groups it by VT
+partition and hands each partition's new records to `ChangesProcessor`, which keeps the partition's change-capture
+state in Spark's state store and feeds `heartbeat.change_events.PartitionChanges` — the consumer API's and
+`tidegauge changes`' own code, so the three deliver the same changes. `ChangesSink` appends a micro-batch's changes to
 `OUT/changes/batch-<id>.parquet` (`CHANGES_SCHEMA`, in VT order per partition) and the records that could not
 become changes to `OUT/changes_problems/batch-<id>.parquet`.
 
