@@ -17,11 +17,11 @@ from pipelines.core.sources import SourceError
 log = logging.getLogger("tidegauge.watch")
 
 HELP = textwrap.dedent("""\
-    Watch an active/active store continuously: one Spark Structured Streaming query over every region's
-    version topic that runs Leap Frog, with the nightly job's rules (each VT partition's state — marks, how the
-    scan started, the records of keys still in play — lives in Spark's state store, RocksDB), and DIV, with `div
-    validate`'s validator, on each record read once; with --rt DIV reads every region's real-time topic as
-    well, as `div validate` validates every topic a source holds, RTs included. A divergence is appended to
+    Watch an active/active store continuously: Leap Frog, with the nightly job's rules (each VT partition's
+    state — marks, how the scan started, the records of keys still in play — lives in Spark's state store,
+    RocksDB), and DIV, with `div validate`'s validator, in one Spark Structured Streaming query over every
+    region's version topic that reads each record once for both; with --rt DIV reads every region's real-time
+    topic as well, as `div validate` validates every topic a source holds, RTs included. A divergence is appended to
     OUT/leapfrog/ (one Parquet file per micro-batch, the columns of `leapfrog`'s inconsistencies plus
     finding_id and detected_at) as soon as heartbeats of both regions cover it; a DIV finding to OUT/div/ (the
     columns of `div validate`'s errors plus finding_id, whichever topic it is in).

@@ -127,8 +127,11 @@ class WatchProcessor(StatefulProcessor):
             if out:
                 # through Arrow, so every column of the output is there (each row kind fills only some)
                 yield pa.Table.from_pylist(out, OUTPUT_SCHEMA).to_pandas()
-        for (region, topic), table in groups.items():
+        del vt
+        for region, topic in sorted(groups):  # each (region, topic)'s records let go once DIV has judged them
+            table = groups.pop((region, topic))
             found = self._div(region, topic, partition, table)
+            del table
             if found.num_rows:
                 yield _div_rows(found).to_pandas()
 
