@@ -30,10 +30,10 @@ def ddl(schema: pa.Schema) -> str:
     return ", ".join(f"{f.name} {DDL[str(f.type)]}" for f in schema)
 
 
-def unpacked(frames: Iterator[pd.DataFrame], by: str | tuple[str, ...] | None = None) -> dict:
-    """A group's packed rows (`stream_source.PACKED_SCHEMA`) as records: per value of the column `by` (e.g. the
-    region: int keys), per tuple of values of the columns `by` (e.g. ("region", "topic"): tuple keys), or all
-    under 0. Keys in order; groups without records left out."""
+def unpacked(frames: Iterator[pd.DataFrame], by: tuple[str, ...] | None = None) -> dict:
+    """A group's packed rows (`stream_source.PACKED_SCHEMA`) as records: per tuple of values of the columns `by`
+    (e.g. ("region", "topic"): keys such as (0, "store_v1"), in order), or all under 0. Groups without records are
+    left out."""
     from pipelines.core.stream_source import unpack
 
     blobs: dict = {}
@@ -42,8 +42,6 @@ def unpacked(frames: Iterator[pd.DataFrame], by: str | tuple[str, ...] | None = 
             continue
         if by is None:
             groups = [0] * len(f)
-        elif isinstance(by, str):
-            groups = [int(g) for g in f[by].to_numpy().tolist()]
         else:
             groups = list(zip(*(_plain(f[c].to_numpy().tolist()) for c in by), strict=True))
         for g, blob in zip(groups, f["records"].tolist(), strict=True):
