@@ -12,9 +12,11 @@ growing while no micro-batch runs and while nobody writes: a region whose leader
 watch that stopped reading, crosses its alert threshold without any update. An older heartbeat that arrives late
 never makes it go backwards.
 
-The watch runs Leap Frog and DIV as one streaming query, `watch`. Every metric fed from the query's progress (its
-micro-batch timings, rows, state, last batch, last progress time, and the offset lag its source reports) carries
-a `query` label, `watch` (`QUERY_NAMES`), so that the series say which query they describe.
+The watch runs Leap Frog and DIV as one streaming query, `watch`, and with --changes the change stream as a second,
+`changes`. Every metric fed from a query's progress (its micro-batch timings, rows, state, last batch, last
+progress time, and the offset lag its source reports) carries a `query` label, `watch` or `changes`
+(`QUERY_NAMES`), so that the series say which query they describe: a stalled or lagging change stream is alerted
+on as the watch's own query is.
 
 The metric names and labels are a contract: `conf/alerts.yaml` and docs/watch.md use them. Label values are
 strings; region ids and partitions are written in decimal, booleans as `true`/`false`.
@@ -40,7 +42,8 @@ from prometheus_client.metrics_core import GaugeMetricFamily, Metric
 log = logging.getLogger("tidegauge.watch.metrics")
 
 HEARTBEAT_LABELS = ("region", "partition", "source_region")
-QUERY_NAMES = ("watch",)  # the `query` label's values: the watch's streaming query of Leap Frog and DIV
+# the `query` label's values: the watch's streaming query of Leap Frog and DIV, and the change stream's (--changes)
+QUERY_NAMES = ("watch", "changes")
 
 
 class BadRow(ValueError):
@@ -212,7 +215,7 @@ class WatchMetrics:
     def set_lag(
         self, region: Any, topic: str, partition: Any, latest_offset: int, next_offset: int, *, query: str
     ) -> None:
-        """Offset lag of one partition for the query `query` (`watch`) when its offsets are planned:
+        """Offset lag of one partition for the query `query` (`watch` or `changes`) when its offsets are planned:
         `latest_offset` (Kafka's end offset, the offset the next record will get) minus `next_offset` (the next one
         the query reads), never below 0 (an end offset read before the read position moved can be the older of
         the two)."""

@@ -304,7 +304,7 @@ def test_a_bad_row_is_skipped_counted_and_named_and_the_rest_applied(watch, cloc
     assert "latest_offset None is not an integer" in text
     assert "count -5 is negative" in text
     assert "timestamp None is not an ISO-8601 string" in text
-    assert "query 'Watch' is not one of the watch's queries ('watch',)" in text
+    assert "query 'Watch' is not one of the watch's queries ('watch', 'changes')" in text
     assert samples(got, "tidegauge_last_progress_timestamp_seconds") == {}
 
 
@@ -509,3 +509,25 @@ def test_serve_refuses_a_port_in_use_by_name_and_close_frees_it(clock):
 def test_bad_construction_is_named():
     with pytest.raises(ValueError, match="heartbeat_interval_ms must be positive, got 0"):
         WatchMetrics(heartbeat_interval_ms=0)
+
+
+def test_the_change_stream_has_series_of_its_own_beside_the_watch_query(watch):
+    """With --changes the CLI feeds the change stream's progress and lag too (query="changes"): its own series, so
+    a stalled or lagging change stream is seen; none of it is rejected."""
+    metrics, url = watch
+    metrics.observe_progress(REAL_PROGRESS, query="watch")
+    later = {**REAL_PROGRESS, "timestamp": "2026-11-26T07:09:00.000Z", "batchId": 3}
+    metrics.observe_progress(later, query="changes")
+    metrics.set_lag(0, "s_v1", 3, latest_offset=1_500, next_offset=1_200, query="watch")
+    metrics.set_lag(0, "s_v1", 3, latest_offset=1_500, next_offset=1_000, query="changes")
+    got = scrape(url)
+    assert samples(got, "tidegauge_last_batch_id") == {labels(query="watch"): 9, labels(query="changes"): 3}
+    assert samples(got, "tidegauge_last_progress_timestamp_seconds") == {
+        labels(query="watch"): REAL_TIMESTAMP,
+        labels(query="changes"): REAL_TIMESTAMP + 26,
+    }
+    assert samples(got, "tidegauge_offset_lag_records") == {
+        labels(query="watch", region=0, topic="s_v1", partition=3): 300,
+        labels(query="changes", region=0, topic="s_v1", partition=3): 500,
+    }
+    assert samples(got, "tidegauge_metric_rows_rejected_total") == {}
