@@ -54,6 +54,7 @@ from pipelines.watch.checkpoint import check_checkpoint, check_session
 from pipelines.watch.div_step import FINDING_SCHEMA as DIV_SCHEMA
 from pipelines.watch.heartbeats import newest_heartbeats
 from pipelines.watch.leapfrog_step import RECORD_COLUMNS, LeapfrogStep, PartitionState
+from pipelines.watch.metrics import QUERY_NAMES
 from pipelines.watch.rows import DDL, parquet_bytes, records, unpacked
 
 log = logging.getLogger("tidegauge.watch")
@@ -541,7 +542,9 @@ def store_regions_of(opts: WatchOptions, down: set[int] = frozenset()) -> int:
     return width.count
 
 
-QUERIES = ("watch", "changes")
+# the queries: the metrics' `query` label takes exactly these names, so they are stated once, there (a query the
+# label did not know had its progress rejected)
+QUERIES = QUERY_NAMES
 # the queries of a watch before Leap Frog and DIV ran as one (`check_layout` refuses their checkpoints)
 OLD_QUERIES = ("leapfrog", "div")
 

@@ -42,7 +42,8 @@ from prometheus_client.metrics_core import GaugeMetricFamily, Metric
 log = logging.getLogger("tidegauge.watch.metrics")
 
 HEARTBEAT_LABELS = ("region", "partition", "source_region")
-# the `query` label's values: the watch's streaming query of Leap Frog and DIV, and the change stream's (--changes)
+# the `query` label's values, the watch's queries in the order it starts them (`pipelines.watch.job.QUERIES`): its
+# streaming query of Leap Frog and DIV, then the change stream's (--changes)
 QUERY_NAMES = ("watch", "changes")
 
 
