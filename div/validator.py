@@ -306,35 +306,71 @@ class PartitionValidator:
     ) -> list[Finding]:
         """Validate one decoded record; returns its findings (usually none; never mutate the returned list)."""
         pm = env["producerMetadata"]
+        name, body = env["payloadUnion"]
+        fast_kind = _FAST_KIND.get(name)
         seg = self.segments.get(pm["producerGUID"])
+        # (a segment that is not `fast` is never the common case: asking would cost more than it saves)
         if (
-            seg is not None
+            fast_kind is not None
+            and seg is not None
             and seg.fast
-            and pm["messageSequenceNumber"] == seg.sequence + 1
-            and pm["segmentNumber"] == seg.number
+            and self.process_common(
+                offset,
+                key,
+                pm["producerGUID"],
+                pm["segmentNumber"],
+                pm["messageSequenceNumber"],
+                pm["messageTimestamp"],
+                env["messageType"],
+                body["schemaId"],
+                body["putValue"] if fast_kind == 1 else None,
+                value_size,
+            )
         ):
-            name, body = env["payloadUnion"]
-            fast_kind = _FAST_KIND.get(name)
-            if fast_kind is not None:
-                # The common case, decided exactly as the full procedure would: the next sequence number of a
-                # known producer's open, registered ADHASH/NONE segment. Anything else takes the full path.
-                if seg.adhash:
-                    mt = env["messageType"]
-                    crc = _CRC_INT.get(mt) or crc32(_INT4.pack(mt))
-                    crc += crc32(key[1:])
-                    if fast_kind == 1:
-                        sid = body["schemaId"]
-                        crc += (_CRC_INT.get(sid) or crc32(_INT4.pack(sid))) + crc32(body["putValue"])
-                    ck = seg.checksum
-                    ck._adhash = (ck._adhash + crc) & _MASK64
-                seg.sequence += 1
-                seg.last_producer_ts = pm["messageTimestamp"]
-                seg.last_offset = offset
-                if self._track_bytes:
-                    self._count_bytes(value_size)
-                return _NO_FINDINGS
+            return _NO_FINDINGS
+        return self.process_rest(offset, key, env, broker_ts, value_size)
+
+    def process_common(
+        self,
+        offset: int,
+        key: bytes,
+        guid: bytes,
+        segment: int,
+        sequence: int,
+        message_timestamp: int,
+        message_type: int,
+        schema_id: int,
+        put_value: bytes | None,
+        value_size: int,
+    ) -> bool:
+        """The common case, decided exactly as the full procedure would, from a Put's or a Delete's fields
+        (`put_value` None: a Delete): the next sequence number of a known producer's open, registered ADHASH/NONE
+        segment. True: the record is validated (it has no finding). False: nothing changed, and the record needs
+        `process_rest` with its whole envelope. Readers that do not decode the common records into envelopes
+        (`div.batch.PartitionRun`'s fast lane) call this first."""
+        seg = self.segments.get(guid)
+        if seg is None or not seg.fast or sequence != seg.sequence + 1 or segment != seg.number:
+            return False
+        if seg.adhash:
+            crc = _CRC_INT.get(message_type) or crc32(_INT4.pack(message_type))
+            crc += crc32(key[1:])
+            if put_value is not None:
+                crc += (_CRC_INT.get(schema_id) or crc32(_INT4.pack(schema_id))) + crc32(put_value)
+            ck = seg.checksum
+            ck._adhash = (ck._adhash + crc) & _MASK64
+        seg.sequence = sequence
+        seg.last_producer_ts = message_timestamp
+        seg.last_offset = offset
+        if self._track_bytes:
+            self._count_bytes(value_size)
+        return True
+
+    def process_rest(
+        self, offset: int, key: bytes, env: dict, broker_ts: int | None = None, value_size: int = 0
+    ) -> list[Finding]:
+        """`process` for a record `process_common` did not take (or was not offered)."""
         findings = self._process_slow(offset, key, env, broker_ts, value_size)
-        seg = self.segments.get(pm["producerGUID"])
+        seg = self.segments.get(env["producerMetadata"]["producerGUID"])
         if seg is not None:
             seg.refresh_fast()
         return findings
