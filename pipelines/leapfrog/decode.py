@@ -21,6 +21,7 @@ import xxhash
 
 from div import envelope as E
 from div import keys as K
+from div.envelope_columns import Heads
 from div.heartbeat_headers import header_value
 from div.records import Kind, footer_source, manifest_chunk_keys
 from div.records import kind as record_kind
@@ -98,16 +99,23 @@ class VtDecoder:
         self.vector = VectorDecoder(self.codec) if vectorised else None
         self.loop_rows = 0  # rows the vectorised path left to the loop (profiles and tests read it)
 
-    def decode(self, batch: pa.RecordBatch, region: int | None = None) -> pa.RecordBatch:
+    def decode(
+        self, batch: pa.RecordBatch, region: int | None = None, envelopes: Heads | None = None
+    ) -> pa.RecordBatch:
+        """`envelopes`: what `div.envelope_columns` read of the batch's rows already (a reader before, over the same
+        records in the same order, with a new codec); read here when None."""
         if self.vector is None or batch.num_rows == 0:
             return self._decode_rows(batch, region)
         names = batch.schema.names
         n = batch.num_rows
-        cols = self.vector.plan(
-            batch.column(names.index("key")),
-            batch.column(names.index("value")),
-            batch.column(names.index("headers")) if "headers" in names else None,
-        )
+        if envelopes is not None:
+            cols = self.vector.columns(envelopes)
+        else:
+            cols = self.vector.plan(
+                batch.column(names.index("key")),
+                batch.column(names.index("value")),
+                batch.column(names.index("headers")) if "headers" in names else None,
+            )
         fast = pa.RecordBatch.from_arrays(
             [
                 pa.array(np.full(n, region, np.int32))

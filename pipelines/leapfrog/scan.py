@@ -114,7 +114,9 @@ class SplitScan:
         self.buckets = buckets
         self.records = records  # a Spark accumulator of the records read, for the driver's progress line
 
-    def __call__(self, batches):
+    def __call__(self, batches, envelopes=None):
+        """`envelopes`: an iterator of `div.envelope_columns.Heads`, one for each of `batches` in turn (what a
+        reader before read of them), or None to read them here."""
         dec = V.VtDecoder()
         n = self.n
         split = region = partition = None
@@ -133,6 +135,7 @@ class SplitScan:
         widest_hbw = 0  # a vector wider than n: the store has more regions than this run was planned with
         error: str | None = None
         for batch in batches:
+            heads = next(envelopes) if envelopes is not None else None
             if batch.num_rows == 0:
                 continue
             if split is None:
@@ -145,11 +148,12 @@ class SplitScan:
                 first = int(np.flatnonzero(failed)[0])
                 error = error or batch.column("value")[first].as_py().decode(errors="replace")
                 batch = batch.filter(pa.array(~failed))
+                heads = heads.take(np.flatnonzero(~failed)) if heads is not None else None
                 if batch.num_rows == 0:
                     continue
             if self.records is not None:
                 self.records.add(batch.num_rows)
-            d = dec.decode(batch, region)
+            d = dec.decode(batch, region, heads)
             kind = np.asarray(d.column("kind").to_numpy(zero_copy_only=False), np.int8)
             offsets = d.column("offset").to_numpy()
             src = d.column("src").fill_null(-1).to_numpy().astype(np.int64)

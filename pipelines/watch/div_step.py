@@ -48,6 +48,7 @@ from div import envelope as E
 from div import partition_state as ps
 from div.batch import ERROR_COLUMNS, PartitionRun, is_realtime_topic
 from div.checkpoint import CorruptCheckpointError, frame, unframe
+from div.envelope_columns import Heads
 from div.validator import PartitionValidator, ValidatorConfig
 from div.validators.registry import build_chain
 
@@ -175,19 +176,28 @@ class DivStep:
         state: DivPartitionState | None = None,
         *,
         now_ms: int | None = None,
+        envelopes: Heads | None = None,
     ) -> DivStepResult:
         """Validate one micro-batch's new records of (region, topic, partition): archive columns (`RECORD_COLUMNS`;
         headers may be absent), rows in any order. `state`: what the previous micro-batch returned (None: the
-        partition's first). `now_ms`: the time compaction tolerance compares with (default: the config's)."""
+        partition's first). `now_ms`: the time compaction tolerance compares with (default: the config's).
+        `envelopes`: `div.envelope_columns.read_envelopes` of `records` (in offset order), when a reader before
+        this step read them (the watch reads each record once for Leap Frog and DIV)."""
         config = self.config_for(region, topic)
         if now_ms is not None:
             config = dataclasses.replace(config, now_ms=now_ms)
         last = state.offset if state is not None else -1
-        fresh, skipped = _new_records(records, last)
-        codec = self._codec(state.learned if state is not None else {})
+        fresh, skipped, picked = _new_records(records, last)
+        learned = state.learned if state is not None else {}
+        codec = self._codec(learned)
         run = self._resume(region, topic, partition, config, state, codec)
+        if E.CURRENT_VERSION in learned:
+            # read with a new codec, they are not what this partition's codec reads (`PartitionRun.feed`)
+            envelopes = None
+        if envelopes is not None and picked is not None:
+            envelopes = envelopes.take(picked)
         if fresh.num_rows:
-            run.feed(fresh)
+            run.feed(fresh, envelopes)
         run.finish()
         learned = codec.learned()
         self._codecs.setdefault(_learned_key(learned), []).append(codec)
@@ -263,13 +273,13 @@ def _learned_key(learned: dict[int, Any]) -> str:
     return json.dumps(sorted(learned.items()), sort_keys=True) if learned else ""
 
 
-def _new_records(records: pa.Table | pa.RecordBatch, last: int) -> tuple[pa.Table, int]:
+def _new_records(records: pa.Table | pa.RecordBatch, last: int) -> tuple[pa.Table, int, np.ndarray | None]:
     """The records after offset `last`, in offset order, each offset once (as div validate's readers give them),
-    in the archive's types; and how many were left out."""
+    in the archive's types; how many were left out; and which rows they are (None: all, in their order)."""
     table = archive.conform(records, RECORD_COLUMNS)
     n = table.num_rows
     if n == 0:
-        return table, 0
+        return table, 0, None
     offsets = table.column("offset").to_numpy(zero_copy_only=False)
     order = np.argsort(offsets, kind="stable")
     ordered = offsets[order]
@@ -277,8 +287,8 @@ def _new_records(records: pa.Table | pa.RecordBatch, last: int) -> tuple[pa.Tabl
     keep[1:] &= ordered[1:] != ordered[:-1]
     picked = order[keep]
     if picked.size == n and (picked == np.arange(n)).all():
-        return table, 0
-    return table.take(pa.array(picked)), n - int(picked.size)
+        return table, 0, None
+    return table.take(pa.array(picked)), n - int(picked.size), picked
 
 
 def finding_id(region: int, topic: str, partition: int, offset: int, type_: str, rank: int = 0) -> str:

@@ -39,10 +39,12 @@ from typing import Any
 import numpy as np
 import pandas as pd
 import pyarrow as pa
+import pyarrow.compute as pc
 from pyspark.sql import DataFrame, SparkSession
 from pyspark.sql.streaming import StatefulProcessor, StatefulProcessorHandle
 from pyspark.sql.types import BinaryType, IntegerType, StringType, StructField, StructType
 
+from div.envelope_columns import Heads, read_envelopes
 from pipelines.core.errors import UsageError
 from pipelines.core.output import check_disjoint, check_output, source_inputs
 from pipelines.core.publish import MARKER, marker_text
@@ -122,21 +124,31 @@ class WatchProcessor(StatefulProcessor):
     ) -> Iterator[pd.DataFrame]:
         partition = int(key[0])
         groups = unpacked(rows, ("region", "topic"))
+        # each VT record's envelope is read once, in offset order, for both Leap Frog and DIV
+        envelopes = {}
+        for (region, topic), table in groups.items():
+            if topic == self.vt_topic:
+                groups[(region, topic)] = table = table.take(
+                    pc.sort_indices(table, [("offset", "ascending")])
+                )
+                envelopes[region] = read_envelopes(table)
         vt = {region: table for (region, topic), table in groups.items() if topic == self.vt_topic}
         if vt:  # a partition whose micro-batch brought RT records only leaves Leap Frog's state as it is
-            out = self._leapfrog(partition, vt)
+            out = self._leapfrog(partition, vt, envelopes)
             if out:
                 # through Arrow, so every column of the output is there (each row kind fills only some)
                 yield pa.Table.from_pylist(out, OUTPUT_SCHEMA).to_pandas()
         del vt
         for region, topic in sorted(groups):  # each (region, topic)'s records let go once DIV has judged them
             table = groups.pop((region, topic))
-            found = self._div(region, topic, partition, table)
+            found = self._div(
+                region, topic, partition, table, envelopes.pop(region) if topic == self.vt_topic else None
+            )
             del table
             if found.num_rows:
                 yield _div_rows(found).to_pandas()
 
-    def _leapfrog(self, partition: int, vt: dict[int, pa.Table]) -> list[dict]:
+    def _leapfrog(self, partition: int, vt: dict[int, pa.Table], envelopes: dict[int, Heads]) -> list[dict]:
         """Leap Frog over the micro-batch's VT records of every region: the processor's F, M, C, H, N, W rows."""
         records: dict[int, pa.Table] = {}
         out: list[dict] = []
@@ -145,7 +157,7 @@ class WatchProcessor(StatefulProcessor):
             out.extend({"row": "H", **h} for h in newest_heartbeats(region, partition, mine))
             out.append({"row": "N", "partition": partition, "region": region, "records": mine.num_rows})
         before = PartitionState.from_bytes(self.state.get()[0]) if self.state.exists() else None
-        result = self.step(partition, records, before)
+        result = self.step(partition, records, before, envelopes)
         self.state.update((result.state.to_bytes(),))
         now_ms = int(time.time() * 1000)
         for f in result.findings.select(_STEP_COLUMNS).to_pylist():
@@ -189,7 +201,9 @@ class WatchProcessor(StatefulProcessor):
             )
         return out
 
-    def _div(self, region: int, topic: str, partition: int, table: pa.Table) -> pa.Table:
+    def _div(
+        self, region: int, topic: str, partition: int, table: pa.Table, envelopes: Heads | None
+    ) -> pa.Table:
         """DIV over the micro-batch's records of one (region, topic) of the partition: its findings
         (div_step.FINDING_SCHEMA)."""
         from pipelines.watch.div_step import RECORD_COLUMNS as DIV_COLUMNS
@@ -197,7 +211,9 @@ class WatchProcessor(StatefulProcessor):
 
         kept = self.div_state.getValue((region, topic))
         before = DivPartitionState.from_bytes(kept[0]) if kept is not None else None
-        result = self.div_step(region, topic, partition, table.select(DIV_COLUMNS), before)
+        result = self.div_step(
+            region, topic, partition, table.select(DIV_COLUMNS), before, envelopes=envelopes
+        )
         self.div_state.updateValue((region, topic), (result.state.to_bytes(),))
         return result.findings
 

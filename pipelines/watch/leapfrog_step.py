@@ -38,6 +38,7 @@ import pyarrow as pa
 import pyarrow.compute as pc
 
 from div import archive
+from div.envelope_columns import Heads
 from leapfrog.plan import failed_reads, plan_marks
 from pipelines.leapfrog import chunks as C
 from pipelines.leapfrog import decode as V
@@ -165,12 +166,22 @@ class LeapfrogStep:
         self.pairs, self.n = tuple(pairs), n_regions
 
     def __call__(
-        self, partition: int, records: dict[int, pa.Table], state: PartitionState | None = None
+        self,
+        partition: int,
+        records: dict[int, pa.Table],
+        state: PartitionState | None = None,
+        envelopes: dict[int, Heads] | None = None,
     ) -> PartitionStep:
         """`records`: region → that region's new records of `partition` (RECORD_COLUMNS, any order; a region
-        may be missing or empty)."""
+        may be missing or empty). `envelopes`: region → `div.envelope_columns.read_envelopes` of its records, when
+        a reader before this step read them (the watch reads each record once for Leap Frog and DIV)."""
         state = state or PartitionState()
+        envelopes = dict(envelopes or {})
         if not state.facts:
+            if state.waiting is not None:
+                # records held from earlier micro-batches go first: nobody read them this time
+                for x in np.unique(state.waiting.column("region").to_numpy()):
+                    envelopes.pop(int(x), None)
             records, held = _with_waiting(records, state.waiting)
             have = {x for x, t in records.items() if t is not None and t.num_rows}
             needed = {x for pair in self.pairs for x in pair}
@@ -190,9 +201,19 @@ class LeapfrogStep:
         for region, table in sorted(records.items()):
             if table is None or table.num_rows == 0:
                 continue
-            table = table.sort_by("offset")
+            order = pc.sort_indices(table, [("offset", "ascending")])
+            table = table.take(order)
             ends[(region, partition)] = int(table.column("offset")[-1].as_py()) + 1
-            out = pa.Table.from_batches(list(scan(iter(_vt_batches(table, region, partition)))), SCAN_SCHEMA)
+            batches = _vt_batches(table, region, partition)
+            heads = None
+            if region in envelopes:
+                read, at = envelopes[region].take(order.to_numpy()), 0
+                heads = []
+                for b in batches:
+                    heads.append(read.slice(at, at + b.num_rows))
+                    at += b.num_rows
+                heads = iter(heads)
+            out = pa.Table.from_batches(list(scan(iter(batches), heads)), SCAN_SCHEMA)
             order = out.column("order").to_numpy()
             summaries.extend(
                 json.loads(t) for t in out.filter(pa.array(order == 0)).column("summary").to_pylist()

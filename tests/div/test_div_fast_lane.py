@@ -59,6 +59,7 @@ from div import envelope as E
 from div import envelope_versions as ev
 from div.archive import KAFKA_ARROW_SCHEMA, records_to_batch
 from div.batch import PartitionRun
+from div.envelope_columns import EnvelopeReader, read_envelopes
 from div.validator import (
     CORRUPT,
     DATA_AFTER_SEGMENT_END,
@@ -689,15 +690,30 @@ def _step_cases(traffic_tables, faulty_partition):
         "faulty-vt": (D.VT, faulty_partition[D.VT], FAULTY_CONFIG, D.RECORD_VALIDATORS),
         "faulty-rt": (D.RT, faulty_partition[D.RT], FAULTY_CONFIG, None),
         "newer": ("store_v1", _newer(table, 16, False), None, None),
+        # another schema for our own version, announced on the first record only: later micro-batches' records
+        # must be read by the codec that learnt it, never from envelopes read with a new codec
+        "newer-14": ("store_v1", _newer(table, 14, False), None, None),
     }
 
 
+@pytest.mark.parametrize("shared", [False, True], ids=["own", "shared"])
 @pytest.mark.parametrize("overlap", [0, 3])
 @pytest.mark.parametrize(
-    "case", ["traffic-vt", "traffic-rt", "traffic-md5", "faulty-vt", "faulty-rt", "newer"]
+    "case", ["traffic-vt", "traffic-rt", "traffic-md5", "faulty-vt", "faulty-rt", "newer", "newer-14"]
 )
-def test_div_step_resumed_equals_one_reference_run(traffic_tables, faulty_partition, case, overlap):
+def test_div_step_resumed_equals_one_reference_run(
+    traffic_tables, faulty_partition, case, overlap, shared, monkeypatch
+):
+    """`shared`: each micro-batch as the watch hands it, sorted by offset with its envelopes read once before the
+    step (`read_envelopes`, which Leap Frog's step uses too); the step must then read none itself."""
     topic, table, config, validators = _step_cases(traffic_tables, faulty_partition)[case]
+    reads = Counter()
+    original = EnvelopeReader.read
+
+    def counted(self, *args):
+        reads["step"] += 1
+        return original(self, *args)
+
     whole = _run(topic, table, vectorised=False, config=config, validators=validators)
     step = DivStep(config, record_validators=validators)
     state, found, counts = None, [], Counter()
@@ -705,7 +721,13 @@ def test_div_step_resumed_equals_one_reference_run(traffic_tables, faulty_partit
     skipped = 0
     micro_batches, again = _micro_batches(table, random.Random(len(case) + overlap), overlap)
     for mb in micro_batches:
-        result = step(0, topic, 0, mb, state)
+        envelopes = None
+        if shared:
+            mb = mb.take(pc.sort_indices(mb, [("offset", "ascending")]))
+            envelopes = read_envelopes(mb)
+        with monkeypatch.context() as m:
+            m.setattr(EnvelopeReader, "read", counted)
+            result = step(0, topic, 0, mb, state, envelopes=envelopes)
         state = DivPartitionState.from_bytes(result.state.to_bytes())
         found.extend(result.findings.drop_columns(["finding_id"]).to_pylist())
         c = result.counts
@@ -726,6 +748,12 @@ def test_div_step_resumed_equals_one_reference_run(traffic_tables, faulty_partit
     assert state.validator == whole.validator.run_state()
     assert state.learned == whole.codec.learned()
     assert len({r["type"] for r in want}) >= 3
+    if shared and case == "newer-14":
+        assert reads["step"] > 0  # the step's codec learnt version 14: it reads the envelopes itself
+    elif shared:
+        assert reads["step"] == 0
+    elif not validators:  # (with record validators every record goes through the codec)
+        assert reads["step"] > 0
 
 
 # -- the comparison can fail -------------------------------------------------------------------------------

@@ -16,6 +16,7 @@ from __future__ import annotations
 import random
 
 import pyarrow as pa
+import pyarrow.compute as pc
 import pytest
 from chunked_histories import write_chunked_archives
 from leapfrog_histories import generated
@@ -23,6 +24,7 @@ from nightly_oracle import named, nightly
 from vt_fixtures import TOPIC, write_archives
 
 from div import archive
+from div.envelope_columns import read_envelopes
 from pipelines.watch.leapfrog_step import RECORD_COLUMNS, LeapfrogStep, PartitionState
 
 pytestmark = [pytest.mark.spark, pytest.mark.slow]
@@ -200,3 +202,48 @@ def test_records_without_headers_are_held_beside_records_with_them(world):
     third = step(0, {0: rest}, PartitionState.from_bytes(second.state.to_bytes()))
     assert not third.failed
     assert third.state.facts
+
+
+def _in_offset_order(table: pa.Table) -> pa.Table:
+    return table.take(pc.sort_indices(table, [("offset", "ascending")]))
+
+
+@pytest.mark.parametrize("which", ["plain", "damaged", "chunked"])
+def test_envelopes_read_once_give_the_same_steps(world, damaged_world, chunked_world, which):
+    """The watch reads each VT record's envelope once (`read_envelopes`, in offset order) and hands it to Leap
+    Frog's step and to DIV's. Given them, the step must return what it returns reading the records itself, micro-
+    batch by micro-batch: findings, counters and state, byte for byte. Region 2 sends nothing in the first
+    micro-batch, so the others' records wait, and are read again when they join the next one."""
+    dirs = {"plain": world[1], "damaged": damaged_world[1], "chunked": chunked_world[1]}[which]
+    partitions = len(world[0])
+    rng = random.Random(which)
+    step = LeapfrogStep(((0, 1), (0, 2), (1, 2)), 3)
+    compared = found = 0
+    for p in range(0, partitions, 4):
+        per_region = {}
+        for x, d in dirs.items():
+            whole = pa.Table.from_batches(list(archive.iter_partition(d, TOPIC, p, columns=RECORD_COLUMNS)))
+            per_region[x] = _micro_batches(whole, 4, rng)
+        per_region[2] = [
+            per_region[2][0].slice(0, 0),
+            *per_region[2][:-2],
+            pa.concat_tables(per_region[2][-2:]),
+        ]
+        own = shared = None
+        for i in range(4):
+            records = {x: _in_offset_order(batches[i]) for x, batches in per_region.items()}
+            envelopes = {x: read_envelopes(t) for x, t in records.items()}
+            a = step(p, records, PartitionState.from_bytes(own) if own else None)
+            b = step(p, records, PartitionState.from_bytes(shared) if shared else None, envelopes)
+            assert b.findings.equals(a.findings) and b.counters.equals(a.counters)
+            assert (b.failed, b.chunked_late, b.waiting, b.widest_hbw) == (
+                a.failed,
+                a.chunked_late,
+                a.waiting,
+                a.widest_hbw,
+            )
+            own, shared = a.state.to_bytes(), b.state.to_bytes()
+            assert shared == own
+            compared += 1
+            found += a.findings.num_rows
+    assert compared >= 4 * (partitions // 4) and found > 0
