@@ -37,7 +37,7 @@ import time
 from collections import Counter
 from pathlib import Path
 
-from leapfrog_workload import Workload, generate
+from leapfrog_workload import LAYOUT, Workload, generate
 
 from div import archive
 from div.envelope import EnvelopeCodec
@@ -101,7 +101,7 @@ def _spread(xs: list[float]) -> dict:
 
 def throughput(args) -> dict:
     w = Workload(regions=2, partitions=args.partitions, vt_records=args.records, keys=args.records // 5)
-    root = os.path.join(args.dir, f"w{args.records}-p{args.partitions}")
+    root = os.path.join(args.dir, f"w{args.records}-p{args.partitions}-l{LAYOUT}")
     if not os.path.isdir(os.path.join(root, "full")):
         generate(w, root)
     directory = f"{root}/full/dc-0"

@@ -29,7 +29,7 @@ import time
 
 sys.path.insert(0, os.path.dirname(__file__))
 
-from leapfrog_workload import Workload, generate  # noqa: E402
+from leapfrog_workload import LAYOUT, Workload, generate  # noqa: E402
 
 from pipelines.core.sources import SourceSpec  # noqa: E402
 from pipelines.core.spark_session import get_session  # noqa: E402
@@ -138,7 +138,7 @@ def main() -> None:
     args = ap.parse_args()
     w = Workload(vt_records=args.records, keys=args.keys)
     root = os.path.join(
-        args.dir, f"w{args.records}" + ("" if args.keys == Workload.keys else f"-k{args.keys}")
+        args.dir, f"w{args.records}-l{LAYOUT}" + ("" if args.keys == Workload.keys else f"-k{args.keys}")
     )
     t = time.perf_counter()
     if not os.path.isdir(os.path.join(root, "full")):

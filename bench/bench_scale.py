@@ -55,7 +55,7 @@ REPO = HERE.parent
 sys.path.insert(0, str(HERE))
 sys.path.insert(0, str(REPO / "tests" / "support"))
 
-from leapfrog_workload import Workload, generate  # noqa: E402
+from leapfrog_workload import LAYOUT, Workload, generate  # noqa: E402
 
 SECTIONS = ("records", "regions", "hot_key", "chunked", "memory", "cluster")
 MIB = 1 << 20
@@ -78,7 +78,7 @@ def _label(n: int) -> str:
 
 def workload(work: Path, w: Workload) -> tuple[dict[int, str], dict]:
     """The archives of `w` (built once, cached under `work`) and how long building them took."""
-    name = f"w-r{w.regions}-n{w.vt_records}-k{w.keys}"
+    name = f"w-r{w.regions}-n{w.vt_records}-k{w.keys}-l{LAYOUT}"
     if w.hot_partitions is not None:
         name += f"-hot{w.hot_keys}x{w.hot_share}p{w.hot_partitions}"
     root = work / name

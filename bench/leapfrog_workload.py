@@ -16,6 +16,10 @@ from div import keys as K
 from div.archive import ArchiveWriter
 from div.heartbeat_headers import Watermarks, encode_hbw
 
+# what `generate` writes, numbered: every cache of its archives carries it in its name, so a change rebuilds them
+# (2: the leader's producer opens its segment with a StartOfSegment)
+LAYOUT = 2
+
 
 @dataclass
 class Workload:
@@ -79,6 +83,23 @@ def generate(w: Workload, root: str, split: bool = False) -> dict[str, dict[int,
                         "messageType": 2,
                         "producerMetadata": E.producer_metadata(guid, 0, 0, 0),
                         "payloadUnion": E.control_message(E.END_OF_PUSH, {}),
+                        "leaderMetadataFooter": E.default_footer("push"),
+                    }
+                ),
+            )
+            offset += 1
+            # the leader's producer opens its segment as Venice's writers do (ADHASH, the default): DIV then tracks
+            # it as registered, which is what a real VT gives the watch's DIV to do
+            out.append_record(
+                topic,
+                p,
+                offset,
+                K.control_key(guid, 1, 0),
+                codec.encode(
+                    {
+                        "messageType": 2,
+                        "producerMetadata": E.producer_metadata(guid, 1, 0, 0),
+                        "payloadUnion": E.control_message(E.START_OF_SEGMENT, sos),
                         "leaderMetadataFooter": E.default_footer("push"),
                     }
                 ),

@@ -27,7 +27,7 @@ import urllib.request
 sys.path.insert(0, os.path.dirname(__file__))
 
 from bench_leapfrog import job  # noqa: E402
-from leapfrog_workload import Workload, generate  # noqa: E402
+from leapfrog_workload import LAYOUT, Workload, generate  # noqa: E402
 
 from pipelines.core.spark_session import get_session  # noqa: E402
 
@@ -121,7 +121,7 @@ def main() -> None:
     ap.add_argument("--pstats", help="keep the workers' pstats files in this directory (for pstats/snakeviz)")
     args = ap.parse_args()
     w = Workload(vt_records=args.records)
-    root = os.path.join(args.dir, f"w{args.records}")
+    root = os.path.join(args.dir, f"w{args.records}-l{LAYOUT}")
     layout = "day1" if args.incremental else "full"
     if not os.path.isdir(os.path.join(root, layout)):
         generate(w, root, split=args.incremental)
