@@ -48,7 +48,7 @@ import pyarrow as pa
 import pyarrow.compute as pc
 import pytest
 from chunked_histories import write_chunked_archives
-from damage import RECORD_KINDS, Damage, damage_archive
+from damage import damage_at_random
 from leapfrog_histories import generated
 from newer_protocol import newer_vtp, reencode_rows
 from vt_fixtures import write_archives
@@ -458,14 +458,7 @@ def test_small_sim(sim_archives):
 def test_damaged_archives(generated_archives, sim_archives, tmp_path, source, seed):
     rng = random.Random(seed)
     dirs = generated_archives if source == "generated" else sim_archives
-    damaged = {}
-    for region, d in dirs.items():
-        damages = [
-            Damage(rng.choice(sorted(RECORD_KINDS)), row=rng.randrange(10_000), seed=rng.randrange(1 << 30))
-            for _ in range(40)
-        ]
-        damage_archive(d, tmp_path / f"dc-{region}", damages)
-        damaged[region] = str(tmp_path / f"dc-{region}")
+    damaged = damage_at_random(dirs, tmp_path, rng)
     types = _check_all(_partitions(damaged), config=ValidatorConfig(max_age_ms=10_000))
     assert types[UNDECODABLE] > 0
 

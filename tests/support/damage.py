@@ -177,6 +177,22 @@ def damage_archive(
     return truth
 
 
+def damage_at_random(
+    dirs: dict[int, str], out: str | os.PathLike, rng: random.Random, count: int = 40
+) -> dict[int, str]:
+    """Each region's archive with `count` records among its first 10,000 damaged, each by a kind drawn from
+    RECORD_KINDS, written under `out` (dc-<region>); returns the new directories by region."""
+    damaged = {}
+    for region, d in dirs.items():
+        damages = [
+            Damage(rng.choice(sorted(RECORD_KINDS)), row=rng.randrange(10_000), seed=rng.randrange(1 << 30))
+            for _ in range(count)
+        ]
+        damaged[region] = os.path.join(out, f"dc-{region}")
+        damage_archive(d, damaged[region], damages)
+    return damaged
+
+
 def _damage_record(kind: str, r: dict, rng: random.Random) -> None:
     if kind == "value_random":
         n = rng.randint(1, 64)

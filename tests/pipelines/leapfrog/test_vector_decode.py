@@ -15,7 +15,7 @@ import random
 import pyarrow as pa
 import pytest
 from chunked_histories import write_chunked_archives
-from damage import RECORD_KINDS, Damage, damage_archive, read_archive
+from damage import damage_at_random, read_archive
 from leapfrog_histories import generated
 from newer_protocol import newer_vtp, reencode_rows
 from vt_fixtures import put_envelope, write_archives
@@ -123,14 +123,7 @@ def test_small_sim(tmp_path):
 @pytest.mark.parametrize("seed", range(3))
 def test_damaged_archives(generated_archives, tmp_path, seed):
     rng = random.Random(seed)
-    damaged = {}
-    for region, d in generated_archives.items():
-        damages = [
-            Damage(rng.choice(sorted(RECORD_KINDS)), row=rng.randrange(10_000), seed=rng.randrange(1 << 30))
-            for _ in range(40)
-        ]
-        damage_archive(d, tmp_path / f"dc-{region}", damages)
-        damaged[region] = str(tmp_path / f"dc-{region}")
+    damaged = damage_at_random(generated_archives, tmp_path, rng)
     want, got, _ = _both(_table(damaged))
     _assert_equal(want, got)
 
