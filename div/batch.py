@@ -217,7 +217,9 @@ class PartitionRun:
         known = KNOWN_HEADERS
         undecodable = E.UndecodableError
         has_chain = bool(self.record_validators)
-        lane = self._lane(batch, envelopes) if self.envelopes is not None and not has_chain else None
+        lane = None
+        if self.envelopes is not None and not has_chain and self._lane_may_take():
+            lane = self._lane(batch, envelopes)
         if lane is None:
             common = fields = [None] * n
         else:
@@ -271,6 +273,14 @@ class PartitionRun:
             s.eop_offset = validator.eop_offset
             raise
         s.eop_offset = validator.eop_offset
+
+    def _lane_may_take(self) -> bool:
+        """Whether the fast lane may take records of the next batch: some producer's segment is open for it, or no
+        producer is tracked yet (the batch may start their segments). When every producer's segment began before
+        the run (an RT read from where retention left it: their StartOfSegment is gone, so DIV tracks them
+        unregistered) it can take none, and reading the batch for it would only add to each record's cost."""
+        segments = self.validator.segments
+        return not segments or any(seg.fast for seg in segments.values())
 
     def _lane(
         self, batch: pa.RecordBatch | pa.Table, heads: Heads | None
