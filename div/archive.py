@@ -73,6 +73,15 @@ class PartitionInfo:
     records: int
 
 
+def offset_order(records: pa.RecordBatch | pa.Table) -> np.ndarray | None:
+    """The row order (stable) that puts records in offset order, or None when they are in it already: a stream's
+    records nearly always are, and taking them in the same order would copy every value for nothing."""
+    offsets = records.column("offset").to_numpy(zero_copy_only=False)
+    if len(offsets) < 2 or bool((offsets[1:] >= offsets[:-1]).all()):
+        return None
+    return np.argsort(offsets, kind="stable")
+
+
 def timestamps_ms(batch: pa.RecordBatch | pa.Table) -> list[int | None]:
     """The broker timestamps of an archive-schema batch in epoch milliseconds, as every reader takes them: the
     archive keeps Kafka's milliseconds as microseconds, and this is the one conversion back."""

@@ -76,9 +76,6 @@ class Heads:
     def slice(self, start: int, stop: int) -> Heads:
         return dataclasses.replace(self, **{f: getattr(self, f)[start:stop] for f in _PER_ROW})
 
-    def __len__(self) -> int:
-        return len(self.header)
-
     def guids(self, rows: np.ndarray) -> list[bytes | None]:
         """The producer GUID of each row in `rows` (a mask), as the codec gives it; None for the others."""
         at = np.minimum(self.guid_start[:, None] + np.arange(GUID_BYTES), len(self.data) - 1)

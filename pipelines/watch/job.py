@@ -39,11 +39,11 @@ from typing import Any
 import numpy as np
 import pandas as pd
 import pyarrow as pa
-import pyarrow.compute as pc
 from pyspark.sql import DataFrame, SparkSession
 from pyspark.sql.streaming import StatefulProcessor, StatefulProcessorHandle
 from pyspark.sql.types import BinaryType, IntegerType, StringType, StructField, StructType
 
+from div.archive import offset_order
 from div.envelope_columns import Heads, read_envelopes
 from pipelines.core.errors import UsageError
 from pipelines.core.output import check_disjoint, check_output, source_inputs
@@ -128,9 +128,9 @@ class WatchProcessor(StatefulProcessor):
         envelopes = {}
         for (region, topic), table in groups.items():
             if topic == self.vt_topic:
-                groups[(region, topic)] = table = table.take(
-                    pc.sort_indices(table, [("offset", "ascending")])
-                )
+                order = offset_order(table)
+                if order is not None:
+                    groups[(region, topic)] = table = table.take(order)
                 envelopes[region] = read_envelopes(table)
         vt = {region: table for (region, topic), table in groups.items() if topic == self.vt_topic}
         if vt:  # a partition whose micro-batch brought RT records only leaves Leap Frog's state as it is

@@ -201,13 +201,16 @@ class LeapfrogStep:
         for region, table in sorted(records.items()):
             if table is None or table.num_rows == 0:
                 continue
-            order = pc.sort_indices(table, [("offset", "ascending")])
-            table = table.take(order)
+            order = archive.offset_order(table)
+            if order is not None:
+                table = table.take(order)
             ends[(region, partition)] = int(table.column("offset")[-1].as_py()) + 1
             batches = _vt_batches(table, region, partition)
             heads = None
             if region in envelopes:
-                read, at = envelopes[region].take(order.to_numpy()), 0
+                read, at = envelopes[region], 0
+                if order is not None:
+                    read = read.take(order)
                 heads = []
                 for b in batches:
                     heads.append(read.slice(at, at + b.num_rows))
