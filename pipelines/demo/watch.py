@@ -16,7 +16,8 @@ the watch is stopped with SIGTERM, and the run is judged against the issue's mea
 * no false finding: every finding is one truth.json expects (the demo's own fault check);
 * the watch's findings equal `leapfrog`'s and `div validate`'s over the run's archives afterwards, and none is
   written twice: exactly once, also across a kill -9 of the watch (`kill_watch_at`: it is killed with SIGKILL
-  and started again from its checkpoint; a delay spanning its start or restart is not judged, `_Downtime`).
+  and started again from its checkpoint; a delay spanning its start or restart, until its first micro-batch has
+  ended, is not judged, `_Downtime`).
 
 Each delay counts from one baseline, printed the same way live and in the checks (`delay_text`). The first three
 are timing goals, which this host's load can break: the demo samples the 1-minute load average while it runs, and
@@ -534,6 +535,19 @@ def watch_progress(metrics: dict) -> float | None:
     )
 
 
+def watch_batch_seconds(metrics: dict) -> float:
+    """How long the watch query's last reported micro-batch took from its trigger to its end (Spark's
+    `durationMs.triggerExecution`), in seconds; 0 when a scrape does not show it."""
+    return next(
+        (
+            v
+            for labels, v in metrics.get("tidegauge_microbatch_duration_seconds", [])
+            if labels.get("query") == "watch" and labels.get("phase") == "triggerExecution"
+        ),
+        0.0,
+    )
+
+
 def _metrics_url(watch: _Proc, wait_s: float = 180) -> str | None:
     """The URL the watch serves its metrics on, from the line it logs once it serves them; with `wait_s` 0,
     None while it has not logged it yet."""
@@ -546,9 +560,9 @@ def _metrics_url(watch: _Proc, wait_s: float = 180) -> str | None:
 
 
 class _Downtime:
-    """The spans the watch could not detect anything: from its start until its query first made
-    progress (Spark starting), and with `kill_watch_at` from the kill (SIGKILL, as a crashed service, its JVM and
-    Python workers with it) until the watch started again from its checkpoint made progress. What it committed
+    """The spans the watch could not detect anything: from its start until its query's first micro-batch ended
+    (Spark starting), and with `kill_watch_at` from the kill (SIGKILL, as a crashed service, its JVM and
+    Python workers with it) until the watch started again from its checkpoint ended its first micro-batch. What it committed
     stands and the micro-batch it was in runs again, so nothing may be found twice or lost; but a detection delay
     that overlaps such a span measures Spark's start, not the watch's detection, and is not judged."""
 
@@ -581,17 +595,20 @@ class _Downtime:
         return _Proc(argv, log)
 
     def seen(self, metrics: dict, follow: _Follower) -> None:
-        """A scrape: the open span ends at the watch query's first progress after it began."""
+        """A scrape: the open span ends when the first micro-batch that began after it finished. Findings are
+        written as a micro-batch ends, so until then the watch could find nothing; and that first micro-batch
+        holds everything that arrived while the watch was down, read by cold Python workers."""
         why, since, up = self.spans[-1]
         if up is not None:
             return
         last = watch_progress(metrics)
         if last is not None and last > since:
-            self.spans[-1][2] = last
+            done = last + watch_batch_seconds(metrics)
+            self.spans[-1][2] = done
             if why == "kill -9":
                 follow.emit(
-                    f"  {follow.t(last * 1000)}  the restarted watch goes on from its checkpoint "
-                    f"({last - since:.1f} s after the kill)"
+                    f"  {follow.t(done * 1000)}  the restarted watch goes on from its checkpoint: its first "
+                    f"micro-batch done {done - since:.1f} s after the kill"
                 )
 
     def overlapping(self, start_s: float, end_s: float) -> list | None:
@@ -605,7 +622,7 @@ class _Downtime:
     def text(self, span: list) -> str:
         why, down, up = span
         t = lambda s: f"t+{s - self.t0_ms / 1000:.1f}s"  # noqa: E731 - one expression, used twice
-        back = "never made progress" if up is None else f"made progress at {t(up)}"
+        back = "never finished a micro-batch" if up is None else f"finished its first micro-batch at {t(up)}"
         if why == "start":
             return f"the watch was starting (it {back})"
         return f"the watch was killed at {t(down)} and, started again, {back}"

@@ -257,8 +257,16 @@ def test_a_delay_over_the_watchs_start_or_restart_is_not_judged_and_says_why():
     metrics = {"tidegauge_last_progress_timestamp_seconds": [({"query": "watch"}, 990.0)]}
     down.seen(metrics, None)
     assert not down.up  # a progress report from before the start ends no span
-    metrics = {"tidegauge_last_progress_timestamp_seconds": [({"query": "watch"}, 1_040.0)]}
+    metrics = {
+        "tidegauge_last_progress_timestamp_seconds": [({"query": "watch"}, 1_036.5)],
+        "tidegauge_microbatch_duration_seconds": [
+            ({"query": "watch", "phase": "addBatch"}, 3.0),
+            ({"query": "watch", "phase": "triggerExecution"}, 3.5),
+            ({"query": "lag", "phase": "triggerExecution"}, 9.0),
+        ],
+    }
     down.seen(metrics, None)
+    # the span ends as the first micro-batch that began after it ends: only then can a finding be written
     assert down.up and down.spans == [["start", 1_000.0, 1_040.0]]
     down.spans.append(["kill -9", 1_070.0, 1_100.0])
     late = Check(False, "dropped write", "found 20 s = 4.00 intervals (goal ≤ 2; load 1.0 on 2 cores)")
@@ -271,8 +279,9 @@ def test_a_delay_over_the_watchs_start_or_restart_is_not_judged_and_says_why():
         excused = _excused(late, down, start, end)
         assert (excused.ok, excused.judged) == (False, False), span
         assert excused.detail.startswith("not judged: the watch was ") and late.detail in excused.detail
-    assert "killed at t+70.0s and, started again, made progress at t+100.0s" in down.text(down.spans[1])
-    assert "starting (it made progress at t+40.0s)" in down.text(down.spans[0])
+    killed = down.text(down.spans[1])
+    assert "killed at t+70.0s and, started again, finished its first micro-batch at t+100.0s" in killed
+    assert "starting (it finished its first micro-batch at t+40.0s)" in down.text(down.spans[0])
     met = Check(True, "dropped write", "found 5 s")
     assert _excused(met, down, 1_060.0, 1_075.0) is met  # a goal met is met, whenever
     assert down.figures() == [
