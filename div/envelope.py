@@ -93,6 +93,15 @@ class EnvelopeCodec:
         self._lock = threading.Lock()
         self._encoder = self._make_encoder()
 
+    @classmethod
+    def knowing(cls, learned: dict[int, Any]) -> EnvelopeCodec:
+        """A new codec given what another had learnt (its `learned()`): it decodes the next record as that one
+        would. How a run carried from one micro-batch or task to the next goes on."""
+        codec = cls()
+        for version, schema in sorted(learned.items()):
+            codec.learn(version, schema)
+        return codec
+
     # -- schemas ---------------------------------------------------------------------------------
     def known_versions(self) -> list[int]:
         return sorted(set(schemas.envelope_versions()) | set(self._writer_json))

@@ -94,8 +94,9 @@ class VtDecoder:
     loop (`_decode_rows`), the reference both are tested against (`vectorised=False` uses it for every row).
     """
 
-    def __init__(self, vectorised: bool = True) -> None:
-        self.codec = E.EnvelopeCodec()
+    def __init__(self, vectorised: bool = True, codec: E.EnvelopeCodec | None = None) -> None:
+        """`codec`: one that goes on from what an earlier run learnt (`EnvelopeCodec.knowing`); a new one if None."""
+        self.codec = codec if codec is not None else E.EnvelopeCodec()
         self.vector = VectorDecoder(self.codec) if vectorised else None
         self.loop_rows = 0  # rows the vectorised path left to the loop (profiles and tests read it)
 

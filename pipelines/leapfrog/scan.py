@@ -114,10 +114,11 @@ class SplitScan:
         self.buckets = buckets
         self.records = records  # a Spark accumulator of the records read, for the driver's progress line
 
-    def __call__(self, batches, envelopes=None):
+    def __call__(self, batches, envelopes=None, codec=None):
         """`envelopes`: an iterator of `div.envelope_columns.Heads`, one for each of `batches` in turn (what a
-        reader before read of them), or None to read them here."""
-        dec = V.VtDecoder()
+        reader before read of them, as `codec` would), or None to read them here. `codec`: the split's codec, when
+        it goes on from an earlier one's (what it learns, its caller can read from it); a new one if None."""
+        dec = V.VtDecoder(codec=codec)
         n = self.n
         split = region = partition = None
         segs: list[_Segment] = []

@@ -48,7 +48,7 @@ from div import envelope as E
 from div import partition_state as ps
 from div.batch import ERROR_COLUMNS, PartitionRun, is_realtime_topic
 from div.checkpoint import CorruptCheckpointError, frame, unframe
-from div.envelope_columns import Heads
+from div.envelope_columns import Heads, reads_as_new
 from div.validator import PartitionValidator, ValidatorConfig
 from div.validators.registry import build_chain
 
@@ -191,9 +191,8 @@ class DivStep:
         learned = state.learned if state is not None else {}
         codec = self._codec(learned)
         run = self._resume(region, topic, partition, config, state, codec)
-        if E.CURRENT_VERSION in learned:
-            # read with a new codec, they are not what this partition's codec reads (`PartitionRun.feed`)
-            envelopes = None
+        if not reads_as_new(learned):
+            envelopes = None  # read with a new codec, they are not what this partition's codec reads
         if envelopes is not None and picked is not None:
             envelopes = envelopes.take(picked)
         if fresh.num_rows:
@@ -263,10 +262,7 @@ class DivStep:
         idle = self._codecs.get(_learned_key(learned))
         if idle:
             return idle.pop()
-        codec = E.EnvelopeCodec()
-        for version, schema in sorted(learned.items()):
-            codec.learn(version, schema)
-        return codec
+        return E.EnvelopeCodec.knowing(learned)
 
 
 def _learned_key(learned: dict[int, Any]) -> str:

@@ -111,6 +111,21 @@ def new_payload_value(template: dict, version: int) -> bytes:
     return encode_newer(env, version)
 
 
+def announced_first():
+    """A `headers_of` for `reencode_rows`: the newer schema in a `vtp` header on each partition's first re-encoded
+    row only (rows in offset order), where the records' own headers had none; the rest decode by what it taught."""
+    seen: set[int] = set()
+
+    def headers_of(r: dict) -> list:
+        kept = _with_vtp(r["headers"])
+        if r["partition"] in seen:
+            return kept
+        seen.add(r["partition"])
+        return [h for h in kept if h["key"] != "vtp"] + [{"key": "vtp", "value": newer_vtp()}]
+
+    return headers_of
+
+
 def _with_vtp(headers):
     return [
         {"key": h["key"], "value": newer_vtp() if h["key"] == "vtp" else h["value"]} for h in headers or []
@@ -133,11 +148,12 @@ def reencode_rows(rows: list[dict], version: int, headers_of) -> int:
     return done
 
 
-def reencode_archive(src: str | os.PathLike, dst: str | os.PathLike, version: int) -> int:
+def reencode_archive(src: str | os.PathLike, dst: str | os.PathLike, version: int, headers_of=None) -> int:
     """Copy archive `src` to `dst` with every decodable value re-encoded by the newer writer as `version`; the
-    `vtp` headers announce the newer schema. Returns how many values were re-encoded."""
+    `vtp` headers announce the newer schema (`headers_of(row)`: each re-encoded row's headers instead). Returns how
+    many values were re-encoded."""
     rows = read_archive(src).to_pylist()
-    done = reencode_rows(rows, version, lambda r: _with_vtp(r["headers"]))
+    done = reencode_rows(rows, version, headers_of or (lambda r: _with_vtp(r["headers"])))
     os.makedirs(dst)
     pq.write_table(
         pa.Table.from_pylist(rows, archive.KAFKA_ARROW_SCHEMA), os.path.join(dst, "records.parquet")

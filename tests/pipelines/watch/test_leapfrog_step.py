@@ -20,6 +20,7 @@ import pyarrow.compute as pc
 import pytest
 from chunked_histories import write_chunked_archives
 from leapfrog_histories import generated
+from newer_protocol import announced_first, reencode_archive
 from nightly_oracle import named, nightly
 from vt_fixtures import TOPIC, write_archives
 
@@ -180,6 +181,31 @@ def test_no_finding_rests_on_an_undecodable_record(world, damaged_world, seed, c
         assert set(named(found)) - set(expected) <= clean, "a finding the undamaged records do not support"
 
 
+@pytest.fixture(scope="module")
+def newer_world(spark, tmp_path_factory, world):
+    """The same archives from Venice writers newer than us: region 1's as protocol 16 (a version we do not ship),
+    region 2's with another schema for version 14 (a fork). Each announces its schema in a `vtp` header on each
+    partition's first record only, as a producer does on its first message; every later record decodes by what
+    that header taught."""
+    histories, dirs, expected = world
+    root = tmp_path_factory.mktemp("newer")
+    newer = dict(dirs)
+    for region, version in ((1, 16), (2, 14)):
+        newer[region] = str(root / f"dc-{region}")
+        assert reencode_archive(dirs[region], newer[region], version, announced_first()) > 0
+    assert nightly(spark, newer, root / "batch") == expected  # the nightly job reads them as it read ours
+    return histories, newer, expected
+
+
+@pytest.mark.parametrize("seed,cuts", [(0, 1), (2, 5)])
+def test_what_a_vtp_header_taught_lasts_into_later_micro_batches(newer_world, seed, cuts):
+    """A micro-batch after the one with a producer's `vtp` header decodes its records by what the header taught
+    (the step's state carries it), so the watch names what the nightly job names."""
+    histories, dirs, expected = newer_world
+    found = _watched(dirs, len(histories), cuts, random.Random(seed))
+    assert named(found) == expected
+
+
 def test_records_without_headers_are_held_beside_records_with_them(world):
     """A micro-batch whose records all lack headers reaches the step with a null-typed headers column (pandas);
     held until every region has sent records, it must join the next micro-batch's typed ones."""
@@ -208,13 +234,18 @@ def _in_offset_order(table: pa.Table) -> pa.Table:
     return table.take(pc.sort_indices(table, [("offset", "ascending")]))
 
 
-@pytest.mark.parametrize("which", ["plain", "damaged", "chunked"])
-def test_envelopes_read_once_give_the_same_steps(world, damaged_world, chunked_world, which):
+@pytest.mark.parametrize("which", ["plain", "damaged", "chunked", "newer"])
+def test_envelopes_read_once_give_the_same_steps(world, damaged_world, chunked_world, newer_world, which):
     """The watch reads each VT record's envelope once (`read_envelopes`, in offset order) and hands it to Leap
     Frog's step and to DIV's. Given them, the step must return what it returns reading the records itself, micro-
     batch by micro-batch: findings, counters and state, byte for byte. Region 2 sends nothing in the first
     micro-batch, so the others' records wait, and are read again when they join the next one."""
-    dirs = {"plain": world[1], "damaged": damaged_world[1], "chunked": chunked_world[1]}[which]
+    dirs = {
+        "plain": world[1],
+        "damaged": damaged_world[1],
+        "chunked": chunked_world[1],
+        "newer": newer_world[1],
+    }[which]
     partitions = len(world[0])
     rng = random.Random(which)
     step = LeapfrogStep(((0, 1), (0, 2), (1, 2)), 3)
