@@ -4,7 +4,7 @@ brokers. Only that benchmark uses it: on the path Leap Frog's job takes (records
 was slower than today's reader, so the job keeps its own (issue 32).
 
 `kafka_source_jars` resolves the source, its Kafka client and commons-pool2 from Maven Central by
-bench/jvm/kafka/pom.xml through `sim.maven`, once per machine and Spark version; `session_conf` puts them on the driver's
+bench/jvm/kafka/pom.xml (`spark_connectors`, through `sim.maven`), once per machine and Spark version; `session_conf` puts them on the driver's
 class path (in local mode the executors' too), as `pipelines.watch.checkpoint` does for S3A. `read_kafka` reads
 exactly the splits' offset ranges (`assign`, `startingOffsets`/`endingOffsets` per partition) with their headers, as
 rows of `tidegauge_vt`'s columns.
@@ -17,47 +17,26 @@ got with the split's start itself (see the bench's trimmed-range check).
 from __future__ import annotations
 
 import json
-import os
 from collections.abc import Callable, Mapping
 from pathlib import Path
 
 from pyspark.sql import DataFrame, SparkSession
 from pyspark.sql import functions as F
+from spark_connectors import connector_jars, with_jars
 
 from pipelines.core.errors import UsageError
 from pipelines.core.sources import is_kafka
 from pipelines.leapfrog.source import VtSplit
 
-KAFKA_POM = Path(__file__).resolve().parent / "jvm" / "kafka" / "pom.xml"  # bench/jvm/kafka/pom.xml
 PROVIDER = "org.apache.spark.sql.kafka010.KafkaSourceProvider"
 
 
-def spark_version() -> str:
-    import pyspark
-
-    return pyspark.__version__
-
-
 def kafka_source_jars(progress: Callable[[str], None] | None = None) -> list[Path]:
-    """spark-sql-kafka-0-10 at pyspark's Spark version and what it needs that pyspark lacks, resolved on first use;
-    UsageError says what to do otherwise."""
-    from sim import maven
-
-    version = spark_version()
-    jar_set = maven.JarSet(
-        name="spark-sql-kafka",
-        version=version,
-        pom=KAFKA_POM,
-        label=f"Spark's Kafka source (spark-sql-kafka-0-10_2.13 {version})",
-        needs="Spark's Kafka source needs",
-        marker=f"spark-sql-kafka-0-10_2.13-{version}.jar",
-        properties={"spark.version": version},
+    """spark-sql-kafka-0-10 at pyspark's Spark version and what it needs that pyspark lacks (bench/jvm/kafka/pom.xml),
+    resolved on first use; UsageError says what to do otherwise."""
+    return connector_jars(
+        "spark-sql-kafka", "kafka", "spark-sql-kafka-0-10", "Spark's Kafka source", progress
     )
-    try:
-        lib = maven.resolve(jar_set, progress=progress)
-    except maven.JarsError as exc:
-        raise UsageError(str(exc)) from None
-    return sorted(lib.glob("*.jar"))
 
 
 def session_conf(
@@ -67,16 +46,9 @@ def session_conf(
     spark-submit, whose JVM already runs (give it `--packages` or `--jars` there)."""
     from pipelines.core.spark_session import under_spark_submit
 
-    out = dict(conf)
     if under_spark_submit():
-        return out
-    jars = [str(p) for p in kafka_source_jars(progress)]
-    master = master or os.environ.get("SPARK_MASTER") or "local[*]"
-    key, sep = (
-        ("spark.driver.extraClassPath", os.pathsep) if master.startswith("local") else ("spark.jars", ",")
-    )
-    out[key] = sep.join([*([conf[key]] if conf.get(key) else []), *jars])
-    return out
+        return dict(conf)
+    return with_jars(conf, master, kafka_source_jars(progress))
 
 
 def available(spark: SparkSession) -> bool:
