@@ -162,6 +162,7 @@ BENCHES: dict[str, list[str]] = {
         "--warmup",
         "1",
     ],
+    "from_avro": ["bench/bench_from_avro.py", "--records", "1000000", "--repeat", "3", "--warmup", "1"],
     "changes": ["bench/bench_changes.py", "--records", "500000", "--repeat", "3", "--sims", "3"],
     "repair": ["bench/bench_repair.py", "--dir", "/tmp/bench-repair-full"],
 }
@@ -530,6 +531,27 @@ SHOWN: dict[str, tuple[str, list[str]]] = {
             "to_python.kafka_source_records_per_s_per_core",
             "to_python.kafka_source_speedup",
             "to_python.kafka_source_tuned_speedup",
+        ],
+    ),
+    "from_avro": (
+        "extracting Leap Frog's columns in the JVM or in Python, 2 regions × 1 M VT records of the `leapfrog` "
+        "benchmark's workload, best of 3 rounds after a warm-up: Spark's `from_avro` (spark-avro, PERMISSIVE, our KafkaMessageEnvelope v14) "
+        "with the columns taken out by SQL and summed in the JVM, the same handed to Python (`mapInArrow`), "
+        "against Leap Frog's decode-only pass (each split read in Python, the envelopes with numpy, the columns "
+        "back to the JVM) and a Parquet scan of every byte; what `from_avro` reads equals what "
+        "`div.envelope_columns` reads on every data record of one file (checked_rows)",
+        [
+            "records",
+            "checked_rows",
+            "parquet_scan_s",
+            "decode_only_s",
+            "from_avro_s",
+            "from_avro_to_python_s",
+            "decode_only_records_per_s_per_core",
+            "from_avro_records_per_s_per_core",
+            "from_avro_to_python_records_per_s_per_core",
+            "from_avro_over_decode_only",
+            "from_avro_to_python_over_decode_only",
         ],
     ),
     "brokers": (
