@@ -34,9 +34,10 @@ sys.path.insert(0, os.path.dirname(__file__))
 
 from bench_leapfrog import decode_pass, parquet_scan  # noqa: E402
 from leapfrog_workload import LAYOUT, Workload, generate  # noqa: E402
-from spark_connectors import connector_jars, with_jars  # noqa: E402
+from spark_connectors import connector_jars  # noqa: E402
 
 from div import schemas  # noqa: E402
+from pipelines.core.spark_jars import with_jars  # noqa: E402
 from pipelines.core.spark_session import get_session  # noqa: E402
 
 

@@ -1,13 +1,12 @@
 """Spark modules pyspark does not ship (its Kafka source, its Avro functions), for the benchmarks that compare them
-with tidegauge's own code: `connector_jars` resolves one from Maven Central by a descriptor under bench/jvm/ through
-`sim.maven` (once per machine and Spark version), and `session_conf` puts the jars on the class path of a session
-tidegauge starts, as `pipelines.watch.checkpoint` does for S3A.
+with tidegauge's own code: `connector_jars` resolves one from Maven Central by a descriptor under bench/jvm/
+(`sim.maven`: once per machine and Spark version), and `pipelines.core.spark_jars.with_jars` puts them on a session's
+class path, as it does the watch's S3A connector.
 """
 
 from __future__ import annotations
 
-import os
-from collections.abc import Callable, Mapping
+from collections.abc import Callable
 from pathlib import Path
 
 from pipelines.core.errors import UsageError
@@ -40,20 +39,6 @@ def connector_jars(
         properties={"spark.version": version},
     )
     try:
-        lib = maven.resolve(jar_set, progress=progress)
+        return maven.jars(jar_set, progress=progress)
     except maven.JarsError as exc:
         raise UsageError(str(exc)) from None
-    return sorted(lib.glob("*.jar"))
-
-
-def with_jars(conf: Mapping[str, str], master: str | None, jars: list[Path]) -> dict[str, str]:
-    """`conf` plus `jars` on the class path of a session tidegauge starts: the driver's in local mode (its executors
-    share it), `spark.jars` on a cluster. Not under spark-submit, whose JVM already runs: give it `--packages` or
-    `--jars` there."""
-    out = dict(conf)
-    master = master or os.environ.get("SPARK_MASTER") or "local[*]"
-    key, sep = (
-        ("spark.driver.extraClassPath", os.pathsep) if master.startswith("local") else ("spark.jars", ",")
-    )
-    out[key] = sep.join([*([conf[key]] if conf.get(key) else []), *map(str, jars)])
-    return out

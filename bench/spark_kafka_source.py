@@ -22,10 +22,11 @@ from pathlib import Path
 
 from pyspark.sql import DataFrame, SparkSession
 from pyspark.sql import functions as F
-from spark_connectors import connector_jars, with_jars
+from spark_connectors import connector_jars
 
 from pipelines.core.errors import UsageError
 from pipelines.core.sources import is_kafka
+from pipelines.core.spark_jars import with_jars
 from pipelines.leapfrog.source import VtSplit
 
 PROVIDER = "org.apache.spark.sql.kafka010.KafkaSourceProvider"

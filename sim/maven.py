@@ -124,6 +124,13 @@ def _complete(home: Path, digest: str) -> bool:
     return stamp.get("pom_sha256") == digest and all((lib / j).is_file() for j in stamp.get("jars", [None]))
 
 
+def jars(
+    jar_set: JarSet, timeout_s: float = MVN_TIMEOUT_S, progress: Callable[[str], None] | None = None
+) -> list[Path]:
+    """The jar files of `jar_set` (`resolve`)."""
+    return sorted(resolve(jar_set, timeout_s, progress).glob("*.jar"))
+
+
 def resolve(
     jars: JarSet, timeout_s: float = MVN_TIMEOUT_S, progress: Callable[[str], None] | None = None
 ) -> Path:

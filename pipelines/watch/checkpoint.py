@@ -39,6 +39,7 @@ from collections.abc import Callable, Mapping
 from pathlib import Path
 
 from pipelines.core.errors import UsageError
+from pipelines.core.spark_jars import with_jars
 
 S3A_POM = Path(__file__).resolve().parent / "jvm" / "s3a" / "pom.xml"
 S3A_FILESYSTEM = "org.apache.hadoop.fs.s3a.S3AFileSystem"
@@ -112,10 +113,9 @@ def s3a_jars(progress: Callable[[str], None] | None = None) -> list[Path]:
         properties={"hadoop.version": version},
     )
     try:
-        lib = maven.resolve(jar_set, progress=progress)
+        return maven.jars(jar_set, progress=progress)
     except maven.JarsError as exc:
         raise UsageError(str(exc)) from None
-    return sorted(lib.glob("*.jar"))
 
 
 def _store_settings(conf: Mapping[str, str]) -> dict[str, str]:
@@ -144,15 +144,9 @@ def session_conf(
     region. Unchanged for any other checkpoint and under spark-submit."""
     from pipelines.core.spark_session import under_spark_submit
 
-    out = dict(conf)
     if not needs_s3a(checkpoint) or under_spark_submit():
-        return out
-    jars = [str(p) for p in s3a_jars(progress)]
-    master = master or os.environ.get("SPARK_MASTER") or "local[*]"
-    key, sep = (
-        ("spark.driver.extraClassPath", os.pathsep) if master.startswith("local") else ("spark.jars", ",")
-    )
-    out[key] = sep.join([*([conf[key]] if conf.get(key) else []), *jars])
+        return dict(conf)
+    out = with_jars(conf, master, s3a_jars(progress))
     out.update(_store_settings(conf))
     return out
 
