@@ -63,6 +63,11 @@ class UndecodableError(ValueError):
     """A value that cannot be decoded as a Venice envelope; the message says why (for UNDECODABLE rows)."""
 
 
+def learned_versions(saved: dict | None) -> dict[int, Any]:
+    """`EnvelopeCodec.learned()` back from its JSON form (versions as strings), as a state file keeps it."""
+    return {int(v): s for v, s in (saved or {}).items()}
+
+
 class EnvelopeCodec:
     """Encodes v14 envelopes and decodes every known version; learns unknown versions from `vtp` headers.
 

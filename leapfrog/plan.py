@@ -9,6 +9,7 @@ from __future__ import annotations
 
 from collections import Counter, defaultdict
 from dataclasses import asdict, dataclass, field
+from typing import Any
 
 from leapfrog.history import RegionView
 from leapfrog.vectors import nothing
@@ -55,6 +56,9 @@ class RegionPartition:
     # every key's latest record up to the end is in the scan (leapfrog.reference.entries.RegionLog.latest_kept)
     latest_kept: bool = True
     start_latest_kept: bool = True  # resumed: the previous run's latest_kept
+    # the schemas the decoder learnt from `vtp` headers, by protocol version (JSON keys): a newer writer announces
+    # its schema on a producer's first message only, and the next run's (or micro-batch's) records decode by it
+    learned: dict[str, Any] = field(default_factory=dict)
 
     def next_freeze(self) -> tuple[int, ...] | None:
         """The mark before the first gap since the first run: what the next run freezes absent prefixes at."""
@@ -128,6 +132,10 @@ def plan_marks(
         rp.unverified_overflow = bool((state or {}).get("unverified_overflow")) or any(
             sm.get("unverified_overflow") for sm in splits
         )
+        # what the run it resumed had learnt, then each split's (a later header wins)
+        rp.learned = dict((state or {}).get("learned") or {})
+        for sm in splits:
+            rp.learned.update(sm.get("learned") or {})
         if state is not None:
             rp.start_after, rp.prefix_known, rp.start_kind, start_seg = (
                 state["last_offset"],

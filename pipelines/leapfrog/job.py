@@ -101,19 +101,26 @@ def _sources(opts: LeapfrogOptions) -> dict[int, str]:
 
 
 def _scan(
-    spark: SparkSession, opts: LeapfrogOptions, n: int, splits, buckets: int | None = None, records=None
+    spark: SparkSession,
+    opts: LeapfrogOptions,
+    n: int,
+    splits,
+    buckets: int | None = None,
+    records=None,
+    carried: dict | None = None,
 ) -> DataFrame:
     """Stage A's rows: the two-phase job's (`scan.SCAN_SCHEMA`), or with `buckets` the fused job's shuffle
-    rows (`rows`, chunk rows left out: a fused run falls back to two-phase when it meets any)."""
+    rows (`rows`, chunk rows left out: a fused run falls back to two-phase when it meets any). `carried`: the
+    state's facts, whose schemas learnt from `vtp` headers each split's codec starts from."""
     from pipelines.leapfrog import rows as R
     from pipelines.leapfrog.scan import SCAN_DDL, SplitScan
     from pipelines.leapfrog.source import scan_splits
 
+    learned = {k: f["learned"] for k, f in (carried or {}).items() if f.get("learned")}
     if buckets is None:
-        return scan_splits(
-            spark, splits, opts.topic, opts.kafka_conf, SplitScan(n, opts.mode, records=records), SCAN_DDL
-        )
-    scan = SplitScan(n, opts.mode, keep_chunks=False, buckets=buckets, records=records)
+        scan = SplitScan(n, opts.mode, records=records, learned=learned)
+        return scan_splits(spark, splits, opts.topic, opts.kafka_conf, scan, SCAN_DDL)
+    scan = SplitScan(n, opts.mode, keep_chunks=False, buckets=buckets, records=records, learned=learned)
     return R.keyed(scan_splits(spark, splits, opts.topic, opts.kafka_conf, scan, R.SCAN_DDL), buckets)
 
 
@@ -511,7 +518,7 @@ class _Job:
 
         opts = self.opts
         self._stage("reading, shuffling and comparing every region's records (one pass)")
-        rows = _scan(self.spark, opts, self.n, self.splits, buckets=self.buckets, records=self._records())
+        rows = _scan(self.spark, opts, self.n, self.splits, self.buckets, self._records(), self.carried)
         own = self._own_carried_files()
         reduce = ScanReduce(
             opts.mode, self.pairs, self.n, self.ends, self.carried, self.state_out, self.deadlines, own
@@ -539,7 +546,7 @@ class _Job:
         # first (MEMORY_AND_DISK: a block is unrolled in memory before it may go to disk), splits of 2.3 GiB of
         # chunks ended in "Java heap space" with a 2 GiB heap; on disk only, the same run completed.
         level = StorageLevel.DISK_ONLY if chunked else StorageLevel.MEMORY_AND_DISK
-        scanned = _scan(self.spark, opts, n, self.splits, records=self._records()).persist(level)
+        scanned = _scan(self.spark, opts, n, self.splits, None, self._records(), self.carried).persist(level)
         summaries = [
             json.loads(r["summary"]) for r in scanned.where(F.col("order") == 0).select("summary").collect()
         ]

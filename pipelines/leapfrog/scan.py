@@ -17,11 +17,14 @@ from __future__ import annotations
 
 import json
 from collections import Counter
+from typing import Any
 
 import numpy as np
 import pyarrow as pa
 import pyarrow.compute as pc
 
+from div import envelope as E
+from div.envelope import learned_versions
 from pipelines.leapfrog import decode as V
 from pipelines.leapfrog import rows as R
 
@@ -106,19 +109,28 @@ class SplitScan:
     """
 
     def __init__(
-        self, n_regions: int, mode: str, keep_chunks: bool = True, buckets: int | None = None, records=None
+        self,
+        n_regions: int,
+        mode: str,
+        keep_chunks: bool = True,
+        buckets: int | None = None,
+        records=None,
+        learned: dict[tuple[int, int], dict[str, Any]] | None = None,
     ) -> None:
         self.n = n_regions
         self.mode = mode
         self.keep_chunks = keep_chunks
         self.buckets = buckets
         self.records = records  # a Spark accumulator of the records read, for the driver's progress line
+        # (region, partition) → what the run resumed from had learnt from `vtp` headers (its state's "learned");
+        # each split's codec starts from it, and its summary says what the codec knows at the end
+        self.learned = learned or {}
 
-    def __call__(self, batches, envelopes=None, codec=None):
+    def __call__(self, batches, envelopes=None):
         """`envelopes`: an iterator of `div.envelope_columns.Heads`, one for each of `batches` in turn (what a
-        reader before read of them, as `codec` would), or None to read them here. `codec`: the split's codec, when
-        it goes on from an earlier one's (what it learns, its caller can read from it); a new one if None."""
-        dec = V.VtDecoder(codec=codec)
+        reader before read of them with a new codec: only where `learned` keeps them right, `reads_as_new`), or
+        None to read them here."""
+        dec = None
         n = self.n
         split = region = partition = None
         segs: list[_Segment] = []
@@ -144,6 +156,9 @@ class SplitScan:
                 region = batch.column("region")[0].as_py()
                 partition = batch.column("partition")[0].as_py()
                 segs.append(_Segment(n, None, None))
+                dec = V.VtDecoder(
+                    codec=E.EnvelopeCodec.knowing(learned_versions(self.learned.get((region, partition))))
+                )
             failed = batch.column("offset").to_numpy() == READ_ERROR_OFFSET
             if failed.any():  # the source could not read the split to its end
                 first = int(np.flatnonzero(failed)[0])
@@ -280,6 +295,7 @@ class SplitScan:
             "unverified_overflow": unverified_overflow,
             "segments": [s.to_json() for s in segs],
             "error": error,
+            "learned": {str(v): s for v, s in dec.codec.learned().items()},
         }
         if self.buckets is not None:
             yield R.summary_batch(summary, self.buckets)

@@ -1,8 +1,10 @@
 """The state a nightly Leap Frog run leaves for the next one (`--state DIR`), and its atomic commit.
 
 What is carried follows `leapfrog.reference.state` (heartbeat mode): per region partition the offset reached, the
-final mark, how the first run started and the mark before its first gap; per key and region the records that can
-still take part in a comparison; and every finding so far. Layout:
+final mark, how the first run started, the mark before its first gap and the envelope schemas its decoder learnt
+from `vtp` headers (a newer Venice writer announces its schema on a producer's first message only: the next run's
+records decode by it); per key and region the records that can still take part in a comparison; and every finding
+so far. Layout:
 
     DIR/state.json   meta (store, version, mode, pairs, regions) and the per region partition facts
     DIR/carried/     Parquet: partition, key, region, offset, value_hash, carry (flags, vector, mark), bucket
@@ -219,6 +221,7 @@ def region_rows(facts: dict, ends: dict[tuple[int, int], int], carried: dict) ->
                 # kept across runs: a later run must not compare a value that an unreadable record replaced
                 "unverified": rp.unverified,
                 "unverified_overflow": rp.unverified_overflow,
+                "learned": rp.learned,
             }
         )
     return rows

@@ -32,14 +32,13 @@ from __future__ import annotations
 
 import json
 from dataclasses import dataclass, field
-from typing import Any
 
 import numpy as np
 import pyarrow as pa
 import pyarrow.compute as pc
 
 from div import archive
-from div import envelope as E
+from div.envelope import learned_versions
 from div.envelope_columns import Heads, reads_as_new
 from leapfrog.plan import failed_reads, plan_marks
 from pipelines.leapfrog import chunks as C
@@ -92,9 +91,6 @@ class PartitionState:
     waiting: pa.Table | None = None  # WAITING_SCHEMA: records held until every region has sent some
     chunked: bool = False  # the records in view showed a chunked version (`chunks.chunked_version`)
     chunks: pa.Table | None = None  # CHUNKS_SCHEMA: chunks whose manifest has not arrived yet
-    # region → what its codec learnt from `vtp` headers (`EnvelopeCodec.learned`): a newer writer announces its
-    # schema on a producer's first message only, and the records after it decode by it in every micro-batch
-    learned: dict[int, dict[int, Any]] = field(default_factory=dict)
 
     def to_bytes(self) -> bytes:
         """One self-contained value for a state store: JSON facts and findings, then the carried, the waiting
@@ -104,9 +100,6 @@ class PartitionState:
                 "facts": list(self.facts.values()),
                 "reported": [[a, b, k.hex()] for a, b, k in sorted(self.reported)],
                 "chunked": self.chunked,
-                "learned": {
-                    str(x): {str(v): s for v, s in learned.items()} for x, learned in self.learned.items()
-                },
             }
         ).encode()
         parts = [
@@ -134,12 +127,6 @@ class PartitionState:
             waiting=waiting if waiting.num_rows else None,
             chunked=bool(head.get("chunked")),
             chunks=chunks[0] if chunks and chunks[0].num_rows else None,
-            learned={
-                int(x): {int(v): s for v, s in learned.items()}
-                for x, learned in head.get(
-                    "learned", {}
-                ).items()  # (none in a state written before it was kept)
-            },
         )
 
 
@@ -201,20 +188,19 @@ class LeapfrogStep:
             needed = {x for pair in self.pairs for x in pair}
             if not needed <= have and held < MAX_WAITING_RECORDS:
                 return PartitionStep(
-                    state=PartitionState(
-                        reported=state.reported, waiting=_waiting_table(records), learned=state.learned
-                    ),
+                    state=PartitionState(reported=state.reported, waiting=_waiting_table(records)),
                     findings=OUT_SCHEMA.empty_table(),
                     counters=OUT_SCHEMA.empty_table(),
                     failed={},
                     waiting=True,
                 )
-        # the two-phase job's scan rows: chunks and manifests with their payloads and chunk keys
-        scan = SplitScan(self.n, "heartbeat")
+        # the two-phase job's scan rows: chunks and manifests with their payloads and chunk keys; each region's
+        # codec goes on from what the facts say it learnt from `vtp` headers in earlier micro-batches
+        learned = {k: f["learned"] for k, f in state.facts.items() if f.get("learned")}
+        scan = SplitScan(self.n, "heartbeat", learned=learned)
         scanned: dict[int, pa.Table] = {}
         summaries: list[dict] = []
         ends: dict[tuple[int, int], int] = {}
-        learned = dict(state.learned)
         for region, table in sorted(records.items()):
             if table is None or table.num_rows == 0:
                 continue
@@ -224,8 +210,7 @@ class LeapfrogStep:
             ends[(region, partition)] = int(table.column("offset")[-1].as_py()) + 1
             batches = _vt_batches(table, region, partition)
             heads = None
-            codec = E.EnvelopeCodec.knowing(learned.get(region, {}))
-            if region in envelopes and reads_as_new(learned.get(region, {})):
+            if region in envelopes and reads_as_new(learned_versions(learned.get((region, partition)))):
                 read, at = envelopes[region], 0
                 if order is not None:
                     read = read.take(order)
@@ -234,9 +219,7 @@ class LeapfrogStep:
                     heads.append(read.slice(at, at + b.num_rows))
                     at += b.num_rows
                 heads = iter(heads)
-            out = pa.Table.from_batches(list(scan(iter(batches), heads, codec)), SCAN_SCHEMA)
-            if codec.learned():
-                learned[region] = codec.learned()
+            out = pa.Table.from_batches(list(scan(iter(batches), heads)), SCAN_SCHEMA)
             order = out.column("order").to_numpy()
             summaries.extend(
                 json.loads(t) for t in out.filter(pa.array(order == 0)).column("summary").to_pylist()
@@ -284,7 +267,6 @@ class LeapfrogStep:
                 reported=reported,
                 chunked=chunked,
                 chunks=held,
-                learned=learned,
             ),
             findings=findings.filter(pa.array(fresh, pa.bool_())),
             counters=out.filter(pa.array(kind == "C")),

@@ -145,6 +145,31 @@ def test_two_days_equal_one_rescan(spark, tmp_path):
         )
 
 
+def test_what_a_vtp_header_taught_on_day_1_decodes_day_2(spark, tmp_path):
+    """Writers newer than us (protocol 16 in region 1, a fork of version 14 in region 2) announce their schema in a
+    `vtp` header on each partition's first record only, on day 1: day 2's records decode by what it taught, which
+    the state keeps ("learned"), so the two days name what one rescan names."""
+    from newer_protocol import announced_first, reencode_archive
+
+    histories = [h for h in generated(60) if h.n_regions == 3][:80:2]
+    _, day1, day2, expected = _two_days(spark, histories, 7, tmp_path)
+    newer = {"day1": dict(day1), "day2": dict(day2)}
+    for region, version in ((1, 16), (2, 14)):
+        for day, dirs in newer.items():
+            dst = tmp_path / f"newer-{day}-{region}"
+            headers_of = announced_first() if day == "day1" else (lambda r: r["headers"])
+            assert reencode_archive(dirs[region], dst, version, headers_of) > 0
+            dirs[region] = str(dst)
+    state = tmp_path / "state"
+    _run(spark, newer["day1"], tmp_path / "out-day1", state)
+    learned = json.loads((state / "state.json").read_text())["regions"]
+    assert {r["region"] for r in learned if r["learned"]} == {1, 2}
+    _run(spark, newer["day2"], tmp_path / "out-day2", state)
+    summary = json.loads((tmp_path / "out-day2" / "summary.json").read_text())
+    assert summary["totals"]["undecodable"] == 0, summary["totals"]
+    assert _findings(tmp_path / "out-day2") == expected
+
+
 @pytest.mark.parametrize(
     "change",
     [0, -1, "older-state"],
