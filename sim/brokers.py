@@ -177,18 +177,31 @@ def _close_all() -> None:
 
 
 # -- a cluster ---------------------------------------------------------------------------------------------
+# Ports this process has handed out: clusters started together (`start_clusters`, one thread each) choose their
+# ports at the same time, and a port one has chosen and closed, before its JVM binds it, may be the kernel's next
+# answer to another.
+_HANDED_OUT: set[int] = set()
+_PORTS_LOCK = threading.Lock()
+
+
 def _free_ports(n: int) -> list[int]:
-    """n distinct ports free on 127.0.0.1 right now (held together while chosen, so never the same twice)."""
+    """n distinct ports free on 127.0.0.1 right now (held together while chosen, so never the same twice), none
+    handed out before by this process."""
     socks = []
-    try:
-        for _ in range(n):
-            s = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
-            s.bind(("127.0.0.1", 0))
-            socks.append(s)
-        return [s.getsockname()[1] for s in socks]
-    finally:
-        for s in socks:
-            s.close()
+    ports: list[int] = []
+    with _PORTS_LOCK:
+        try:
+            while len(ports) < n:
+                s = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
+                s.bind(("127.0.0.1", 0))
+                socks.append(s)
+                if s.getsockname()[1] not in _HANDED_OUT:
+                    ports.append(s.getsockname()[1])
+            _HANDED_OUT.update(ports)
+            return ports
+        finally:
+            for s in socks:
+                s.close()
 
 
 def _cluster_id() -> str:
