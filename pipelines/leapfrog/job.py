@@ -116,11 +116,10 @@ def _scan(
     from pipelines.leapfrog.scan import SCAN_DDL, SplitScan
     from pipelines.leapfrog.source import scan_splits
 
-    learned = {k: f["learned"] for k, f in (carried or {}).items() if f.get("learned")}
     if buckets is None:
-        scan = SplitScan(n, opts.mode, records=records, learned=learned)
+        scan = SplitScan(n, opts.mode, records=records, facts=carried)
         return scan_splits(spark, splits, opts.topic, opts.kafka_conf, scan, SCAN_DDL)
-    scan = SplitScan(n, opts.mode, keep_chunks=False, buckets=buckets, records=records, learned=learned)
+    scan = SplitScan(n, opts.mode, keep_chunks=False, buckets=buckets, records=records, facts=carried)
     return R.keyed(scan_splits(spark, splits, opts.topic, opts.kafka_conf, scan, R.SCAN_DDL), buckets)
 
 

@@ -115,16 +115,16 @@ class SplitScan:
         keep_chunks: bool = True,
         buckets: int | None = None,
         records=None,
-        learned: dict[tuple[int, int], dict[str, Any]] | None = None,
+        facts: dict[tuple[int, int], dict[str, Any]] | None = None,
     ) -> None:
         self.n = n_regions
         self.mode = mode
         self.keep_chunks = keep_chunks
         self.buckets = buckets
         self.records = records  # a Spark accumulator of the records read, for the driver's progress line
-        # (region, partition) → what the run resumed from had learnt from `vtp` headers (its state's "learned");
+        # (region, partition) → what the run resumed from had learnt from `vtp` headers (`facts`: its state's rows);
         # each split's codec starts from it, and its summary says what the codec knows at the end
-        self.learned = learned or {}
+        self.learned = {k: f["learned"] for k, f in (facts or {}).items() if f.get("learned")}
 
     def __call__(self, batches, envelopes=None):
         """`envelopes`: an iterator of `div.envelope_columns.Heads`, one for each of `batches` in turn (what a

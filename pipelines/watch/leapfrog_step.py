@@ -196,8 +196,7 @@ class LeapfrogStep:
                 )
         # the two-phase job's scan rows: chunks and manifests with their payloads and chunk keys; each region's
         # codec goes on from what the facts say it learnt from `vtp` headers in earlier micro-batches
-        learned = {k: f["learned"] for k, f in state.facts.items() if f.get("learned")}
-        scan = SplitScan(self.n, "heartbeat", learned=learned)
+        scan = SplitScan(self.n, "heartbeat", facts=state.facts)
         scanned: dict[int, pa.Table] = {}
         summaries: list[dict] = []
         ends: dict[tuple[int, int], int] = {}
@@ -210,7 +209,7 @@ class LeapfrogStep:
             ends[(region, partition)] = int(table.column("offset")[-1].as_py()) + 1
             batches = _vt_batches(table, region, partition)
             heads = None
-            if region in envelopes and reads_as_new(learned_versions(learned.get((region, partition)))):
+            if region in envelopes and reads_as_new(learned_versions(scan.learned.get((region, partition)))):
                 read, at = envelopes[region], 0
                 if order is not None:
                     read = read.take(order)
