@@ -54,6 +54,14 @@ def interrupted() -> bool:
     return _interrupted.is_set()
 
 
+def stop_if_interrupted() -> None:
+    """Raise KeyboardInterrupt if the run was interrupted. For code that catches a failed Spark call and goes on
+    with more work (a retry): the failure may be what Ctrl-C's cancellation left, and the KeyboardInterrupt itself
+    may never reach that code (raised where Python drops it), so the record of the interrupt decides."""
+    if _interrupted.is_set():
+        raise KeyboardInterrupt
+
+
 def on_interrupt(hook: Callable[[], None]) -> None:
     """Run `hook` (once, in a thread of its own) when the run is interrupted, e.g. to cancel Spark's jobs."""
     if hook not in _hooks:

@@ -58,6 +58,7 @@ import pyarrow.parquet as pq
 from div.archive import KAFKA_ARROW_SCHEMA
 from div.batch import ERROR_COLUMNS, PartitionRun, PartitionSummary, StopRun, rows_to_table
 from div.validators.registry import build_chain
+from pipelines.core import interrupts
 from pipelines.core.errors import UsageError
 from pipelines.core.output import OutputDir, guard, source_inputs
 from pipelines.core.progress import Progress, duration
@@ -501,6 +502,7 @@ def _run_jobs(
         return _collect(df), [df]
     except Exception as exc:  # Py4JJavaError, SparkException, ...: the job as a whole failed
         df.unpersist()
+        interrupts.stop_if_interrupted()  # Ctrl-C cancelled it: no retry (one with a slow validator runs on)
         log.warning(
             "the Spark job failed (%s); retrying partition by partition to find the ones that fail",
             _spark_error(exc),
@@ -518,6 +520,7 @@ def _run_jobs(
             frames.append(one)
         except Exception as exc:
             one.unpersist()
+            interrupts.stop_if_interrupted()
             outcomes[tid] = TaskOutcome(None, error=_spark_error(exc))
     return outcomes, frames
 

@@ -297,3 +297,37 @@ def test_a_ctrl_c_during_an_extension_import_still_exits_130(tmp_path, where):
     assert proc.stderr == "tidegauge simulate: interrupted\n"
     # the control shows the premise: the same exit code and line, but the interpreter ends by SIGINT
     assert proc.returncode == (130 if where == "uncut" else -signal.SIGINT)
+
+
+def test_a_spark_job_ctrl_c_cancelled_is_not_retried(monkeypatch):
+    """`div validate --engine spark` retries a failed job partition by partition. A job Ctrl-C cancelled fails
+    too, and the KeyboardInterrupt itself may be lost on the way (raised where Python drops it): no retry may
+    start then, since a retry with a slow record validator would run on long after the Ctrl-C."""
+    from pipelines.div import spark as div_spark
+
+    class Frame:
+        def persist(self, *_):
+            return self
+
+        def unpersist(self):
+            pass
+
+    jobs = []
+
+    def job(*args):
+        jobs.append(args)
+        return Frame()
+
+    def cancelled(df):
+        try:
+            _ctrl_c()
+        except KeyboardInterrupt:
+            pass  # lost on the way
+        raise RuntimeError("Job 0 cancelled as part of cancellation of all jobs")
+
+    interrupts.install()
+    monkeypatch.setattr(div_spark, "_job", job)
+    monkeypatch.setattr(div_spark, "_collect", cancelled)
+    with pytest.raises(KeyboardInterrupt):
+        div_spark._run_jobs(None, None, ["task-0", "task-1"], [1, 1], {}, "direct")
+    assert len(jobs) == 1
