@@ -49,6 +49,10 @@ def sim(tmp_path_factory):
     return small_sim(tmp_path_factory.mktemp("interrupt") / "sim", regions=2, partitions=2, records=1500)
 
 
+def _default_sigint() -> None:
+    signal.signal(signal.SIGINT, signal.SIG_DFL)
+
+
 def _interrupt(
     argv: list[str], tmp_path: Path, started, modules: Path | None = None, env: dict | None = None
 ) -> tuple[int, str, str]:
@@ -64,6 +68,9 @@ def _interrupt(
             stdout=subprocess.DEVNULL,
             stderr=stderr,
             start_new_session=True,
+            # a terminal's shell starts its foreground job with Ctrl-C's default disposition, whatever its own
+            # (a background `pytest &` inherits SIGINT ignored, and so would the job, which rightly keeps it so)
+            preexec_fn=_default_sigint,
         )
         try:
             deadline = time.monotonic() + 300
