@@ -15,7 +15,8 @@ injected faults with ground truth, and an archive per region.
     # on Apache Kafka brokers started on loopback (sim.brokers) instead of librdkafka's mock cluster
     run(SimConfig(out="out-real", brokers="real"))
 
-`tidegauge simulate` (and `simulate --live`) is the command-line face of `run`.
+`tidegauge simulate` (and `simulate --live`) is the command-line face of `run`. `sim.truth_at` says, for a finished
+run and a time, the exact cut and every region's exact state there (`RunTruth.load(out).state_at(region, at_ms)`).
 """
 
 from .config import (
@@ -28,15 +29,20 @@ from .config import (
     parse_faults,
 )
 from .runner import SimResult, SimulationError, run
+from .truth_at import KeyState, RunTruth, TruthAt, TruthError
 
 __all__ = [
     "FAULT_KINDS",
     "ConfigError",
+    "KeyState",
     "QuietPeriod",
+    "RunTruth",
     "SimConfig",
     "SimResult",
     "SimulationError",
     "TimedFault",
+    "TruthAt",
+    "TruthError",
     "parse_fault_spec",
     "parse_faults",
     "run",
