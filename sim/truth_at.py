@@ -179,7 +179,7 @@ class RunTruth:
                 eop = run["eop_offsets"].get(str(p))
                 if eop is None:
                     raise TruthError(f"{path}: run.eop_offsets names no End of Push of partition {p}")
-                bulk[r] = {**bulk.get(r, {}), **_read_bulk(codec, directory, vt, p, int(eop))}
+                bulk.setdefault(r, {}).update(_read_bulk(codec, directory, vt, p, int(eop)))
         return cls(truth, offsets, times, writes, bulk)
 
     # -- the cut -----------------------------------------------------------------------------------------------
