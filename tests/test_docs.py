@@ -5,7 +5,8 @@ one machine run as written.
 
 A page marks what runs: `<!-- run: NAME -->` before a shell block (one `tidegauge` command a line, run in this
 process on the test run's Spark session; `touch FILE`), `<!-- file: NAME -->` before a block written to that file
-first, `<!-- example: NAME -->` before Python code, `<!-- dag: NAME -->` before an Airflow DAG. The commands that
+first, `<!-- example: NAME -->` before Python code, `<!-- dag: NAME -->` before an Airflow DAG, `<!-- script: NAME -->`
+and `<!-- cron: NAME -->` before a scheduled script and its crontab line (their command lines are parsed). The commands that
 read a demo's output run on the test run's one demo (conftest.demo_run), symlinked as `tidegauge-demo`.
 """
 
@@ -16,6 +17,7 @@ import contextlib
 import importlib.util
 import io
 import json
+import os
 import re
 import shlex
 import subprocess
@@ -76,7 +78,9 @@ def run_block(page: Path, name: str, replace: dict[str, str] | None = None) -> l
             Path(argv[1]).touch()
             codes.append(None)
         else:
-            pytest.fail(f"{page.name} <!-- run: {name} -->: only tidegauge and touch lines run here: {command}")
+            pytest.fail(
+                f"{page.name} <!-- run: {name} -->: only tidegauge and touch lines run here: {command}"
+            )
     return codes
 
 
@@ -96,10 +100,22 @@ def test_the_site_builds_strict_with_every_page_in_the_navigation(tmp_path):
     import yaml
 
     run = subprocess.run(
-        [sys.executable, "-m", "mkdocs", "build", "--strict", "-f", str(REPO / "mkdocs.yml"), "-d", str(tmp_path)],
+        [
+            sys.executable,
+            "-m",
+            "mkdocs",
+            "build",
+            "--strict",
+            "-f",
+            str(REPO / "mkdocs.yml"),
+            "-d",
+            str(tmp_path),
+        ],
         capture_output=True,
         text=True,
         cwd=REPO,
+        # (Material's notice about MkDocs 2 is not about this site)
+        env={**os.environ, "NO_MKDOCS_2_WARNING": "1"},
     )
     assert run.returncode == 0, run.stdout + run.stderr
     assert "WARNING" not in run.stderr, run.stderr
@@ -196,7 +212,7 @@ def test_the_metrics_page_names_every_series_and_every_alert_rule():
 @pytest.mark.spark
 @pytest.mark.kafka
 @pytest.mark.slow
-def test_the_getting_started_page_runs_the_readme_demo_and_shows_what_it_prints(demo_run):
+def test_the_getting_started_page_and_the_readme_show_what_the_demo_prints(demo_run):
     page = DOCS / "getting-started.md"
     assert marked(page, "run", "demo").strip() == DEMO_COMMAND
     result, lines = demo_run
@@ -209,10 +225,13 @@ def test_the_getting_started_page_runs_the_readme_demo_and_shows_what_it_prints(
         return re.sub(r"\d[\d.,]*", "N", " ".join(line.split()))
 
     printed = {shape(ln) for ln in lines}
-    shown = [ln for ln in marked(page, "output", "demo").splitlines() if ln.strip() and ln.strip() != "..."]
-    assert len(shown) >= 10
-    for line in shown:
-        assert shape(line) in printed, f"getting-started.md shows a line the demo does not print: {line!r}"
+    for shows in (page, REPO / "README.md"):
+        shown = [
+            ln for ln in marked(shows, "output", "demo").splitlines() if ln.strip() and ln.strip() != "..."
+        ]
+        assert len(shown) >= 10
+        for line in shown:
+            assert shape(line) in printed, f"{shows.name} shows a line the demo does not print: {line!r}"
 
 
 @pytest.mark.spark
@@ -226,7 +245,8 @@ def test_the_nightly_guide_and_the_change_capture_commands_run_on_a_demo(demo_ru
     (tmp_path / "nightly-local.yaml").write_text(marked(nightly, "file", "nightly-local.yaml"))
 
     leapfrog, div, lag, report = run_block(nightly, "nightly-local")
-    assert {leapfrog, div, lag, report} <= {0, 1}, (leapfrog, div, lag, report)  # the demo's faults are findings
+    codes = (leapfrog, div, lag, report)
+    assert set(codes) <= {0, 1}, codes  # 1: the demo's faults are findings
     day = tmp_path / "nightly" / "2026-11-29"
     for job in ("leapfrog", "div", "lag"):
         assert (day / job / "summary.json").exists() or (day / job / "lag.json").exists(), job
@@ -277,7 +297,9 @@ def test_the_nightly_dag_and_script_give_tidegauge_command_lines_it_accepts(monk
         "airflow.providers": types.ModuleType("airflow.providers"),
         "airflow.providers.apache": types.ModuleType("airflow.providers.apache"),
         "airflow.providers.apache.spark": types.ModuleType("airflow.providers.apache.spark"),
-        "airflow.providers.apache.spark.operators": types.ModuleType("airflow.providers.apache.spark.operators"),
+        "airflow.providers.apache.spark.operators": types.ModuleType(
+            "airflow.providers.apache.spark.operators"
+        ),
         "airflow.providers.apache.spark.operators.spark_submit": types.ModuleType("spark_submit"),
     }
     stubs["airflow"].DAG = _Dag
@@ -304,8 +326,7 @@ def test_the_nightly_dag_and_script_give_tidegauge_command_lines_it_accepts(monk
         args = parses(argv, f"nightly.md DAG task {task_id}")
         assert args.command_name == {"div_validate": "div validate"}.get(task_id, task_id)
 
-    script = next(b for b in re.findall(r"```sh\n(.*?)```", page.read_text(), flags=re.S) if "nightly.sh" in b)
-    lines = commands(script)
+    lines = commands(marked(page, "script", "nightly.sh"))
     ran = []
     for line in lines:
         line = line.split(";")[0].replace('"$OUT', '"s3://ops-bucket/tidegauge').replace("$DAY", "2026-11-29")
@@ -315,9 +336,9 @@ def test_the_nightly_dag_and_script_give_tidegauge_command_lines_it_accepts(monk
         elif words[0].endswith("/bin/tidegauge"):
             ran.append(parses(words[1:], "nightly.sh").command_name)
     assert ran == ["leapfrog", "div validate", "lag", "report"]
-    cron = next(b for b in re.findall(r"```\n(.*?)```", page.read_text(), flags=re.S) if "nightly.sh" in b)
-    fields = cron.split()
-    assert len(fields) >= 7 and fields[6] == "/opt/tidegauge/nightly.sh"  # five time fields, a user, the script
+    fields = marked(page, "cron", "nightly").split()
+    # five time fields, a user, the script
+    assert len(fields) >= 7 and fields[6] == "/opt/tidegauge/nightly.sh"
 
 
 def _wait_for_window(live: Path, sim: threading.Thread, timeout_s: float = 300.0) -> dict:
@@ -349,10 +370,12 @@ def test_the_repair_guide_runs_as_written(spark, tmp_path, monkeypatch):
     sim = threading.Thread(target=lambda: ended.update(code=main(argv[1:])), daemon=True)
     sim.start()
     info = _wait_for_window(tmp_path / "out" / "repair-sim" / "live.json", sim)
-    assert Path(info["repair_window_done"]) == (tmp_path / "out" / "repair-sim" / "repair-window.done").resolve()
+    done = Path(info["repair_window_done"])
+    assert done == (tmp_path / "out" / "repair-sim" / "repair-window.done").resolve()
     region0 = info["regions"][0]["uri"].removeprefix("kafka://")
     codes = run_block(page, "repair-loop", {"127.0.0.1:41867": region0})
-    assert codes == [1, 0, 0, 0, None], codes  # divergences found; planned, printed, applied; the window closed
+    # divergences found; planned, printed, applied; the window closed
+    assert codes == [1, 0, 0, 0, None], codes
     sim.join(300)
     assert not sim.is_alive() and ended["code"] == 0
     *_, verify = run_block(page, "repair-verify")
@@ -368,8 +391,13 @@ def test_the_heartbeat_leader_example_runs_and_prints_what_the_page_says():
     namespace: dict = {"__name__": "docs_example"}
     out = io.StringIO()
     with contextlib.redirect_stdout(out):
-        exec(compile(marked(page, "example", "leader-loop"), "heartbeat-library.md:leader-loop", "exec"), namespace)
-        exec(compile(marked(page, "example", "leader-loop-run"), "heartbeat-library.md:run", "exec"), namespace)
+        exec(
+            compile(marked(page, "example", "leader-loop"), "heartbeat-library.md:leader-loop", "exec"),
+            namespace,
+        )
+        exec(
+            compile(marked(page, "example", "leader-loop-run"), "heartbeat-library.md:run", "exec"), namespace
+        )
     lines = out.getvalue().splitlines()
     assert lines[0] == "leader of region 0 processed RT offsets [52, 52]"
     heartbeats = [

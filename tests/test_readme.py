@@ -47,8 +47,13 @@ def test_the_readme_is_short_and_every_link_leads_into_the_site():
         assert (REPO / link).is_file(), f"README links to {link}, which does not exist"
         assert link.startswith("docs/") and link.endswith(".md"), link  # a page of the site
     # what a new user looks for first: the demo explained, the nightly job, secured clusters, the watch
-    for page in ("docs/getting-started.md", "docs/guides/nightly.md", "docs/security.md", "docs/guides/watch.md"):
-        assert page in local, page
+    first_pages = {
+        "docs/getting-started.md",
+        "docs/guides/nightly.md",
+        "docs/security.md",
+        "docs/guides/watch.md",
+    }
+    assert first_pages <= set(local), first_pages - set(local)
     # the README names the question each command answers; every command has its own line in the table
     from pipelines.cli import build_parser
 
