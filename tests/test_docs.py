@@ -5,9 +5,11 @@ one machine run as written.
 
 A page marks what runs: `<!-- run: NAME -->` before a shell block (one `tidegauge` command a line, run in this
 process on the test run's Spark session; `touch FILE`), `<!-- file: NAME -->` before a block written to that file
-first, `<!-- example: NAME -->` before Python code, `<!-- dag: NAME -->` before an Airflow DAG, `<!-- script: NAME -->`
-and `<!-- cron: NAME -->` before a scheduled script and its crontab line (their command lines are parsed). The commands that
-read a demo's output run on the test run's one demo (conftest.demo_run), symlinked as `tidegauge-demo`.
+first, `<!-- install: demo -->` before the README's demo command, `<!-- output: demo -->` before lines the demo
+prints, `<!-- example: NAME -->` before Python code, `<!-- dag: NAME -->` before an Airflow DAG, `<!-- script:
+NAME -->` and `<!-- cron: NAME -->` before a scheduled script and its crontab line (their command lines are
+parsed). The commands that read a demo's output run on the test run's one demo (conftest.demo_run), symlinked as
+`tidegauge-demo`.
 """
 
 from __future__ import annotations
@@ -214,13 +216,14 @@ def test_the_metrics_page_names_every_series_and_every_alert_rule():
 @pytest.mark.slow
 def test_the_getting_started_page_and_the_readme_show_what_the_demo_prints(demo_run):
     page = DOCS / "getting-started.md"
-    assert marked(page, "run", "demo").strip() == DEMO_COMMAND
+    assert marked(page, "install", "demo").strip() == DEMO_COMMAND
     result, lines = demo_run
 
     def shape(line: str) -> str:  # figures, timings and paths vary from run to run
         line = line.replace(result.out.as_uri(), "URI").replace(str(result.out), "OUT")
         line = re.sub(r"file:///\S*tidegauge-demo", "URI", line)
         line = re.sub(r"/\S*tidegauge-demo", "OUT", line)
+        line = re.sub(r"local\[[^]]*\]", "local[N]", line)  # the tests' session is local[2]
         line = re.sub(r"(\d[\d.,]*\s*(ms|s|min|h)\b[\s,]*)+", "T ", line)
         return re.sub(r"\d[\d.,]*", "N", " ".join(line.split()))
 
