@@ -344,6 +344,41 @@ def test_the_nightly_dag_and_script_give_tidegauge_command_lines_it_accepts(monk
     assert len(fields) >= 7 and fields[6] == "/opt/tidegauge/nightly.sh"
 
 
+def test_every_tidegauge_command_line_on_the_site_parses():
+    """The command lines the pages only show (a cluster's, a long-running watch's, a Prometheus setup's) are parsed
+    by tidegauge's own parser, so a renamed flag cannot linger in a page; `FLAGS` stands for the simulator's printed
+    sources and `...` for flags left out."""
+    sample = (
+        "--source 0=kafka://127.0.0.1:9092 --source 1=kafka://127.0.0.1:9093 --store sim_store --version 1"
+    )
+    parsed = 0
+    for page in sorted(DOCS.rglob("*.md")):
+        for block in re.findall(r"```(?:sh|bash)\n(.*?)```", page.read_text(), flags=re.S):
+            for command in commands(block):
+                command = command.replace(" FLAGS ", f" {sample} ")
+                if "..." in command or '"$@"' in command:
+                    continue
+                try:
+                    words = shlex.split(command, comments=True)
+                except ValueError:  # not a command line of ours (a `python -c` spanning lines)
+                    continue
+                for i, word in enumerate(words):  # `cmd; next` ends at the semicolon
+                    if word.endswith(";"):
+                        words = [*words[:i], word[:-1]]
+                        break
+                launcher = [i for i, w in enumerate(words) if w.endswith("submit.py") or w == "$TG_SUBMIT"]
+                launcher += [i for i, w in enumerate(words) if "pipelines.submit --path" in w]
+                if words and words[0].endswith("tidegauge"):
+                    argv = words[1:]
+                elif launcher:
+                    argv = words[launcher[0] + 1 :]
+                else:
+                    continue
+                parses(argv, str(page.relative_to(REPO)))
+                parsed += 1
+    assert parsed >= 25
+
+
 def _wait_for_window(live: Path, sim: threading.Thread, timeout_s: float = 300.0) -> dict:
     start = time.monotonic()
     while time.monotonic() - start < timeout_s:
