@@ -1,7 +1,8 @@
 """Benchmark: what real Apache Kafka brokers on loopback cost the tests, `simulate --brokers real` and the demo.
 
-Every real-Kafka test and run starts `sim.brokers.KafkaCluster`s; the README quotes their start times, and the
-tests' budget depends on them. This measures, `--repeat` times each (default 3), on a cluster started afresh:
+Every real-Kafka test and run starts `sim.brokers.KafkaCluster`s; docs/guides/real-kafka.md quotes their start
+times, and the tests' budget depends on them. This measures, `--repeat` times each (default 3), on a cluster
+started afresh:
 
 - a 1-node and a 3-node cluster's start, from the constructor to every broker registered (`start_s`), split into
   its phases: `prepare` (ports, server.properties), `format` (a `kafka.tools.StorageTool` JVM per node, at once)

@@ -68,7 +68,7 @@ MEMORY_FLAT = 1.25  # our reading of "flat": the peak at the larger size at most
 
 # -- workloads -------------------------------------------------------------------------------------------------
 def _label(n: int) -> str:
-    """500000 -> 500k, 1000000 -> 1M (no dots: the README table addresses figures by dotted paths)."""
+    """500000 -> 500k, 1000000 -> 1M (no dots: the benchmark table addresses figures by dotted paths)."""
     if n % 1_000_000 == 0:
         return f"{n // 1_000_000}M"
     if n % 1000 == 0:

@@ -36,6 +36,19 @@ def spark():
 
 
 @pytest.fixture(scope="session")
+def demo_run(spark, tmp_path_factory):
+    """One `tidegauge demo` (seed 1, its default size) for the test run: (DemoResult, the lines it printed). The
+    demo's own test checks it; the documentation's tests run their pages' commands on its output. Nobody writes
+    into it: a test that needs to, copies it."""
+    from pipelines.demo.job import DemoOptions, run_demo
+
+    lines: list[str] = []
+    out = tmp_path_factory.mktemp("demo") / "tidegauge-demo"
+    result = run_demo(DemoOptions(out=str(out), seed=1), emit=lines.append, spark=spark)
+    return result, lines
+
+
+@pytest.fixture(scope="session")
 def embedded_kafka():
     """One librdkafka mock cluster (1 broker) for the test run; tests create their own uniquely named topics.
 

@@ -185,9 +185,8 @@ KNOWN_MISMATCHES: dict[str, str] = {}
 @pytest.mark.spark
 @pytest.mark.kafka
 @pytest.mark.slow
-def test_demo_finds_every_injected_fault_and_nothing_else(spark, tmp_path):
-    lines: list[str] = []
-    result = run_demo(DemoOptions(out=str(tmp_path / "demo"), seed=1), emit=lines.append, spark=spark)
+def test_demo_finds_every_injected_fault_and_nothing_else(demo_run):
+    result, lines = demo_run  # the test run's one demo (conftest.py), also read by tests/test_docs.py
     text = "\n".join(lines)
     assert [s.name for s in result.steps] == [
         "simulate",
