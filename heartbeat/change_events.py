@@ -158,6 +158,7 @@ class PartitionChanges:
         self._eop: int | None = (
             state.position - 1 if state.log_id is None and state.phase is Phase.ONLINE else None
         )
+        self._eop_producer: bytes | None = None  # End of Push's producer (the push job): not the region's
         self.problems: list[Problem] = []
         self.already_read = 0  # records before the state's position (a re-read range): skipped
         self._chunks: dict[bytes, bytes] = dict(
@@ -201,7 +202,7 @@ class PartitionChanges:
                 self.already_read += 1
                 continue
             kind = rec.kind
-            if self._eop is not None and offset > self._eop:
+            if self._eop is not None and offset > self._eop and _producer(rec) != self._eop_producer:
                 self.log_id, self._eop = LogId(offset, log_digest(rec.key, rec.value)), None
             if (kind is _PUT or kind is _DELETE) and not self.chunked:
                 # the common record, read here rather than through `item` (the same reading: footer_source),
@@ -215,7 +216,7 @@ class PartitionChanges:
                 elif kind is _VERSION_SWAP:
                     self.ended = True
                 elif kind is _END_OF_PUSH and self.log_id is None:
-                    self._eop = offset
+                    self._eop, self._eop_producer = offset, _producer(rec)
                 elif kind is _CHUNK:
                     if self._held is None:
                         self._held = replace(
@@ -310,6 +311,7 @@ class CutSeeker:
         self.log_id: LogId | None = None
         self.records = 0  # records folded over
         self._eop: int | None = None
+        self._eop_producer: bytes | None = None
         self._held: list[pa.RecordBatch] = []  # batches from the first part waiting for its change
 
     @property
@@ -337,12 +339,12 @@ class CutSeeker:
                 if offset < self.fold.position:
                     continue
                 kind = rec.kind
-                if self._eop is not None and offset > self._eop:
+                if self._eop is not None and offset > self._eop and _producer(rec) != self._eop_producer:
                     self.log_id, self._eop = LogId(offset, log_digest(rec.key, rec.value)), None
                 if kind is _START_OF_PUSH:
                     self.chunked = bool(E.control_body(rec.env).get("chunked"))
                 elif kind is _END_OF_PUSH and self.log_id is None:
-                    self._eop = offset
+                    self._eop, self._eop_producer = offset, _producer(rec)
                 elif kind is _VERSION_SWAP:
                     self.ended = True
                 self.records += 1
@@ -354,6 +356,11 @@ class CutSeeker:
             first_waiting = self.fold.state().position
             self._held = [h for h in self._held if _last_offset(h) >= first_waiting]
         return []
+
+
+def _producer(rec) -> bytes | None:
+    """The GUID of the producer that wrote a record (None: undecodable)."""
+    return rec.env["producerMetadata"]["producerGUID"] if rec.env is not None else None
 
 
 def _last_offset(batch: pa.RecordBatch) -> int:

@@ -175,13 +175,17 @@ def item(record: Record, *, chunked: bool = False, kind: Kind | None = None) -> 
 
 class LogId(NamedTuple):
     """Which version topic partition a state was written for: the VT offset of the partition's first record after
-    End of Push and 8 bytes of the SHA-256 of that record's key and value (`log_digest`).
+    End of Push that another producer than End of Push's wrote, and 8 bytes of the SHA-256 of that record's key
+    and value (`log_digest`).
 
-    Why this record: it is the first one a region's own leader writes (the bulk load before it, and End of Push,
-    can be byte-identical in every region; everything after it carries the region's leader producer, its times
-    and its interleaving of the RTs), it is known the moment a reader passes End of Push, and it stays at its
-    offset when the log moves (an archive copied, archived from Kafka, read back). One fetch of one record
-    checks it. Where it is gone (retention, compaction) the identity cannot be checked, and the reader says so."""
+    Why this record: it is the first one a region's own leader (or controller) writes. The bulk load, End of Push
+    and the push job's records after it (its EndOfSegment) can be byte-identical in every region; the leader's
+    first record carries its own producer GUID and times (in Venice and in the simulator, its StartOfSegment: a
+    control message, whose unique key compaction never removes). It is known soon after a reader passes End of
+    Push, and it stays at its offset with its bytes when the log moves (an archive copied, archived from Kafka,
+    read back). One fetch of one record checks it. Where it is gone (retention) the identity cannot be checked,
+    and the reader says so. A state that had none (format 1, or saved before that record) takes the first record
+    the next run reads instead: any record of the log, kept with its offset, names the log."""
 
     offset: int
     digest: bytes

@@ -457,12 +457,15 @@ def test_a_partition_that_cannot_be_read_delivers_nothing_keeps_its_state_and_is
     assert got == by_partition(one_pass(sim.archive, sim.topic, N_REGIONS))
 
 
-def test_one_out_for_every_run_is_replaced_by_each_and_other_commands_state_is_refused(sim, tmp_path, capsys):
+def test_one_out_for_every_run_is_replaced_once_read_and_other_commands_state_is_refused(
+    sim, tmp_path, capsys
+):
     out, state = tmp_path / "out", tmp_path / "state"
     argv = ["--store", sim.store, "--version", 1, "--source", sim.archive, "--state", state, "--out", out]
     assert changes(*argv) == 0
     first = summary(out)["state"]
-    assert changes(*argv) == 0  # the same --out again: the earlier output of `changes` is replaced
+    (out / "read.json").write_text(json.dumps({"run": summary(out)["run"]}))  # the consumer read it
+    assert changes(*argv) == 0  # the same --out again: the earlier output of `changes`, read, is replaced
     assert summary(out)["state"]["from"] == first["to"] and rows(out).num_rows == 0
     lf = tmp_path / "lf-state"
     lf.mkdir()
