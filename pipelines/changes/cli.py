@@ -53,10 +53,8 @@ EPILOG = textwrap.dedent("""\
         tidegauge changes --store s --version 3 --source kafka://broker:9092 --conf conf/tidegauge.yaml \\
             --state state/changes-s --out out/changes/run-$EPOCHSECONDS
       a cache restored from a snapshot at a cut: the changes after it, then on from --state as usual
-        tidegauge changes --store s --version 3 --source 1=kafka://broker:9092 --conf conf/tidegauge.yaml \
+        tidegauge changes --store s --version 3 --source 1=kafka://broker:9092 --conf conf/tidegauge.yaml \\
             --from-cut out/cut/cut.json --state state/cache-1 --out out/changes/run-$EPOCHSECONDS
-      one --out for every run: mark it read (the summary's "run") before the next run
-        echo '{"run": "'$(jq -r .run out/changes/summary.json)'"}' > out/changes/read.json
       the store swapped to version 4 (the state is of version 3): the same --state, --version 4
         tidegauge changes --store s --version 4 --source kafka://broker:9092 --conf conf/tidegauge.yaml \\
             --state state/changes-s --out out/changes/run-$EPOCHSECONDS
@@ -84,13 +82,15 @@ def register(sub) -> None:
         "--source",
         metavar="LOC",
         help="the region whose VT the client reads: its archive directory (Parquet, Spark Kafka schema) or "
-        "kafka://host:port[,host:port] (ID=LOC is accepted too). Default: the only entry of `sources:` in --conf",
+        "kafka://host:port[,host:port]; ID=LOC names its region (the state records it and refuses another region's "
+        "VT; without ID the source is no region's). Default: the only entry of `sources:` in --conf",
     )
     p.add_argument(
         "--out",
         required=True,
         metavar="DIR",
-        help="output directory or URI (published whole): changes/ Parquet and summary.json",
+        help="output directory or URI (published whole): changes/ Parquet and summary.json. An earlier run's "
+        "output there is replaced only once read (DIR/read.json naming its summary's run), else refused",
     )
     p.add_argument(
         "--state",

@@ -106,6 +106,8 @@ def test_one_run_delivers_the_rule_s_rows_in_vt_order_and_each_coordinate_once(s
         "from": "fresh",
         "to": s["state"]["to"],
         "recovered": None,
+        "region": None,
+        "log_identity": {"checked": [], "unchecked": []},
     }
     assert s["store_regions"] == {"count": N_REGIONS, "learned_from": "heartbeats"}
     assert [p["partition"] for p in s["partitions"]] == [0, 1]
