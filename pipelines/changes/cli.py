@@ -173,7 +173,7 @@ def run_changes(args: argparse.Namespace) -> int:
     opts = ChangesOptions(
         store=str(store),
         version=int(version),
-        source=SourceSpec(region if region is not None else 0, str(loc)),
+        source=SourceSpec(region if region is not None else -1, str(loc)),  # -1: no region said
         out=args.out,
         state_dir=absolute(args.state) if args.state else None,
         kafka_conf=cfg.kafka_conf(conf, region if region is not None else -1),
