@@ -13,6 +13,7 @@ import zlib
 from pathlib import Path
 
 import pyarrow as pa
+import pytest
 from change_oracle import one_pass
 from test_changes_cli import by_partition, changes, rows, summary, vt_tables, write_vt
 
@@ -88,6 +89,8 @@ def test_from_a_cut_exactly_the_changes_above_it_are_delivered_and_the_state_res
     assert by_partition(rows(tmp_path / "o3")) == expected
 
 
+@pytest.mark.spark
+@pytest.mark.slow
 def test_from_a_cut_the_spark_engine_gives_the_local_engine_s_rows(sim, tmp_path, spark):
     cut, rt = _cut(sim, tmp_path)
     argv = [*_base(sim, sim.archive), "--from-cut", cut, "--engine", "spark", "--out", tmp_path / "o"]
