@@ -28,8 +28,9 @@ header codecs directly; `LagMonitor` turns a VT into per-region time and offset 
 Modules: `records` (heartbeat records, byte-exact with Venice), `watermarks` (the
 acknowledged watermark tracker, pure logic), `leader` (HeartbeatLeader), `lag` (LagMonitor), `metrics`
 (LeaderMetrics: a leader's `stats` for Prometheus; imported on its own, by a leader process that serves them),
-`changes` (the change-capture rule: which VT records a client must see, each change once; pure, imported on its
-own by the readers that drive it), `change_events` (records → the events a client applies) and `change_reader`
+`changes` (the change-capture rule: which VT records a client must see, each change once, and where a reader
+resuming at a consistent cut starts, `from_cut`; pure, imported on its own by the readers that drive it), `cuts`
+(consistent cuts: one upstream time tied to a position in every topic), `change_events` (records → the events a client applies) and `change_reader`
 (`ChangeReader`: a client's change capture from a region's VT on Kafka, each change once, resumable from `state()`).
 The hbw/hbd header codecs live in `div.heartbeat_headers` (DIV restore reads them too) and are re-exported here.
 """

@@ -28,13 +28,26 @@ from functools import partial
 from typing import NamedTuple
 
 import pyarrow as pa
+import pyarrow.compute as pc
 
 from div import envelope as E
 from div import keys
 from div.avro_bits import read_long
 from div.records import Kind, footer_source, iter_records, manifest_chunk_keys
 
-from .changes import DELIVERED, ChangeFilter, Item, PartitionState, Role, Verdict, item
+from .changes import (
+    DELIVERED,
+    ChangeFilter,
+    CutStart,
+    Item,
+    LogId,
+    PartitionState,
+    Phase,
+    Role,
+    Verdict,
+    item,
+    log_digest,
+)
 
 CHANGES_SCHEMA = pa.schema(
     [
@@ -70,12 +83,13 @@ class ChangeEvent(NamedTuple):
 
 
 # the per-record loop's constants, as module globals (an Enum member lookup costs several times a global's)
-_PUT, _DELETE, _MANIFEST, _CHUNK, _START_OF_PUSH = (
+_PUT, _DELETE, _MANIFEST, _CHUNK, _START_OF_PUSH, _END_OF_PUSH = (
     Kind.PUT,
     Kind.DELETE,
     Kind.MANIFEST,
     Kind.CHUNK,
     Kind.START_OF_PUSH,
+    Kind.END_OF_PUSH,
 )
 _CHANGE, _NEW = int(Role.CHANGE), Verdict.NEW
 _VERSION_SWAP = Kind.VERSION_SWAP
@@ -138,6 +152,13 @@ class PartitionChanges:
         self.chunked = state.chunked
         self.ended = state.ended  # the version's VersionSwap has been read: its end
         self.push_started = False  # this stream read the version's StartOfPush (so `chunked` is known)
+        # the VT this stream reads (`LogId`): learnt from the first record after End of Push, or, for a state
+        # online without one (written before format 2, or right at End of Push), from the first record read
+        self.log_id = state.log_id
+        self._eop: int | None = (
+            state.position - 1 if state.log_id is None and state.phase is Phase.ONLINE else None
+        )
+        self._eop_producer: bytes | None = None  # End of Push's producer (the push job): not the region's
         self.problems: list[Problem] = []
         self.already_read = 0  # records before the state's position (a re-read range): skipped
         self._chunks: dict[bytes, bytes] = dict(
@@ -165,7 +186,7 @@ class PartitionChanges:
         twice keeps `state(hold=False)` and `waiting_chunks` instead."""
         if hold and self._held is not None:
             return self._held
-        return replace(self.filter.state(), chunked=self.chunked, ended=self.ended)
+        return replace(self.filter.state(), chunked=self.chunked, ended=self.ended, log_id=self.log_id)
 
     def feed(self, batch: pa.RecordBatch | pa.Table) -> list[ChangeEvent]:
         return list(self.iter_events(batch))
@@ -181,6 +202,8 @@ class PartitionChanges:
                 self.already_read += 1
                 continue
             kind = rec.kind
+            if self._eop is not None and offset > self._eop and _producer(rec) != self._eop_producer:
+                self.log_id, self._eop = LogId(offset, log_digest(rec.key, rec.value)), None
             if (kind is _PUT or kind is _DELETE) and not self.chunked:
                 # the common record, read here rather than through `item` (the same reading: footer_source),
                 # because this loop runs once per record
@@ -192,9 +215,13 @@ class PartitionChanges:
                     self.push_started = True
                 elif kind is _VERSION_SWAP:
                     self.ended = True
+                elif kind is _END_OF_PUSH and self.log_id is None:
+                    self._eop, self._eop_producer = offset, _producer(rec)
                 elif kind is _CHUNK:
                     if self._held is None:
-                        self._held = replace(f.state(), chunked=self.chunked, ended=self.ended)
+                        self._held = replace(
+                            f.state(), chunked=self.chunked, ended=self.ended, log_id=self.log_id
+                        )
                     self._chunks[rec.key[1:]] = rec.env["payloadUnion"][1]["putValue"]
                 it = item(rec, chunked=self.chunked, kind=kind)
             verdict = step(it)
@@ -263,3 +290,83 @@ class PartitionChanges:
                 schema_id,
             )
         )
+
+
+class CutSeeker:
+    """Where a reader resuming at a consistent cut starts in one VT partition (`heartbeat.changes.from_cut`'s fold),
+    over archive-schema batches as they come. `feed` it the partition's batches from the version's first record;
+    once `found`, `feed` has returned the records from the start on (the batch it found it in, and earlier ones
+    when chunks waiting for their change lie before it) and `state()` is the state to read them with
+    (`PartitionChanges(partition, seeker.state())`). Before that, `state()` is a state to resume the seek from.
+    Nothing is delivered while seeking: the records folded over hold no change above the cut."""
+
+    def __init__(
+        self, partition: int, cut: tuple[int, ...], n_regions: int, codec: E.EnvelopeCodec | None = None
+    ):
+        self.partition = partition
+        self.codec = codec or E.EnvelopeCodec()
+        self.fold = CutStart(cut, n_regions)
+        self.chunked = False
+        self.ended = False
+        self.log_id: LogId | None = None
+        self.records = 0  # records folded over
+        self._eop: int | None = None
+        self._eop_producer: bytes | None = None
+        self._held: list[pa.RecordBatch] = []  # batches from the first part waiting for its change
+
+    @property
+    def found(self) -> bool:
+        return self.fold.found
+
+    @property
+    def counts(self) -> dict[Verdict, int]:
+        return self.fold.counts
+
+    def state(self) -> PartitionState:
+        return replace(self.fold.state(), chunked=self.chunked, ended=self.ended, log_id=self.log_id)
+
+    def feed(self, batch: pa.RecordBatch | pa.Table) -> list[pa.RecordBatch]:
+        """Fold `batch`; [] while the start is not found, else the records from the start on (then stop feeding:
+        they and every later record are the reader's)."""
+        if self.found:
+            raise ValueError("the start is found already: read on with PartitionChanges(state())")
+        batches = batch.to_batches() if isinstance(batch, pa.Table) else [batch]
+        for b in batches:
+            if b.num_rows == 0:
+                continue
+            for rec in iter_records(b, self.codec):
+                offset = rec.offset
+                if offset < self.fold.position:
+                    continue
+                kind = rec.kind
+                if self._eop is not None and offset > self._eop and _producer(rec) != self._eop_producer:
+                    self.log_id, self._eop = LogId(offset, log_digest(rec.key, rec.value)), None
+                if kind is _START_OF_PUSH:
+                    self.chunked = bool(E.control_body(rec.env).get("chunked"))
+                elif kind is _END_OF_PUSH and self.log_id is None:
+                    self._eop, self._eop_producer = offset, _producer(rec)
+                elif kind is _VERSION_SWAP:
+                    self.ended = True
+                self.records += 1
+                if self.fold.step(item(rec, chunked=self.chunked, kind=kind)):
+                    self.records -= 1
+                    start = self.fold.state().position
+                    return [r for r in (_from(h, start) for h in [*self._held, b]) if r.num_rows]
+            self._held.append(b)
+            first_waiting = self.fold.state().position
+            self._held = [h for h in self._held if _last_offset(h) >= first_waiting]
+        return []
+
+
+def _producer(rec) -> bytes | None:
+    """The GUID of the producer that wrote a record (None: undecodable)."""
+    return rec.env["producerMetadata"]["producerGUID"] if rec.env is not None else None
+
+
+def _last_offset(batch: pa.RecordBatch) -> int:
+    return int(batch.column("offset")[-1].as_py())
+
+
+def _from(batch: pa.RecordBatch, start: int) -> pa.RecordBatch:
+    """The rows of `batch` at VT offset `start` or later."""
+    return batch.filter(pc.greater_equal(batch.column("offset"), start))

@@ -28,6 +28,23 @@ exactly the changes it has *applied*, not the records the consumer has fetched.
   librdkafka untouched, never logged nor put in an error message.
 - A record that cannot become an event (undecodable, no coordinate, an Update, a chunked value with chunks missing)
   is never delivered and never an exception: it is a `Problem` in `stats().problems`, logged once.
+- **Resuming at a time** (`cut=`): a service whose store was restored from a snapshot at time T (or that lost
+  everything after T) passes the cut of T (`heartbeat.cuts.Cut`, e.g. `Cut.from_json` of `tidegauge cut`'s
+  cut.json) instead of a state, and gets exactly the changes above the cut, each once, no bulk load:
+
+      cut = Cut.from_json(open("cut.json").read())
+      with ChangeReader("store", 3, config, cut=cut, region=1) as reader:   # region 1's cluster
+          for change in reader.events(to_end=True):
+              apply(change)
+              store(reader.state())                                       # resumes as usual from here
+
+  Each partition is read from the version's start and the records up to where the first change above the cut
+  may lie are folded without delivering anything (`heartbeat.changes.from_cut`, the rule every reader shares);
+  a state stored meanwhile resumes that fold. No Spark, no archive: only the region's cluster.
+- **A state belongs to one region's VT.** It records the VT it was read from (per partition the first record after
+  End of Push, `heartbeat.changes.LogId`) and, with `region=`, the region: resuming with another region's cluster
+  (positions and W differ between regions) raises ChangeReaderError naming both before anything is delivered. A
+  state written before format 2 has no identity: it resumes unchecked and records the log it resumes with.
 
 Not thread-safe: one reader per thread. Internally it consumes in batches, feeds each partition's
 `PartitionChanges`, and keeps with each buffered event the partition's state right after that event's record, so
@@ -54,8 +71,9 @@ from div.kafka_log import (
     split_messages,
 )
 
-from .change_events import ChangeEvent, PartitionChanges, Problem
-from .changes import ChangeState, PartitionState, Verdict
+from .change_events import ChangeEvent, CutSeeker, PartitionChanges, Problem
+from .changes import ChangeState, PartitionState, Verdict, cut_marks, cut_state, log_digest
+from .cuts import Cut
 
 log = logging.getLogger("tidegauge.heartbeat.changes")
 
@@ -139,11 +157,28 @@ def initial_state(
     state: bytes | ChangeState | None,
     n_regions: int | None,
     unended_ok: bool = False,
+    cut: Cut | None = None,
 ) -> ChangeState:
     """The state a reader of `store` version `version` starts from: fresh (needs `n_regions`), resumed (a state of
     `version`) or followed from the version before (a state of `version - 1`: a version swap, refused with
-    UnendedVersionError unless the state has read that version's end, or `unended_ok`). Raises ValueError
-    (StateError for damaged bytes) naming both sides of a mismatch."""
+    UnendedVersionError unless the state has read that version's end, or `unended_ok`), or at a consistent cut
+    (`cut`, of this store and version: every partition it names at `heartbeat.changes.cut_state`). Raises
+    ValueError (StateError for damaged bytes) naming both sides of a mismatch."""
+    if cut is not None:
+        if state is not None:
+            raise ValueError(
+                "a reader starts from a state or from a cut, not both (a state resumes on its own)"
+            )
+        if (cut.store, cut.version) != (store, version):
+            raise ValueError(
+                f"the cut is of store {cut.store!r} version {cut.version}, not of store {store!r} version {version}"
+            )
+        n = int(n_regions) if n_regions is not None else cut.n_regions
+        if n < 1:
+            raise ValueError("the cut names no region: give n_regions")
+        return ChangeState(
+            store, version, n, {p: cut_state(cut_marks(cut.vector(p), n), n) for p in cut.partitions}
+        )
     if state is None:
         if n_regions is None:
             raise ValueError(
@@ -190,6 +225,8 @@ class ChangeReader:
         batch_size: int = 1000,
         timeout_s: float = 10.0,
         unended_ok: bool = False,
+        cut: Cut | None = None,
+        region: int | None = None,
     ) -> None:
         if not store:
             raise ValueError("store must be a store name")
@@ -202,7 +239,16 @@ class ChangeReader:
             raise ValueError("config must hold the region cluster's bootstrap.servers")
         self.store = store
         self.version = int(version)
-        self._base = initial_state(store, self.version, state, n_regions, unended_ok)
+        self._base = initial_state(store, self.version, state, n_regions, unended_ok, cut)
+        if region is not None:
+            if self._base.region is not None and self._base.region != int(region):
+                raise ValueError(
+                    f"the state was written for region {self._base.region}'s version topic, not region {region}'s: "
+                    "a state belongs to one region's VT"
+                )
+            self._base = self._base.with_region(int(region))
+        self._cut = None if cut is None else {p: ps.marks for p, ps in self._base.partitions.items()}
+        self._seekers: dict[int, CutSeeker] = {}
         self.n_regions = self._base.n_regions
         self.cluster = bootstrap_of(str(bootstrap))
         self._wanted = None if partitions is None else sorted({int(p) for p in partitions})
@@ -282,7 +328,14 @@ class ChangeReader:
             raise ChangeReaderError(
                 f"{self._where(topic)} has no partition {missing} (it has {len(available)} partitions)"
             )
+        if self._cut is not None:
+            uncut = sorted(set(wanted) - set(self._cut))
+            if uncut:
+                raise ChangeReaderError(
+                    f"{self._where(topic)}: the cut has no partition {uncut} (it has {sorted(self._cut)})"
+                )
         starts = {p: base.partition(p) for p in wanted}
+        self._check_log(topic, starts)
         gaps: list[Problem] = []
         for p, ps in starts.items():
             try:
@@ -314,6 +367,11 @@ class ChangeReader:
         self.version = base.version
         self._base = base
         self._streams = {p: PartitionChanges(p, ps, self._codec) for p, ps in starts.items()}
+        self._seekers = (
+            {}
+            if self._cut is None
+            else {p: CutSeeker(p, self._cut[p], self.n_regions, self._codec) for p in starts}
+        )
         for g in gaps:
             self._streams[g.partition].problems.append(g)
         self._committed = dict(starts)
@@ -322,6 +380,47 @@ class ChangeReader:
         self._logged = dict.fromkeys(starts, 0)
         self._buffer.clear()
         self._log_problems()
+
+    def _check_log(self, topic: str, starts: Mapping[int, PartitionState]) -> None:
+        """Refuse a state written for another VT: each partition's `LogId` record must be in this topic, unchanged
+        (one record fetched per partition). A record no longer there (retention, compaction) cannot be checked:
+        logged, and the reader goes on."""
+        want = {p: ps.log_id for p, ps in starts.items() if ps.log_id is not None}
+        if not want:
+            return
+        c = self._consumer
+        c.assign([TopicPartition(topic, p, lid.offset) for p, lid in want.items()])
+        found: dict[int, bytes | None] = {}
+        deadline = time.monotonic() + self._timeout_s
+        try:
+            while len(found) < len(want) and time.monotonic() < deadline:
+                for m in c.consume(len(want), 0.2):
+                    p = m.partition()
+                    if p not in want or p in found or m.topic() != topic:
+                        continue
+                    if m.error() is None:
+                        found[p] = log_digest(m.key(), m.value()) if m.offset() == want[p].offset else None
+                    elif m.error().code() == KafkaError._PARTITION_EOF:
+                        found[p] = None
+        finally:
+            c.unassign()
+        for p, lid in want.items():
+            got = found.get(p)
+            if got is None:
+                log.warning(
+                    "%s, partition %d: the state's log identity (the record at offset %d) cannot be checked: it is "
+                    "not there (retention, compaction)",
+                    self._where(topic),
+                    p,
+                    lid.offset,
+                )
+            elif got != lid.digest:
+                said = f"region {self._base.region}'s" if self._base.region is not None else "another"
+                raise ChangeReaderError(
+                    f"{self._where(topic)}, partition {p}: the state was written for {said} version topic (its "
+                    f"record at offset {lid.offset} was {lid.digest.hex()}, this topic holds {got.hex()} there): "
+                    "a state belongs to one region's VT; give that region's cluster"
+                )
 
     def _check_open(self) -> None:
         if self._consumer is None:
@@ -354,10 +453,20 @@ class ChangeReader:
             elif m.error().code() == KafkaError._PARTITION_EOF:
                 self._at_end[p] = True
         for p, part in by_partition.items():
+            batches = [messages_to_batch(part)]
+            seeker = self._seekers.get(p)
+            if seeker is not None:  # from a cut: fold until the first change above it may come
+                batches = seeker.feed(batches[0])
+                if not seeker.found:
+                    self._committed[p] = seeker.state()
+                    continue
+                del self._seekers[p]
+                self._streams[p] = PartitionChanges(p, seeker.state(), self._codec)
             stream = self._streams[p]
-            for event in stream.iter_events(messages_to_batch(part)):
-                self._buffer.append((event, stream.state()))
-                self._pending[p] += 1
+            for batch in batches:
+                for event in stream.iter_events(batch):
+                    self._buffer.append((event, stream.state()))
+                    self._pending[p] += 1
             if not self._pending[p]:
                 self._committed[p] = stream.state()
         self._log_problems()
@@ -450,7 +559,15 @@ class ChangeReader:
             check_ended(current, version)
         followed = current.follow(version)
         retiring = self._streams
-        self._assign(followed)  # raises before changing anything
+        cut, self._cut = (
+            self._cut,
+            None,
+        )  # a followed version is read from the state's marks, not from the cut
+        try:
+            self._assign(followed)  # raises before changing anything
+        except BaseException:
+            self._cut = cut
+            raise
         for stream in retiring.values():
             for v, n in stream.counts.items():
                 self._retired_counts[v] = self._retired_counts.get(v, 0) + n

@@ -31,16 +31,38 @@ Entry points (pure: no Kafka, no Spark, no I/O):
   bytes (`ChangeState.to_bytes` / `from_bytes`, a strict decoder raising `StateError`).
 - `follow` / `swap_start`: reading version N+1 with the state of version N; `restore`: the state at a VT position
   when only the position was kept.
+- `from_cut` (and `CutStart`, the same fold fed one record at a time): the state a reader starts from at a
+  consistent cut C (`heartbeat.cuts`): only the changes above the cut, each once, no bulk load, W = C.
+- `LogId`: which version topic a state was written for (its first record after End of Push), so that a state
+  given with another region's VT is refused instead of resumed.
 
 Why `swap_start` and `restore` fold coordinates instead of starting from a heartbeat alone: a heartbeat's vector
 holds only *acknowledged* positions (rule 3), while the leader keeps producing; records before a heartbeat H may
 carry positions above H's vector. So "start after the last heartbeat whose vector is ≤ W" can skip a change that
 W does not cover, and "W of the last heartbeat, folded with the records after it" can miss a position the reader
 had delivered; tests/heartbeat/test_changes_properties.py shows both failing on generated histories.
+
+Starting at a cut is the same question (docs/design.md, "Consistent cuts"): a reader that resumes at time T
+(a cache restored from a snapshot taken at T) must get exactly the changes above the cut C, the RT positions of T.
+W = C says which changes are above it. Where to start cannot come from the cut's heartbeats alone: the *floor* (the
+last heartbeat whose vector is <= C) has every record before it at or below the cut only where vectors hold every
+send before the heartbeat; a lagging vector leaves later positions before it, so "start at floor" skips them. So
+`from_cut` folds the records' coordinates from the version's first record with W = C (the bulk load skipped, as
+a version followed from an older one skips it) and stops before the first record a reader must see: a change above
+the cut (with the chunks waiting for it: they go with their change), or a record it cannot place (undecodable, or
+naming no region of the store: possibly above the cut, so reported by the reader, never skipped). That start is
+the floor or later where vectors are exact, and earlier where they lag. Heartbeats passed on the way are not kept
+in W: by rule 3 a heartbeat whose vector exceeds C has every change up to its vector before it, and the fold has
+met no change above C, so such a heartbeat adds nothing a reader needs and W = C is exact. Duplicates after a
+failover are the rule's business as always: a re-produced copy of a change above the cut comes after its first
+copy, which the start is before. Precondition, as for a version swap: the version's replay must start at or below
+the cut (its rewind point <= C + 1 in every region); changes between the rewind point and the cut are in the bulk
+load, without coordinates, and no reader of this version can deliver them alone.
 """
 
 from __future__ import annotations
 
+import hashlib
 import zlib
 from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
@@ -151,6 +173,30 @@ def item(record: Record, *, chunked: bool = False, kind: Kind | None = None) -> 
     return Item(record.offset, role)
 
 
+class LogId(NamedTuple):
+    """Which version topic partition a state was written for: the VT offset of the partition's first record after
+    End of Push that another producer than End of Push's wrote, and 8 bytes of the SHA-256 of that record's key
+    and value (`log_digest`).
+
+    Why this record: it is the first one a region's own leader (or controller) writes. The bulk load, End of Push
+    and the push job's records after it (its EndOfSegment) can be byte-identical in every region; the leader's
+    first record carries its own producer GUID and times (in Venice and in the simulator, its StartOfSegment: a
+    control message, whose unique key compaction never removes). It is known soon after a reader passes End of
+    Push, and it stays at its offset with its bytes when the log moves (an archive copied, archived from Kafka,
+    read back). One fetch of one record checks it. Where it is gone (retention) the identity cannot be checked,
+    and the reader says so. A state that had none (format 1, or saved before that record) takes the first record
+    the next run reads instead: any record of the log, kept with its offset, names the log."""
+
+    offset: int
+    digest: bytes
+
+
+def log_digest(key: bytes | None, value: bytes | None) -> bytes:
+    """`LogId.digest` of a record: 8 bytes of SHA-256 over its key (length-prefixed) and value."""
+    k, v = key or b"", value or b""
+    return hashlib.sha256(len(k).to_bytes(4, "big") + k + v).digest()[:8]
+
+
 @dataclass(frozen=True)
 class PartitionState:
     """One partition's reader state: `position` the next VT position to read, `phase`, `marks` (W, one per source
@@ -158,7 +204,9 @@ class PartitionState:
     kept only to tell a duplicate below a record from one below a heartbeat). `chunked`: the version's
     StartOfPush said its values may be chunked (then every data key ends with a chunk suffix); a reader that
     resumes past the StartOfPush learns it from here. `ended`: the reader has read the version's VersionSwap
-    message, its end (only then may it follow the next version: `ChangeState.follow`)."""
+    message, its end (only then may it follow the next version: `ChangeState.follow`). `log_id`: the VT it was
+    written for (`LogId`), once the reader has passed End of Push; None before, and in states written before
+    format 2."""
 
     position: int
     phase: Phase
@@ -166,6 +214,7 @@ class PartitionState:
     seen: tuple[int, ...]
     chunked: bool = False
     ended: bool = False
+    log_id: LogId | None = None
 
     def __post_init__(self) -> None:
         if self.position < 0:
@@ -189,7 +238,8 @@ class PartitionState:
         the new version's snapshot instead, as a reader with no earlier state would."""
         if self.phase is Phase.SNAPSHOT:
             return PartitionState.fresh(len(self.marks))
-        return PartitionState(0, Phase.SKIP_BULK, self.marks, self.seen)  # chunking: the new StartOfPush's
+        # chunking: the new StartOfPush's; the log: the new version's VT
+        return PartitionState(0, Phase.SKIP_BULK, self.marks, self.seen)
 
 
 # Verdicts and roles as plain ints: `step` runs once per record.
@@ -415,12 +465,111 @@ def restore(items: Iterable[Item], position: int, n_regions: int) -> PartitionSt
     return PartitionState(position, f.phase, f.marks, tuple(f._seen))
 
 
+# -- starting at a consistent cut -----------------------------------------------------------------------------------
+
+
+def cut_marks(cut: Sequence[int], n_regions: int) -> tuple[int, ...]:
+    """C as W for a store of `n_regions` regions: a region the cut does not name has nothing in it (-1). Raises
+    ValueError when the cut names a region outside the store with a position (it is another store's cut)."""
+    extra = [r for r in range(n_regions, len(cut)) if cut[r] >= 0]
+    if extra:
+        raise ValueError(f"the cut names region(s) {extra}, outside a store of {n_regions} regions")
+    return tuple(int(cut[r]) if r < len(cut) else -1 for r in range(n_regions))
+
+
+def cut_state(cut: Sequence[int], n_regions: int) -> PartitionState:
+    """The state that reads a version from its first record as a reader resuming at cut C: W = C, the bulk load
+    skipped (it is the state before the version's online writes, not the state at the cut). Reading the whole
+    version from it delivers exactly the changes above the cut; `from_cut` finds where to start instead of 0."""
+    return PartitionState(0, Phase.SKIP_BULK, cut_marks(cut, n_regions), (-1,) * n_regions)
+
+
+class CutStart:
+    """`from_cut`'s fold, fed one record at a time (a stream cannot look back): `step` each record in VT order
+    from the version's first; once it returns True, `state()` is where a reader starts (possibly before the record
+    just fed: chunks waiting for their change go with it). Before that, `state()` is a state to resume the fold
+    from: no change above the cut lies before its position."""
+
+    __slots__ = ("cut", "filter", "found", "_parts_from", "_parts_phase", "_start", "_phase", "_counts")
+
+    def __init__(self, cut: Sequence[int], n_regions: int) -> None:
+        start = cut_state(cut, n_regions)
+        self.cut = start.marks
+        self.filter = ChangeFilter(start)
+        self.found = False
+        self._parts_from: int | None = None  # the first part waiting for its change
+        self._parts_phase = start.phase
+        self._start = 0
+        self._phase = start.phase
+
+    @property
+    def position(self) -> int:
+        """The next record the fold expects."""
+        return self.filter.position
+
+    def step(self, it: Item) -> bool:
+        """Fold one record; True when the reader must start at or before it (then stop feeding)."""
+        if self.found:
+            raise ValueError("the start is found already: read on from state()")
+        f = self.filter
+        if it.position < f.position:
+            return False  # read again: folded already
+        phase = f.phase
+        v = f.step(it)
+        if v in DELIVERED or v is Verdict.NO_COORDINATE or v is Verdict.UNDECODABLE:
+            self.found = True
+            f._counts[v] -= 1  # it is the reader's to count
+            if self._parts_from is not None:
+                self._start, self._phase = self._parts_from, self._parts_phase
+            else:
+                self._start, self._phase = it.position, phase
+            return True
+        if it.role == _R_PART:
+            if self._parts_from is None:
+                self._parts_from, self._parts_phase = it.position, phase
+        elif it.role == _CHANGE:
+            self._parts_from = None
+        return False
+
+    @property
+    def counts(self) -> dict[Verdict, int]:
+        """The verdicts of the records folded over (nothing of them is delivered)."""
+        return {v: n for v, n in self.filter.counts.items() if n}
+
+    def state(self) -> PartitionState:
+        if self.found:
+            position, phase = self._start, self._phase
+        elif self._parts_from is not None:
+            position, phase = self._parts_from, self._parts_phase
+        else:
+            position, phase = self.filter.position, self.filter.phase
+        return PartitionState(position, phase, self.cut, (-1,) * len(self.cut))
+
+
+def from_cut(
+    items: Iterable[Item], cut: Sequence[int], n_regions: int
+) -> tuple[PartitionState, dict[Verdict, int]]:
+    """Where a reader resuming at cut C (`cut`: C per source region of this partition) starts in a version, given
+    the version's records from its first one: the position before which no change above the cut lies (module
+    docstring), phase online once End of Push lies before it (no bulk load: the bulk load is not the state at the
+    cut), W = C. Returns that state and the verdicts of the records folded over. Reading on from it delivers every
+    change above the cut once and nothing at or below it."""
+    fold = CutStart(cut, n_regions)
+    for it in items:
+        if fold.step(it):
+            break
+    return fold.state(), fold.counts
+
+
 # -- the state a reader keeps ------------------------------------------------------------------------------------
 
 MAGIC = b"TGCC"
-FORMAT_VERSION = 1
+FORMAT_VERSION = 2
+READS_FORMATS = (1, 2)  # format 1: no region, no log identity (such a state resumes unchecked)
 _CHUNKED_FLAG = 4  # added to a partition's phase: its version is chunked
 _ENDED_FLAG = 8  # added to a partition's phase: its version's VersionSwap has been read
+_LOG_ID_FLAG = 16  # added to a partition's phase: its LogId follows its marks (format 2)
+_FLAGS = _CHUNKED_FLAG | _ENDED_FLAG | _LOG_ID_FLAG
 
 
 class StateError(ValueError):
@@ -431,18 +580,23 @@ class StateError(ValueError):
 @dataclass(frozen=True)
 class ChangeState:
     """Everything a change-capture reader keeps: the store and version it reads and, per VT partition it has read,
-    its `PartitionState`. `n_regions` is the store's region count (the width of every W)."""
+    its `PartitionState`. `n_regions` is the store's region count (the width of every W). `region`: the region
+    whose VT it reads (None: not said; a state belongs to one region's VT, since positions and W differ between
+    regions; each partition's `log_id` says which VT it was, whatever the region is called)."""
 
     store: str
     version: int
     n_regions: int
     partitions: Mapping[int, PartitionState] = field(default_factory=dict)
+    region: int | None = None
 
     def __post_init__(self) -> None:
         if not self.store:
             raise ValueError("a change-capture state names its store")
         if self.version < 0 or self.n_regions < 1:
             raise ValueError(f"version {self.version} / n_regions {self.n_regions} out of range")
+        if self.region is not None and self.region < 0:
+            raise ValueError(f"region {self.region} is negative")
         for p, ps in self.partitions.items():
             if p < 0 or len(ps.marks) != self.n_regions:
                 raise ValueError(f"partition {p}: marks {ps.marks} do not have {self.n_regions} entries")
@@ -455,7 +609,13 @@ class ChangeState:
 
     def replace(self, partitions: Mapping[int, PartitionState]) -> ChangeState:
         """This state with the given partitions' states replaced (others kept)."""
-        return ChangeState(self.store, self.version, self.n_regions, {**self.partitions, **partitions})
+        return ChangeState(
+            self.store, self.version, self.n_regions, {**self.partitions, **partitions}, self.region
+        )
+
+    def with_region(self, region: int | None) -> ChangeState:
+        """This state, saying it reads region `region`'s VT."""
+        return ChangeState(self.store, self.version, self.n_regions, self.partitions, region)
 
     def unended(self) -> list[int]:
         """The partitions this state has read without reaching their version's end (its VersionSwap message)."""
@@ -467,27 +627,35 @@ class ChangeState:
         if version <= self.version:
             raise ValueError(f"cannot follow version {version} from version {self.version}: it is not newer")
         return ChangeState(
-            self.store, version, self.n_regions, {p: ps.follow() for p, ps in self.partitions.items()}
+            self.store,
+            version,
+            self.n_regions,
+            {p: ps.follow() for p, ps in self.partitions.items()},
+            self.region,
         )
 
     def to_bytes(self) -> bytes:
-        """`TGCC`, format version 1, then Avro zig-zag varints: store (length, UTF-8), version, n_regions,
-        partition count and per partition (ascending) its id, position, phase (+4 when the version is chunked, +8
-        once its VersionSwap has been read),
-        W[0..n) and W[r] − seen[r] (usually 0: one byte); a big-endian CRC32 of everything before it closes the
-        bytes."""
+        """`TGCC`, format version 2, then Avro zig-zag varints: store (length, UTF-8), version, n_regions, the
+        region read (-1: not said), partition count and per partition (ascending) its id, position, phase (+4 when
+        the version is chunked, +8 once its VersionSwap has been read, +16 when a log identity follows), W[0..n)
+        and W[r] − seen[r] (usually 0: one byte), then the log identity when flagged (offset, 8 digest bytes); a
+        big-endian CRC32 of everything before it closes the bytes. (Format 1 had no region and no identity.)"""
         body = bytearray(MAGIC)
         body.append(FORMAT_VERSION)
         name = self.store.encode("utf-8")
         body += write_long(len(name)) + name
-        body += write_long(self.version) + write_long(self.n_regions) + write_long(len(self.partitions))
+        body += write_long(self.version) + write_long(self.n_regions)
+        body += write_long(-1 if self.region is None else self.region) + write_long(len(self.partitions))
         for p, ps in self.partitions.items():
             flags = int(ps.phase) | (_CHUNKED_FLAG if ps.chunked else 0) | (_ENDED_FLAG if ps.ended else 0)
+            flags |= _LOG_ID_FLAG if ps.log_id is not None else 0
             body += write_long(p) + write_long(ps.position) + write_long(flags)
             for m in ps.marks:
                 body += write_long(m)
             for m, s in zip(ps.marks, ps.seen, strict=True):
                 body += write_long(m - s)
+            if ps.log_id is not None:
+                body += write_long(ps.log_id.offset) + ps.log_id.digest
         return bytes(body) + zlib.crc32(body).to_bytes(4, "big")
 
     @classmethod
@@ -501,23 +669,24 @@ class ChangeState:
                 f"not a tidegauge change-capture state (starts with {data[:4]!r}, not {MAGIC!r})"
             )
         fmt = data[len(MAGIC)]
-        if fmt != FORMAT_VERSION:
+        if fmt not in READS_FORMATS:
             newer = " (written by a newer tidegauge)" if fmt > FORMAT_VERSION else ""
             raise StateError(
-                f"change-capture state format version {fmt}{newer}: this tidegauge reads version {FORMAT_VERSION}"
+                f"change-capture state format version {fmt}{newer}: this tidegauge reads versions "
+                f"{', '.join(map(str, READS_FORMATS))}"
             )
         body, crc = data[:-4], int.from_bytes(data[-4:], "big")
         if zlib.crc32(body) != crc:
             raise StateError("change-capture state is damaged (CRC32 mismatch): truncated or altered")
         try:
-            return cls._parse(body, len(MAGIC) + 1)
+            return cls._parse(body, len(MAGIC) + 1, fmt)
         except (ValueError, UnicodeDecodeError) as exc:
             if isinstance(exc, StateError):
                 raise
             raise StateError(f"change-capture state is invalid: {exc}") from None
 
     @classmethod
-    def _parse(cls, body: bytes, i: int) -> ChangeState:
+    def _parse(cls, body: bytes, i: int, fmt: int) -> ChangeState:
         def count(what: str) -> int:
             nonlocal i
             value, i = read_long(body, i)
@@ -530,7 +699,14 @@ class ChangeState:
             raise StateError("change-capture state is invalid: the store name runs past the end")
         store = body[i : i + length].decode("utf-8")
         i += length
-        version, n_regions, n_partitions = count("version"), count("region count"), count("partition count")
+        version, n_regions = count("version"), count("region count")
+        region = None
+        if fmt >= 2:
+            region, i = read_long(body, i)
+            if region < -1:
+                raise StateError(f"change-capture state is invalid: region {region}")
+            region = None if region == -1 else region
+        n_partitions = count("partition count")
         partitions: dict[int, PartitionState] = {}
         last = -1
         for _ in range(n_partitions):
@@ -539,7 +715,7 @@ class ChangeState:
                 raise StateError(f"change-capture state is invalid: partition {p} after {last}")
             last = p
             position, flags = count("position"), count("phase")
-            phase = flags & ~(_CHUNKED_FLAG | _ENDED_FLAG)
+            phase = flags & ~(_FLAGS if fmt >= 2 else _CHUNKED_FLAG | _ENDED_FLAG)
             if phase >= len(Phase):
                 raise StateError(f"change-capture state is invalid: partition {p} has unknown phase {flags}")
             marks = []
@@ -547,6 +723,12 @@ class ChangeState:
                 m, i = read_long(body, i)
                 marks.append(m)
             seen = tuple(m - count("mark gap") for m in marks)
+            log_id = None
+            if flags & _LOG_ID_FLAG and fmt >= 2:
+                at = count("log identity offset")
+                if i + 8 > len(body):
+                    raise StateError("change-capture state is invalid: a log identity runs past the end")
+                log_id, i = LogId(at, bytes(body[i : i + 8])), i + 8
             partitions[p] = PartitionState(
                 position,
                 Phase(phase),
@@ -554,9 +736,10 @@ class ChangeState:
                 seen,
                 bool(flags & _CHUNKED_FLAG),
                 bool(flags & _ENDED_FLAG),
+                log_id,
             )
         if i != len(body):
             raise StateError(
                 f"change-capture state is invalid: {len(body) - i} bytes after the last partition"
             )
-        return cls(store, version, n_regions, partitions)
+        return cls(store, version, n_regions, partitions, region)

@@ -29,10 +29,19 @@ HELP = textwrap.dedent("""\
     its own after its output is published; a run killed anywhere and run again delivers nothing twice and
     loses nothing (an output, once published, is delivered: read each one once). A state of version N-1 with
     --version N follows the store to its new version: the watermarks are kept, the new bulk load is skipped,
-    and what the new version replays is dropped as the duplicate it is.
+    and what the new version replays is dropped as the duplicate it is. A state belongs to one region's VT:
+    it records the region (ID=LOC) and its VT's identity, and a source of another region is refused.
+
+    --from-cut DIR/cut.json (written by `tidegauge cut`) starts at a consistent cut instead: exactly the changes
+    above the cut, each once, no bulk load, the watermarks W = the cut's RT positions; what a cache restored from a
+    snapshot at that time needs. With --state (a new directory) the state it writes resumes as usual.
+
+    Runs never erase each other: an --out whose changes no consumer has marked read (--out/read.json naming the
+    summary's `run`) is refused; give each run its own --out, or mark the output read before the next run.
 
     Exit codes: 0 every record read and delivered or dropped as a duplicate, 2 bad usage, an unreadable or
-    empty source, or a --state of another store or version (nothing written), 3 some records could not be
+    empty source, a --state of another store, version or region's VT, a cut of another store or version, or an
+    --out holding unread changes (nothing written), 3 some records could not be
     decoded or a partition could not be read (counted with their offsets, never delivered; the rest is
     written).""")
 
@@ -43,6 +52,9 @@ EPILOG = textwrap.dedent("""\
       every minute (cron, or a loop): each run reads on from --state and writes its own --out
         tidegauge changes --store s --version 3 --source kafka://broker:9092 --conf conf/tidegauge.yaml \\
             --state state/changes-s --out out/changes/run-$EPOCHSECONDS
+      a cache restored from a snapshot at a cut: the changes after it, then on from --state as usual
+        tidegauge changes --store s --version 3 --source 1=kafka://broker:9092 --conf conf/tidegauge.yaml \\
+            --from-cut out/cut/cut.json --state state/cache-1 --out out/changes/run-$EPOCHSECONDS
       the store swapped to version 4 (the state is of version 3): the same --state, --version 4
         tidegauge changes --store s --version 4 --source kafka://broker:9092 --conf conf/tidegauge.yaml \\
             --state state/changes-s --out out/changes/run-$EPOCHSECONDS
@@ -70,19 +82,27 @@ def register(sub) -> None:
         "--source",
         metavar="LOC",
         help="the region whose VT the client reads: its archive directory (Parquet, Spark Kafka schema) or "
-        "kafka://host:port[,host:port] (ID=LOC is accepted too). Default: the only entry of `sources:` in --conf",
+        "kafka://host:port[,host:port]; ID=LOC names its region (the state records it and refuses another region's "
+        "VT; without ID the source is no region's). Default: the only entry of `sources:` in --conf",
     )
     p.add_argument(
         "--out",
         required=True,
         metavar="DIR",
-        help="output directory or URI (published whole): changes/ Parquet and summary.json",
+        help="output directory or URI (published whole): changes/ Parquet and summary.json. An earlier run's "
+        "output there is replaced only once read (DIR/read.json naming its summary's run), else refused",
     )
     p.add_argument(
         "--state",
         metavar="DIR",
         help="incremental runs: resume from the state in DIR (state.tgcc) when there is one, or follow it from "
         "version N-1; commit the new state there after the output is published",
+    )
+    p.add_argument(
+        "--from-cut",
+        metavar="FILE",
+        help="start at a consistent cut (cut.json of `tidegauge cut`, same store and version): deliver exactly the "
+        "changes above it, each once, no bulk load. With --state, the directory must hold no state yet",
     )
     p.add_argument(
         "--follow-unended",
@@ -153,7 +173,7 @@ def run_changes(args: argparse.Namespace) -> int:
     opts = ChangesOptions(
         store=str(store),
         version=int(version),
-        source=SourceSpec(region if region is not None else 0, str(loc)),
+        source=SourceSpec(region if region is not None else -1, str(loc)),  # -1: no region said
         out=args.out,
         state_dir=absolute(args.state) if args.state else None,
         kafka_conf=cfg.kafka_conf(conf, region if region is not None else -1),
@@ -161,6 +181,7 @@ def run_changes(args: argparse.Namespace) -> int:
         engine=args.engine,
         region_given=region is not None,
         follow_unended=bool(args.follow_unended),
+        from_cut=absolute(args.from_cut) if args.from_cut else None,
     )
     if args.engine == "spark":
         from pipelines.changes.spark import run_spark

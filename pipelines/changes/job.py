@@ -26,9 +26,10 @@ from typing import Any
 import pyarrow as pa
 
 from div.heartbeat_headers import widest_hbw as hbw_width
-from heartbeat.change_events import CHANGES_SCHEMA, PartitionChanges, Problem, events_table
+from heartbeat.change_events import CHANGES_SCHEMA, CutSeeker, PartitionChanges, Problem, events_table
 from heartbeat.change_reader import UnendedVersionError, initial_state
-from heartbeat.changes import ChangeState, PartitionState, Verdict
+from heartbeat.changes import ChangeState, PartitionState, Verdict, cut_marks, cut_state, log_digest
+from heartbeat.cuts import Cut, CutError, format_time
 from pipelines.changes import state as states
 from pipelines.core.errors import UsageError
 from pipelines.core.evidence import (
@@ -40,8 +41,9 @@ from pipelines.core.evidence import (
 )
 from pipelines.core.output import OutputDir, ParquetFileWriter, guard
 from pipelines.core.progress import Progress
+from pipelines.core.publish import current
 from pipelines.core.sources import Source, SourceError, SourceSpec, open_source
-from pipelines.core.storage import Location
+from pipelines.core.storage import Location, StorageError, locate
 
 log = logging.getLogger("tidegauge.changes")
 
@@ -49,7 +51,10 @@ COMMAND = "changes"
 CHANGES_DIR = "changes"
 PROBE_RECORDS = 4096  # records read from the end of a partition to find a heartbeat vector (the region count)
 PROBE_PARTITIONS = 4
-FRESH, RESUME, SWAP = "fresh", "resume", "swap"
+FRESH, RESUME, SWAP, FROM_CUT = "fresh", "resume", "swap", "cut"
+READ_MARK = (
+    "read.json"  # what a consumer writes into --out once it has read a run's changes (docs/outputs.md)
+)
 
 
 @dataclass
@@ -66,6 +71,12 @@ class ChangesOptions:
     follow_unended: bool = (
         False  # --follow-unended: swap although the state has not read the old version's end
     )
+    from_cut: str | None = None  # --from-cut: a cut.json; the run delivers the changes above that cut
+
+    @property
+    def region(self) -> int | None:
+        """The region whose VT is read, when the user said it (`ID=LOC`); never guessed."""
+        return self.source.region if self.region_given else None
 
     @property
     def topic(self) -> str:
@@ -83,6 +94,9 @@ class PartitionTask:
     first: int
     state: PartitionState
     planned_records: int | None = None
+    cut: tuple[int, ...] | None = (
+        None  # --from-cut: C of this partition; the task seeks its start from `start`
+    )
 
 
 @dataclass
@@ -101,13 +115,16 @@ class PartitionOutcome:
     problem_count: int = 0
     state: PartitionState | None = None
     error: str | None = None
+    cut_start: int | None = None  # --from-cut: where the changes above the cut start (None: none yet)
+    folded: int = 0  # --from-cut: records read before that start (none of them is above the cut)
 
     def count(self, v: Verdict) -> int:
         return self.counts.get(v.name, 0)
 
     def to_json(self) -> str:
         """For a Spark task's result row: the state through its own strict byte codec."""
-        d = {k: getattr(self, k) for k in ("partition", "records", "last_offset", "already_read", "counts")}
+        keys = ("partition", "records", "last_offset", "already_read", "counts", "cut_start", "folded")
+        d = {k: getattr(self, k) for k in keys}
         d |= {"delivered": self.delivered, "bulk_load": self.bulk_load, "problem_count": self.problem_count}
         d["problems"] = [list(p) for p in self.problems]
         d["error"] = self.error
@@ -139,7 +156,9 @@ def run_partition(
     `changes_dir/part-<partition>.parquet` (appearing whole, with the schema even when empty). The one step both
     engines run. A read that fails leaves no file and keeps the task's state."""
     out = PartitionOutcome(task.partition)
-    changes = PartitionChanges(task.partition, task.state)
+    # from a cut: the records before the start (`heartbeat.changes.from_cut`) are folded, never delivered
+    seeker = None if task.cut is None else CutSeeker(task.partition, task.cut, len(task.state.marks))
+    changes = PartitionChanges(task.partition, task.state) if seeker is None else None
     writer = ParquetFileWriter(partition_file(changes_dir, task.partition), CHANGES_SCHEMA)
     try:
         for batch in batches:
@@ -147,17 +166,31 @@ def run_partition(
                 continue
             out.records += batch.num_rows
             out.last_offset = int(batch.column("offset")[-1].as_py())
-            events = changes.feed(batch)
-            if events:
-                out.delivered += len(events)
-                out.bulk_load += sum(1 for e in events if e.upstream_region is None)
-                writer.write(events_table(events))
+            if changes is None:
+                rest = seeker.feed(batch)
+                if not seeker.found:
+                    continue
+                changes = PartitionChanges(task.partition, seeker.state())
+            else:
+                rest = (batch,)
+            for b in rest:
+                events = changes.feed(b)
+                if events:
+                    out.delivered += len(events)
+                    out.bulk_load += sum(1 for e in events if e.upstream_region is None)
+                    writer.write(events_table(events))
         if out.delivered == 0:
             writer.write(CHANGES_SCHEMA.empty_table())
         writer.close()
     except Exception as exc:  # the source failed mid-way (or a bug): this partition delivers nothing this run
         writer.abort()
         return PartitionOutcome(task.partition, error=_error_text(exc))
+    if seeker is not None:
+        out.folded = seeker.records
+        out.cut_start = seeker.state().position if seeker.found else None
+    if changes is None:  # from a cut, and nothing above it yet: the next run seeks on from here
+        out.state = seeker.state()
+        return out
     out.already_read = changes.already_read
     out.counts = {v.name: n for v, n in changes.counts.items()}
     out.problem_count = len(changes.problems)
@@ -182,9 +215,12 @@ class Prepared:
     loaded: states.Loaded
     source: Source
     base: ChangeState  # the state the tasks start from (after a version swap's follow)
-    used: str  # FRESH, RESUME or SWAP
+    used: str  # FRESH, RESUME, SWAP or FROM_CUT
     regions_from: str  # where the region count came from: state, --regions, heartbeats
     tasks: list[PartitionTask]
+    cut: Cut | None = None
+    log_checked: list[int] = field(default_factory=list)  # partitions whose log identity matched
+    log_unchecked: dict[int, str] = field(default_factory=dict)  # partition -> why it could not be checked
 
 
 def widest_hbw(batches: Iterable[pa.RecordBatch]) -> int:
@@ -210,9 +246,23 @@ def start_state(
 ) -> tuple[ChangeState | None, str]:
     """The state to read version N with, and how: FRESH (no state), RESUME (a state of N) or SWAP (of N-1:
     followed). The decision is the consumer API's (`heartbeat.change_reader.initial_state`), so every reader
-    resumes and swaps alike; a state of another store or version is a usage error naming both."""
+    resumes and swaps alike; a state of another store or version is a usage error naming both, and so is a state
+    of another region than `--source ID=LOC` names."""
     if loaded is None:
         return None, FRESH
+    if opts.from_cut is not None:
+        raise UsageError(
+            f"--from-cut {opts.from_cut} and --state {opts.state_dir}: the state directory already holds a state "
+            f"(of store {loaded.store!r} version {loaded.version}), and a run starts either from it or from the "
+            "cut. Give a new --state directory to start at the cut (its state then resumes as usual), or leave "
+            "out --from-cut to resume"
+        )
+    if opts.region is not None and loaded.region is not None and loaded.region != opts.region:
+        raise UsageError(
+            f"--state {state_file}: was written for region {loaded.region}'s version topic, and --source "
+            f"{opts.region}={opts.source.uri} is region {opts.region}'s: a state belongs to one region's VT "
+            "(positions and watermarks differ between regions); nothing was delivered"
+        )
     try:
         state = initial_state(opts.store, opts.version, loaded, None, opts.follow_unended)
     except UnendedVersionError as exc:
@@ -225,13 +275,112 @@ def start_state(
     return state, RESUME if loaded.version == opts.version else SWAP
 
 
+def check_unread(out: str) -> None:
+    """Refuse an --out whose published output holds changes no consumer has marked read (`READ_MARK` naming its
+    run): replacing it would erase them for good while the state moves on (docs/outputs.md)."""
+    try:
+        target = locate(out)
+        if not target.is_dir():
+            return
+        published = current(target)
+        doc = json.loads((published / "summary.json").read_bytes())
+    except (OSError, ValueError, StorageError):
+        return  # nothing published there (check_output judges the rest)
+    if not isinstance(doc, dict) or doc.get("job") != COMMAND or not doc.get("delivered"):
+        return
+    run = doc.get("run")
+    if run is not None and read_marked(target) == run:
+        return
+    run_text = f"run {run}, " if run else ""
+    state = doc.get("state") or {}
+    raise UsageError(
+        f"--out {out}: holds the changes of an earlier run ({run_text}{doc['delivered']} changes, state "
+        f"{state.get('from')} -> {state.get('to')}) that no consumer marked as read; a run never replaces changes "
+        f'that may not have been read. Read them, then mark them read by writing {{"run": "{run}"}} to '
+        f"{out}/{READ_MARK}; or give each run its own --out (docs/outputs.md)"
+    )
+
+
+def read_marked(target: Location) -> str | None:
+    """The run a consumer marked read in `target/read.json` (`{"run": ...}`), or None."""
+    try:
+        doc = json.loads((target / READ_MARK).read_bytes())
+    except (OSError, ValueError):
+        return None
+    return doc.get("run") if isinstance(doc, dict) and isinstance(doc.get("run"), str) else None
+
+
+def load_cut(opts: ChangesOptions) -> Cut:
+    """--from-cut's cut.json, of this store and version (else a usage error naming both)."""
+    try:
+        text = locate(opts.from_cut).read_bytes()
+    except (OSError, StorageError) as exc:
+        raise UsageError(f"--from-cut {opts.from_cut}: cannot be read ({exc})") from None
+    try:
+        cut = Cut.from_json(text, f"--from-cut {opts.from_cut}")
+    except CutError as exc:
+        raise UsageError(str(exc)) from None
+    if (cut.store, cut.version) != (opts.store, opts.version):
+        raise UsageError(
+            f"--from-cut {opts.from_cut}: is a cut of store {cut.store!r} version {cut.version}; this run reads "
+            f"store {opts.store!r} version {opts.version} (a cut names positions of one version's topics only)"
+        )
+    return cut
+
+
+def check_log(source: Source, opts: ChangesOptions, state: ChangeState, state_file: str) -> tuple[list, dict]:
+    """Refuse (usage error, nothing delivered) a source whose VT is not the one the state was written for: each
+    partition's `LogId` record must be there, unchanged. Returns the partitions checked and, for the others, why
+    they could not be (no identity in a state written before format 2; the record gone: retention, compaction)."""
+    checked, unchecked = [], {}
+    for p, ps in state.partitions.items():
+        if ps.log_id is None:
+            unchecked[p] = (
+                "the state holds no log identity (written by an earlier tidegauge, or before End of Push)"
+            )
+            continue
+        off = ps.log_id.offset
+        first, end = source.bounds(opts.topic, p)
+        found = None
+        if first <= off < end:
+            for batch in source.iter_partition(
+                opts.topic, p, start=off, end=off + 1, columns=["offset", "key", "value"]
+            ):
+                for o, k, v in zip(
+                    *(batch.column(c).to_pylist() for c in ("offset", "key", "value")), strict=True
+                ):
+                    if o == off:
+                        found = log_digest(k, v)
+        if found is None:
+            unchecked[p] = f"offset {off} is not in the source (it holds {first}..{end - 1})"
+        elif found != ps.log_id.digest:
+            said = f"region {state.region}'s" if state.region is not None else "another"
+            raise UsageError(
+                f"--state {state_file}: was written for {said} version topic: partition {p}'s record at offset "
+                f"{off} was {ps.log_id.digest.hex()}, and --source {opts.source.uri} holds {found.hex()} there. A "
+                "state belongs to one region's VT (positions and watermarks differ between regions); give that "
+                "region's source, or a new --state directory; nothing was delivered"
+            )
+        else:
+            checked.append(p)
+    for p, why in unchecked.items():
+        log.warning("%s[%d]: the state's log could not be checked: %s", opts.topic, p, why)
+    return checked, unchecked
+
+
 def prepare(opts: ChangesOptions) -> Prepared:
     """Checks, state, source and plan: everything before the first record is read. Raises a usage error (exit 2)
     for anything wrong, before anything is written (but settling a killed run's commit in --state)."""
-    guard(COMMAND, {"--out": opts.out, "--state": opts.state_dir}, {"--source": opts.source.uri})
+    guard(
+        COMMAND,
+        {"--out": opts.out, "--state": opts.state_dir},
+        {"--source": opts.source.uri, "--from-cut": opts.from_cut},
+    )
     loaded = states.load(opts.state_dir) if opts.state_dir else states.Loaded(None, None)
     state_file = f"{opts.state_dir}/{states.STATE_FILE}" if opts.state_dir else ""
     state, used = start_state(loaded.state, opts, state_file)
+    check_unread(opts.out)
+    cut = load_cut(opts) if opts.from_cut is not None else None
     source = open_source(opts.source, opts.kafka_conf)
     topics = source.topics()
     where = f"--source {opts.source.uri}"
@@ -257,6 +406,8 @@ def prepare(opts: ChangesOptions) -> Prepared:
         n, regions_from = opts.regions, "--regions"
     else:
         n, regions_from = probe_regions(source, opts.topic, partitions), "heartbeats"
+        if n == 0 and cut is not None and cut.n_regions:
+            n, regions_from = cut.n_regions, "--from-cut"
         if n == 0:
             if all(source.bounds(opts.topic, p)[1] <= source.bounds(opts.topic, p)[0] for p in partitions):
                 raise SourceError(
@@ -266,7 +417,24 @@ def prepare(opts: ChangesOptions) -> Prepared:
                 f"cannot tell how many regions store {opts.store!r} has: no heartbeat with an hbw vector in the "
                 f"last {PROBE_RECORDS} records of {opts.topic}'s first partitions; give --regions N"
             )
+    checked, unchecked = check_log(source, opts, state, state_file) if used == RESUME else ([], {})
     base = state if state is not None else ChangeState(opts.store, opts.version, n)
+    if opts.region is not None:
+        base = base.with_region(opts.region)  # (a state of another region was refused above)
+    marks: dict[int, tuple[int, ...]] = {}
+    if cut is not None:
+        used = FROM_CUT
+        missing = sorted(set(partitions) - set(cut.partitions))
+        if missing:
+            raise UsageError(
+                f"--from-cut {opts.from_cut}: has no partition {', '.join(map(str, missing))} of {opts.topic} "
+                f"(it has {', '.join(map(str, cut.partitions)) or 'none'}): not a cut of this topic"
+            )
+        try:
+            marks = {p: cut_marks(cut.vector(p), n) for p in partitions}
+        except ValueError as exc:
+            raise UsageError(f"--from-cut {opts.from_cut}: {exc}") from None
+        base = base.replace({p: cut_state(m, n) for p, m in marks.items()})
     tasks = []
     for p in partitions:
         first, end = source.bounds(opts.topic, p)
@@ -290,16 +458,24 @@ def prepare(opts: ChangesOptions) -> Prepared:
                 ps.position,
                 first - 1,
             )
+        if cut is not None and first > 0:
+            log.warning(
+                "%s[%d]: offsets 0..%d are no longer in the source (retention): the changes above the cut among "
+                "them cannot be delivered",
+                opts.topic,
+                p,
+                first - 1,
+            )
         planned = source.planned_records(opts.topic, p) if start <= first else None
-        tasks.append(PartitionTask(p, start, max(end, start), first, ps, planned))
-    return Prepared(loaded, source, base, used, regions_from, tasks)
+        tasks.append(PartitionTask(p, start, max(end, start), first, ps, planned, marks.get(p)))
+    return Prepared(loaded, source, base, used, regions_from, tasks, cut, checked, unchecked)
 
 
 def evidence_for(
     opts: ChangesOptions, prep: Prepared, outcomes: dict[int, PartitionOutcome]
 ) -> list[PartitionEvidence]:
     out = []
-    region = opts.source.region
+    region = opts.region
     for t in prep.tasks:
         o = outcomes.get(t.partition)
         e = PartitionEvidence(
@@ -340,6 +516,8 @@ def _partition_json(t: PartitionTask, o: PartitionOutcome | None) -> dict[str, A
         doc["state"] = _state_json(t.state)
         return doc
     doc["read"] |= {"records": o.records, "last_offset": o.last_offset, "already_read": o.already_read}
+    if t.cut is not None:
+        doc["cut"] = {"rt": list(t.cut), "start": o.cut_start, "records_before_start": o.folded}
     doc |= {
         "delivered": o.delivered,
         "bulk_load": o.bulk_load,
@@ -388,9 +566,13 @@ def finish(
             counts[k] = counts.get(k, 0) + n
     problems = [p for o in sorted(ok, key=lambda o: o.partition) for p in o.problems][:MAX_LISTED_OFFSETS]
     sources = {opts.source.region: opts.source.uri} if opts.region_given else {}
+    cut = prep.cut
     doc = {
         **out.common_fields(COMMAND, code, sources),
+        # the name a consumer writes into --out/read.json once it has read this run's changes
+        "run": out.publication.run_id,
         "source": opts.source.uri,
+        "region": opts.region,
         "engine": engine,
         "store": opts.store,
         "version": opts.version,
@@ -403,7 +585,15 @@ def finish(
             "from": prep.loaded.id,
             "to": states.state_id(new),
             "recovered": prep.loaded.recovered,
+            "region": new_state.region,
+            "log_identity": {
+                "checked": prep.log_checked,
+                "unchecked": [{"partition": p, "why": w} for p, w in sorted(prep.log_unchecked.items())],
+            },
         },
+        "from_cut": None
+        if cut is None
+        else {"path": opts.from_cut, "at_ms": cut.at_ms, "at": format_time(cut.at_ms), "from": cut.source},
         **summary_fields(0, evidence, len(failed)),
         "records_read": sum(o.records for o in ok),
         "delivered": sum(o.delivered for o in ok),

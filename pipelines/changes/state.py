@@ -1,7 +1,7 @@
 """The change reader's state between runs (`tidegauge changes --state DIR`), committed after the output.
 
-    DIR/state.tgcc     `heartbeat.changes.ChangeState` bytes: store, version, per partition the next VT position,
-                       phase and W (what the next run resumes from)
+    DIR/state.tgcc     `heartbeat.changes.ChangeState` bytes: store, version, the region read, per partition the
+                       next VT position, phase, W and the VT's identity (what the next run resumes from)
     DIR/pending.json   only between a run's publication of its output and the commit of its state: which
                        output (`out`), the state it started from (`from`) and the state it ends at (`to`, and its
                        bytes, `state`)
@@ -25,8 +25,8 @@ Every run starts by settling a `pending.json` left by a killed run (`load`):
   back*) and this run reads again from the state it had, delivering what the killed run would have.
 
 So, whatever the kill point, the published outputs together hold every change once. A consumer reads each
-output once (a new `--out` per run, or `--out` read before the next run replaces it, telling outputs apart by
-`state.to`); docs/outputs.md says so.
+output once: a new `--out` per run, or one `--out` it marks read (`read.json` naming the output's `run`) before
+the next run, which refuses an unread one rather than replace it (`job.check_unread`); docs/outputs.md says so.
 """
 
 from __future__ import annotations

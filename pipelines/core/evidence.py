@@ -30,7 +30,7 @@ class PartitionEvidence:
     `planned_records` is exact for archives (Parquet metadata) and None for Kafka, where compaction may leave
     holes in [start, end): there, a read is whole when it reached `end` (`reached_end`)."""
 
-    region: int
+    region: int | None
     topic: str
     partition: int
     start: int
@@ -117,7 +117,12 @@ def describe_short(evidence: Iterable[PartitionEvidence]) -> list[str]:
     """One line per partition that was read short or not decoded whole, for stderr."""
     lines = []
     for e in evidence:
-        where = f"source {e.region} {e.topic}[{e.partition}]"
+        # (a source given without a region id is named by its topic only: it is no region's by default)
+        where = (
+            f"source {e.region} {e.topic}[{e.partition}]"
+            if e.region is not None
+            else f"{e.topic}[{e.partition}]"
+        )
         if e.error is not None:
             lines.append(f"{where}: not read: {e.error}")
         elif e.short:

@@ -112,6 +112,12 @@ class Source:
     def uri(self) -> str:
         return self.spec.uri
 
+    @property
+    def label(self) -> str:
+        """How messages name the source: `source ID=URI`, or `source URI` for one given without a region id (a
+        negative id: `tidegauge changes --source LOC` reads a VT that is no region's until the user says so)."""
+        return f"source {self.region}={self.uri}" if self.region >= 0 else f"source {self.uri}"
+
     def topics(self) -> list[str]:
         raise NotImplementedError
 
@@ -148,12 +154,12 @@ class ArchiveSource(Source):
         try:
             where = locate(self.uri)
             if not where.is_dir():
-                raise SourceError(f"source {self.region}={self.uri}: no such archive directory")
+                raise SourceError(f"{self.label}: no such archive directory")
             self._info = {(i.topic, i.partition): i for i in archive.describe(where.path, where.fs)}
         except archive.ArchiveError as exc:
-            raise SourceError(f"source {self.region}={self.uri}: {exc}") from exc
+            raise SourceError(f"{self.label}: {exc}") from exc
         except OSError as exc:  # the store itself: unreachable, no credentials, no such bucket
-            raise SourceError(f"source {self.region}={self.uri}: cannot read: {exc}") from exc
+            raise SourceError(f"{self.label}: cannot read: {exc}") from exc
 
     def topics(self) -> list[str]:
         return sorted({t for t, _ in self._info})
@@ -175,7 +181,7 @@ class ArchiveSource(Source):
         try:
             yield from read_range(self.uri, None, topic, partition, start, end, columns, batch_size)
         except archive.ArchiveError as exc:
-            raise SourceError(f"source {self.region}={self.uri}: {exc}") from exc
+            raise SourceError(f"{self.label}: {exc}") from exc
 
 
 @dataclass
@@ -190,7 +196,7 @@ class KafkaSource(Source):
             self._log = kafka_log.KafkaLog(self.bootstrap, self.kafka_conf, timeout_s=self.timeout_s)
             self._topics = self._log.topics()
         except kafka_log.KafkaLogError as exc:
-            raise SourceError(f"source {self.region}={self.uri}: {exc}") from exc
+            raise SourceError(f"{self.label}: {exc}") from exc
 
     def topics(self) -> list[str]:
         return list(self._topics)
@@ -199,7 +205,7 @@ class KafkaSource(Source):
         try:
             return self._log.partitions(topic)
         except kafka_log.KafkaLogError as exc:
-            raise SourceError(f"source {self.region}={self.uri}: {exc}") from exc
+            raise SourceError(f"{self.label}: {exc}") from exc
 
     def bounds(self, topic: str, partition: int) -> tuple[int, int]:
         key = (topic, partition)

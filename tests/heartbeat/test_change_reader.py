@@ -27,6 +27,7 @@ from div import archive
 from heartbeat import ChangeReader, ChangeReaderError, ChangeState, StateError, UnendedVersionError
 from heartbeat.change_events import PartitionChanges
 from heartbeat.changes import PartitionState, Phase, Verdict
+from heartbeat.cuts import FROM_HEARTBEATS, Cut, CutPartition
 
 pytestmark = pytest.mark.slow
 
@@ -45,6 +46,8 @@ class Vt:
     expected: dict[int, list]  # partition -> events
     final: dict[int, PartitionState]  # partition -> state after its last record
     duplicates: int
+    archives: dict[int, str] | None = None  # the simulation's regions' VT archives
+    topic: str = ""
 
     @property
     def total(self) -> int:
@@ -71,7 +74,7 @@ def vt(real_kafka, tmp_path_factory) -> Vt:
         assert not stream.problems
     assert duplicates > 0, "the failover re-produced nothing: the test would not test the filter"
     conf = {"bootstrap.servers": real_kafka.bootstrap_servers, "log_level": 0}
-    return Vt(store, conf, expected, final, duplicates)
+    return Vt(store, conf, expected, final, duplicates, sim.archives, sim.topic)
 
 
 def _per_partition(events) -> dict[int, list]:
@@ -300,3 +303,61 @@ def test_records_gone_before_they_were_read_are_a_problem_and_a_state_past_the_e
         ChangeReaderError, match=r"partition 1 ends at offset \d+, before the state's position 10000"
     ):
         ChangeReader(store, 1, conf, state=ahead)
+
+
+# -- from a cut; a state belongs to one region's VT (issue 40) --------------------------------------------------------
+
+
+def _cut_in_the_middle(vt) -> tuple[Cut, dict[int, list]]:
+    """A cut at each region's median RT position per partition, and the events above it (the rule's, from the
+    start: the first copy of each lies after the reader's start, so the events are equal whole)."""
+    parts, above = {}, {}
+    for p, events in vt.expected.items():
+        rt = {}
+        for r in range(N_REGIONS):
+            qs = sorted(e.upstream_offset for e in events if e.upstream_region == r)
+            rt[r] = qs[len(qs) // 2] if qs else -1
+        parts[p] = CutPartition(p, rt)
+        above[p] = [
+            e for e in events if e.upstream_region is not None and e.upstream_offset > rt[e.upstream_region]
+        ]
+    return Cut(vt.store, 1, 0, FROM_HEARTBEATS, parts), above
+
+
+def test_a_reader_from_a_cut_gets_exactly_the_changes_above_it_and_resumes_from_any_state_it_stored(vt):
+    cut, above = _cut_in_the_middle(vt)
+    assert all(len(v) > 10 for v in above.values())
+    with ChangeReader(vt.store, 1, vt.conf, cut=cut, region=FAILOVER_REGION) as reader:
+        assert _per_partition(_drain(reader)) == above
+        counts = reader.counts()
+        state = reader.change_state()
+    assert counts["bulk_load"] == 0 and state.region == FAILOVER_REGION
+    assert all(ps.log_id is not None for ps in state.partitions.values())
+    # stopped after its first event (the other partition may still be folding towards its start), resumed
+    with ChangeReader(vt.store, 1, vt.conf, cut=cut, batch_size=20) as reader:
+        first = reader.poll(DRAIN_S)
+        stored = reader.state()
+    with ChangeReader(vt.store, 1, vt.conf, state=stored) as reader:
+        assert _per_partition([first, *_drain(reader)]) == above
+    with pytest.raises(ValueError, match="a state or from a cut, not both"):
+        ChangeReader(vt.store, 1, vt.conf, cut=cut, state=stored)
+    with pytest.raises(ValueError, match="cut is of store .* not of store 'other'"):
+        ChangeReader("other", 1, vt.conf, cut=cut)
+
+
+def test_a_state_given_with_another_region_s_vt_is_refused_naming_both(vt, real_kafka):
+    """Issue 40's defect: a state of region 2's VT resumed silently with region 0's."""
+    with ChangeReader(vt.store, 1, vt.conf, n_regions=N_REGIONS, region=FAILOVER_REGION) as reader:
+        _drain(reader)
+        state = reader.change_state()
+    with pytest.raises(ValueError, match=f"region {FAILOVER_REGION}'s version topic, not region 0's"):
+        ChangeReader(vt.store, 1, vt.conf, state=state, region=0)
+    # the same store in region 0's cluster (here: another topic holding region 0's VT, the state renamed to it)
+    other = f"cc{uuid.uuid4().hex[:8]}"
+    real_kafka.create_topics({f"{other}_v1": 2})
+    produce_archive(real_kafka.bootstrap_servers, vt.archives[0], vt.topic, f"{other}_v1", range(2))
+    moved = ChangeState(other, 1, N_REGIONS, state.partitions, state.region)
+    with pytest.raises(ChangeReaderError, match=f"written for region {FAILOVER_REGION}'s version topic"):
+        ChangeReader(other, 1, vt.conf, state=moved.to_bytes())
+    with ChangeReader(vt.store, 1, vt.conf, state=state.to_bytes()) as same:  # its own VT: resumes
+        assert _drain(same) == []

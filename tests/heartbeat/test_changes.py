@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import random
 import zlib
+from dataclasses import replace
 
 import numpy as np
 import pytest
@@ -22,6 +23,7 @@ from heartbeat.changes import (
     ChangeFilter,
     ChangeState,
     Item,
+    LogId,
     PartitionState,
     Phase,
     Role,
@@ -332,9 +334,17 @@ def test_state_bytes_round_trip():
             "s", 2, 2, {1: PartitionState(4, Phase.ONLINE, (3, 4), (3, 2), chunked=True, ended=True)}
         ),
         ChangeState("s", 2, 2, {1: PartitionState(4, Phase.SKIP_BULK, (3, 4), (3, 2), ended=True)}),
+        ChangeState(
+            "s",
+            2,
+            2,
+            {1: PartitionState(4, Phase.ONLINE, (3, 4), (3, 2), log_id=LogId(3, bytes(range(8))))},
+            region=4,
+        ),
+        _state().with_region(0),
     ):
         data = state.to_bytes()
-        assert data[:4] == MAGIC and data[4] == 1
+        assert data[:4] == MAGIC and data[4] == 2
         assert ChangeState.from_bytes(data) == state
     assert _state().partition(5) == PartitionState.fresh(3)  # a partition never read starts fresh
 
@@ -349,8 +359,8 @@ def _with_crc(body: bytes) -> bytes:
         (lambda b: b[:6], "truncated"),
         (lambda b: b"PAR1" + b[4:], "not a tidegauge change-capture state"),
         (
-            lambda b: _with_crc(b[:4] + b"\x02" + b[5:-4]),
-            "format version 2 .written by a newer tidegauge.: this",
+            lambda b: _with_crc(b[:4] + b"\x03" + b[5:-4]),
+            "format version 3 .written by a newer tidegauge.: this tidegauge reads versions 1, 2",
         ),
         (lambda b: b[:-5] + bytes([b[-5] ^ 1]) + b[-4:], "damaged .CRC32 mismatch."),
         (lambda b: b[:20] + b[21:], "damaged .CRC32 mismatch."),
@@ -367,6 +377,12 @@ def _body(*longs: int, store: bytes = b"s") -> bytes:
     from div.avro_bits import write_long
 
     return MAGIC + b"\x01" + write_long(len(store)) + store + b"".join(write_long(x) for x in longs)
+
+
+def test_a_format_1_state_is_read_with_no_region_and_no_log_identity():
+    """States written before format 2 resume as before (unchecked); the flag bit 16 meant nothing then."""
+    state = ChangeState.from_bytes(_with_crc(_body(1, 1, 1, 0, 5, 2, 3, 0)))
+    assert state.region is None and state.partitions == {0: PartitionState(5, Phase.ONLINE, (3,), (3,))}
 
 
 @pytest.mark.parametrize(
@@ -405,4 +421,7 @@ def test_state_size_per_partition():
     )
     # the whole state of a 3-region store with one partition: magic, format, the store name, version, region and
     # partition counts, the partition, CRC32
-    assert len(_state(3, 1).to_bytes()) == 4 + 1 + 1 + len("orders") + 1 + 1 + 1 + 25 + 4
+    assert len(_state(3, 1).to_bytes()) == 4 + 1 + 1 + len("orders") + 1 + 1 + 1 + 1 + 25 + 4
+    # the log identity (format 2): its offset and 8 digest bytes, 13 bytes near 10^9
+    ids = ChangeState("orders", 7, 3, {1: replace(young, log_id=LogId(1_000_000_000, bytes(8)))})
+    assert len(ids.to_bytes()) - len(ChangeState("orders", 7, 3, {1: young}).to_bytes()) == 13

@@ -6,7 +6,7 @@ import pytest
 from small_sim import small_sim
 
 
-@pytest.fixture(scope="module")
+@pytest.fixture(scope="package")  # one simulation for every module here: it takes seconds to make
 def sim(tmp_path_factory):
     s = small_sim(tmp_path_factory.mktemp("sim"), faults={"failover": 1})
     (fault,) = [f for f in s.result.truth["faults"] if f["kind"] == "failover"]

@@ -106,6 +106,8 @@ def test_one_run_delivers_the_rule_s_rows_in_vt_order_and_each_coordinate_once(s
         "from": "fresh",
         "to": s["state"]["to"],
         "recovered": None,
+        "region": None,
+        "log_identity": {"checked": [], "unchecked": []},
     }
     assert s["store_regions"] == {"count": N_REGIONS, "learned_from": "heartbeats"}
     assert [p["partition"] for p in s["partitions"]] == [0, 1]
@@ -457,12 +459,15 @@ def test_a_partition_that_cannot_be_read_delivers_nothing_keeps_its_state_and_is
     assert got == by_partition(one_pass(sim.archive, sim.topic, N_REGIONS))
 
 
-def test_one_out_for_every_run_is_replaced_by_each_and_other_commands_state_is_refused(sim, tmp_path, capsys):
+def test_one_out_for_every_run_is_replaced_once_read_and_other_commands_state_is_refused(
+    sim, tmp_path, capsys
+):
     out, state = tmp_path / "out", tmp_path / "state"
     argv = ["--store", sim.store, "--version", 1, "--source", sim.archive, "--state", state, "--out", out]
     assert changes(*argv) == 0
     first = summary(out)["state"]
-    assert changes(*argv) == 0  # the same --out again: the earlier output of `changes` is replaced
+    (out / "read.json").write_text(json.dumps({"run": summary(out)["run"]}))  # the consumer read it
+    assert changes(*argv) == 0  # the same --out again: the earlier output of `changes`, read, is replaced
     assert summary(out)["state"]["from"] == first["to"] and rows(out).num_rows == 0
     lf = tmp_path / "lf-state"
     lf.mkdir()
