@@ -92,6 +92,16 @@ def validation_message(exc: ValidationError, path: str, model: type[BaseModel] =
     return f"{path}: {where}: {err['msg']} (got {err.get('input')!r})"
 
 
+def yaml_problem(exc: yaml.YAMLError) -> str:
+    """Where and what the YAML problem is, without the snippet of the file PyYAML quotes: that line may be a
+    Kafka client setting holding a password."""
+    mark = getattr(exc, "problem_mark", None)
+    problem = getattr(exc, "problem", None) or type(exc).__name__
+    if mark is None:
+        return str(problem)
+    return f"line {mark.line + 1}, column {mark.column + 1}: {problem}"
+
+
 def load(path: str | None) -> dict[str, Any]:
     """The YAML configuration as a dict ({} when no file is given and no default exists)."""
     if path is None:
@@ -106,7 +116,7 @@ def load(path: str | None) -> dict[str, Any]:
     except OSError as exc:
         raise UsageError(f"--conf {path}: cannot read: {exc}") from None
     except yaml.YAMLError as exc:
-        raise UsageError(f"--conf {path}: not valid YAML: {exc}") from None
+        raise UsageError(f"--conf {path}: not valid YAML: {yaml_problem(exc)}") from None
     if not isinstance(data, dict):
         raise UsageError(f"--conf {path}: the top level must be a mapping")
     try:

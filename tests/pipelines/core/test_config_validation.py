@@ -191,3 +191,12 @@ def test_comparing_jobs_need_a_store_a_version_and_two_regions(command, capsys, 
     assert "--store and --version are required" in capsys.readouterr().err
     assert main([*base, "--store", "s", "--version", "1"]) == 2
     assert f"{command} compares regions: give at least two --source" in capsys.readouterr().err
+
+
+def test_malformed_yaml_is_located_without_quoting_the_line_that_may_hold_a_password(tmp_path) -> None:
+    conf = tmp_path / "bad.yaml"
+    conf.write_text("kafka:\n  security.protocol: SASL_SSL\n  sasl.password: s3cr3t: oops\n")
+    code, err = _cli(COMMANDS["lag"] + ["--conf", str(conf)])
+    assert code == 2
+    assert "not valid YAML: line 3" in err
+    assert "s3cr3t" not in err
