@@ -8,6 +8,7 @@ behind (exit 1, named), and the bad inputs (exit 2, nothing written).
 from __future__ import annotations
 
 import json
+import time
 from pathlib import Path
 
 import pyarrow as pa
@@ -162,13 +163,15 @@ def test_two_regions_snapshots_at_an_exact_cut_are_equal_and_heartbeat_aligned_e
     assert sum(r["exact"] for r in rows.values()) > len(rows) // 2
 
 
-def test_the_spark_engine_writes_the_same_cut_and_snapshot(sim, exact_run, spark, tmp_path):
-    _, local = exact_run
-    out = tmp_path / "spark"
-    argv = [*sources(sim), *sources(sim, "--rt"), "--at", sim.at_ms, "--snapshot", 1, "--engine", "spark"]
-    assert cut(*argv, "--out", out) == 0
-    assert json.loads((out / "cut.json").read_text()) == json.loads((local / "cut.json").read_text())
-    assert snapshot_rows(out) == snapshot_rows(local)
+def test_the_spark_engine_writes_the_same_cut_and_snapshot(sim, spark, tmp_path):
+    # two regions' VTs and every RT (the cut stays exact): every kind of task, fewer of them
+    argv = [*sources(sim, regions=(0, 1)), *sources(sim, "--rt"), "--at", sim.at_ms, "--snapshot", 1]
+    assert cut(*argv, "--out", tmp_path / "local") == 0
+    assert cut(*argv, "--engine", "spark", "--out", tmp_path / "spark") == 0
+    local, on_spark = (json.loads((tmp_path / d / "cut.json").read_text()) for d in ("local", "spark"))
+    assert on_spark == local and len(local["partitions"]) == 2
+    assert snapshot_rows(tmp_path / "spark") == snapshot_rows(tmp_path / "local") != {}
+    assert json.loads((tmp_path / "spark" / "summary.json").read_text())["engine"] == "spark"
 
 
 def test_a_region_behind_the_cut_is_named_and_its_partition_left_out(sim, tmp_path, caplog):
@@ -210,3 +213,65 @@ def test_bad_input_exits_2_with_a_clear_message_and_writes_nothing(sim, tmp_path
     err = capsys.readouterr().err
     assert says in err and "Traceback" not in err
     assert not out.exists()
+
+
+def renamed_archive(sim, region: int, directory: Path, stores: list[str]) -> Path:
+    """Region's VT and RT archived under other store names (what the same region's topics would be in a cluster
+    holding several stores)."""
+    directory.mkdir()
+    for store in stores:
+        for topic in (sim.topic, sim.rt_topic):
+            name = store + topic.removeprefix(sim.store)
+            for p in (0, 1):
+                t = pa.Table.from_batches(list(archive.iter_partition(sim.archives[region], topic, p)))
+                t = t.set_column(t.schema.get_field_index("topic"), "topic", pa.array([name] * t.num_rows))
+                pq.write_table(t, directory / f"{name}-{p}.parquet")
+    return directory
+
+
+def test_kafka_sources_give_the_archives_cut_and_snapshot(sim, exact_run, real_kafka, tmp_path):
+    """Region 1's VT and RT copied into a real broker (CreateTime, the archive's timestamps kept): the same
+    cut.json and snapshot as from the archives, C read from the RT's timestamps. A LogAppendTime RT is answered
+    by the broker's time index instead, and summary.json says so."""
+    from kafka_copy import produce_archive
+
+    store = "cutk" + tmp_path.name[-6:].replace("_", "").lower()
+    kafka = f"kafka://{real_kafka.bootstrap_servers}"
+    stamped = f"{store}x_rt"  # another store's RT, whose records the broker stamps (LogAppendTime)
+    real_kafka.create_topics(
+        {f"{store}_v1": 2, f"{store}_rt": 2, f"{store}x_v1": 2, stamped: 2},
+        configs={stamped: {"message.timestamp.type": "LogAppendTime"}},
+    )
+    for src, dst in ((sim.topic, f"{store}_v1"), (sim.rt_topic, f"{store}_rt"), (sim.topic, f"{store}x_v1")):
+        produce_archive(real_kafka.bootstrap_servers, sim.archives[1], src, dst, (0, 1), keep_timestamps=True)
+    produce_archive(real_kafka.bootstrap_servers, sim.archives[1], sim.rt_topic, stamped, (0, 1))
+    others = {r: renamed_archive(sim, r, tmp_path / f"dc-{r}", [store, f"{store}x"]) for r in (0, 2)}
+    args = [a for r, d in others.items() for a in ("--source", f"{r}={d}", "--rt", f"{r}={d}")]
+    args += ["--source", f"1={kafka}", "--rt", f"1={kafka}"]
+
+    _, archive_out = exact_run
+    out = tmp_path / "kafka"
+    assert cut(*args, "--store", store, "--version", 1, "--at", sim.at_ms, "--snapshot", 1, "--out", out) == 0
+    got = json.loads((out / "cut.json").read_text())
+    assert got["partitions"] == json.loads((archive_out / "cut.json").read_text())["partitions"]
+    assert snapshot_rows(out) == snapshot_rows(archive_out)
+    assert json.loads((out / "summary.json").read_text())["rt_method"]["1"] == "read"
+
+    # every record of the stamped RT was written before now: at now, C is each partition's last offset there
+    now = int(time.time() * 1000)
+    out = tmp_path / "stamped"
+    assert cut(*args, "--store", f"{store}x", "--version", 1, "--at", now, "--out", out) == 0
+    summary = json.loads((out / "summary.json").read_text())
+    assert summary["rt_method"] == {"0": "read", "1": "offsets_for_times", "2": "read"}
+    c = Cut.from_json((out / "cut.json").read_text())
+    ends = {
+        p: sum(1 for b in archive.iter_partition(sim.archives[1], sim.rt_topic, p) for _ in range(b.num_rows))
+        for p in (0, 1)
+    }
+    assert {p: cp.rt[1] for p, cp in c.partitions.items()} == {p: n - 1 for p, n in ends.items()}
+    before = tmp_path / "before"
+    assert cut(*args, "--store", f"{store}x", "--version", 1, "--at", now - 3_600_000, "--out", before) == 0
+    assert {p: cp.rt[1] for p, cp in Cut.from_json((before / "cut.json").read_text()).partitions.items()} == {
+        0: -1,
+        1: -1,
+    }
