@@ -29,7 +29,8 @@ HELP = textwrap.dedent("""\
     ceil is not exact from the VT alone; with --rt it is resolved from the RT writes with Venice's own DCR (the
     rule `repair plan` uses), so every key is exact.
 
-    Writes OUT/cut.json (the cut, which `tidegauge changes --from-cut` resumes from), OUT/snapshot/ (Parquet,
+    Writes OUT/cut.json (the cut: `tidegauge changes --from-cut OUT/cut.json` then replays exactly the changes
+    after it, each once), OUT/snapshot/ (Parquet,
     one row per key: partition, key, op PUT|DELETE|NONE, value, logical_ts, upstream_region, upstream_offset,
     exact) and OUT/summary.json; prints a summary. docs/outputs.md has the contract.
 
@@ -46,9 +47,6 @@ EPILOG = textwrap.dedent("""\
       what did region 1 hold at that time, exact for every key (the RTs read too)
         tidegauge cut --store sim_store --version 1 --source 0=kafka://dc0:9092 --source 1=kafka://dc1:9092 \\
             --rt 0=kafka://dc0:9092 --rt 1=kafka://dc1:9092 --at 2026-11-29T02:00+02:00 --snapshot 1 --out out/cut
-      then replay exactly the changes after it, each once
-        tidegauge changes --store sim_store --version 1 --source 1=kafka://dc1:9092 \\
-            --from-cut out/cut/cut.json --out out/after-cut
       on Spark, one task per partition read
         tidegauge cut --source 0=s3://archive/dc-0 --source 1=s3://archive/dc-1 --at 1764374400000 \\
             --snapshot 0 --engine spark --master yarn --out s3://cuts/midnight""")
