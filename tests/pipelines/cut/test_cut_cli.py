@@ -163,6 +163,8 @@ def test_two_regions_snapshots_at_an_exact_cut_are_equal_and_heartbeat_aligned_e
     assert sum(r["exact"] for r in rows.values()) > len(rows) // 2
 
 
+@pytest.mark.spark
+@pytest.mark.slow
 def test_the_spark_engine_writes_the_same_cut_and_snapshot(sim, spark, tmp_path):
     # two regions' VTs and every RT (the cut stays exact): every kind of task, fewer of them
     argv = [*sources(sim, regions=(0, 1)), *sources(sim, "--rt"), "--at", sim.at_ms, "--snapshot", 1]
@@ -229,6 +231,7 @@ def renamed_archive(sim, region: int, directory: Path, stores: list[str]) -> Pat
     return directory
 
 
+@pytest.mark.kafka_real
 def test_kafka_sources_give_the_archives_cut_and_snapshot(sim, exact_run, real_kafka, tmp_path):
     """Region 1's VT and RT copied into a real broker (CreateTime, the archive's timestamps kept): the same
     cut.json and snapshot as from the archives, C read from the RT's timestamps. A LogAppendTime RT is answered
