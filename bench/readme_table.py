@@ -632,7 +632,7 @@ SHOWN: dict[str, tuple[str, list[str]]] = {
         ],
     ),
     "cut": (
-        "`tidegauge cut` over 2 regions x 1M VT records (4 partitions, a heartbeat every 1,000 RT records per region; "
+        "`tidegauge cut` over 2 regions x 1M VT records (nominal; `vt_records` counts both; 4 partitions, a heartbeat every 1,000 RT records per region; "
         "heartbeat-aligned, no RT in the workload) at the middle of the run, against a pyarrow scan of every byte of "
         "the same archives; `cut --snapshot 0` at the middle and at the end of the run against `tidegauge changes` "
         "over the same VT (medians of 3 rounds, local engine)",
@@ -650,6 +650,7 @@ SHOWN: dict[str, tuple[str, list[str]]] = {
             "changes_records_per_s",
             "snapshot_end_records_per_s",
             "snapshot_rows_end",
+            "load_avg",
         ],
     ),
     "kafka_io": ("archive and Kafka plumbing every job stands on", []),
