@@ -215,9 +215,10 @@ def _snapshot(task: Task, kafka_conf: dict[int, dict[str, Any]], read: Reader) -
     rt: dict[bytes, list[Record]] | None = None
     rt_records = 0
     wanted: list[bytes] = []
+    rt_bad: list[list[int]] = []
     if task.rts:
         wanted = undecided_keys(events, task.cut)
-        rt, rt_records = _rt_writes(task, wanted, kafka_conf, read)
+        rt, rt_records, rt_bad = _rt_writes(task, wanted, kafka_conf, read)
     table = snapshot_table(task.partition, events, task.cut, rt)
     writer = ParquetFileWriter(part_file(locate(task.out), task.partition), SNAPSHOT_SCHEMA)
     try:
@@ -231,6 +232,7 @@ def _snapshot(task: Task, kafka_conf: dict[int, dict[str, Any]], read: Reader) -
         "records": records,
         "rt_records": rt_records,
         "resolved": len(wanted),
+        "rt_undecodable": rt_bad,
         "undecodable": [p.offset for p in changes.problems],
         "rows": table.num_rows,
         "exact": int(pc.sum(table.column("exact")).as_py() or 0),
@@ -241,11 +243,14 @@ def _snapshot(task: Task, kafka_conf: dict[int, dict[str, Any]], read: Reader) -
 
 def _rt_writes(
     task: Task, wanted: list[bytes], kafka_conf: dict[int, dict[str, Any]], read: Reader
-) -> tuple[dict[bytes, list[Record]], int]:
-    """Every region's RT writes at or below the cut of the wanted keys (only those are decoded)."""
+) -> tuple[dict[bytes, list[Record]], int, list[list[int]]]:
+    """Every region's RT writes at or below the cut of the wanted keys (only those are decoded), the records read,
+    and [region, offset] of each of the wanted keys' RT records that could not be decoded (the key's resolution
+    may then be wrong: the run is partial)."""
     out: dict[bytes, list[Record]] = {k: [] for k in wanted}
+    bad: list[list[int]] = []
     if not wanted:
-        return out, 0
+        return out, 0, bad
     raw = pa.array([bytes([K.HEADER_PUT_OR_DELETE]) + k for k in wanted], pa.binary())
     codec = E.EnvelopeCodec()
     records = 0
@@ -255,14 +260,17 @@ def _rt_writes(
         for batch in read(uri, kafka_conf.get(region), topic, task.partition, start, end):
             records += batch.num_rows
             for rec in iter_records(batch.filter(pc.is_in(batch.column("key"), value_set=raw)), codec):
-                if rec.env is None or rec.kind not in (Kind.PUT, Kind.DELETE):
+                if rec.env is None:
+                    bad.append([region, rec.offset])
+                    continue
+                if rec.kind not in (Kind.PUT, Kind.DELETE):
                     continue
                 body = rec.env["payloadUnion"][1]
                 ts = logical_timestamp(body, rec.env["producerMetadata"])
                 value = body["putValue"] if rec.kind is Kind.PUT else None
                 op = "PUT" if rec.kind is Kind.PUT else "DELETE"
                 out[rec.key[1:]].append(Record(op, value, ts, region, rec.offset))
-    return out, records
+    return out, records, bad
 
 
 # -- planning -----------------------------------------------------------------------------------------------------
@@ -474,6 +482,21 @@ def _evidence(tasks: list[Task], answers: list[dict], what: str) -> list[Partiti
     return out
 
 
+def _rt_evidence(p: Plan, tasks: list[Task], answers: list[dict]) -> list[PartitionEvidence]:
+    """The RT records of undecided keys that could not be decoded, as evidence of the RT partitions they are in
+    (read for those keys only: no planned range)."""
+    out = []
+    for t, a in zip(tasks, answers, strict=True):
+        by_region: dict[int, list[int]] = {}
+        for region, offset in a.get("rt_undecodable", []):
+            by_region.setdefault(region, []).append(offset)
+        for region, offsets in sorted(by_region.items()):
+            e = PartitionEvidence(region, p.rt_topic, t.partition, 0, 0)
+            e.note_undecodable(offsets)
+            out.append(e)
+    return out
+
+
 def human_summary(cut: Cut, p: Plan, snapshot: dict[str, Any] | None) -> str:
     """What stdout shows: per partition C, each region's floor and ceil, the regions behind."""
     kind = (
@@ -645,6 +668,7 @@ def run(opts: CutOptions, engine: str, run_tasks: Runner, spark: Any = None) -> 
                     tasks, behind = snapshot_tasks(opts, p, cut, directory.uri)
                     snap_answers = run_tasks(tasks, progress)
                     evidence += _evidence(tasks, snap_answers, "snapshot")
+                    evidence += _rt_evidence(p, tasks, snap_answers)
                     snap = (tasks, snap_answers, behind)
                 return finish(opts, p, out, cut, evidence, snap, engine)
     finally:

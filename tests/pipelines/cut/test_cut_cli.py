@@ -278,3 +278,25 @@ def test_kafka_sources_give_the_archives_cut_and_snapshot(sim, exact_run, real_k
         0: -1,
         1: -1,
     }
+
+
+def test_undecodable_rt_writes_of_undecided_keys_make_the_run_partial(sim, tmp_path, caplog):
+    """Region 0's RT of partition 0 with every value cut short: the undecided keys' writes there cannot be read,
+    so their resolution is not sure: exit 3, the RT offsets counted in summary.json; the rest is written."""
+    damaged = tmp_path / "dc-0"
+    damaged.mkdir()
+    for topic in (sim.topic, sim.rt_topic):
+        for p in (0, 1):
+            t = pa.Table.from_batches(list(archive.iter_partition(sim.archives[0], topic, p)))
+            if topic == sim.rt_topic and p == 0:
+                t = t.set_column(
+                    t.schema.get_field_index("value"), "value", pc.binary_slice(t["value"], 0, 3)
+                )
+            pq.write_table(t, damaged / f"{topic}-{p}.parquet")
+    out = tmp_path / "out"
+    argv = ["--source", f"0={damaged}", "--rt", f"0={damaged}", *sources(sim, regions=(1, 2))]
+    assert cut(*argv, *sources(sim, "--rt", (1, 2)), "--at", sim.at_ms, "--snapshot", 1, "--out", out) == 3
+    summary = json.loads((out / "summary.json").read_text())
+    bad = [e for e in summary["evidence"]["by_partition"] if e["topic"] == sim.rt_topic and e["undecodable"]]
+    assert [(e["region"], e["partition"]) for e in bad] == [(0, 0)] and bad[0]["undecodable_offsets"]
+    assert summary["verdict"] == "partial" and summary["snapshot"]["rows"] > 0
