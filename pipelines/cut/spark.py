@@ -17,7 +17,8 @@ from typing import Any
 import pyarrow as pa
 
 from pipelines.core.progress import Progress
-from pipelines.cut.job import CutOptions, Task, run, run_task
+from pipelines.cut.job import CutOptions, run
+from pipelines.cut.tasks import Task, run_task
 
 OUT_DDL = "tid int, answer string"
 OUT_SCHEMA = pa.schema([("tid", pa.int32()), ("answer", pa.string())])
