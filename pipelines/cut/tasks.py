@@ -120,11 +120,14 @@ def _heartbeats(task: Task, batches: Iterable[pa.RecordBatch]) -> dict[str, Any]
                 except Exception:  # a damaged heartbeat: counted with its offset, claims nothing
                     bad.append(rec.offset)
                     continue
-                if h is None or h.watermarks is None:
-                    continue  # a plain Venice heartbeat: no vector, no claim
-                offsets.append(rec.offset)
-                vectors.append(list(h.watermarks.high_watermarks))
+                if h is None:
+                    continue
+                # a plain Venice heartbeat still says which RT heartbeat it reflects (the aligned cut), but claims
+                # no vector (no floor or ceil)
                 marks.append([rec.offset, h.origin_region, h.origin_rt_offset, h.origin_ms])
+                if h.watermarks is not None:
+                    offsets.append(rec.offset)
+                    vectors.append(list(h.watermarks.high_watermarks))
         else:
             for off, headers in zip(
                 hb.column("offset").to_pylist(), hb.column("headers").to_pylist(), strict=True
