@@ -168,6 +168,7 @@ BENCHES: dict[str, list[str]] = {
     "from_avro": ["bench/bench_from_avro.py", "--records", "1000000", "--repeat", "3", "--warmup", "1"],
     "changes": ["bench/bench_changes.py", "--records", "500000", "--repeat", "3", "--sims", "3"],
     "repair": ["bench/bench_repair.py", "--dir", "/tmp/bench-repair-full"],
+    "cut": ["bench/bench_cut.py", "--records", "1000000", "--repeat", "3"],
 }
 
 
@@ -631,6 +632,28 @@ SHOWN: dict[str, tuple[str, list[str]]] = {
             "synthetic_apply_acked",
             "synthetic_apply_s",
             "synthetic_apply_writes_per_s",
+        ],
+    ),
+    "cut": (
+        "`tidegauge cut` over 2 regions x 1M VT records (nominal; `vt_records` counts both; 4 partitions, a heartbeat every 1,000 RT records per region; "
+        "heartbeat-aligned, no RT in the workload) at the middle of the run, against a pyarrow scan of every byte of "
+        "the same archives; `cut --snapshot 0` at the middle and at the end of the run against `tidegauge changes` "
+        "over the same VT (medians of 3 rounds, local engine)",
+        [
+            "vt_records",
+            "scan_s",
+            "cut_s",
+            "cut_over_scan",
+            "cut_records_per_s",
+            "changes_s",
+            "snapshot_mid_s",
+            "snapshot_end_s",
+            "snapshot_mid_over_changes",
+            "snapshot_end_over_changes",
+            "changes_records_per_s",
+            "snapshot_end_records_per_s",
+            "snapshot_rows_end",
+            "load_avg",
         ],
     ),
     "kafka_io": ("archive and Kafka plumbing every job stands on", []),

@@ -180,6 +180,21 @@ class KafkaLog:
             ) from e
         return int(low), int(high)
 
+    def offset_for_time(self, topic: str, partition: int, ms: int) -> int:
+        """The first offset whose timestamp is >= `ms` (the broker's time index: exact where the topic's
+        timestamps are LogAppendTime), or the end offset when no record is that late."""
+        try:
+            (tp,) = self._consumer.offsets_for_times(
+                [TopicPartition(topic, int(partition), int(ms))], timeout=self.timeout_s
+            )
+        except KafkaException as e:
+            raise _client_error(f"cannot look up times in {topic}[{partition}] on {self.bootstrap}", e) from e
+        if tp.error is not None:
+            raise KafkaLogError(
+                f"cannot look up times in {topic}[{partition}] on {self.bootstrap}: {tp.error}"
+            )
+        return int(tp.offset) if tp.offset >= 0 else self.watermarks(topic, partition)[1]
+
 
 def list_topics(
     bootstrap: str, conf: Mapping[str, object] | None = None, include_internal: bool = False

@@ -213,6 +213,17 @@ def above(region: int, rt_offset: int, cut: Sequence[int]) -> bool:
     return not (0 <= region < len(cut)) or rt_offset > cut[region]
 
 
+def above_many(regions: np.ndarray, rt_offsets: np.ndarray, cut: Sequence[int]) -> np.ndarray:
+    """`above` for arrays of coordinates at once (a bool array): millions of records in a few numpy passes."""
+    reg = np.asarray(regions, dtype=np.int64)
+    off = np.asarray(rt_offsets, dtype=np.int64)
+    c = np.asarray(tuple(cut), dtype=np.int64)
+    named = (reg >= 0) & (reg < len(c))
+    out = np.ones(len(reg), dtype=bool)
+    out[named] = off[named] > c[reg[named]]
+    return out
+
+
 # -- cut.json ------------------------------------------------------------------------------------------------------
 
 

@@ -27,6 +27,7 @@ _JOBS = [
     "pipelines.leapfrog.cli",
     "pipelines.div.cli",
     "pipelines.changes.cli",
+    "pipelines.cut.cli",
     "pipelines.repair.cli",
     "pipelines.report.cli",
     "pipelines.demo.cli",

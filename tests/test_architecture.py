@@ -192,12 +192,23 @@ NO_CLI_YET: set[str] = set()
 
 
 def test_every_command_is_a_package_with_a_cli():
-    assert COMMANDS == ["changes", "demo", "div", "lag", "leapfrog", "repair", "report", "simulate", "watch"]
+    assert COMMANDS == [
+        "changes",
+        "cut",
+        "demo",
+        "div",
+        "lag",
+        "leapfrog",
+        "repair",
+        "report",
+        "simulate",
+        "watch",
+    ]
     from pipelines import cli
 
     assert cli._JOBS == [
         f"pipelines.{c}.cli"
-        for c in ("simulate", "lag", "leapfrog", "div", "changes", "repair", "report", "demo", "watch")
+        for c in ("simulate", "lag", "leapfrog", "div", "changes", "cut", "repair", "report", "demo", "watch")
     ]
     for command in COMMANDS:
         has_cli = (REPO / "pipelines" / command / "cli.py").exists()

@@ -36,6 +36,7 @@ def outputs(spark, tmp_path_factory) -> dict[str, Path]:
             "div restore",
             "changes",
             "changes state",
+            "cut",
         )
     }
     out |= {"report": root / "report", "history": root / "history"}
@@ -52,6 +53,8 @@ def outputs(spark, tmp_path_factory) -> dict[str, Path]:
         + ["--source", f"0={sim / 'archive' / 'dc-0'}", "--out", str(out["div restore"])],
         ["changes", "--store", "sim_store", "--version", "1", "--source", str(sim / "archive" / "dc-1")]
         + ["--out", str(out["changes"]), "--state", str(out["changes state"])],
+        ["cut", "--at", "1700000000200", "--snapshot", "1", "--out", str(out["cut"])]
+        + [f"--rt={r}={sim / 'archive' / f'dc-{r}'}" for r in (0, 1)],
         [
             "report",
             "--leapfrog",
@@ -65,7 +68,7 @@ def outputs(spark, tmp_path_factory) -> dict[str, Path]:
     ]
     sources = [f"--source={r}={sim / 'archive' / f'dc-{r}'}" for r in (0, 1)]
     for argv in runs:
-        if argv[0] in ("lag", "leapfrog") or argv[:2] == ["div", "validate"]:
+        if argv[0] in ("lag", "leapfrog", "cut") or argv[:2] == ["div", "validate"]:
             argv = [*argv, *sources]
         assert main(argv) in (0, 1, 3), argv
     return out
@@ -133,6 +136,8 @@ def _figures(doc, out: set[str]) -> set[str]:
         ("div validate", "summary.json"),
         ("div restore", "summary.json"),
         ("changes", "summary.json"),
+        ("cut", "summary.json"),
+        ("cut", "cut.json"),
         ("lag", "lag.json"),
     ],
 )

@@ -70,12 +70,12 @@ def register(sub) -> None:
         description=HELP,
         epilog=EPILOG,
     )
-    p.add_argument("--store", metavar="S", help="store name (default: `store` in --conf)")
+    p.add_argument("--store", metavar="S", help="store name (default: `store` in --conf, else --from-cut's)")
     p.add_argument(
         "--version",
         type=int,
         metavar="N",
-        help="store version: reads the VT S_vN (default: `version` in --conf). With a --state of version "
+        help="store version: reads the VT S_vN (default: `version` in --conf, else --from-cut's). With a --state of version "
         "N-1, follows the store to version N",
     )
     p.add_argument(
@@ -153,8 +153,15 @@ def run_changes(args: argparse.Namespace) -> int:
     conf = cfg.load(args.conf)
     store = args.store or conf.get("store")
     version = args.version if args.version is not None else conf.get("version")
+    if args.from_cut and (not store or version is None):
+        from pipelines.changes.job import read_cut
+
+        cut = read_cut(absolute(args.from_cut))  # the cut names its store version
+        store, version = store or cut.store, version if version is not None else cut.version
     if not store or version is None:
-        raise UsageError("--store and --version are required (or `store:` and `version:` in --conf)")
+        raise UsageError(
+            "--store and --version are required (or `store:` and `version:` in --conf, or a --from-cut)"
+        )
     if int(version) < 1:
         raise UsageError(f"--version {version}: store versions start at 1")
     if args.source is not None:

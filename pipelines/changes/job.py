@@ -310,16 +310,21 @@ def read_marked(target: Location) -> str | None:
     return doc.get("run") if isinstance(doc, dict) and isinstance(doc.get("run"), str) else None
 
 
-def load_cut(opts: ChangesOptions) -> Cut:
-    """--from-cut's cut.json, of this store and version (else a usage error naming both)."""
+def read_cut(path: str) -> Cut:
+    """The cut.json at `path` (a usage error naming it when it cannot be read or is not a cut)."""
     try:
-        text = locate(opts.from_cut).read_bytes()
+        text = locate(path).read_bytes()
     except (OSError, StorageError) as exc:
-        raise UsageError(f"--from-cut {opts.from_cut}: cannot be read ({exc})") from None
+        raise UsageError(f"--from-cut {path}: cannot be read ({exc})") from None
     try:
-        cut = Cut.from_json(text, f"--from-cut {opts.from_cut}")
+        return Cut.from_json(text, f"--from-cut {path}")
     except CutError as exc:
         raise UsageError(str(exc)) from None
+
+
+def load_cut(opts: ChangesOptions) -> Cut:
+    """--from-cut's cut.json, of this store and version (else a usage error naming both)."""
+    cut = read_cut(opts.from_cut)
     if (cut.store, cut.version) != (opts.store, opts.version):
         raise UsageError(
             f"--from-cut {opts.from_cut}: is a cut of store {cut.store!r} version {cut.version}; this run reads "

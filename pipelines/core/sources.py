@@ -148,6 +148,14 @@ class Source:
         """The topic's min.compaction.lag.ms when it is compacted and the source can tell; else None."""
         return None
 
+    def timestamp_type(self, topic: str) -> str | None:
+        """The topic's message.timestamp.type (CreateTime or LogAppendTime) when the source can tell; else None."""
+        return None
+
+    def offset_for_time(self, topic: str, partition: int, ms: int) -> int:
+        """The first offset whose timestamp is >= `ms` by the source's time index (Kafka only)."""
+        raise NotImplementedError(f"source {self.region}={self.uri} has no time index")
+
 
 class ArchiveSource(Source):
     def __post_init__(self) -> None:
@@ -224,6 +232,15 @@ class KafkaSource(Source):
     def min_compaction_lag_ms(self, topic: str) -> int | None:
         compacted, lag = kafka_log.compaction(self.bootstrap, self.kafka_conf, topic)
         return lag if compacted else None  # unknown (the cluster cannot say) or not compacted: strict
+
+    def timestamp_type(self, topic: str) -> str | None:
+        return kafka_log.topic_config(self.bootstrap, self.kafka_conf, topic, "message.timestamp.type")
+
+    def offset_for_time(self, topic: str, partition: int, ms: int) -> int:
+        try:
+            return self._log.offset_for_time(topic, partition, ms)
+        except kafka_log.KafkaLogError as exc:
+            raise SourceError(f"source {self.region}={self.uri}: {exc}") from exc
 
     def close(self) -> None:
         self._log.close()

@@ -137,3 +137,12 @@ def test_cut_json_round_trip_and_strict_reading() -> None:
         Cut.from_json('{"store": "s", "version": 1, "at_ms": 0, "partitions": []}')
     with pytest.raises(CutError, match="not JSON"):
         Cut.from_json("{")
+
+
+def test_above_many_is_above_for_every_coordinate():
+    from heartbeat.cuts import above, above_many
+
+    cut = (3, -1, 7)
+    coords = [(r, o) for r in (-1, 0, 1, 2, 3) for o in (-1, 0, 3, 4, 7, 8)]
+    got = above_many(np.array([r for r, _ in coords]), np.array([o for _, o in coords]), cut)
+    assert got.tolist() == [above(r, o, cut) for r, o in coords]

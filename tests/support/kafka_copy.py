@@ -19,10 +19,12 @@ def produce_archive(
     partitions: Iterable[int],
     conf: Mapping[str, object] | None = None,
     flush_timeout_s: float = 60,
+    keep_timestamps: bool = False,
 ) -> None:
     """Every record of the archive's partitions, in order, into `topic` (empty: offsets come out the archive's);
     `conf`: producer settings over the defaults (a benchmark's larger batches). A full local queue waits for room
-    rather than failing, so any number of records can be copied."""
+    rather than failing, so any number of records can be copied. `keep_timestamps`: each record keeps the
+    archive's timestamp (a CreateTime topic then holds the same times: a cut at T reads the same there)."""
     p = Producer(
         {
             "bootstrap.servers": bootstrap,
@@ -35,7 +37,9 @@ def produce_archive(
     failed: list = []
     for part in partitions:
         for batch in archive.iter_partition(directory, source_topic, part):
-            for r in batch.to_pylist():
+            times = archive.timestamps_ms(batch) if keep_timestamps else [None] * batch.num_rows
+            for r, ms in zip(batch.to_pylist(), times, strict=True):
+                stamp = {"timestamp": ms} if ms is not None else {}
                 while True:
                     try:
                         p.produce(
@@ -45,6 +49,7 @@ def produce_archive(
                             headers=[(h["key"], h["value"]) for h in r["headers"] or []] or None,
                             partition=part,
                             on_delivery=lambda err, _m: err and failed.append(err),
+                            **stamp,
                         )
                         break
                     except BufferError:
