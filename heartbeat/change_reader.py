@@ -49,8 +49,10 @@ from div.kafka_log import (
     KafkaLogError,
     bootstrap_of,
     consumer_config,
+    is_secret,
     messages_to_batch,
     raise_on_fatal,
+    scrub,
     split_messages,
 )
 
@@ -58,9 +60,6 @@ from .change_events import ChangeEvent, PartitionChanges, Problem
 from .changes import ChangeState, PartitionState, Verdict
 
 log = logging.getLogger("tidegauge.heartbeat.changes")
-
-# Settings whose values must not reach a message even when librdkafka quotes a value it rejects.
-_SECRET_WORDS = ("password", "secret", "token", "key", "oauthbearer.config", "jaas")
 
 
 class ChangeReaderError(KafkaLogError):
@@ -104,14 +103,6 @@ class ChangeReaderStats:
 def version_topic(store: str, version: int) -> str:
     """Venice's name of a store version's VT."""
     return f"{store}_v{version}"
-
-
-def _scrub(text: str, config: Mapping[str, object]) -> str:
-    """`text` without the value of any setting that may hold a credential."""
-    for name, value in config.items():
-        if any(w in str(name).lower() for w in _SECRET_WORDS) and value is not None and str(value):
-            text = text.replace(str(value), "***")
-    return text
 
 
 class UnendedVersionError(ValueError):
@@ -229,11 +220,9 @@ class ChangeReader:
             self._consumer = Consumer(settings)
         except (KafkaException, ValueError, TypeError) as e:
             raise ChangeReaderError(
-                f"cannot create a Kafka client for {self.cluster}: {_scrub(str(e), config)}"
+                f"cannot create a Kafka client for {self.cluster}: {scrub(str(e), config)}"
             ) from None
-        self._scrub_config = {
-            k: v for k, v in config.items() if any(w in str(k).lower() for w in _SECRET_WORDS)
-        }
+        self._scrub_config = {k: v for k, v in config.items() if is_secret(k)}
         try:
             self._assign(self._base)
         except BaseException:
@@ -259,7 +248,7 @@ class ChangeReader:
             md = self._consumer.list_topics(topic, timeout=self._timeout_s)
         except KafkaException as e:
             raise ChangeReaderError(
-                f"cannot read the metadata of {self._where(topic)}: {_scrub(str(e), self._scrub_config)}"
+                f"cannot read the metadata of {self._where(topic)}: {scrub(str(e), self._scrub_config)}"
             ) from None
         tmd = md.topics.get(topic)
         if tmd is None or tmd.error is not None and tmd.error.code() == KafkaError.UNKNOWN_TOPIC_OR_PART:
@@ -293,7 +282,7 @@ class ChangeReader:
                 raise ChangeReaderError(
                     f"cannot read the offsets of {self._where(topic)}, partition {p} (does the cluster answer? "
                     f"librdkafka says the partition is unknown when it does not): "
-                    f"{_scrub(str(e), self._scrub_config)}"
+                    f"{scrub(str(e), self._scrub_config)}"
                 ) from None
             if ps.position > high:
                 raise ChangeReaderError(
