@@ -14,7 +14,6 @@ to PAGES as JSON {url: text}. Prints the commands' exit codes as a JSON list on 
 from __future__ import annotations
 
 import json
-import re
 import sys
 import urllib.request
 
@@ -51,11 +50,13 @@ def main(spec_path: str) -> int:
     app = spark.sparkContext.applicationId
     for path in ("/SQL/", "/environment/", "/jobs/", "/stages/"):
         pages[ui + path] = _get(ui + path)
-    for exec_id in sorted({int(m) for m in re.findall(r"/SQL/execution/\?id=(\d+)", pages[ui + "/SQL/"])}):
-        url = f"{ui}/SQL/execution/?id={exec_id}"
-        pages[url] = _get(url)
     for path in ("sql?details=true&planDescription=true", "environment"):
         url = f"{ui}/api/v1/applications/{app}/{path}"
+        pages[url] = _get(url)
+    for execution in json.loads(
+        pages[f"{ui}/api/v1/applications/{app}/sql?details=true&planDescription=true"]
+    ):
+        url = f"{ui}/SQL/execution/?id={execution['id']}"
         pages[url] = _get(url)
     with open(spec["pages"], "w") as f:
         json.dump(pages, f)
