@@ -200,6 +200,10 @@ class ClientErrors:
         refused = self.refused()
         if refused:
             return refused
+        # "1/1 brokers are down" follows the error that says why
+        said = [text for code, text in self.errors if code != KafkaError._ALL_BROKERS_DOWN]
+        if said:
+            return said[-1]
         return self.errors[-1][1] if self.errors else None
 
 
