@@ -46,6 +46,7 @@ from confluent_kafka import Consumer, KafkaError, KafkaException, Message, Topic
 
 from div import envelope as E
 from div.kafka_log import (
+    ClientErrors,
     KafkaLogError,
     bootstrap_of,
     consumer_config,
@@ -54,6 +55,7 @@ from div.kafka_log import (
     raise_on_fatal,
     scrub,
     split_messages,
+    unreachable,
 )
 
 from .change_events import ChangeEvent, PartitionChanges, Problem
@@ -217,12 +219,17 @@ class ChangeReader:
             settings = consumer_config(self.cluster, config)
             # the reader's own: it knows a partition's end from its EOF event, and the state is the caller's
             settings.update({"enable.partition.eof": True, "enable.auto.commit": False})
+            # what librdkafka reports only through its error callback (a refused login or TLS handshake), for
+            # the message of a cluster that cannot be read; a callback of the caller's own is kept
+            self._errors = ClientErrors(config)
+            settings.setdefault("error_cb", self._errors)
             self._consumer = Consumer(settings)
         except (KafkaException, ValueError, TypeError) as e:
             raise ChangeReaderError(
                 f"cannot create a Kafka client for {self.cluster}: {scrub(str(e), config)}"
             ) from None
         self._scrub_config = {k: v for k, v in config.items() if is_secret(k)}
+        self._config_shown = {k: v for k, v in config.items() if not callable(v)}
         try:
             self._assign(self._base)
         except BaseException:
@@ -244,11 +251,23 @@ class ChangeReader:
         return f"version topic {topic or self.topic} on {self.cluster}"
 
     def _topic_partitions(self, topic: str) -> list[int]:
+        t0 = time.monotonic()
         try:
             md = self._consumer.list_topics(topic, timeout=self._timeout_s)
         except KafkaException as e:
+            if not self._streams:  # nothing assigned yet: serving the client's queue loses no record
+                self._consumer.poll(0)
             raise ChangeReaderError(
-                f"cannot read the metadata of {self._where(topic)}: {scrub(str(e), self._scrub_config)}"
+                str(
+                    unreachable(
+                        f"cannot read the metadata of {self._where(topic)}",
+                        self.cluster,
+                        self._config_shown,
+                        time.monotonic() - t0,
+                        self._errors,
+                        e,
+                    )
+                )
             ) from None
         tmd = md.topics.get(topic)
         if tmd is None or tmd.error is not None and tmd.error.code() == KafkaError.UNKNOWN_TOPIC_OR_PART:
