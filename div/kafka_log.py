@@ -120,9 +120,114 @@ def consumer_config(bootstrap: str, conf: Mapping[str, object] | None = None) ->
     return base
 
 
-def _client_error(what: str, e: BaseException) -> KafkaLogError:
-    # KafkaError text comes from librdkafka and names brokers and error codes, never configuration values.
-    return KafkaLogError(f"{what}: {e}")
+# -- why a cluster cannot be read ---------------------------------------------------------------------------
+# librdkafka reports a refused login or TLS handshake only through its error callback; the call that then times
+# out says "Broker transport failure", and a user would look for a network fault. `ClientErrors` keeps what the
+# callback said, so the message can say what happened and which settings to check.
+
+# Settings whose values may hold a credential: never shown, only whether they are set.
+SECRET_WORDS = ("password", "secret", "token", "key", "oauthbearer.config", "jaas")
+# Settings a user checks when a cluster cannot be reached, shown with their values (file paths, names).
+_SHOWN_SETTINGS = (
+    "security.protocol",
+    "sasl.mechanism",
+    "sasl.mechanisms",
+    "sasl.username",
+    "ssl.ca.location",
+    "ssl.certificate.location",
+    "ssl.key.location",
+    "ssl.keystore.location",
+    "ssl.endpoint.identification.algorithm",
+)
+_AUTH_CODES = {KafkaError._AUTHENTICATION, KafkaError.SASL_AUTHENTICATION_FAILED}
+
+
+def is_secret(name: str) -> bool:
+    """Whether a librdkafka setting's value may hold a credential (its name says password, key, token, ...)."""
+    lowered = str(name).lower()
+    return lowered not in _SHOWN_SETTINGS and any(w in lowered for w in SECRET_WORDS)
+
+
+def scrub(text: str, conf: Mapping[str, object] | None) -> str:
+    """`text` without the value of any setting of `conf` that may hold a credential."""
+    for name, value in (conf or {}).items():
+        if is_secret(name) and value is not None and str(value):
+            text = text.replace(str(value), "***")
+    return text
+
+
+def settings_to_check(conf: Mapping[str, object] | None) -> str:
+    """The client settings that decide whether a cluster can be reached, as `name=value` (secrets as `set`)."""
+    conf = {str(k).lower(): v for k, v in (conf or {}).items()}
+    shown = [f"security.protocol={conf.get('security.protocol', 'plaintext (not set)')}"]
+    shown += [f"{k}={conf[k]}" for k in _SHOWN_SETTINGS[1:] if k in conf]
+    shown += [f"{k} set" for k in sorted(conf) if is_secret(k) and conf[k] not in (None, "")]
+    return ", ".join(shown)
+
+
+class ClientErrors:
+    """librdkafka's `error_cb`: keeps the errors a client reported (each also logged, rate-limited, as librdkafka
+    logs them without a callback), so a failure can name its cause. `conf` is what the client was given: its
+    secret values are scrubbed from what is kept."""
+
+    def __init__(self, conf: Mapping[str, object] | None = None) -> None:
+        self._conf = dict(conf or {})
+        self.errors: list[tuple[int, str]] = []
+
+    def __call__(self, err: KafkaError) -> None:
+        text = scrub(err.str(), self._conf)
+        if len(self.errors) < 100:
+            self.errors.append((err.code(), text))
+        # librdkafka logs the failure itself (its FAIL line, through `client_logger`): kept for debugging only
+        client_logger().debug("%s", text)
+
+    def refused(self) -> str | None:
+        """The cluster's refusal, when there was one: a failed login or TLS handshake (it will not heal by
+        waiting), as one phrase; None otherwise."""
+        for code, text in reversed(self.errors):
+            if code in _AUTH_CODES:
+                return f"authentication failed ({text})"
+        for code, text in reversed(self.errors):
+            if code == KafkaError._SSL or "SSL handshake" in text or "certificate verify failed" in text:
+                return f"the TLS handshake failed: the client refused the broker's certificate ({text})"
+            if "SSL routines" in text and "alert" in text:
+                # the broker's TLS alert: it refused this client's certificate (expired, unknown CA, none sent)
+                return f"the TLS handshake failed: the broker refused the client's certificate ({text})"
+        return None
+
+    def cause(self) -> str | None:
+        """What librdkafka reported last (the refusal first), or None when it said nothing."""
+        refused = self.refused()
+        if refused:
+            return refused
+        # "1/1 brokers are down" follows the error that says why
+        said = [text for code, text in self.errors if code != KafkaError._ALL_BROKERS_DOWN]
+        if said:
+            return said[-1]
+        return self.errors[-1][1] if self.errors else None
+
+
+def unreachable(
+    what: str,
+    bootstrap: str,
+    conf: Mapping[str, object] | None,
+    waited_s: float,
+    errors: ClientErrors,
+    e=None,
+) -> KafkaLogError:
+    """The error of a cluster that could not be read: what was asked, the cause librdkafka reported (the refused
+    login or handshake rather than the transport failure it ends in), the time waited and what to check."""
+    cause = errors.cause() or (scrub(str(e), conf) if e is not None else "no answer")
+    refused = errors.refused() is not None
+    hint = (
+        "check the credentials and certificates these settings name"
+        if refused
+        else "check that a broker listens at that address and that these settings match its listener"
+    )
+    return KafkaLogError(
+        f"{what}: {cause}; waited {waited_s:.1f} s for {bootstrap}. {hint[0].upper()}{hint[1:]}: "
+        f"{settings_to_check(conf)}"
+    )
 
 
 class KafkaLog:
@@ -133,10 +238,14 @@ class KafkaLog:
     ) -> None:
         self.bootstrap = bootstrap_of(bootstrap)
         self.timeout_s = timeout_s
+        self._conf = dict(conf or {})
+        self.errors = ClientErrors(self._conf)
         try:
-            self._consumer = Consumer(consumer_config(self.bootstrap, conf))
+            self._consumer = Consumer({**consumer_config(self.bootstrap, conf), "error_cb": self.errors})
         except (KafkaException, ValueError) as e:
-            raise _client_error(f"cannot create a Kafka client for {self.bootstrap}", e) from e
+            raise KafkaLogError(
+                f"cannot create a Kafka client for {self.bootstrap}: {scrub(str(e), self._conf)}"
+            ) from e
 
     def __enter__(self) -> KafkaLog:
         return self
@@ -150,10 +259,20 @@ class KafkaLog:
             self._consumer = None
 
     def _metadata(self, topic: str | None = None):
-        try:
-            return self._consumer.list_topics(topic, timeout=self.timeout_s)
-        except KafkaException as e:
-            raise _client_error(f"cannot read metadata from {self.bootstrap}", e) from e
+        """The cluster's metadata, asked in short rounds: between them the error callback is served, so a refused
+        login or TLS handshake ends the wait at once instead of after `timeout_s`."""
+        t0 = time.monotonic()
+        while True:
+            left = self.timeout_s - (time.monotonic() - t0)
+            try:
+                return self._consumer.list_topics(topic, timeout=max(0.05, min(1.0, left)))
+            except KafkaException as e:
+                self._consumer.poll(0)  # serves the error callback
+                if left <= 1.0 or self.errors.refused() is not None:
+                    raise self._unreachable(f"cannot read metadata from {self.bootstrap}", t0, e) from None
+
+    def _unreachable(self, what: str, t0: float, e: BaseException | None = None) -> KafkaLogError:
+        return unreachable(what, self.bootstrap, self._conf, time.monotonic() - t0, self.errors, e)
 
     def topics(self, include_internal: bool = False) -> list[str]:
         """Topic names, sorted; Kafka's internal `__*` topics only if asked."""
@@ -164,20 +283,58 @@ class KafkaLog:
         md = self._metadata(topic).topics.get(topic)
         if md is None or md.error is not None and md.error.code() == KafkaError.UNKNOWN_TOPIC_OR_PART:
             raise KafkaLogError(f"topic {topic!r} does not exist on {self.bootstrap}")
+        if md.error is not None and md.error.code() == KafkaError.TOPIC_AUTHORIZATION_FAILED:
+            raise KafkaLogError(
+                f"topic {topic!r} on {self.bootstrap}: not authorized ({md.error.str()}): the principal these "
+                f"settings name needs Describe and Read ACLs on it: {settings_to_check(self._conf)}"
+            )
         if md.error is not None:
             raise KafkaLogError(f"topic {topic!r} on {self.bootstrap}: {md.error}")
+        self._check_readable(topic)
         return sorted(md.partitions)
+
+    def _check_readable(self, topic: str) -> None:
+        """Raise when the cluster says the principal may not Read `topic`. A principal with Describe but no Read
+        sees the topic, its partitions and offsets; only the fetch would fail, on an executor, partition by
+        partition, where it would read as a partial run instead of a setting to fix. Asked only of a client that
+        authenticates (security.protocol other than plaintext: ACLs name principals); silent when the cluster
+        cannot say (no authorizer, an older broker)."""
+        from confluent_kafka import TopicCollection
+        from confluent_kafka.admin import AclOperation
+
+        protocol = str(
+            {str(k).lower(): v for k, v in self._conf.items()}.get("security.protocol", "plaintext")
+        )
+        if protocol.lower() == "plaintext":
+            return
+        try:
+            admin = AdminClient(
+                {"logger": client_logger(), **self._conf, "bootstrap.servers": self.bootstrap}
+            )
+            fut = admin.describe_topics(
+                TopicCollection([topic]), request_timeout=self.timeout_s, include_authorized_operations=True
+            )[topic]
+            ops = fut.result(timeout=self.timeout_s + 1.0).authorized_operations
+        except Exception as e:  # noqa: BLE001 - the cluster cannot say: the read will
+            log.debug("cannot describe topic %s on %s: %s", topic, self.bootstrap, type(e).__name__)
+            return
+        if ops and AclOperation.READ not in ops and AclOperation.ALL not in ops:
+            raise KafkaLogError(
+                f"topic {topic!r} on {self.bootstrap}: not authorized to read it (the cluster allows this "
+                f"principal only {', '.join(sorted(op.name for op in ops))}): the principal these settings name "
+                f"needs a Read ACL on it: {settings_to_check(self._conf)}"
+            )
 
     def watermarks(self, topic: str, partition: int) -> tuple[int, int]:
         """(low, high): the first offset still stored and the offset the next record will get."""
+        t0 = time.monotonic()
         try:
             low, high = self._consumer.get_watermark_offsets(
                 TopicPartition(topic, int(partition)), timeout=self.timeout_s, cached=False
             )
         except KafkaException as e:
-            raise _client_error(
-                f"cannot read watermarks of {topic}[{partition}] on {self.bootstrap}", e
-            ) from e
+            self._consumer.poll(0)  # serves the error callback
+            raise self._unreachable(f"cannot read watermarks of {topic}[{partition}]", t0, e) from None
         return int(low), int(high)
 
     def offset_for_time(self, topic: str, partition: int, ms: int) -> int:
@@ -231,14 +388,26 @@ def split_messages(msgs: list[Message]) -> tuple[list[Message], list[Message]]:
     return data, events
 
 
-def raise_on_fatal(events: list[Message], where: str) -> None:
-    """Partition EOF and transient errors are expected; anything librdkafka marks fatal or non-retriable is not."""
+def raise_on_fatal(events: list[Message], where: str, conf: Mapping[str, object] | None = None) -> None:
+    """Partition EOF and transient errors are expected; anything librdkafka marks fatal or non-retriable is not.
+    A topic the principal may not read says which settings name the principal."""
     for m in events:
         err = m.error()
         if err.code() == KafkaError._PARTITION_EOF:
             continue
+        if err.code() == KafkaError.GROUP_AUTHORIZATION_FAILED:
+            # librdkafka's consumer must have a group.id and looks for its coordinator even when, as here, it only
+            # assigns and never commits; a principal allowed to read the topics and nothing else (no group ACL)
+            # is refused that lookup, which costs the read nothing
+            log.debug("%s: %s (no group is used: ignored)", where, err)
+            continue
+        if err.code() == KafkaError.TOPIC_AUTHORIZATION_FAILED:
+            raise KafkaLogError(
+                f"{where}: not authorized to read the topic ({err.str()}): the principal these settings name "
+                f"needs Read and Describe ACLs on it: {settings_to_check(conf)}"
+            )
         if err.fatal() or (not err.retriable() and err.code() not in _TRANSIENT):
-            raise KafkaLogError(f"{where}: {err}")
+            raise KafkaLogError(f"{where}: {scrub(str(err), conf)}")
         log.warning("%s: %s (retrying)", where, err)
 
 
@@ -283,13 +452,17 @@ def iter_partition(
         return
     where = f"{topic}[{partition}] on {bootstrap_of(bootstrap)}"
     strict = from_start and start is not None
-    settings = consumer_config(bootstrap, conf)
+    errors = ClientErrors(conf)
+    settings = {**consumer_config(bootstrap, conf), "error_cb": errors}
     if strict:  # librdkafka reports an out-of-range start as an error event instead of moving it
         settings["auto.offset.reset"] = "error"
     try:
         consumer = Consumer(settings)
     except (KafkaException, ValueError) as e:
-        raise _client_error(f"cannot create a Kafka client for {bootstrap_of(bootstrap)}", e) from e
+        raise KafkaLogError(
+            f"cannot create a Kafka client for {bootstrap_of(bootstrap)}: {scrub(str(e), conf)}"
+        ) from e
+    t0 = time.monotonic()
     try:
         consumer.assign([TopicPartition(topic, int(partition), OFFSET_BEGINNING if start is None else start)])
         next_offset = -1 if start is None else start
@@ -302,7 +475,11 @@ def iter_partition(
             data, events = split_messages(msgs)
             if strict and any(m.error().code() == KafkaError._AUTO_OFFSET_RESET for m in events):
                 raise _trimmed(consumer, topic, int(partition), start, end, where)
-            raise_on_fatal(events, where)
+            raise_on_fatal(events, where, conf)
+            if errors.refused() is not None:
+                raise unreachable(
+                    f"cannot read {where}", bootstrap_of(bootstrap), conf, time.monotonic() - t0, errors
+                )
             done = False
             if data:
                 last_progress = time.monotonic()
@@ -326,9 +503,11 @@ def iter_partition(
             if done:
                 return
             if time.monotonic() - last_progress > stall_timeout_s:
+                said = errors.cause()
                 raise KafkaLogError(
                     f"{where}: no records for {stall_timeout_s:.0f} s at offset {next_offset}, "
                     f"before the requested end offset {end}"
+                    + (f" (librdkafka: {said}; settings: {settings_to_check(conf)})" if said else "")
                 )
     finally:
         consumer.close()

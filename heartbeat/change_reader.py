@@ -63,12 +63,16 @@ from confluent_kafka import Consumer, KafkaError, KafkaException, Message, Topic
 
 from div import envelope as E
 from div.kafka_log import (
+    ClientErrors,
     KafkaLogError,
     bootstrap_of,
     consumer_config,
+    is_secret,
     messages_to_batch,
     raise_on_fatal,
+    scrub,
     split_messages,
+    unreachable,
 )
 
 from .change_events import ChangeEvent, CutSeeker, PartitionChanges, Problem
@@ -76,9 +80,6 @@ from .changes import ChangeState, PartitionState, Verdict, cut_marks, cut_state,
 from .cuts import Cut
 
 log = logging.getLogger("tidegauge.heartbeat.changes")
-
-# Settings whose values must not reach a message even when librdkafka quotes a value it rejects.
-_SECRET_WORDS = ("password", "secret", "token", "key", "oauthbearer.config", "jaas")
 
 
 class ChangeReaderError(KafkaLogError):
@@ -122,14 +123,6 @@ class ChangeReaderStats:
 def version_topic(store: str, version: int) -> str:
     """Venice's name of a store version's VT."""
     return f"{store}_v{version}"
-
-
-def _scrub(text: str, config: Mapping[str, object]) -> str:
-    """`text` without the value of any setting that may hold a credential."""
-    for name, value in config.items():
-        if any(w in str(name).lower() for w in _SECRET_WORDS) and value is not None and str(value):
-            text = text.replace(str(value), "***")
-    return text
 
 
 class UnendedVersionError(ValueError):
@@ -272,14 +265,17 @@ class ChangeReader:
             settings = consumer_config(self.cluster, config)
             # the reader's own: it knows a partition's end from its EOF event, and the state is the caller's
             settings.update({"enable.partition.eof": True, "enable.auto.commit": False})
+            # what librdkafka reports only through its error callback (a refused login or TLS handshake), for
+            # the message of a cluster that cannot be read; a callback of the caller's own is kept
+            self._errors = ClientErrors(config)
+            settings.setdefault("error_cb", self._errors)
             self._consumer = Consumer(settings)
         except (KafkaException, ValueError, TypeError) as e:
             raise ChangeReaderError(
-                f"cannot create a Kafka client for {self.cluster}: {_scrub(str(e), config)}"
+                f"cannot create a Kafka client for {self.cluster}: {scrub(str(e), config)}"
             ) from None
-        self._scrub_config = {
-            k: v for k, v in config.items() if any(w in str(k).lower() for w in _SECRET_WORDS)
-        }
+        self._scrub_config = {k: v for k, v in config.items() if is_secret(k)}
+        self._config_shown = {k: v for k, v in config.items() if not callable(v)}
         try:
             self._assign(self._base)
         except BaseException:
@@ -301,11 +297,23 @@ class ChangeReader:
         return f"version topic {topic or self.topic} on {self.cluster}"
 
     def _topic_partitions(self, topic: str) -> list[int]:
+        t0 = time.monotonic()
         try:
             md = self._consumer.list_topics(topic, timeout=self._timeout_s)
         except KafkaException as e:
+            if not self._streams:  # nothing assigned yet: serving the client's queue loses no record
+                self._consumer.poll(0)
             raise ChangeReaderError(
-                f"cannot read the metadata of {self._where(topic)}: {_scrub(str(e), self._scrub_config)}"
+                str(
+                    unreachable(
+                        f"cannot read the metadata of {self._where(topic)}",
+                        self.cluster,
+                        self._config_shown,
+                        time.monotonic() - t0,
+                        self._errors,
+                        e,
+                    )
+                )
             ) from None
         tmd = md.topics.get(topic)
         if tmd is None or tmd.error is not None and tmd.error.code() == KafkaError.UNKNOWN_TOPIC_OR_PART:
@@ -346,7 +354,7 @@ class ChangeReader:
                 raise ChangeReaderError(
                     f"cannot read the offsets of {self._where(topic)}, partition {p} (does the cluster answer? "
                     f"librdkafka says the partition is unknown when it does not): "
-                    f"{_scrub(str(e), self._scrub_config)}"
+                    f"{scrub(str(e), self._scrub_config)}"
                 ) from None
             if ps.position > high:
                 raise ChangeReaderError(

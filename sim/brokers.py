@@ -24,6 +24,10 @@ simulation (which stops it cleanly) does not reach them.
         kafka.create_topics({"c": 1}, configs={"c": {"cleanup.policy": "compact"}})   # topic configs
         kafka.bootstrap_servers                         # "127.0.0.1:PORT" for any client
         kafka.kill_broker(1); kafka.restart_broker(1)   # SIGKILL, then the same node back on its ports
+
+    with KafkaCluster(secured=True) as kafka:           # + SASL_SSL and mutual-TLS listeners, ACLs on
+        kafka.add_scram_user("reader", password); kafka.allow("User:reader", ["t"])
+        kafka.listener_servers("SASL_SSL"), kafka.certs.scram_conf("reader", password)
 """
 
 from __future__ import annotations
@@ -51,7 +55,7 @@ from pathlib import Path
 from queue import Queue
 from typing import IO, Any
 
-from . import maven
+from . import kafka_security, maven
 from .maven import cache_dir  # noqa: F401 - where the jars are cached, as callers of this module knew it
 
 JVM_DIR = Path(__file__).resolve().parent / "jvm" / "kafka"
@@ -223,6 +227,7 @@ class Node:
     dir: Path
     broker_port: int | None = None
     controller_port: int | None = None
+    secured_ports: dict[str, int] = field(default_factory=dict)  # listener name -> port (a secured cluster)
     proc: subprocess.Popen | None = None
     starts: int = 0
     log: IO[bytes] | None = field(default=None, repr=False)
@@ -272,7 +277,9 @@ class KafkaCluster:
     """One Apache Kafka cluster in KRaft mode on 127.0.0.1 (see the module's doc). `brokers` nodes, each broker
     and controller unless `dedicated_controller` (then one more node, the only controller). `config` adds or
     overrides broker settings (e.g. {"log.cleaner.backoff.ms": 500}); `root` is where its directory is made
-    (default: the temporary directory). Starts at once unless `start=False` (then call `start()`)."""
+    (default: the temporary directory). Starts at once unless `start=False` (then call `start()`). `secured`: the
+    brokers also serve SASL_SSL (SCRAM-SHA-512) and mutual-TLS listeners under ACLs, with certificates made for
+    the cluster (`certs`; `sim.kafka_security` says what), `listener_servers`, `add_scram_user` and `allow`."""
 
     def __init__(
         self,
@@ -287,6 +294,7 @@ class KafkaCluster:
         start: bool = True,
         start_timeout_s: float = START_TIMEOUT_S,
         progress: Callable[[str], None] | None = None,
+        secured: bool = False,
     ) -> None:
         if brokers < 1:
             raise ValueError(f"brokers must be at least 1, got {brokers}")
@@ -329,6 +337,14 @@ class KafkaCluster:
             "num.recovery.threads.per.data.dir": 1,
             "num.replica.fetchers": 1,
         }
+        self.certs: kafka_security.Certificates | None = None
+        if secured:
+            try:
+                self.certs = kafka_security.make_certificates(self.dir / "tls")
+            except kafka_security.CertificateError as exc:
+                shutil.rmtree(self.dir, ignore_errors=True)
+                raise BrokersError(str(exc)) from None
+            self.config.update(kafka_security.broker_properties(self.certs))
         self.config.update(config or {})
         self.nodes: list[Node] = []
         first = 1
@@ -373,6 +389,26 @@ class KafkaCluster:
         """The cluster as a tidegauge source URI."""
         return "kafka://" + self.bootstrap_servers
 
+    def listener_servers(self, listener: str) -> str:
+        """bootstrap.servers of a secured cluster's `SASL_SSL` or `SSL` listener (`bootstrap_servers` is its
+        PLAINTEXT one, the super user's)."""
+        if self.certs is None:
+            raise BrokersError(f"the cluster serves no {listener} listener: start it with secured=True")
+        if listener not in kafka_security.SECURED_LISTENERS:
+            raise ValueError(f"listener {listener!r} is not one of {kafka_security.SECURED_LISTENERS}")
+        return ",".join(f"127.0.0.1:{n.secured_ports[listener]}" for n in self.nodes if n.is_broker)
+
+    def add_scram_user(self, user: str, password: str) -> None:
+        """A SCRAM-SHA-512 user of the SASL_SSL listener (a secured cluster)."""
+        kafka_security.add_scram_user(self.admin(), user, password)
+
+    def allow(
+        self, principal: str, topics: Iterable[str], operations: tuple[str, ...] = ("READ", "DESCRIBE")
+    ) -> None:
+        """ACLs letting `principal` ("User:NAME": a SCRAM user, or a client certificate's CN) do `operations` on
+        these topics, and nothing else it is not already allowed."""
+        kafka_security.allow(self.admin(), principal, list(topics), operations)
+
     @property
     def broker_ids(self) -> list[int]:
         return [n.node_id for n in self.nodes if n.is_broker]
@@ -410,11 +446,18 @@ class KafkaCluster:
             lib = resolve_jars(progress=self.progress)
             self._classpath = str(lib / "*")
             self._java = java_command()
+            secured = kafka_security.SECURED_LISTENERS if self.certs is not None else ()
             ports = iter(
-                _free_ports(sum(("broker" in n.roles) + ("controller" in n.roles) for n in self.nodes))
+                _free_ports(
+                    sum(
+                        ("broker" in n.roles) * (1 + len(secured)) + ("controller" in n.roles)
+                        for n in self.nodes
+                    )
+                )
             )
             for n in self.nodes:
                 n.broker_port = next(ports) if n.is_broker else None
+                n.secured_ports = {name: next(ports) for name in secured} if n.is_broker else {}
                 n.controller_port = next(ports) if "controller" in n.roles else None
             voters = ",".join(
                 f"{n.node_id}@127.0.0.1:{n.controller_port}" for n in self.nodes if n.controller_port
@@ -429,12 +472,15 @@ class KafkaCluster:
                     "node.id": n.node_id,
                     "controller.quorum.voters": voters,
                     "controller.listener.names": "CONTROLLER",
-                    "listener.security.protocol.map": "PLAINTEXT:PLAINTEXT,CONTROLLER:PLAINTEXT",
+                    "listener.security.protocol.map": ",".join(
+                        ["PLAINTEXT:PLAINTEXT", "CONTROLLER:PLAINTEXT", *(f"{s}:{s}" for s in secured)]
+                    ),
                     "log.dirs": n.dir / "data",
                 }
                 if n.is_broker:
                     listeners.append(f"PLAINTEXT://127.0.0.1:{n.broker_port}")
-                    props["advertised.listeners"] = f"PLAINTEXT://127.0.0.1:{n.broker_port}"
+                    listeners += [f"{name}://127.0.0.1:{port}" for name, port in n.secured_ports.items()]
+                    props["advertised.listeners"] = ",".join(listeners)
                     props["inter.broker.listener.name"] = "PLAINTEXT"
                 if n.controller_port:
                     listeners.append(f"CONTROLLER://127.0.0.1:{n.controller_port}")

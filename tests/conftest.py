@@ -61,7 +61,13 @@ def embedded_kafka():
     cluster.close()
 
 
-REAL_KAFKA_FIXTURES = {"kafka_jars", "real_kafka", "real_kafka_three", "real_kafka_three_session"}
+REAL_KAFKA_FIXTURES = {
+    "kafka_jars",
+    "real_kafka",
+    "real_kafka_three",
+    "real_kafka_three_session",
+    "secured_kafka",
+}
 
 
 def pytest_collection_modifyitems(items):
@@ -126,6 +132,18 @@ def real_kafka(kafka_jars):
     from sim.brokers import KafkaCluster
 
     with KafkaCluster(name="tests", config={"log.cleaner.backoff.ms": 500}) as cluster:
+        yield cluster
+
+
+@pytest.fixture(scope="session")
+def secured_kafka(kafka_jars):
+    """One secured Apache Kafka node for the test run (`KafkaCluster(secured=True)`, see sim/kafka_security.py):
+    PLAINTEXT for the super user (topics, ACLs, SCRAM users: `bootstrap_servers`, `admin()`), SASL_SSL with
+    SCRAM-SHA-512 and mutual TLS (`listener_servers`), StandardAuthorizer on, certificates made by openssl for it
+    (`certs`). One node with every listener costs one broker start for every security test."""
+    from sim.brokers import KafkaCluster
+
+    with KafkaCluster(name="tests-secured", secured=True) as cluster:
         yield cluster
 
 

@@ -9,8 +9,9 @@ end offsets even if producers keep writing. `read_kafka()` goes one step further
 the DataFrame is created, so repeated actions on it see the same records. The reader yields Arrow record
 batches (6.7x faster than tuples on this machine).
 
-Options: `bootstrap` (host:port list or kafka:// URI), `topics` (comma list), `conf` (JSON object of extra
-librdkafka settings, never logged), `starting_offsets` / `ending_offsets` (JSON {"topic": {"partition": offset}};
+Options: `bootstrap` (host:port list or kafka:// URI), `topics` (comma list), `kafka_secret_conf` (or `conf`: a
+JSON object of extra librdkafka settings, never logged; Spark redacts an option whose name holds `secret` in plans
+and the UI), `starting_offsets` / `ending_offsets` (JSON {"topic": {"partition": offset}};
 -2 = earliest, -1 = latest; partitions not named read from the low to the high watermark),
 `max_records_per_split` (default: one split per topic partition).
 """
@@ -86,13 +87,15 @@ class _Options:
         if not self.topics:
             raise ValueError(f"{SHORT_NAME}: option 'topics' (comma-separated topic names) is required")
         try:
-            conf = json.loads(opts.get("conf") or "{}")
+            conf = json.loads(opts.get("kafka_secret_conf") or opts.get("conf") or "{}")
         except json.JSONDecodeError as e:
             raise ValueError(
-                f"{SHORT_NAME}: option 'conf' is not valid JSON ({e.msg} at position {e.pos})"
+                f"{SHORT_NAME}: option 'kafka_secret_conf' is not valid JSON ({e.msg} at position {e.pos})"
             ) from None
         if not isinstance(conf, dict):
-            raise ValueError(f"{SHORT_NAME}: option 'conf' must be a JSON object of librdkafka settings")
+            raise ValueError(
+                f"{SHORT_NAME}: option 'kafka_secret_conf' must be a JSON object of librdkafka settings"
+            )
         self.conf: dict[str, object] = conf
         self.starting = _parse_offsets(opts.get("starting_offsets"), "starting_offsets")
         self.ending = _parse_offsets(opts.get("ending_offsets"), "ending_offsets")
@@ -253,7 +256,7 @@ def read_kafka(
         spark.read.format(SHORT_NAME)
         .option("bootstrap", kafka_log.bootstrap_of(bootstrap))
         .option("topics", ",".join(topic_list))
-        .option("conf", json.dumps(dict(conf or {})))
+        .option("kafka_secret_conf", json.dumps(dict(conf or {})))
         .option("ending_offsets", _offsets_json(end))
     )
     if starting:

@@ -186,3 +186,49 @@ def test_batches_are_bounded_by_bytes(embedded_kafka, monkeypatch):
     assert [o for b in batches for o in b.column("offset").to_pylist()] == list(range(40))
     assert all(sum(len(v) for v in b.column("value").to_pylist()) <= limit for b in batches)
     assert len(batches) >= 14  # 3 values of 20 KiB a batch at most
+
+
+def test_a_cluster_nobody_answers_for_says_what_to_check_and_never_a_secret(caplog):
+    import socket
+
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        port = s.getsockname()[1]
+    secret = "hunter2-" + uuid.uuid4().hex
+    conf = {
+        "security.protocol": "SASL_PLAINTEXT",
+        "sasl.mechanism": "SCRAM-SHA-512",
+        "sasl.username": "reader",
+        "sasl.password": secret,
+    }
+    caplog.set_level(logging.DEBUG)
+    with pytest.raises(KafkaLogError) as e:
+        kafka_log.KafkaLog(f"127.0.0.1:{port}", conf, timeout_s=1.5).topics()
+    text = str(e.value)
+    assert f"cannot read metadata from 127.0.0.1:{port}" in text
+    assert "Connection refused" in text  # what librdkafka's error callback said, not only its code
+    assert "waited 1." in text or "waited 2." in text
+    for setting in (
+        "security.protocol=SASL_PLAINTEXT",
+        "sasl.mechanism=SCRAM-SHA-512",
+        "sasl.username=reader",
+    ):
+        assert setting in text
+    assert "sasl.password set" in text
+    assert secret not in text and secret not in caplog.text
+
+
+def test_settings_to_check_show_paths_and_names_never_secret_values():
+    shown = kafka_log.settings_to_check(
+        {
+            "security.protocol": "SSL",
+            "ssl.ca.location": "/etc/kafka/ca.pem",
+            "ssl.key.location": "/etc/kafka/client.key",
+            "ssl.key.password": "k3y-pass",
+            "ssl.keystore.password": "st0re-pass",
+        }
+    )
+    assert "ssl.ca.location=/etc/kafka/ca.pem" in shown and "ssl.key.location=/etc/kafka/client.key" in shown
+    assert "ssl.key.password set" in shown and "ssl.keystore.password set" in shown
+    assert "k3y-pass" not in shown and "st0re-pass" not in shown
+    assert kafka_log.settings_to_check({}) == "security.protocol=plaintext (not set)"

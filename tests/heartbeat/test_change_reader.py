@@ -273,6 +273,9 @@ def test_a_cluster_that_cannot_be_reached_is_named_and_no_secret_is_told(caplog)
     ):
         ChangeReader("store", 1, conf, n_regions=3, timeout_s=1.0)
     assert secret not in str(e.value) and secret not in caplog.text
+    # what to check: librdkafka's own reason (its error callback), the time waited, the settings that matter
+    assert "Connection refused" in str(e.value) and "waited 1." in str(e.value)
+    assert "security.protocol=SASL_PLAINTEXT, sasl.mechanisms=PLAIN, sasl.username=client" in str(e.value)
 
 
 def test_records_gone_before_they_were_read_are_a_problem_and_a_state_past_the_end_is_refused(real_kafka):

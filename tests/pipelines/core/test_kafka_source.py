@@ -137,8 +137,11 @@ def test_splits_cut_partitions_and_honour_start_and_end(embedded_kafka):
     [
         ({"topics": "t"}, "'bootstrap'"),
         ({"bootstrap": "h:1"}, "'topics'"),
-        ({"bootstrap": "h:1", "topics": "t", "conf": "{nope"}, "'conf' is not valid JSON"),
-        ({"bootstrap": "h:1", "topics": "t", "conf": "[1]"}, "'conf' must be a JSON object"),
+        (
+            {"bootstrap": "h:1", "topics": "t", "kafka_secret_conf": "{nope"},
+            "'kafka_secret_conf' is not valid JSON",
+        ),
+        ({"bootstrap": "h:1", "topics": "t", "conf": "[1]"}, "'kafka_secret_conf' must be a JSON object"),
         ({"bootstrap": "h:1", "topics": "t", "starting_offsets": '{"t": 5}'}, "'starting_offsets'"),
         ({"bootstrap": "h:1", "topics": "t", "ending_offsets": '{"t": {"0": "x"}}'}, r"t\[0\]"),
         ({"bootstrap": "h:1", "topics": "t", "max_records_per_split": "0"}, "max_records_per_split"),
