@@ -340,12 +340,14 @@ class KafkaLog:
     def offset_for_time(self, topic: str, partition: int, ms: int) -> int:
         """The first offset whose timestamp is >= `ms` (the broker's time index: exact where the topic's
         timestamps are LogAppendTime), or the end offset when no record is that late."""
+        t0 = time.monotonic()
         try:
             (tp,) = self._consumer.offsets_for_times(
                 [TopicPartition(topic, int(partition), int(ms))], timeout=self.timeout_s
             )
         except KafkaException as e:
-            raise _client_error(f"cannot look up times in {topic}[{partition}] on {self.bootstrap}", e) from e
+            self._consumer.poll(0)  # serves the error callback
+            raise self._unreachable(f"cannot look up times in {topic}[{partition}]", t0, e) from None
         if tp.error is not None:
             raise KafkaLogError(
                 f"cannot look up times in {topic}[{partition}] on {self.bootstrap}: {tp.error}"
