@@ -1188,10 +1188,10 @@ def finding_layout(inputs: Inputs, trend: Trend | None) -> dict[str, Any]:
     if trend is not None and trend.previous is not None:
         new_lf, new_div = set(trend.divergences.new), set(trend.div_findings.new)
         lf_status = {i: ("NEW" if lf_ids[i] in new_lf else "STILL") for i in range(len(lf_ids))}
-    for i, healed in enumerate(lf_rows["status"] == HEALED if len(lf_rows) else []):
-        if healed:
-            lf_status[i] = "HEALED"
         div_status = {i: ("NEW" if div_ids[i] in new_div else "STILL") for i in range(len(div_ids))}
+    for i, healed in enumerate(lf_rows["status"] == HEALED if len(lf_rows) else []):
+        if healed:  # the regions agree again: history, whatever earlier runs said
+            lf_status[i] = "HEALED"
     return {
         "anchors": anchors,
         "divergence_order": lf_order,
