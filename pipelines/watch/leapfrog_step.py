@@ -155,8 +155,6 @@ class PartitionStep:
 
     state: PartitionState
     findings: pa.Table  # OUT_SCHEMA "F" rows never reported before
-    # (region_a, region_b, key, status) of findings reported before whose status changed in this micro-batch
-    status_changes: list[tuple[int, int, bytes, str]] = field(default_factory=list)
     counters: pa.Table  # OUT_SCHEMA "C" rows of this micro-batch
     failed: dict[int, str]  # region → read error: that region's records were left out
     # the version showed itself chunked only after this partition's records had been compared as an unchunked
@@ -167,6 +165,8 @@ class PartitionStep:
     # the longest heartbeat vector met: wider than the step's region count means the watch was started with too
     # few of the store's regions (before any heartbeat said how many): it must be restarted with --regions
     widest_hbw: int = 0
+    # (region_a, region_b, key, status) of findings reported before whose status changed in this micro-batch
+    status_changes: list[tuple[int, int, bytes, str]] = field(default_factory=list)
 
 
 class LeapfrogStep:
