@@ -29,9 +29,9 @@ def test_several_store_versions_are_named_and_nothing_runs(tmp_path, capsys):
     assert "several version topics match (shop_v1, shop_v2)" in capsys.readouterr().err
 
 
-def test_a_given_store_narrows_the_choice_to_its_version(tmp_path, capsys):
+def test_a_version_no_source_holds_is_named(tmp_path, capsys):
     sources = [_archive(tmp_path, 0, "shop_v1"), _archive(tmp_path, 1, "cart_v3")]
-    # only --version given: both stores' topics are candidates, unless one matches it
+    # only --version given: no topic of any store has it
     assert main(["leapfrog", *sources, "--version", "7", "--out", str(tmp_path / "out")]) == 2
     assert "no version topic *_v7 in the sources" in capsys.readouterr().err
 
