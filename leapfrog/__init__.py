@@ -17,9 +17,12 @@ against; nothing above imports it.
 """
 
 from leapfrog.compare import (
+    FINDING_STATUSES,
     FINDING_TYPES,
+    HEALED,
     MISSING_IN_A,
     MISSING_IN_B,
+    OPEN,
     VALUE_MISMATCH,
     KeyFinding,
     KeyRecord,
@@ -27,15 +30,19 @@ from leapfrog.compare import (
     comparable,
     compare_standing,
     lily_pad_walk,
+    status_of,
 )
-from leapfrog.results import Finding, PairCounters, PartitionResult, RegionFacts
+from leapfrog.results import Finding, PairCounters, PartitionResult, RegionFacts, divergent_keys
 from leapfrog.vectors import NOTHING, Vector, covers
 
 __all__ = [
+    "FINDING_STATUSES",
     "FINDING_TYPES",
+    "HEALED",
     "MISSING_IN_A",
     "MISSING_IN_B",
     "NOTHING",
+    "OPEN",
     "VALUE_MISMATCH",
     "Finding",
     "KeyFinding",
@@ -48,5 +55,7 @@ __all__ = [
     "comparable",
     "compare_standing",
     "covers",
+    "divergent_keys",
     "lily_pad_walk",
+    "status_of",
 ]

@@ -33,6 +33,13 @@ empty region's prefix is known to be absent (a mid-stream scan knows nothing abo
 
 Both functions also count coverage: comparable pairs, records skipped as lag, and whether the two current
 values (last records) are still not comparable ("pending").
+
+**Open or healed.** Only the first divergence of a key is reported, but a key's regions may converge after it:
+a repair re-emitted the winning write, or a newer write replaced both values. Both functions therefore also say
+whether the key's *current* records (the last of each history) are comparable and hold the same value class
+(``converged``). A finding is ``healed`` when they are — a later comparable pair of the key's records agrees —,
+and ``open`` otherwise: the regions still differ, or their current records cannot be compared yet
+(``status_of``). Exit codes and verdicts follow the open findings only; healed ones stay as history.
 """
 
 from __future__ import annotations
@@ -46,6 +53,9 @@ VALUE_MISMATCH = "VALUE_MISMATCH"
 MISSING_IN_A = "MISSING_IN_A"
 MISSING_IN_B = "MISSING_IN_B"
 FINDING_TYPES = (VALUE_MISMATCH, MISSING_IN_A, MISSING_IN_B)
+OPEN = "open"
+HEALED = "healed"
+FINDING_STATUSES = (OPEN, HEALED)
 
 
 @dataclass(frozen=True)
@@ -79,12 +89,30 @@ class KeyFinding:
 
 @dataclass(frozen=True)
 class KeyVerdict:
-    """Outcome of comparing one key's histories: the finding (if any) and the coverage counters."""
+    """Outcome of comparing one key's histories: the finding (if any), the coverage counters, and whether the
+    key's current records are comparable and agree (``converged``: a finding is then healed)."""
 
     finding: KeyFinding | None
     comparable_pairs: int
     skipped_pairs: int
     pending: bool
+    converged: bool = False
+
+    @property
+    def status(self) -> str:
+        """The status of this verdict's finding (see ``status_of``)."""
+        return status_of(self.converged)
+
+
+def status_of(converged: bool) -> str:
+    """A finding is ``healed`` when the key's current records in the two regions are comparable and hold the
+    same value class, ``open`` otherwise (they differ, or cannot be compared yet)."""
+    return HEALED if converged else OPEN
+
+
+def converged(a: Sequence[KeyRecord], b: Sequence[KeyRecord]) -> bool:
+    """The two histories' current (last) records are comparable and hold the same value class."""
+    return bool(a and b and comparable(a[-1], b[-1]) and a[-1].value_hash == b[-1].value_hash)
 
 
 def comparable(a: KeyRecord, b: KeyRecord) -> bool:
@@ -134,7 +162,7 @@ def compare_standing(a: Sequence[KeyRecord], b: Sequence[KeyRecord]) -> KeyVerdi
     skipped = sum(1 for r, m in zip(a, a_matched, strict=True) if not m and not r.absent)
     skipped += sum(1 for r, m in zip(b, b_matched, strict=True) if not m and not r.absent)
     pending = not (a and b and comparable(a[-1], b[-1]))
-    return KeyVerdict(first, comparable_pairs, skipped, pending)
+    return KeyVerdict(first, comparable_pairs, skipped, pending, converged(a, b))
 
 
 def _one_sided(
@@ -189,6 +217,7 @@ def lily_pad_walk(
         return _one_sided(a, b_final_hw, b_known_absent, MISSING_IN_B)
 
     pending = not comparable(a[-1], b[-1])
+    agree = converged(a, b)
     comparable_steps = skipped_steps = 0
     i = j = 0
     while i < len(a) and j < len(b):
@@ -199,16 +228,16 @@ def lily_pad_walk(
             comparable_steps += 1
             if ra.value_hash != rb.value_hash:
                 return KeyVerdict(
-                    KeyFinding(VALUE_MISMATCH, ra, rb), comparable_steps, skipped_steps, pending
+                    KeyFinding(VALUE_MISMATCH, ra, rb), comparable_steps, skipped_steps, pending, agree
                 )
             next_a_ok = i + 1 < len(a) and covers(rb.high_watermark, a[i + 1].vector)
             if next_a_ok and a[i + 1].value_hash != rb.value_hash:
                 finding = KeyFinding(VALUE_MISMATCH, a[i + 1], rb)
-                return KeyVerdict(finding, comparable_steps, skipped_steps, pending)
+                return KeyVerdict(finding, comparable_steps, skipped_steps, pending, agree)
             next_b_ok = j + 1 < len(b) and covers(ra.high_watermark, b[j + 1].vector)
             if next_b_ok and ra.value_hash != b[j + 1].value_hash:
                 finding = KeyFinding(VALUE_MISMATCH, ra, b[j + 1])
-                return KeyVerdict(finding, comparable_steps, skipped_steps, pending)
+                return KeyVerdict(finding, comparable_steps, skipped_steps, pending, agree)
             if next_a_ok and not next_b_ok:
                 i += 1
             elif next_b_ok and not next_a_ok:
@@ -226,4 +255,4 @@ def lily_pad_walk(
                 i += 1
             else:
                 j += 1
-    return KeyVerdict(None, comparable_steps, skipped_steps, pending)
+    return KeyVerdict(None, comparable_steps, skipped_steps, pending, agree)

@@ -3,15 +3,18 @@
 The field names follow the job's output contract (docs/outputs.md, ``leapfrog``): a finding carries, for each
 side that is present, the value hash, whether it is a tombstone, the VT offset, the per-key vector and the
 high-water mark the record was judged with (the standing one in heartbeat mode, ``hw_at`` in footer mode).
-The ``a_*`` fields are None for MISSING_IN_A and the ``b_*`` fields for MISSING_IN_B.
+The ``a_*`` fields are None for MISSING_IN_A and the ``b_*`` fields for MISSING_IN_B. ``status`` says whether the
+regions still differ at the end of the run (``open``) or a later comparable pair of the key's records agrees
+(``healed``; ``leapfrog.compare.status_of``).
 """
 
 from __future__ import annotations
 
+from collections.abc import Iterable
 from dataclasses import dataclass, field
 from typing import Any
 
-from leapfrog.compare import KeyFinding, KeyRecord
+from leapfrog.compare import OPEN, KeyFinding, KeyRecord
 from leapfrog.vectors import Vector
 
 
@@ -34,6 +37,7 @@ class Finding:
     b_vt_offset: int | None
     b_vector: Vector | None
     b_high_watermark: Vector | None
+    status: str = OPEN
 
     @property
     def order(self) -> tuple[int, int]:
@@ -43,11 +47,13 @@ class Finding:
         return (b, a)
 
     @classmethod
-    def of(cls, partition: int, region_a: int, region_b: int, key: bytes, found: KeyFinding) -> Finding:
+    def of(
+        cls, partition: int, region_a: int, region_b: int, key: bytes, found: KeyFinding, status: str = OPEN
+    ) -> Finding:
         """The finding row for a per-key finding."""
         a = _side(found.a)
         b = _side(found.b)
-        return cls(partition, region_a, region_b, found.type, key, *a, *b)
+        return cls(partition, region_a, region_b, found.type, key, *a, *b, status)
 
 
 def _side(record: KeyRecord | None) -> tuple[Any, ...]:
@@ -110,3 +116,12 @@ class PartitionResult:
     regions: dict[int, RegionFacts]
     # The per-region scans, kept so that leapfrog.reference.state.carry_state can build the next run's state.
     scans: dict[int, Any] = field(default_factory=dict, repr=False, compare=False)
+
+
+def divergent_keys(findings: Iterable[tuple[int, bytes, str | None]]) -> set[tuple[int, bytes]]:
+    """The divergent keys of a run's findings, given as (partition, key, status) — the one definition the
+    report, `leapfrog`'s summary and `repair plan` count by: a (partition, key) with at least one *open*
+    finding, in any region pair. A key found in three pairs is one divergent key (three findings); a key whose
+    findings are all healed is not divergent. A status None (an output written before findings had one) is
+    open."""
+    return {(int(p), bytes(k)) for p, k, status in findings if status in (None, OPEN)}

@@ -11,7 +11,8 @@ at End of Push). `compare` then applies the band rule to all groups together:
   per region component each bound is one `searchsorted` on (group, rank) composites, and the bound is the max (L)
   or min (R) over components;
 - the first value in [L, R) that differs from b's comes from run boundaries of equal value classes;
-- the finding of a group is its first such b (then the first a), as in `compare_standing`.
+- the finding of a group is its first such b (then the first a), as in `compare_standing`;
+- a group has converged (its finding is healed) when its last records are comparable and of one value class.
 
 Value classes: a PUT's 64-bit hash; tombstones and the absent prefix share NULL_CLASS (a real hash equal to it,
 one chance in 2^64, would be taken for a tombstone). Tested against `compare_standing` on generated histories.
@@ -427,6 +428,9 @@ class PairResult:
     comparable_pairs: np.ndarray
     skipped: np.ndarray
     pending: np.ndarray
+    # the groups' current records are comparable and hold the same value class: a finding there is healed
+    # (`leapfrog.compare.status_of`)
+    converged: np.ndarray
 
 
 def compare(a: Histories, b: Histories, groups: np.ndarray) -> PairResult:
@@ -490,4 +494,6 @@ def compare(a: Histories, b: Histories, groups: np.ndarray) -> PairResult:
     la, lb = a_hi[both] - 1, b_hi[both] - 1
     comparable_last = np.all(a.mark[la] >= b.vector[lb], axis=1) & np.all(b.mark[lb] >= a.vector[la], axis=1)
     pending[both] = ~comparable_last
-    return PairResult(groups, find_a, find_b, comparable_pairs, skipped.astype(np.int64), pending)
+    converged = np.zeros(g, bool)
+    converged[both] = comparable_last & (a.cls[la] == b.cls[lb])
+    return PairResult(groups, find_a, find_b, comparable_pairs, skipped.astype(np.int64), pending, converged)

@@ -41,6 +41,7 @@ def _watch_with_everything() -> WatchMetrics:
     m.set_source_up(0, True)
     m.add_records(0, "s_v1", 1)
     m.observe_divergences([{"type": "VALUE_MISMATCH", "region_a": 0, "region_b": 1}])
+    m.set_open_divergences([{"type": "VALUE_MISMATCH", "region_a": 0, "region_b": 1, "status": "open"}])
     m.observe_div_findings([{"type": "MISSING", "fatal": True, "region": 0, "topic": "s_v1"}])
     m.set_pending_keys(0, 1, 2)
     m.set_unverified_keys(0, 1)
@@ -178,7 +179,7 @@ def test_every_metric_and_label_in_the_rules_is_exported():
         "tidegauge_heartbeat_age_seconds",
         "tidegauge_heartbeat_interval_seconds",
         "tidegauge_offset_lag_records",
-        "tidegauge_divergences_total",
+        "tidegauge_open_divergences",
         "tidegauge_div_findings_total",
         "tidegauge_source_up",
     } <= used

@@ -14,7 +14,7 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 
-from leapfrog.compare import KeyRecord, KeyVerdict, comparable, finding_for
+from leapfrog.compare import KeyRecord, KeyVerdict, comparable, converged, finding_for
 from leapfrog.vectors import covers
 
 
@@ -54,4 +54,4 @@ def compare_standing_linear(a: Sequence[KeyRecord], b: Sequence[KeyRecord]) -> K
         if running == 0 and not a[i].absent:
             skipped += 1
     pending = not (a and b and comparable(a[-1], b[-1]))
-    return KeyVerdict(first, comparable_pairs, skipped, pending)
+    return KeyVerdict(first, comparable_pairs, skipped, pending, converged(a, b))

@@ -9,7 +9,9 @@ present in either region (scanned or carried) it applies the per-key rule of the
 - ``footer`` (Venice's lily-pad): footers only, point-in-time marks, the two-pointer walk;
 - ``rmd``: the footer walk with per-key vectors taken from the records' RMD checkpoint vectors.
 
-At most one finding per (pair, key). A heartbeat-mode run can be resumed: ``leapfrog.reference.state.carry_state``
+At most one finding per (pair, key), with its status at the end of the run: ``healed`` when the key's current
+records in the pair agree and are comparable, else ``open`` (``leapfrog.compare.status_of``; a carried finding
+takes the status of this run's comparison). A heartbeat-mode run can be resumed: ``leapfrog.reference.state.carry_state``
 turns its result into an ``IncrementalState`` and the next run starts every region ``FromState``.
 """
 
@@ -17,6 +19,7 @@ from __future__ import annotations
 
 from collections import Counter
 from collections.abc import Iterable, Mapping, Sequence
+from dataclasses import replace
 from itertools import combinations
 
 from leapfrog.compare import FINDING_TYPES, KeyRecord, compare_standing, lily_pad_walk
@@ -80,10 +83,14 @@ def check_partition(
                 new_pairs = verdict.comparable_pairs
                 if state is not None and (key in state.regions[x].keys or key in state.regions[y].keys):
                     new_pairs -= _previously_comparable(a, sx.previous_marks(key), b, sy.previous_marks(key))
-                found = Finding.of(partition, x, y, key, verdict.finding) if verdict.finding else None
+                found = (
+                    Finding.of(partition, x, y, key, verdict.finding, verdict.status)
+                    if verdict.finding
+                    else None
+                )
                 carried = state.findings.get((x, y, key)) if state is not None else None
                 if carried is not None and (found is None or carried.order < found.order):
-                    found = carried
+                    found = replace(carried, status=verdict.status)
             else:
                 verdict = lily_pad_walk(
                     a,
@@ -94,7 +101,11 @@ def check_partition(
                     b_known_absent=sy.prefix_known,
                 )
                 new_pairs = verdict.comparable_pairs
-                found = Finding.of(partition, x, y, key, verdict.finding) if verdict.finding else None
+                found = (
+                    Finding.of(partition, x, y, key, verdict.finding, verdict.status)
+                    if verdict.finding
+                    else None
+                )
             comparable_pairs += new_pairs
             skipped += verdict.skipped_pairs
             pending += verdict.pending

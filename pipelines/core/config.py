@@ -141,16 +141,25 @@ def sources(cli_sources: list[str] | None, conf: dict[str, Any]) -> list[SourceS
     return [specs[r] for r in sorted(specs)]
 
 
-def store_version_regions(args: Any, conf: dict[str, Any], job: str) -> tuple[str, int, list[SourceSpec]]:
+def store_version_regions(
+    args: Any, conf: dict[str, Any], job: str, infer: bool = False
+) -> tuple[str, int, list[SourceSpec]]:
     """What a job comparing regions needs: --store and --version (or the file's `store:`/`version:`) and two
-    or more sources (`job` names it in the message)."""
+    or more sources (`job` names it in the message). With `infer`, what is not given is read from the sources'
+    topics when they hold one store version (`pipelines.core.topics`; several: a usage error naming them)."""
     specs = sources(args.source, conf)
     store = args.store or conf.get("store")
     version = args.version if args.version is not None else conf.get("version")
-    if not store or version is None:
-        raise UsageError("--store and --version are required (or `store:` and `version:` in --conf)")
     if len(specs) < 2:
         raise UsageError(f"{job} compares regions: give at least two --source ID=URI")
+    if (not store or version is None) and infer:
+        from pipelines.core.topics import infer_store_version
+
+        kafka = {s.region: kafka_conf(conf, s.region) for s in specs}
+        why = f"{job} checks one store version at a time"
+        store, version = infer_store_version(specs, kafka, store or None, version, why)
+    if not store or version is None:
+        raise UsageError("--store and --version are required (or `store:` and `version:` in --conf)")
     return store, int(version), specs
 
 

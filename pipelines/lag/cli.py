@@ -67,8 +67,9 @@ def register(sub) -> None:
         "--now-ms",
         type=int,
         metavar="T",
-        help="the time (epoch ms) time lag is measured against, so a run on archives is repeatable "
-        "(default: now)",
+        help="the time (epoch ms) time lag is measured against. Default: on archives, the newest record's "
+        "timestamp in the sources (an archive is a snapshot of the past: the wall clock would measure its age); "
+        "on Kafka, the current time",
     )
     p.add_argument(
         "--out",

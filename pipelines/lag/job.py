@@ -9,7 +9,6 @@ from __future__ import annotations
 
 import datetime as dt
 import logging
-import re
 import time
 from dataclasses import dataclass, field
 from typing import Any
@@ -17,7 +16,6 @@ from typing import Any
 import pyarrow as pa
 
 from div import envelope as E
-from div.batch import is_realtime_topic
 from div.records import iter_records
 from heartbeat.lag import LagMonitor, LagRow
 from pipelines.core.errors import UsageError
@@ -25,6 +23,7 @@ from pipelines.core.evidence import PartitionEvidence, describe_short, summary_f
 from pipelines.core.output import OutputDir, guard, source_inputs
 from pipelines.core.progress import Progress, duration
 from pipelines.core.sources import Source, SourceError, SourceSpec, open_source
+from pipelines.core.topics import VT_TOPIC, select_version_topic
 
 log = logging.getLogger("tidegauge.lag")
 
@@ -55,38 +54,15 @@ HEARTBEAT_SCHEMA = pa.schema(
     ]
 )
 
+
 # -- planning --------------------------------------------------------------------------------------------
-_VT_TOPIC = re.compile(r"^(?P<store>.+)_v(?P<version>\d+)$")
-
-
 def select_topic(opened: list[Source], store: str | None, version: int | None) -> str:
     """The one VT topic to measure: <store>_v<version>, completing whatever was not given from the sources."""
-    candidates: set[str] = set()
-    for src in opened:
-        for topic in src.topics():
-            m = _VT_TOPIC.match(topic)
-            if not m or is_realtime_topic(topic):
-                continue
-            if store is not None and m.group("store") != store:
-                continue
-            if version is not None and int(m.group("version")) != version:
-                continue
-            candidates.add(topic)
-    if store is not None and version is not None:
-        return f"{store}_v{version}"
-    if not candidates:
-        wanted = f"{store or '*'}_v{version if version is not None else 'N'}"
-        raise UsageError(f"no version topic {wanted} in the sources; give --store and --version")
-    if len(candidates) > 1:
-        raise UsageError(
-            f"several version topics match ({', '.join(sorted(candidates))}): choose one with "
-            f"--store and --version (lag is measured for one store version at a time)"
-        )
-    return candidates.pop()
+    return select_version_topic(opened, store, version, "lag is measured for one store version at a time")
 
 
 def rt_topic_of(vt_topic: str) -> str:
-    m = _VT_TOPIC.match(vt_topic)
+    m = VT_TOPIC.match(vt_topic)
     return f"{m.group('store') if m else vt_topic}_rt"
 
 

@@ -22,16 +22,19 @@ HELP = textwrap.dedent("""\
     uses Venice's legacy per-record vectors from the RMD payload when present.
 
     Output: OUT/inconsistencies/ (Parquet, one row per finding: VALUE_MISMATCH, MISSING_IN_A, MISSING_IN_B with
-    key, offsets, vectors and marks) and OUT/summary.json (coverage per pair and partition, compacted ranges,
-    undecodable records, timings).
+    key, offsets, vectors, marks and status) and OUT/summary.json (coverage per pair and partition, compacted
+    ranges, undecodable records, timings); on stdout, a short summary per pair and type with the first keys.
+    A finding is open while the two regions still differ (or cannot be compared yet), healed once a later
+    comparable pair of the key's records agrees (a repair or a newer write converged them): healed findings
+    stay in the output as history, and the exit code follows the open ones.
 
-    Exit codes: 0 no divergence, 1 divergences found, 2 bad usage or unreadable source,
+    Exit codes: 0 no open divergence, 1 open divergences found, 2 bad usage or unreadable source,
     3 some partitions could not be processed (the rest is written).""")
 
 EPILOG = textwrap.dedent("""\
     examples:
-      tidegauge leapfrog --store sim_store --version 1 --source 0=out/sim/archive/dc-0 \\
-          --source 1=out/sim/archive/dc-1 --source 2=out/sim/archive/dc-2 --out out/leapfrog
+      tidegauge leapfrog --source 0=out/sim/archive/dc-0 --source 1=out/sim/archive/dc-1 \\
+          --source 2=out/sim/archive/dc-2 --out out/leapfrog     # the one store version the sources hold
       tidegauge leapfrog --store sim_store --version 1 --source 0=kafka://dc0:9092 --source 1=kafka://dc1:9092 \\
           --pairs 0-1 --mode footer --out out/lilypad
       tidegauge leapfrog --store sim_store --version 1 --source 0=out/sim/archive/dc-0 \\
@@ -49,8 +52,19 @@ def register(sub) -> None:
         description=HELP,
         epilog=EPILOG,
     )
-    p.add_argument("--store", metavar="S", help="store name (the VT is S_vN)")
-    p.add_argument("--version", type=int, metavar="N", help="store version (the VT is S_vN)")
+    p.add_argument(
+        "--store",
+        metavar="S",
+        help="store name: the VT is S_vN (default: `store` in --conf, else the one store whose *_vN topics the "
+        "sources hold)",
+    )
+    p.add_argument(
+        "--version",
+        type=int,
+        metavar="N",
+        help="store version: the VT is S_vN (default: `version` in --conf, else the one version present; "
+        "several: exit 2 naming them)",
+    )
     p.add_argument(
         "--source",
         action="append",
@@ -101,7 +115,7 @@ def run(args: argparse.Namespace) -> int:
     from pipelines.leapfrog.job import run as run_job
 
     conf = cfg.load(args.conf)
-    store, version, specs = cfg.store_version_regions(args, conf, "leapfrog")
+    store, version, specs = cfg.store_version_regions(args, conf, "leapfrog", infer=True)
     mode = args.mode or conf.get("mode") or "heartbeat"
     pairs = parse_pairs(args.pairs, [s.region for s in specs])
     master, spark_conf = cfg.spark_settings(conf, args.master)
@@ -117,5 +131,6 @@ def run(args: argparse.Namespace) -> int:
         spark_conf=spark_conf,
         kafka_conf={s.region: cfg.kafka_conf(conf, s.region) for s in specs},
         regions=args.regions if args.regions is not None else conf.get("regions"),
+        print_digest=True,
     )
     return run_job(opts)

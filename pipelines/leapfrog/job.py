@@ -35,7 +35,9 @@ from pyspark import StorageLevel
 from pyspark.sql import DataFrame, SparkSession
 from pyspark.sql import functions as F
 
+from leapfrog.compare import FINDING_STATUSES, OPEN
 from leapfrog.plan import RegionPartition, failed_reads, mark_latest_kept, plan_marks, views
+from leapfrog.results import divergent_keys
 from pipelines.core.evidence import PartitionEvidence, describe_short, summary_fields
 from pipelines.core.output import OutputDir, guard, source_inputs, versions, write_parquet_file
 from pipelines.core.progress import Progress
@@ -45,6 +47,7 @@ from pipelines.core.storage import absolute
 from pipelines.leapfrog import chunks as C
 from pipelines.leapfrog import decode as V
 from pipelines.leapfrog.carried import file_buckets
+from pipelines.leapfrog.digest import FIRST_KEYS, digest
 from pipelines.leapfrog.keys import OUT_DDL, ROW_COLUMNS, SORT_COLUMNS, CompareContext, ScanReduce, stage_for
 from pipelines.leapfrog.withhold import unverified_index, withhold
 
@@ -57,6 +60,7 @@ FINDING_COLUMNS = [
     "region_a",
     "region_b",
     "type",
+    "status",
     "key",
     "key_hash",
     "a_value_hash",
@@ -85,6 +89,9 @@ class LeapfrogOptions:
     spark_conf: dict[str, str] = field(default_factory=dict)
     kafka_conf: dict[int, dict[str, Any]] = field(default_factory=dict)
     regions: int | None = None  # the store's region count; None: learned (pipelines.leapfrog.regions)
+    print_digest: bool = (
+        False  # the command prints the findings' digest on stdout (pipelines.leapfrog.digest)
+    )
 
     def __post_init__(self) -> None:
         # executors read the state's carried files: a relative path would resolve in their working directory
@@ -298,6 +305,7 @@ def _run(opts: LeapfrogOptions, spark: SparkSession | None, learned: int | None 
         (stage / "carried").uri if stage is not None else None,
         deadlines,
         progress,
+        _watched(state),
     )
     with OutputDir(opts.out, "leapfrog") as out, progress:
         # (with very many splits the probe would cost a read per region partition, and the splits are small)
@@ -353,16 +361,14 @@ def _run(opts: LeapfrogOptions, spark: SparkSession | None, learned: int | None 
         findings, table, withheld = _findings(result, opts, state, counter_rows, out, unverified, overflow)
         if table is not None:
             finding_counts = defaultdict(int)
-            for p_, a_, b_, t_ in zip(
-                *(table.column(c).to_pylist() for c in ("partition", "region_a", "region_b", "type")),
-                strict=True,
-            ):
-                finding_counts[(p_, a_, b_, t_)] += 1
+            for row in zip(*(table.column(c).to_pylist() for c in _COUNT_BY), strict=True):
+                finding_counts[row] += 1
         else:
             finding_counts = {
-                (r["partition"], r["region_a"], r["region_b"], r["type"]): r["count"]
-                for r in findings.groupBy("partition", "region_a", "region_b", "type").count().collect()
+                tuple(r[c] for c in _COUNT_BY): r["count"]
+                for r in findings.groupBy(*_COUNT_BY).count().collect()
             }
+        first, divergent = _first_findings(findings, table)
         if opts.state_dir is not None:  # last: everything this run reads from the old state has been read
             _commit_state(
                 stage,
@@ -386,15 +392,18 @@ def _run(opts: LeapfrogOptions, spark: SparkSession | None, learned: int | None 
         result.unpersist()
         summary = _summary(opts, facts, counter_rows, finding_counts, pairs, failed, unverified, overflow)
         summary["totals"]["withheld_findings"] = withheld
+        summary["totals"]["divergent_keys"] = divergent
         summary["store_regions"], summary["store_regions_from"] = n, width.learned_from
         _warn_out_of_range(summary["totals"]["out_of_range"], width)
         total_findings = sum(summary["totals"]["findings"].values())
+        open_findings = sum(summary["totals"]["open_findings"].values())
         evidence = _evidence(
             opts.topic, splits, ends, facts, failed, {s.region for s in opts.sources if s.is_kafka}
         )
         for line in describe_short(evidence):
             log.warning("%s", line)
-        summary = {**summary_fields(total_findings, evidence, len(failed)), **summary}
+        # healed findings are history: the verdict and the exit code follow the open ones
+        summary = {**summary_fields(open_findings, evidence, len(failed)), **summary}
         code = summary["exit_code"]
         timings["total_s"] = round(time.time() - t0, 3)
         summary = {
@@ -405,6 +414,9 @@ def _run(opts: LeapfrogOptions, spark: SparkSession | None, learned: int | None 
         }
         summary["exit_code"] = code
         out.write_json("summary.json", summary)
+    if opts.print_digest:
+        where = out.published / "summary.json"
+        print(digest(opts.topic, finding_counts, first, divergent, summary["verdict"], code, str(where)))
     log.info(
         "leapfrog %s: %d findings over %d pair(s), %d partition(s); summary in %s",
         opts.topic,
@@ -442,6 +454,8 @@ def _warn_out_of_range(count: int, width) -> None:
 
 
 FINDINGS_ON_DRIVER = 1_000_000
+# the columns findings are counted by in summary.json
+_COUNT_BY = ("partition", "region_a", "region_b", "type", "status")
 # The fused job sends every split summary to every reduce bucket; past this many copies, plan on the driver.
 FUSED_MAX_SUMMARY_ROWS = 50_000
 
@@ -460,6 +474,8 @@ class _Job:
     state_out: str | None = None
     deadlines: dict[int, int] = field(default_factory=dict)  # live regions: see source.compaction_deadlines
     progress: Progress | None = None
+    # the earlier runs' findings, whose status this run brings up to date (keys.CompareContext.watched)
+    watched: dict[tuple[int, int, int], tuple[bytes, ...]] = field(default_factory=dict)
 
     def _stage(self, name: str) -> None:
         if self.progress is not None:
@@ -520,7 +536,15 @@ class _Job:
         rows = _scan(self.spark, opts, self.n, self.splits, self.buckets, self._records(), self.carried)
         own = self._own_carried_files()
         reduce = ScanReduce(
-            opts.mode, self.pairs, self.n, self.ends, self.carried, self.state_out, self.deadlines, own
+            opts.mode,
+            self.pairs,
+            self.n,
+            self.ends,
+            self.carried,
+            self.state_out,
+            self.deadlines,
+            own,
+            watched=self.watched,
         )
         if own is None and self._state_carries():
             # the previous run's carried records join the shuffle (keys.pass_untouched passes the
@@ -552,7 +576,15 @@ class _Job:
         self.read_errors = failed_reads(summaries)
         facts, prefixes = plan_marks(summaries, self.ends, n, self.carried)
         mark_latest_kept(facts, self.deadlines, int(time.time() * 1000))  # the scan has been read (persisted)
-        ctx = CompareContext(opts.mode, self.pairs, views(facts, n, opts.mode), prefixes, n, self.state_out)
+        ctx = CompareContext(
+            opts.mode,
+            self.pairs,
+            views(facts, n, opts.mode),
+            prefixes,
+            n,
+            self.state_out,
+            watched=self.watched,
+        )
         data = _prepare(scanned, facts).select(*ROW_COLUMNS)
         old = self._carried_rows()
         if old is not None:
@@ -632,7 +664,9 @@ def _findings(
 ):
     """This run's findings, and with --state every finding so far: per (pair, key) the one first in
     (B offset, A offset) order, as a full rescan would report, less those that rest on an unreadable record
-    (withheld: the key is unverified there). Written to OUT/inconsistencies.
+    (withheld: the key is unverified there). Each has the status this run found for its key (an earlier run's
+    finding whose key this run compared again takes this run's status: a repair may have healed it, a new
+    write opened it again; one no record of this run touched keeps its own). Written to OUT/inconsistencies.
 
     Returns (DataFrame, None, withheld) when Spark wrote them (very many), else (None, table, withheld): the usual
     case, where the findings are merged and written on the driver without another Spark job."""
@@ -643,10 +677,12 @@ def _findings(
     )
     old_dir = state.findings_dir if state is not None and state.findings_dir.files(".parquet") else None
     n_new = sum(r["new_findings"] for r in counter_rows)
+    status_now = result.where(F.col("row").isin("F", "H")).select(*_STATUS_KEY, "status")
     if n_new + _parquet_rows(old_dir) <= FINDINGS_ON_DRIVER:
         table = new.toArrow()
         if old_dir is not None:
             table = _first_per_key(table, _read_findings(old_dir, table.schema))
+            table = _restatus(table, status_now.toArrow())
         before = table.num_rows
         table = withhold(table, unverified, overflow).sort_by(_ORDER)
         out.write_table("inconsistencies", table)
@@ -654,15 +690,19 @@ def _findings(
     if old_dir is not None:
         from pyspark.sql import Window
 
-        old = read_parquet(result.sparkSession, old_dir).select(*FINDING_COLUMNS)
+        old = _with_status(read_parquet(result.sparkSession, old_dir)).select(*FINDING_COLUMNS)
         w = Window.partitionBy("partition", "region_a", "region_b", "key").orderBy(
             F.coalesce("b_vt_offset", F.lit(-1)), F.coalesce("a_vt_offset", F.lit(-1))
         )
+        now = status_now.withColumnRenamed("status", "_now")
         new = (
             new.unionByName(old)
             .withColumn("_rank", F.row_number().over(w))
             .where(F.col("_rank") == 1)
             .drop("_rank")
+            .join(now, list(_STATUS_KEY), "left")
+            .withColumn("status", F.coalesce("_now", "status"))
+            .select(*FINDING_COLUMNS)
         )
     before = None
     if unverified or overflow:
@@ -679,6 +719,73 @@ def _findings(
     return new, None, (before - new.count()) if before is not None else 0
 
 
+_STATUS_KEY = ("partition", "region_a", "region_b", "key")
+
+
+def _first_findings(findings: DataFrame | None, table: pa.Table | None) -> tuple[list[tuple], int]:
+    """The first findings of each pair, type and status as (partition, region A, region B, type, status, key)
+    for the stdout digest, and the number of divergent keys (`leapfrog.results.divergent_keys`)."""
+    cols = ("partition", "region_a", "region_b", "type", "status", "key")
+    if table is not None:
+        rows = list(zip(*(table.column(c).to_pylist() for c in cols), strict=True))
+        return rows, len(divergent_keys((r[0], r[5], r[4]) for r in rows))
+    from pyspark.sql import Window
+
+    w = Window.partitionBy("region_a", "region_b", "type", "status").orderBy("partition", "key")
+    first = (
+        findings.withColumn("_n", F.row_number().over(w))
+        .where(F.col("_n") <= FIRST_KEYS)
+        .select(*cols)
+        .orderBy("region_a", "region_b", "type", "status", "partition", "key")
+        .collect()
+    )
+    divergent = findings.where(F.col("status") == OPEN).select("partition", "key").distinct().count()
+    return [tuple(r) for r in first], divergent
+
+
+def _with_status(old: DataFrame) -> DataFrame:
+    """An earlier state's findings; those of a state written before findings had a status are open."""
+    return old if "status" in old.columns else old.withColumn("status", F.lit(OPEN))
+
+
+def _watched(state) -> dict[tuple[int, int, int], tuple[bytes, ...]]:
+    """(partition, region A, region B) → keys of the findings the previous run left in the state, whose status
+    this run brings up to date. Empty past FINDINGS_ON_DRIVER of them: those keep the status they had unless
+    this run finds them again."""
+    if state is None or not state.findings_dir.files(".parquet"):
+        return {}
+    old_dir = state.findings_dir
+    if _parquet_rows(old_dir) > FINDINGS_ON_DRIVER:
+        log.warning(
+            "more than %d findings in the state: those no record of this run finds again keep their status",
+            FINDINGS_ON_DRIVER,
+        )
+        return {}
+    out: dict[tuple[int, int, int], list[bytes]] = defaultdict(list)
+    for f in old_dir.files(".parquet"):
+        t = pq.read_table(f.path, filesystem=f.fs, columns=list(_STATUS_KEY))
+        for p, a, b, k in zip(*(t.column(c).to_pylist() for c in _STATUS_KEY), strict=True):
+            out[(p, a, b)].append(k)
+    return {k: tuple(v) for k, v in out.items()}
+
+
+def _restatus(table: pa.Table, status_now: pa.Table) -> pa.Table:
+    """`table`'s findings with the status this run found for their (pair, key), where it compared the key."""
+    now = {
+        (p, a, b, k): st
+        for p, a, b, k, st in zip(
+            *(status_now.column(c).to_pylist() for c in (*_STATUS_KEY, "status")), strict=True
+        )
+    }
+    if not now:
+        return table
+    keys = zip(*(table.column(c).to_pylist() for c in _STATUS_KEY), strict=True)
+    old = table.column("status").to_pylist()
+    merged = [now.get(k, s) for k, s in zip(keys, old, strict=True)]
+    i = table.schema.get_field_index("status")
+    return table.set_column(i, table.schema.field(i), pa.array(merged, pa.string()))
+
+
 def _parquet_rows(path) -> int:
     if path is None:
         return 0
@@ -689,9 +796,13 @@ def _read_findings(path, schema: pa.Schema) -> pa.Table:
     files = path.files(".parquet")
     if not files:
         return schema.empty_table()
-    return pa.concat_tables(
-        [pq.read_table(f.path, filesystem=f.fs).select(schema.names).cast(schema) for f in files]
-    )
+    tables = []
+    for f in files:
+        t = pq.read_table(f.path, filesystem=f.fs)
+        if "status" not in t.schema.names:  # a state written before findings had a status: they were open
+            t = t.append_column("status", pa.array([OPEN] * t.num_rows, pa.string()))
+        tables.append(t.select(schema.names).cast(schema))
+    return pa.concat_tables(tables)
 
 
 def _first_per_key(new: pa.Table, old: pa.Table) -> pa.Table:
@@ -835,7 +946,9 @@ def _summary(
                 totals[c] += entry[c]
             entry["unverified_keys"] = len(keys_of[(a, p)] | keys_of[(b, p)])
             entry["all_keys_unverified"] = (a, p) in overflow or (b, p) in overflow
-            entry["findings"] = {t: by_type[(p, a, b, t)] for t in types}
+            entry["findings"] = {t: sum(by_type[(p, a, b, t, st)] for st in FINDING_STATUSES) for t in types}
+            for st in FINDING_STATUSES:
+                entry[f"{st}_findings"] = {t: by_type[(p, a, b, t, st)] for t in types}
             by_pair.append(entry)
     by_region = []
     for (region, p), rp in sorted(facts.items()):
@@ -867,6 +980,10 @@ def _summary(
             }
         )
     finding_totals = {t: sum(e["findings"][t] for e in by_pair) for t in types}
+    by_status = {
+        f"{st}_findings": {t: sum(e[f"{st}_findings"][t] for e in by_pair) for t in types}
+        for st in FINDING_STATUSES
+    }
     return {
         "store": opts.store,
         "version": opts.version,
@@ -882,6 +999,7 @@ def _summary(
             "skipped_pairs": totals["skipped_pairs"],
             "pending_keys": totals["pending_keys"],
             "findings": finding_totals,
+            **by_status,
             "undecodable": sum(rp.undecodable for rp in facts.values()),
             "unverified_keys": len({(p_, k) for (_, p_, k) in unverified}),
             "out_of_range": sum(rp.out_of_range for rp in facts.values()),

@@ -11,7 +11,9 @@ requested region pair:
 
 `ScanReduce` wraps either one when the job runs fused (scan and compare in one Spark job): it reads the split
 summaries that stage A sent ahead of the data rows, plans from them (`leapfrog.plan`) and reports the
-plan's facts in one "S" row. Output: finding rows ("F"), one counter row per (partition, pair) ("C").
+plan's facts in one "S" row. Output: finding rows ("F", each with its status: open or healed), one counter row
+per (partition, pair) ("C"), and for the (pair, key)s an earlier run reported (`CompareContext.watched`) that
+yield no finding this time, their status now ("H": a repair or a newer write may have healed them).
 Memory is bounded by the largest single key's history, never by a partition's.
 """
 
@@ -21,7 +23,7 @@ import json
 import time
 from collections import defaultdict
 from collections.abc import Iterator
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 import numpy as np
 import pyarrow as pa
@@ -29,7 +31,7 @@ import pyarrow.compute as pc
 
 from div.keys import fnv1a_64
 from leapfrog import vectorized as vz
-from leapfrog.compare import FINDING_TYPES, lily_pad_walk
+from leapfrog.compare import FINDING_TYPES, lily_pad_walk, status_of
 from leapfrog.history import KeyRow, RegionView, key_history
 from leapfrog.plan import failed_reads, mark_latest_kept, plan_marks, views
 from leapfrog.settle import (
@@ -47,7 +49,7 @@ from pipelines.leapfrog.rows import unpack_marks
 
 OUT_SCHEMA = pa.schema(
     [
-        ("row", pa.string()),  # "F" finding, "C" counters, "S" the plan's facts (fused runs)
+        ("row", pa.string()),  # "F" finding, "C" counters, "S" the plan's facts (fused runs), "H" status
         ("partition", pa.int32()),
         ("region_a", pa.int32()),
         ("region_b", pa.int32()),
@@ -74,6 +76,7 @@ OUT_SCHEMA = pa.schema(
         ("settled_touched", pa.int64()),  # "C" rows with --state: settled keys this run's records touched
         ("settled_new", pa.int64()),  # ... and keys settled at the end of this run
         ("info", pa.string()),
+        ("status", pa.string()),  # "F" and "H" rows: open or healed (leapfrog.compare.status_of)
     ]
 )
 OUT_DDL = (
@@ -82,7 +85,7 @@ OUT_DDL = (
     "b_vt_offset long, a_vector array<long>, b_vector array<long>, a_high_watermark array<long>, "
     "b_high_watermark array<long>, keys long, comparable_pairs long, skipped_pairs long, pending_keys long, "
     "value_mismatch long, missing_in_a long, missing_in_b long, settled_touched long, settled_new long, "
-    "info string"
+    "info string, status string"
 )
 ROW_COLUMNS = [
     "partition",
@@ -122,6 +125,9 @@ class CompareContext:
     # the records the next run needs go to a sink the caller gives instead (the watch keeps them in Spark's
     # state store)
     keep_state: bool = False
+    # (partition, region A, region B) → keys of the findings earlier runs reported: a key of these that yields
+    # no finding this run gets an "H" row with its status now (healed when its current records agree)
+    watched: dict[tuple[int, int, int], tuple[bytes, ...]] = field(default_factory=dict)
 
     @property
     def emit_state(self) -> bool:
@@ -162,12 +168,13 @@ def _counter_rows(counters: dict[tuple[int, int, int], _Counters]) -> list[tuple
             c.settled_touched,
             c.settled_new,
             None,
+            None,
         )
         for (p, x, y), c in sorted(counters.items())
     ]
 
 
-def _finding_row(p, x, y, ftype, key, a, b) -> tuple:
+def _finding_row(p, x, y, ftype, key, a, b, status: str) -> tuple:
     a = a or (None,) * 5
     b = b or (None,) * 5
     return (
@@ -192,7 +199,13 @@ def _finding_row(p, x, y, ftype, key, a, b) -> tuple:
         None,
         None,
         None,
+        status,
     )
+
+
+def _status_row(p, x, y, key, status: str) -> tuple:
+    """The status now of a (pair, key) an earlier run reported, which this run's records yield no finding for."""
+    return ("H", p, x, y, None, key, fnv1a_64(key)) + (None,) * 20 + (status,)
 
 
 class _Marks:
@@ -509,7 +522,10 @@ class VectorKeyStage:
                     b = None if hb.absent[ib] else _vector_side(hb, ib)
                     ftype = finding_type(a is None, b is None)
                     c.by_type[ftype] += 1
-                    out.append(_finding_row(p, x, y, ftype, key, a, b))
+                    status = status_of(bool(res.converged[gi]))
+                    out.append(_finding_row(p, x, y, ftype, key, a, b, status))
+                if ctx.watched:
+                    out.extend(_watched_rows(ctx.watched, p, x, y, res, keys, group_first, in_pair))
             if ctx.emit_state:
                 batches, settled = self._state_rows(
                     p, hist, present, had_open, groups, keys, group_first, unsettled, t
@@ -552,6 +568,26 @@ class VectorKeyStage:
                 )
             )
         return out, settled
+
+
+def _watched_rows(
+    watched: dict, p: int, x: int, y: int, res: vz.PairResult, keys: pa.Array, group_first, in_pair
+) -> list[tuple]:
+    """ "H" rows: the status now of the watched (pair, key)s among the groups without a finding this run."""
+    quiet = np.flatnonzero(res.find_b < 0)
+    mine = watched.get((p, x, y))
+    if not len(quiet) or not mine:
+        return []
+    watched_keys = pa.array(mine, pa.binary())
+    first_rows = pa.array(group_first[in_pair[quiet]])
+    hit = pc.is_in(keys.take(first_rows).cast(pa.binary()), value_set=watched_keys).to_numpy(
+        zero_copy_only=False
+    )
+    out = []
+    for gi in quiet[hit]:
+        key = keys[int(group_first[int(in_pair[gi])])].as_py()
+        out.append(_status_row(p, x, y, key, status_of(bool(res.converged[gi]))))
+    return out
 
 
 def _carried(carry_col, sel: np.ndarray, gid, offset, cls, n: int) -> tuple[vz.Carried, np.ndarray]:
@@ -641,7 +677,9 @@ class KeyStage:
             f = verdict.finding
             if f is not None:
                 c.by_type[f.type] += 1
-                findings.append(_finding_row(partition, x, y, f.type, key, _side(f.a), _side(f.b)))
+                findings.append(
+                    _finding_row(partition, x, y, f.type, key, _side(f.a), _side(f.b), verdict.status)
+                )
 
 
 def _side(rec) -> tuple | None:
@@ -674,6 +712,7 @@ class ScanReduce:
         deadlines: dict[int, int] | None = None,
         carried_files: tuple[str, dict[str, list[int]]] | None = None,
         sink: MemorySink | None = None,
+        watched: dict[tuple[int, int, int], tuple[bytes, ...]] | None = None,
     ) -> None:
         """`carried_files`: (directory, file name → buckets) of the previous state's carried records when each
         task reads its own (`pipelines.leapfrog.carried`) instead of receiving them through the shuffle.
@@ -682,6 +721,7 @@ class ScanReduce:
         self.carried, self.state_out, self.deadlines = carried or {}, state_out, deadlines or {}
         self.carried_files = carried_files
         self.sink = sink
+        self.watched = watched or {}
 
     def __call__(self, batches: Iterator[pa.RecordBatch]) -> Iterator[pa.RecordBatch]:
         from pipelines.leapfrog import rows as R
@@ -707,7 +747,7 @@ class ScanReduce:
             for (r, p), e in failed_reads(list(summaries.values())).items()
         ]
         info = json.dumps({"facts": [rp.to_json() for rp in facts.values()], "failed": failed})
-        yield _batch([("S",) + (None,) * 25 + (info,)])
+        yield _batch([("S",) + (None,) * 25 + (info, None)])
         ctx = CompareContext(
             self.mode,
             self.pairs,
@@ -717,6 +757,7 @@ class ScanReduce:
             self.state_out,
             tuple(sorted(buckets)) or None,
             keep_state=self.sink is not None,
+            watched=self.watched,
         )
         carried = None
         if self.carried_files is not None and buckets:

@@ -29,7 +29,9 @@ from div import keys
 from div.records import Kind, iter_records
 from heartbeat.change_events import PartitionChanges, logical_timestamp
 from heartbeat.changes import ChangeState
+from leapfrog.compare import OPEN
 from leapfrog.repair import CAUSES, NONE, UNDECIDABLE, Record, Repair, plan_key
+from leapfrog.results import divergent_keys
 from pipelines.core.errors import EXIT_CLEAN, EXIT_FINDINGS, EXIT_PARTIAL, UsageError
 from pipelines.core.output import OutputDir, guard, read_output, write_parquet_file
 from pipelines.core.progress import Progress
@@ -96,7 +98,8 @@ class Leapfrog:
 
 
 def load_leapfrog(path: str, opts: PlanOptions) -> Leapfrog:
-    """The divergences of a `tidegauge leapfrog` output, checked to be of the store version planned."""
+    """The divergent keys of a `tidegauge leapfrog` output (its open findings), checked to be of the store version
+    planned."""
     flag = f"--leapfrog {path}"
     where, summary = read_output(path, "--leapfrog", "leapfrog", (None, "leapfrog"))
     if summary.get("store") != opts.store or summary.get("version") != opts.version:
@@ -111,10 +114,17 @@ def load_leapfrog(path: str, opts: PlanOptions) -> Leapfrog:
         files = d.files(".parquet") if d.is_dir() else None
         if files is None:
             raise UsageError(f"{flag}: has no inconsistencies/ directory (docs/outputs.md)")
+        rows = []
         for f in files:
-            t = pq.read_table(f.path, filesystem=f.fs, columns=_LEAPFROG_COLUMNS)
-            for row in t.to_pylist():
-                k = (int(row["partition"]), bytes(row["key"]))
+            columns = _LEAPFROG_COLUMNS + (
+                ["status"] if "status" in pq.read_schema(f.path, filesystem=f.fs).names else []
+            )
+            rows += pq.read_table(f.path, filesystem=f.fs, columns=columns).to_pylist()
+        # only the divergent keys (leapfrog.results.divergent_keys): a healed finding's regions agree again
+        divergent = divergent_keys((r["partition"], r["key"], r.get("status")) for r in rows)
+        for row in rows:
+            k = (int(row["partition"]), bytes(row["key"]))
+            if k in divergent and row.get("status") in (None, OPEN):
                 keys.setdefault(k, Divergent(*k)).pairs.append(
                     (row["region_a"], row["region_b"], row["type"])
                 )

@@ -27,10 +27,11 @@ exit codes:
   3  no such expectation failed, but the evidence is partial: records that could not be decoded, partitions
      not read, or keys left unverified (report.html says how many and where)
 
-example:
+examples:
   tidegauge report --leapfrog out/leapfrog --div out/div --lag out/lag \\
       --history reports/history --out reports/2026-09-21
   then open reports/2026-09-21/report.html in a browser.
+  tidegauge report --leapfrog out/leapfrog --out reports/leapfrog-only     # the regions only
 """
 
 
@@ -50,10 +51,9 @@ def register(subparsers: argparse._SubParsersAction) -> None:
     )
     parser.add_argument(
         "--div",
-        required=True,
         metavar="DIR",
-        help="the output of `tidegauge div validate --out DIR`: summary.json and errors/ (DIV findings: gaps, "
-        "corruption, duplicates; fatal or not)",
+        help="optional: the output of `tidegauge div validate --out DIR`: summary.json and errors/ (DIV findings: "
+        "gaps, corruption, duplicates; fatal or not); without it, the logs are reported as not checked",
     )
     parser.add_argument(
         "--lag",
@@ -124,8 +124,10 @@ def run(args: argparse.Namespace) -> int:
     v = result.verdict
     lines = [
         f"{v['overall']}: {v['checks_failed']} of {v['checks_evaluated']} checks failed",
-        f"regions: {v['regions']['status']} ({v['regions']['divergences']} divergent keys)",
-        f"logs: {v['logs']['status']} ({v['logs']['fatal_findings']} fatal DIV findings)",
+        f"regions: {v['regions']['status']} ({v['regions']['divergent_keys']} divergent keys, "
+        f"{v['regions']['healed_findings']} healed findings)",
+        f"logs: {v['logs']['status']}"
+        + (f" ({v['logs']['fatal_findings']} fatal DIV findings)" if v["logs"]["checked"] else " (no --div)"),
     ]
     if v["lag"]["measured"]:
         lines.append(

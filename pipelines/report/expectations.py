@@ -382,7 +382,7 @@ def run_suites(config: ExpectationsConfig, tables: dict[str, pd.DataFrame]) -> V
                         meaning=suite_spec.meaning,
                         success=None,
                         skipped_reason=f"not run: table {suite_spec.table!r} needs an input that was not given"
-                        + (" (--lag DIR)" if suite_spec.table == "lag" else ""),
+                        + {"lag": " (--lag DIR)", "div_partitions": " (--div DIR)"}.get(suite_spec.table, ""),
                     )
                 )
                 continue

@@ -24,6 +24,7 @@ from typing import Any
 
 import pandas as pd
 
+from leapfrog.compare import HEALED
 from pipelines.core.progress import duration
 from pipelines.report import plots
 from pipelines.report.expectations import ExpectationOutcome, SuiteOutcome, ValidationRun
@@ -226,9 +227,12 @@ def _verdict(page: Page) -> str:
         sub = "No divergent keys in any region pair."
     else:
         sub = (
-            f"{_plural(regions['divergences'], 'divergent key')} in {regions['pairs_with_divergences']} of "
-            f"{_plural(regions['pairs'], 'region pair')}."
+            f"{_plural(regions['divergent_keys'], 'divergent key')} "
+            f"({_plural(regions['divergences'], 'open finding')} in {regions['pairs_with_divergences']} of "
+            f"{_plural(regions['pairs'], 'region pair')})."
         )
+    if regions.get("healed_findings"):
+        sub += f" {_plural(regions['healed_findings'], 'finding')} healed since (history, below)."
     sub += (
         f" {_n(n['coverage']['keys'])} keys compared; {n['coverage']['pending_percent']:.1f} % still pending."
     )
@@ -252,11 +256,13 @@ def _verdict(page: Page) -> str:
     if logs["unread_partitions"]:
         parts.append(_plural(logs["unread_partitions"], "partition") + " not read")
     parts.append(f"{_n(page.numbers['div']['records_read'])} records checked")
+    if not logs.get("checked", True):
+        parts = ["No div validate output was given (--div DIR): the logs were not checked"]
     tiles.append(
         _tile(
             "Are the logs whole?",
             logs["status"],
-            None if logs["status"] == "UNVERIFIED" else whole,
+            None if logs["status"] in ("UNVERIFIED", "NOT CHECKED") else whole,
             "; ".join(parts) + ".",
             "#div",
         )
@@ -669,14 +675,16 @@ def _divergences(page: Page) -> str:
             group = (int(r["region_a"]), int(r["region_b"]), int(r["partition"]))
             if group != last_group:
                 out.append(
-                    f'<tr class="group" id="{a_pair_findings(*group)}"><th colspan="6">regions {group[0]} ↔ '
+                    f'<tr class="group" id="{a_pair_findings(*group)}"><th colspan="7">regions {group[0]} ↔ '
                     f"{group[1]}, partition {group[2]}</th></tr>"
                 )
                 last_group = group
             status = statuses.get(i, "")
             badge = f' <span class="badge st-{status.lower()}">{status}</span>' if status else ""
+            history = ' class="muted"' if r["status"] == HEALED else ""  # healed: the regions agree again
             out.append(
-                f'<tr id="lf-{i}"><td>{_e(r["type"])}{badge}</td><td>{_key_cell(r["key"])}'
+                f'<tr id="lf-{i}"{history}><td>{_e(r["type"])}{badge}</td>'
+                f"<td>{_e(r['status'])}</td><td>{_key_cell(r['key'])}"
                 f'<div class="muted">key hash {_e(r["key_hash"])}</div></td>'
                 f"{_side(r, 'a')}{_side(r, 'b')}"
                 f'<td class="muted">{_e(r["store"])} v{_e(r["version"])}</td></tr>'
@@ -688,12 +696,16 @@ def _divergences(page: Page) -> str:
             else ""
         )
         detail = (
-            "<h3>Every divergent key</h3><p>Region A is the lower region id of the pair. Offsets are VT "
+            "<h3>Every finding</h3><p>Open findings first: the two regions still differ (or cannot be "
+            "compared yet). Healed ones follow as history: a later comparable pair of the key's records agrees "
+            "(a repair or a newer write converged the regions); they fail no check. The row shows the first "
+            "divergence of the key. Region A is the lower region id of the pair. Offsets are VT "
             "offsets; a vector holds, per region, the RT offset the record was derived from (−1: nothing "
             "from that region); the high-water mark is the one the record was judged with.</p>"
             + _table(
                 [
                     "type",
+                    "status",
                     "key (hex)",
                     "region A: offset · value hash · vector · high-water mark",
                     "region B: offset · value hash · vector · high-water mark",
@@ -727,6 +739,12 @@ def _side(r: pd.Series, side: str) -> str:
 
 
 def _div(page: Page) -> str:
+    if not page.inputs.div.given:
+        return """
+<section id="div">
+  <h2>Data Integrity Validation</h2>
+  <p>Not checked: no <code>div validate</code> output was given (<code>--div DIR</code>).</p>
+</section>"""
     parts = page.tables["div_partitions"]
     errors = page.inputs.div.errors
     statuses = page.layout["div_status"]
@@ -992,7 +1010,7 @@ def _about(page: Page) -> str:
     inp = page.inputs
     items = [
         ("leapfrog output", str(inp.leapfrog.path)),
-        ("div validate output", str(inp.div.path)),
+        ("div validate output", str(inp.div.path) if inp.div.given else "not given"),
         ("lag output", str(inp.lag.path) if inp.lag else "not given"),
         ("history", page.history_dir or "not given"),
         ("expectations", ", ".join(page.expectations_files)),
@@ -1136,7 +1154,11 @@ def finding_layout(inputs: Inputs, trend: Trend | None) -> dict[str, Any]:
     lf_rows = inputs.leapfrog.inconsistencies
     div_rows = inputs.div.errors
     lf_order = (
-        list(lf_rows.sort_values(["region_a", "region_b", "partition", "type"], kind="stable").index)
+        list(
+            lf_rows.assign(_healed=lf_rows["status"] == HEALED)
+            .sort_values(["_healed", "region_a", "region_b", "partition", "type"], kind="stable")
+            .index
+        )
         if len(lf_rows)
         else []
     )
@@ -1167,6 +1189,9 @@ def finding_layout(inputs: Inputs, trend: Trend | None) -> dict[str, Any]:
         new_lf, new_div = set(trend.divergences.new), set(trend.div_findings.new)
         lf_status = {i: ("NEW" if lf_ids[i] in new_lf else "STILL") for i in range(len(lf_ids))}
         div_status = {i: ("NEW" if div_ids[i] in new_div else "STILL") for i in range(len(div_ids))}
+    for i, healed in enumerate(lf_rows["status"] == HEALED if len(lf_rows) else []):
+        if healed:  # the regions agree again: history, whatever earlier runs said
+            lf_status[i] = "HEALED"
     return {
         "anchors": anchors,
         "divergence_order": lf_order,

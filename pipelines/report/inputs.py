@@ -17,6 +17,7 @@ import pandas as pd
 import pyarrow as pa
 import pyarrow.parquet as pq
 
+from leapfrog.compare import OPEN
 from pipelines.core.publish import current
 from pipelines.core.storage import Location, locate
 from pipelines.report.errors import InputError
@@ -99,9 +100,20 @@ class LeapfrogOutput:
 
 @dataclass
 class DivOutput:
-    path: Location
+    path: Location | None  # None: no `div validate` output was given (`no_div`)
     summary: dict[str, Any]
     errors: pd.DataFrame
+
+    @property
+    def given(self) -> bool:
+        return self.path is not None
+
+
+def no_div() -> DivOutput:
+    """What the report reads when it is given a leapfrog output alone: no log partitions, no DIV findings. The
+    integrity suite is then not run, and the page says the logs were not checked."""
+    errors = pa.schema(list(DIV_ERROR_COLUMNS.items())).empty_table().to_pandas(integer_object_nulls=True)
+    return DivOutput(path=None, summary={}, errors=errors)
 
 
 @dataclass
@@ -204,6 +216,9 @@ def load_leapfrog(path: str | os.PathLike) -> LeapfrogOutput:
         summary, ["store", "version", "regions", "by_pair", "by_region"], path / "summary.json", what
     )
     rows = _read_dataset(path / "inconsistencies", INCONSISTENCY_COLUMNS, what)
+    if "status" not in rows.columns:  # an output written before findings had a status: they were all open
+        rows["status"] = OPEN
+    rows["status"] = rows["status"].fillna(OPEN).astype(str)
     return LeapfrogOutput(path=path, summary=summary, inconsistencies=rows)
 
 
@@ -238,12 +253,12 @@ def load_lag(path: str | os.PathLike) -> LagOutput:
 
 def load_inputs(
     leapfrog_dir: str | os.PathLike,
-    div_dir: str | os.PathLike,
+    div_dir: str | os.PathLike | None,
     lag_dir: str | os.PathLike | None = None,
 ) -> Inputs:
     """Read every job output the report was given; raises `InputError` naming the first bad one."""
     return Inputs(
         leapfrog=load_leapfrog(leapfrog_dir),
-        div=load_div(div_dir),
+        div=load_div(div_dir) if div_dir is not None else no_div(),
         lag=load_lag(lag_dir) if lag_dir is not None else None,
     )

@@ -21,7 +21,7 @@ from pipelines.report.expectations import (
 )
 from pipelines.report.history import RunRecord, Trend, append_run, compare, read_history
 from pipelines.report.inputs import InputError, Inputs, load_inputs
-from pipelines.report.tables import build_tables, summary_numbers
+from pipelines.report.tables import build_tables, open_findings, summary_numbers
 
 __all__ = ["ExpectationsConfigError", "InputError", "ReportResult", "run_report"]
 
@@ -83,7 +83,10 @@ def compute_verdict(
         and numbers["leapfrog_failed_partitions"] == 0
         and numbers["decoding"]["undecodable_leapfrog"] == 0
     )
-    logs_read = (
+    # without a `div validate` output the logs are not checked: the page says so, and it is no partial evidence
+    # about the regions
+    logs_checked = div.get("checked", True)
+    logs_read = not logs_checked or (
         ev["div_verdict"] in ("clean", "findings")
         and ev["div_records"] > 0
         and div["failed_partitions"] == 0
@@ -117,13 +120,18 @@ def compute_verdict(
             "records": ev["leapfrog_records"],
             "check_passed": _suite_ok(validation, "consistency", pairs["total"] == 0),
             "divergences": pairs["total"],
+            "divergent_keys": pairs.get("divergent_keys", pairs["total"]),
+            "healed_findings": pairs.get("healed", 0),
             "pairs_with_divergences": pairs["region_pairs_with_divergences"],
             "pairs": pairs["region_pairs"],
         },
         "logs": {
-            "status": "DIV ERRORS"
+            "status": "NOT CHECKED"
+            if not logs_checked
+            else "DIV ERRORS"
             if div["fatal_findings"]
             else ("LOGS WHOLE" if logs_read else "UNVERIFIED"),
+            "checked": logs_checked,
             "evidence_whole": logs_read,
             "records": ev["div_records"],
             "check_passed": _suite_ok(validation, "integrity", div["fatal_findings"] == 0)
@@ -173,7 +181,7 @@ def _record(
         pending_keys=numbers["coverage"]["pending_keys"],
         undecodable=verdict["logs"]["undecodable"],
         max_lag_ms=(numbers.get("lag") or {}).get("max_time_lag_ms"),
-        divergence_ids=divergence_ids(inputs.leapfrog.inconsistencies),
+        divergence_ids=divergence_ids(open_findings(inputs.leapfrog.inconsistencies)),
         div_finding_ids=div_finding_ids(inputs.div.errors),
     )
 
@@ -203,10 +211,11 @@ def _consistency_warnings(inputs: Inputs, numbers: dict[str, Any]) -> list[str]:
     """Say so when a job's summary disagrees with its own finding rows: the report counts the rows."""
     out = []
     d = numbers["divergences"]
-    if d["summary_total"] != d["total"]:
+    if d["summary_total"] != d["total"] + d["healed"]:
         out.append(
             f"{inputs.leapfrog.path / 'summary.json'} counts {d['summary_total']} findings in by_pair but "
-            f"{inputs.leapfrog.path / 'inconsistencies'} holds {d['total']} rows; this report counts the rows."
+            f"{inputs.leapfrog.path / 'inconsistencies'} holds {d['total'] + d['healed']} rows; this report "
+            "counts the rows."
         )
     claimed = inputs.div.summary.get("findings")
     if isinstance(claimed, int) and claimed != numbers["div"]["findings"]:
@@ -248,7 +257,7 @@ def _trend_json(trend: Trend | None) -> dict[str, Any] | None:
 
 def run_report(
     leapfrog_dir: str | os.PathLike,
-    div_dir: str | os.PathLike,
+    div_dir: str | os.PathLike | None,
     out_dir: str | os.PathLike,
     lag_dir: str | os.PathLike | None = None,
     history_dir: str | os.PathLike | None = None,
@@ -330,7 +339,7 @@ def run_report(
         "sources": _sources(inputs),
         "inputs": {
             "leapfrog": str(inputs.leapfrog.path),
-            "div": str(inputs.div.path),
+            "div": str(inputs.div.path) if inputs.div.given else None,
             "lag": str(inputs.lag.path) if inputs.lag else None,
             "history": str(history_dir) if history_dir is not None else None,
             "expectations": config.files,

@@ -13,9 +13,17 @@ from typing import Any
 import pandas as pd
 
 from div.validator import NOT_FINDINGS
+from leapfrog.compare import HEALED
+from leapfrog.results import divergent_keys
 from pipelines.report.inputs import DivOutput, Inputs, LagOutput, LeapfrogOutput
 
 DIVERGENCE_TYPES = ("VALUE_MISMATCH", "MISSING_IN_A", "MISSING_IN_B")
+
+
+def open_findings(rows: pd.DataFrame) -> pd.DataFrame:
+    """The leapfrog findings still open: healed ones (their regions agree again) are history."""
+    return rows[rows["status"] != HEALED] if len(rows) else rows
+
 
 # The columns that identify a row of each table: GX reports offending rows by them and the page links by them.
 ID_COLUMNS: dict[str, list[str]] = {
@@ -52,6 +60,7 @@ def pairs_table(lf: LeapfrogOutput) -> pd.DataFrame:
                 "pending_keys": 0,
                 "summary_divergences": 0,
                 "divergences": 0,
+                "healed": 0,
                 **{t.lower(): 0 for t in DIVERGENCE_TYPES},
             },
         )
@@ -63,8 +72,12 @@ def pairs_table(lf: LeapfrogOutput) -> pd.DataFrame:
         r["summary_divergences"] += sum(_int(v) for v in (entry.get("findings") or {}).values())
     found = lf.inconsistencies
     if len(found):
-        # every row counts as a divergence, whatever its type says, so an unexpected type cannot hide one
-        counts = found.groupby(["region_a", "region_b", "partition", "type"]).size()
+        # every open row counts as a divergence, whatever its type says, so an unexpected type cannot hide one;
+        # a healed row (its regions agree again) is history, counted apart
+        healed = found["status"] == HEALED
+        for (a, b, p), n in found[healed].groupby(["region_a", "region_b", "partition"]).size().items():
+            row(int(a), int(b), int(p))["healed"] += int(n)
+        counts = found[~healed].groupby(["region_a", "region_b", "partition", "type"]).size()
         for (a, b, p, kind), n in counts.items():
             r = row(int(a), int(b), int(p))
             r["divergences"] += int(n)
@@ -82,6 +95,7 @@ def pairs_table(lf: LeapfrogOutput) -> pd.DataFrame:
             "pending_keys",
             "summary_divergences",
             "divergences",
+            "healed",
             *[t.lower() for t in DIVERGENCE_TYPES],
         ],
     )
@@ -274,7 +288,8 @@ def decoding_table(lf: LeapfrogOutput, div: DivOutput, div_parts: pd.DataFrame) 
 
 
 def build_tables(inputs: Inputs) -> dict[str, pd.DataFrame]:
-    """Every table the suites may read; `lag` only when a lag output was given."""
+    """Every table the suites may read; `lag` only when a lag output was given, `div_partitions` only when a
+    `div validate` output was (the integrity suite is not run without it)."""
     div_parts = div_partitions_table(inputs.div)
     tables = {
         "pairs": pairs_table(inputs.leapfrog),
@@ -282,6 +297,8 @@ def build_tables(inputs: Inputs) -> dict[str, pd.DataFrame]:
         "heartbeat_grid": heartbeat_grid(inputs.leapfrog),
         "decoding": decoding_table(inputs.leapfrog, inputs.div, div_parts),
     }
+    if not inputs.div.given:
+        del tables["div_partitions"]
     if inputs.lag is not None:
         tables["lag"] = lag_table(inputs.lag)
     return tables
@@ -311,7 +328,7 @@ def summary_numbers(inputs: Inputs, tables: dict[str, pd.DataFrame]) -> dict[str
     """The counts the verdict, report.json and history are made of."""
     lf, div = inputs.leapfrog, inputs.div
     pairs = tables["pairs"]
-    div_parts = tables["div_partitions"]
+    div_parts = tables.get("div_partitions", div_partitions_table(div))
     grid = tables["heartbeat_grid"]
     decoding = tables["decoding"]
     # UNDECODABLE and EXPLAINED_BY_UNDECODABLE rows are missing evidence, not findings (div.validator)
@@ -325,7 +342,19 @@ def summary_numbers(inputs: Inputs, tables: dict[str, pd.DataFrame]) -> dict[str
         "regions": lf.regions,
         "partitions": _partitions(lf),
         "divergences": {
+            # open findings (one per region pair and key); `divergent_keys` counts each (partition, key) once
             "total": int(pairs["divergences"].sum()),
+            "divergent_keys": len(
+                divergent_keys(
+                    zip(
+                        lf.inconsistencies["partition"],
+                        lf.inconsistencies["key"],
+                        lf.inconsistencies["status"],
+                        strict=True,
+                    )
+                )
+            ),
+            "healed": int(pairs["healed"].sum()),
             "by_type": {t: int(pairs[t.lower()].sum()) for t in DIVERGENCE_TYPES},
             "region_pairs_with_divergences": int(
                 divergent[["region_a", "region_b"]].drop_duplicates().shape[0]
@@ -334,6 +363,7 @@ def summary_numbers(inputs: Inputs, tables: dict[str, pd.DataFrame]) -> dict[str
             "summary_total": int(pairs["summary_divergences"].sum()),
         },
         "div": {
+            "checked": div.given,  # a `div validate` output was given
             "records_read": _int(div.summary.get("records_read"), int(div_parts["records"].sum())),
             "findings": len(errors),
             "fatal_findings": int(errors["fatal"].fillna(False).astype(bool).sum()) if len(errors) else 0,

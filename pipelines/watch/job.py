@@ -64,13 +64,27 @@ log = logging.getLogger("tidegauge.watch")
 ROCKSDB = "org.apache.spark.sql.execution.streaming.state.RocksDBStateStoreProvider"
 # the findings' columns: those of `leapfrog`'s inconsistencies (the per-key stage's finding rows, keys.OUT_SCHEMA),
 # with an id, the store, and when the watch found them
-_STEP_COLUMNS = OUT_SCHEMA.names[1 : OUT_SCHEMA.names.index("b_high_watermark") + 1]
+_STEP_COLUMNS = OUT_SCHEMA.names[1 : OUT_SCHEMA.names.index("b_high_watermark") + 1] + ["status"]
+# a finding's status when it changed after it was reported (a repair healed it, a newer write opened it again):
+# appended to OUT/leapfrog-status/, one file per micro-batch; `read_findings` gives each finding its latest
+STATUS_SCHEMA = pa.schema(
+    [
+        ("finding_id", pa.string()),
+        ("partition", pa.int32()),
+        ("region_a", pa.int32()),
+        ("region_b", pa.int32()),
+        ("key", pa.binary()),
+        ("status", pa.string()),
+        ("changed_at", pa.timestamp("ms", tz="UTC")),
+    ]
+)
 FINDINGS_SCHEMA = pa.schema(
     [("finding_id", pa.string()), ("store", pa.string()), ("version", pa.int32())]
     + [OUT_SCHEMA.field(c) for c in _STEP_COLUMNS]
     + [("detected_at", pa.timestamp("ms", tz="UTC"))]
 )
-# what the processor emits: findings ("F"), each region's running mark and unverified keys in a partition ("M"),
+# what the processor emits: findings ("F"), their status changes ("U": partition, pair, key, status), each region's
+# running mark and unverified keys in a partition ("M"),
 # pending keys ("C"), the newest heartbeat from each source region in a region partition ("H"), the records read
 # of each region partition ("N") and what it could not judge ("W", the reason in `type`) — Leap Frog's — and
 # DIV's findings ("D", the columns of div_step.FINDING_SCHEMA: region, partition and type are shared, of the same
@@ -162,6 +176,18 @@ class WatchProcessor(StatefulProcessor):
         now_ms = int(time.time() * 1000)
         for f in result.findings.select(_STEP_COLUMNS).to_pylist():
             out.append({"row": "F", **f, "detected_ms": now_ms})
+        for a, b, key, status in result.status_changes:
+            out.append(
+                {
+                    "row": "U",
+                    "partition": partition,
+                    "region_a": a,
+                    "region_b": b,
+                    "key": key,
+                    "status": status,
+                    "detected_ms": now_ms,
+                }
+            )
         for fact in result.state.facts.values():
             out.append(
                 {
@@ -352,6 +378,15 @@ class WatchSink:
         self.dir.makedirs()
         self.div_dir = locate(opts.out) / "div"
         self.div_dir.makedirs()
+        self.status_dir = locate(opts.out) / "leapfrog-status"
+        self.status_dir.makedirs()
+        # every finding so far with its status now (restarted: read back from the output), for the open count
+        self.findings: dict[str, dict] = {
+            r["finding_id"]: r
+            for r in read_findings(opts.out)
+            .select(["finding_id", "type", "region_a", "region_b", "status"])
+            .to_pylist()
+        }
         self.warned: set[tuple] = set()
         self.pending: dict[tuple[int, int, int], int] = {}  # (partition, region_a, region_b) → its last count
         self.unverified: dict[tuple[int, int], int] = {}  # (partition, region) → its last count
@@ -385,6 +420,33 @@ class WatchSink:
             (self.dir / f"batch-{batch_id:08d}.parquet").write_bytes(parquet_bytes(out))
             if self.metrics is not None:
                 self.metrics.observe_divergences(rows)
+            for r in out.select(["finding_id", "type", "region_a", "region_b", "status"]).to_pylist():
+                self.findings[r["finding_id"]] = r
+        changed = table.filter(pa.array(kind == "U", pa.bool_())) if table.num_rows else None
+        if changed is not None and changed.num_rows:
+            rows = [
+                {
+                    "finding_id": finding_id(
+                        self.opts.store,
+                        self.opts.version,
+                        r["partition"],
+                        r["region_a"],
+                        r["region_b"],
+                        r["key"],
+                    ),
+                    **{c: r[c] for c in ("partition", "region_a", "region_b", "key", "status")},
+                    "changed_at": r["detected_ms"],
+                }
+                for r in changed.to_pylist()
+            ]
+            (self.status_dir / f"batch-{batch_id:08d}.parquet").write_bytes(
+                parquet_bytes(pa.Table.from_pylist(rows, STATUS_SCHEMA))
+            )
+            for r in rows:
+                if r["finding_id"] in self.findings:
+                    self.findings[r["finding_id"]]["status"] = r["status"]
+        if self.metrics is not None and self.findings:
+            self.metrics.set_open_divergences(self.findings.values())
         div = table.filter(pa.array(kind == "D", pa.bool_())) if table.num_rows else None
         if div is not None and div.num_rows:
             div = div.select(DIV_SCHEMA.names)
@@ -448,14 +510,31 @@ def observe_rows(
 
 
 def read_findings(out: str, kind: str = "leapfrog") -> pa.Table:
-    """Every finding the watch has appended under OUT/<kind> (`leapfrog` or `div`; one file per micro-batch)."""
+    """Every finding the watch has appended under OUT/<kind> (`leapfrog` or `div`; one file per micro-batch).
+    Leap Frog's findings come with their latest status (the last change under OUT/leapfrog-status/, else the
+    status they were found with)."""
     import pyarrow.parquet as pq
 
-    where = locate(out) / kind
-    files = where.files(".parquet") if where.exists() else []
-    tables = [pq.read_table(f.path, filesystem=f.fs) for f in files]
+    def read(where) -> list[pa.Table]:
+        files = sorted(where.files(".parquet"), key=lambda f: f.name) if where.exists() else []
+        return [pq.read_table(f.path, filesystem=f.fs) for f in files]
+
+    tables = read(locate(out) / kind)
     empty = FINDINGS_SCHEMA if kind == "leapfrog" else DIV_SCHEMA
-    return pa.concat_tables(tables) if tables else empty.empty_table()
+    found = pa.concat_tables(tables, promote_options="default") if tables else empty.empty_table()
+    if kind != "leapfrog" or not found.num_rows:
+        return found
+    if "status" not in found.schema.names:  # written before findings had a status: open when found
+        found = found.append_column("status", pa.array(["open"] * found.num_rows, pa.string()))
+    latest = {}
+    for t in read(locate(out) / "leapfrog-status"):  # in micro-batch order: the last change wins
+        latest.update(zip(t.column("finding_id").to_pylist(), t.column("status").to_pylist(), strict=True))
+    if latest:
+        ids, old = found.column("finding_id").to_pylist(), found.column("status").to_pylist()
+        i = found.schema.get_field_index("status")
+        merged = pa.array([latest.get(f, s) for f, s in zip(ids, old, strict=True)], pa.string())
+        found = found.set_column(i, found.schema.field(i), merged)
+    return found
 
 
 def check_rt_topic(opts: WatchOptions) -> None:

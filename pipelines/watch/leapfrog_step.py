@@ -13,6 +13,9 @@ VT partition, with the same three rooms as the batch job and no rule of its own:
 What it returns is what the next micro-batch needs (`PartitionState`) and the findings. Findings are appended,
 never retracted, so a (pair, key) is reported once: the first time a micro-batch finds it. A nightly run over the
 same records reports one finding per (pair, key) too, the first in offset order; the two name the same keys.
+A finding has a status, open or healed (`leapfrog.compare.status_of`), as the nightly job's: every micro-batch that
+compares a reported key again says its status now, and the step returns the reported findings whose status changed
+(`PartitionStep.status_changes`: a repair healed them, or a newer write opened them again).
 
 Chunked values are compared through their manifests, with the batch job's rules (`pipelines.leapfrog.chunks`): in
 a chunked version (a chunked StartOfPush, or chunks and manifests, in the partition's records so far) each
@@ -40,6 +43,7 @@ import pyarrow.compute as pc
 from div import archive
 from div.envelope import learned_versions
 from div.envelope_columns import Heads, reads_as_new
+from leapfrog.compare import HEALED, OPEN
 from leapfrog.plan import failed_reads, plan_marks
 from pipelines.leapfrog import chunks as C
 from pipelines.leapfrog import decode as V
@@ -88,6 +92,7 @@ class PartitionState:
     facts: dict[tuple[int, int], dict] = field(default_factory=dict)  # (region, partition) → state.json row
     carried: pa.Table | None = None  # CARRIED_SCHEMA: records of keys still in play
     reported: set[tuple[int, int, bytes]] = field(default_factory=set)  # (region_a, region_b, key) found
+    healed: set[tuple[int, int, bytes]] = field(default_factory=set)  # those of `reported` healed now
     waiting: pa.Table | None = None  # WAITING_SCHEMA: records held until every region has sent some
     chunked: bool = False  # the records in view showed a chunked version (`chunks.chunked_version`)
     chunks: pa.Table | None = None  # CHUNKS_SCHEMA: chunks whose manifest has not arrived yet
@@ -99,6 +104,7 @@ class PartitionState:
             {
                 "facts": list(self.facts.values()),
                 "reported": [[a, b, k.hex()] for a, b, k in sorted(self.reported)],
+                "healed": [[a, b, k.hex()] for a, b, k in sorted(self.healed)],
                 "chunked": self.chunked,
             }
         ).encode()
@@ -124,6 +130,7 @@ class PartitionState:
             facts={(f["region"], f["partition"]): f for f in head["facts"]},
             carried=carried if carried.num_rows else None,
             reported={(a, b, bytes.fromhex(k)) for a, b, k in head["reported"]},
+            healed={(a, b, bytes.fromhex(k)) for a, b, k in head.get("healed", ())},
             waiting=waiting if waiting.num_rows else None,
             chunked=bool(head.get("chunked")),
             chunks=chunks[0] if chunks and chunks[0].num_rows else None,
@@ -158,6 +165,8 @@ class PartitionStep:
     # the longest heartbeat vector met: wider than the step's region count means the watch was started with too
     # few of the store's regions (before any heartbeat said how many): it must be restarted with --regions
     widest_hbw: int = 0
+    # (region_a, region_b, key, status) of findings reported before whose status changed in this micro-batch
+    status_changes: list[tuple[int, int, bytes, str]] = field(default_factory=list)
 
 
 class LeapfrogStep:
@@ -188,7 +197,9 @@ class LeapfrogStep:
             needed = {x for pair in self.pairs for x in pair}
             if not needed <= have and held < MAX_WAITING_RECORDS:
                 return PartitionStep(
-                    state=PartitionState(reported=state.reported, waiting=_waiting_table(records)),
+                    state=PartitionState(
+                        reported=state.reported, healed=state.healed, waiting=_waiting_table(records)
+                    ),
                     findings=OUT_SCHEMA.empty_table(),
                     counters=OUT_SCHEMA.empty_table(),
                     failed={},
@@ -242,7 +253,18 @@ class LeapfrogStep:
             carried_sortkeys = state.carried.column("sortkey")
         sorted_rows = _shuffle_order(rows, carried_sortkeys)
         sink = MemorySink()
-        reduce = ScanReduce("heartbeat", self.pairs, self.n, ends, state.facts, sink=sink)
+        watched: dict[tuple[int, int, int], list[bytes]] = {}
+        for a, b, key in state.reported:
+            watched.setdefault((partition, a, b), []).append(key)
+        reduce = ScanReduce(
+            "heartbeat",
+            self.pairs,
+            self.n,
+            ends,
+            state.facts,
+            sink=sink,
+            watched={k: tuple(v) for k, v in watched.items()},
+        )
         out = pa.Table.from_batches(list(reduce(iter(sorted_rows.to_batches()))), OUT_SCHEMA)
         kind = out.column("row").to_numpy(zero_copy_only=False)
         # as the nightly job does, a finding that rests on a record that could not be decoded is withheld, with
@@ -250,7 +272,8 @@ class LeapfrogStep:
         # comparison (the nightly job also withholds for those after them)
         findings = withhold(out.filter(pa.array(kind == "F")), *unverified_index(facts))
         fresh = []
-        reported = set(state.reported)
+        reported, healed = set(state.reported), set(state.healed)
+        changes: list[tuple[int, int, bytes, str]] = []
         for a, b, key in zip(
             findings.column("region_a").to_pylist(),
             findings.column("region_b").to_pylist(),
@@ -258,21 +281,42 @@ class LeapfrogStep:
             strict=True,
         ):
             fresh.append((a, b, key) not in reported)
+        # every status this micro-batch found: its findings' and, for keys reported before that it found no
+        # finding of, its "H" rows
+        now = out.filter(pa.array((kind == "F") | (kind == "H")))
+        withheld = _keys(out.filter(pa.array(kind == "F"))) - _keys(findings)
+        for a, b, key, status in zip(
+            *(now.column(c).to_pylist() for c in ("region_a", "region_b", "key", "status")), strict=True
+        ):
+            if (a, b, key) in withheld:  # it rests on an undecodable record: not reported, status unknown
+                continue
+            was = (a, b, key) in reported
+            before = HEALED if (a, b, key) in healed else OPEN
             reported.add((a, b, key))
+            (healed.add if status == HEALED else healed.discard)((a, b, key))
+            if was and status != before:
+                changes.append((a, b, key, status))
         return PartitionStep(
             state=PartitionState(
                 facts={(f["region"], f["partition"]): f for f in region_rows(facts, ends, state.facts)},
                 carried=sink.table() if sink.batches else None,
                 reported=reported,
+                healed=healed,
                 chunked=chunked,
                 chunks=held,
             ),
             findings=findings.filter(pa.array(fresh, pa.bool_())),
+            status_changes=sorted(changes),
             counters=out.filter(pa.array(kind == "C")),
             failed={r: e for (r, _p), e in failed_reads(summaries).items()},
             chunked_late=chunked and not state.chunked and bool(state.facts),
             widest_hbw=max((sm.get("widest_hbw", 0) for sm in summaries), default=0),
         )
+
+
+def _keys(findings: pa.Table) -> set[tuple[int, int, bytes]]:
+    """(region_a, region_b, key) of finding rows."""
+    return set(zip(*(findings.column(c).to_pylist() for c in ("region_a", "region_b", "key")), strict=True))
 
 
 def _values_of_chunked(

@@ -91,6 +91,7 @@ class WatchMetrics:
             raise ValueError(f"heartbeat_interval_ms must be positive, got {heartbeat_interval_ms!r}")
         self.registry = CollectorRegistry()
         self.clock = clock
+        self._open_labels: set[tuple[str, str, str]] = set()  # pairs and types whose open count was set
         self._lock = threading.Lock()
         self._heartbeats: dict[tuple[str, str, str], _Heartbeats] = {}
         self._progress: dict[str, _Progress] = {}  # query → its last progress
@@ -116,6 +117,13 @@ class WatchMetrics:
         self._divergences = Counter(
             "tidegauge_divergences",
             "Leap Frog findings (VALUE_MISMATCH, MISSING_IN_A, MISSING_IN_B) by region pair.",
+            ["type", "region_a", "region_b"],
+            registry=r,
+        )
+        self._open_divergences = Gauge(
+            "tidegauge_open_divergences",
+            "Leap Frog findings still open (the regions still differ, or cannot be compared yet) by region pair "
+            "and type; a healed finding (a repair or a newer write converged the key) is not counted. What pages.",
             ["type", "region_a", "region_b"],
             registry=r,
         )
@@ -261,6 +269,20 @@ class WatchMetrics:
         tally = Tally(self._read_rows("observe_divergences", rows, _divergence_row))
         for labels, n in tally.items():
             self._divergences.labels(*labels).inc(n)
+
+    def set_open_divergences(self, rows: Iterable[Any]) -> None:
+        """The watch's findings with their status now: rows with `type`, `region_a`, `region_b` and `status`
+        (every finding reported so far). Sets the open count of each pair and type, zero where none is open."""
+        opened = Tally(
+            self._read_rows(
+                "set_open_divergences",
+                (r for r in rows if _mapping(r).get("status") != "healed"),
+                _divergence_row,
+            )
+        )
+        for labels in self._open_labels | set(opened):
+            self._open_divergences.labels(*labels).set(opened.get(labels, 0))
+        self._open_labels |= set(opened)
 
     def observe_div_findings(self, rows: Iterable[Any]) -> None:
         """DIV rows appended in a micro-batch: rows with `type`, `fatal`, `region`, `topic` (the columns of

@@ -54,6 +54,7 @@ def test_vectorized_equals_reference(latest_kept):
                 assert res.comparable_pairs[gi] == ref.comparable_pairs, (h.seed, h.mix.name, key)
                 assert res.skipped[gi] == ref.skipped_pairs, (h.seed, h.mix.name, key)
                 assert bool(res.pending[gi]) == ref.pending, (h.seed, h.mix.name, key)
+                assert bool(res.converged[gi]) == ref.converged, (h.seed, h.mix.name, key)
                 if ref.finding is None:
                     assert res.find_b[gi] == -1, (h.seed, h.mix.name, key)
                     continue

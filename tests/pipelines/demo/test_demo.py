@@ -231,6 +231,13 @@ def test_demo_finds_every_injected_fault_and_nothing_else(demo_run):
     assert sum(window["rt_records"]["0"].values()) > plan["writes"]  # the writes and their DIV segments
     verify = json.loads((result.out / "repair" / "verify" / "summary.json").read_text())
     assert verify["by_status"]["converged"] == verify["planned_keys"] == plan["writes"]
+    # issue 41: after the repair converged the regions, leapfrog over the archives keeps its findings as history,
+    # healed, and exits 0 (the nightly alert stops)
+    after = json.loads((result.out / "repair" / "leapfrog-after" / "summary.json").read_text())
+    assert after["exit_code"] == 0 and after["verdict"] == "clean", after["totals"]
+    assert (
+        sum(after["totals"]["open_findings"].values()) == 0 < sum(after["totals"]["healed_findings"].values())
+    )
     assert "the repair made the regions agree" in text
     assert result.exit_code == (1 if KNOWN_MISMATCHES else 0)
 

@@ -40,6 +40,7 @@ def _findings(out):
             r["b_vt_offset"],
             r["a_value_hash"],
             r["b_value_hash"],
+            r["status"],  # an earlier day's finding takes the status of the day that compared its key last
         )
         for r in pq.read_table(out / "inconsistencies").to_pylist()
     )

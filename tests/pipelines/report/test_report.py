@@ -381,7 +381,7 @@ def test_cli_help_teaches_flags_exit_codes_and_an_example(capsys):
         "heartbeats/",
         "--history",
         "exit codes",
-        "example:",
+        "examples:",
         "report.html",
     ):
         assert needle in text, needle

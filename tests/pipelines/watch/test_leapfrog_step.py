@@ -41,9 +41,17 @@ def _micro_batches(
     return [table.slice(a, b - a) for a, b in zip(bounds[:-1], bounds[1:], strict=True)]
 
 
-def _watched(dirs: dict, partitions: int, cuts: int, rng: random.Random, strict: bool = True) -> list[dict]:
+def _watched(
+    dirs: dict,
+    partitions: int,
+    cuts: int,
+    rng: random.Random,
+    strict: bool = True,
+    statuses: dict | None = None,
+) -> list[dict]:
     """The findings of the watch's step over every partition's records cut into `cuts` micro-batches, the state
-    round-tripped through bytes between them (`strict`: no region may fail, no partition turn chunked late)."""
+    round-tripped through bytes between them (`strict`: no region may fail, no partition turn chunked late).
+    `statuses` receives each finding's latest status: the one it was found with, then its changes."""
     step = LeapfrogStep(((0, 1), (0, 2), (1, 2)), 3)
     found = []
     for p in range(partitions):
@@ -62,6 +70,12 @@ def _watched(dirs: dict, partitions: int, cuts: int, rng: random.Random, strict:
             if strict:
                 assert not result.failed and not result.chunked_late
             found.extend(result.findings.to_pylist())
+            if statuses is not None:
+                for f in result.findings.to_pylist():
+                    statuses[(p, f["region_a"], f["region_b"], f["key"])] = f["status"]
+                for a, b, key, status in result.status_changes:
+                    assert (p, a, b, key) in statuses, "a status change of a finding never reported"
+                    statuses[(p, a, b, key)] = status
             state_bytes = result.state.to_bytes()
     return found
 
@@ -81,6 +95,28 @@ def test_micro_batches_name_what_a_nightly_run_names(world, seed, cuts):
     histories, dirs, expected = world
     found = _watched(dirs, len(histories), cuts, random.Random(seed))
     assert named(found) == expected
+
+
+@pytest.fixture(scope="module")
+def nightly_status(spark, tmp_path_factory, world):
+    """(partition, region A, region B, key) → the status a nightly run over the whole archives gives."""
+    import pyarrow.parquet as pq
+
+    out = tmp_path_factory.mktemp("status") / "batch"
+    nightly(spark, world[1], out)
+    rows = pq.read_table(out / "inconsistencies").to_pylist()
+    return {(r["partition"], r["region_a"], r["region_b"], r["key"]): r["status"] for r in rows}
+
+
+@pytest.mark.parametrize("seed,cuts", [(1, 2), (3, 12)])
+def test_micro_batches_end_with_the_status_a_nightly_run_gives(world, nightly_status, seed, cuts):
+    """A finding healed by later records (a newer write converged its key) is reported healed by the watch too,
+    through a status change when it was found open in an earlier micro-batch."""
+    histories, dirs, _ = world
+    statuses: dict = {}
+    _watched(dirs, len(histories), cuts, random.Random(seed), statuses=statuses)
+    assert statuses == nightly_status
+    assert "healed" in statuses.values() and "open" in statuses.values(), "both statuses must be exercised"
 
 
 @pytest.fixture(scope="module")

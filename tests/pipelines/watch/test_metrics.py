@@ -266,6 +266,30 @@ def test_lag_sources_records_findings_and_key_counts(watch):
     )
 
 
+def test_the_open_count_falls_when_findings_heal_and_rises_when_one_opens_again(watch):
+    """What pages is the open count (issue 41): a healed finding stops counting, the pair goes back to 0."""
+    metrics, url = watch
+    rows = [
+        {"type": "VALUE_MISMATCH", "region_a": 0, "region_b": 1, "status": "open"},
+        {"type": "VALUE_MISMATCH", "region_a": 0, "region_b": 1, "status": "open"},
+        {"type": "MISSING_IN_B", "region_a": 0, "region_b": 2, "status": "healed"},
+    ]
+    metrics.set_open_divergences(rows)
+    open_now = samples(scrape(url), "tidegauge_open_divergences")
+    assert open_now == {labels(type="VALUE_MISMATCH", region_a=0, region_b=1): 2}
+    rows[0]["status"] = rows[1]["status"] = "healed"  # the repair converged both keys
+    metrics.set_open_divergences(rows)
+    assert samples(scrape(url), "tidegauge_open_divergences") == {
+        labels(type="VALUE_MISMATCH", region_a=0, region_b=1): 0
+    }
+    rows[2]["status"] = "open"  # a newer write diverged the other key again
+    metrics.set_open_divergences(rows)
+    assert samples(scrape(url), "tidegauge_open_divergences") == {
+        labels(type="VALUE_MISMATCH", region_a=0, region_b=1): 0,
+        labels(type="MISSING_IN_B", region_a=0, region_b=2): 1,
+    }
+
+
 def test_a_bad_row_is_skipped_counted_and_named_and_the_rest_applied(watch, clock, caplog):
     metrics, url = watch
     t_ms = int(clock.now * 1000)

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import contextlib
 import random
+from collections import Counter
 
 import pyarrow.parquet as pq
 import pytest
@@ -88,6 +89,17 @@ def test_growing_archives_watched_from_one_checkpoint_equal_a_nightly_run(spark,
     found = read_findings(opts.out).to_pylist()
     assert named(found) == expected
     assert len({r["finding_id"] for r in found}) == len(found)
+    # each finding ends with the nightly run's status (its changes under OUT/leapfrog-status/), and the open count
+    # is what the metric says
+    batch = pq.read_table(tmp_path / "batch" / "inconsistencies").to_pylist()
+    key = lambda r: (r["partition"], r["region_a"], r["region_b"], r["key"])  # noqa: E731
+    assert {key(r): r["status"] for r in found} == {key(r): r["status"] for r in batch}
+    opened = Counter(
+        (r["type"], str(r["region_a"]), str(r["region_b"])) for r in found if r["status"] == "open"
+    )
+    for (t, a, b), n in opened.items():
+        labels = {"type": t, "region_a": a, "region_b": b}
+        assert metrics.registry.get_sample_value("tidegauge_open_divergences", labels) == n, labels
     assert 0 < first < len(found) or first == len(found)
     # DIV over the same records: what div validate writes, row for row
     from pipelines.div.validate import ValidateOptions, run_local
@@ -183,6 +195,10 @@ def test_kill_9_at_random_moments_then_restart_loses_and_repeats_nothing(spark, 
     found = read_findings(opts.out).to_pylist()
     assert named(found) == expected
     assert len({r["finding_id"] for r in found}) == len(found)
+    # each finding ends with the nightly run's status, across the kills (OUT/leapfrog-status/ holds its changes)
+    batch = pq.read_table(tmp_path / "batch" / "inconsistencies").to_pylist()
+    key = lambda r: (r["partition"], r["region_a"], r["region_b"], r["key"])  # noqa: E731
+    assert {key(r): r["status"] for r in found} == {key(r): r["status"] for r in batch}
     # region 0's change stream (--changes 0): each change once, none lost, as the rule gives it in one pass
     changes = read_changes(opts.out).sort_by([("partition", "ascending"), ("vt_offset", "ascending")])
     assert changes.num_rows > 20 and changes.equals(one_pass(dirs[0], f"{STORE}_v1", 3))
