@@ -56,7 +56,8 @@ def midpoint(run: Mapping[str, Any]) -> int:
 
 
 def _candidates(truth: Mapping[str, Any], at_ms: int) -> list[CutFault]:
-    """The dropped and poisoned faults whose write is at or before `at_ms`, earliest first."""
+    """The dropped and poisoned faults whose write is at or before `at_ms`, earliest first (a write dropped in
+    several regions: one candidate per region that lost it)."""
     out = []
     for f in sorted(truth.get("faults", []), key=lambda f: f.get("time_ms") or 0):
         if f.get("time_ms") is None or f["time_ms"] > at_ms or f.get("key") is None:
@@ -64,8 +65,7 @@ def _candidates(truth: Mapping[str, Any], at_ms: int) -> list[CutFault]:
         d = f.get("detail") or {}
         if f["kind"] == "dropped":
             origin = int(f["region"])
-            lost = [int(x) for x in d.get("dropped_in", []) if int(x) != origin]
-            if lost:
+            for lost in sorted({int(x) for x in d.get("dropped_in", [])} - {origin}):
                 out.append(
                     CutFault(
                         f["id"],
@@ -73,7 +73,7 @@ def _candidates(truth: Mapping[str, Any], at_ms: int) -> list[CutFault]:
                         int(f["partition"]),
                         bytes.fromhex(f["key"]),
                         (origin, int(f["rt_offset"])),
-                        lost[0],
+                        lost,
                         origin,
                     )
                 )
@@ -302,7 +302,7 @@ def run_cut_step(out: Path, truth: Mapping[str, Any]) -> CutStep:
     at_ms, fault = choose_cut(truth, state_at)
     true_cut = sim_truth.cut(at_ms)
     if fault is None:
-        regions = [0, 1]
+        regions = [x for x in range(sim_truth.regions) if x not in compacted_regions(truth)][:2]
         checks = [
             (
                 False,
