@@ -12,7 +12,16 @@ import json
 import pytest
 
 from pipelines.cli import main as cli_main
-from pipelines.demo.cut_step import CutFault, apply_changes, check_replay, check_snapshot, read_snapshot
+from pipelines.demo.cut_step import (
+    AFTER_FAULT_MS,
+    CutFault,
+    apply_changes,
+    check_replay,
+    check_snapshot,
+    choose_cut,
+    choose_fault,
+    read_snapshot,
+)
 from pipelines.demo.job import (
     MARKER,
     DemoError,
@@ -348,3 +357,33 @@ def test_the_demos_snapshot_against_the_truth_of_another_time_fails(demo_run):
     some_key = next(k for k in final if k not in got or final[k] != got[k])
     final[some_key] = got.get(some_key, ("DELETE", None, None, None, None))  # one change after the cut lost
     assert not check_replay(x, final, truth.final_state(x), n)[0]
+
+
+def test_the_cut_shows_a_fault_outside_the_compacted_regions_and_waits_for_one_when_none_is_visible():
+    """A write dropped in regions 0 and 1, region 0 compacted: the faulted region is 1 (a snapshot of a compacted
+    region can show a record the cleaner superseded); before any fault is visible, the cut moves to just after
+    the first fault's write."""
+    truth = {
+        "run": {"start_ms": 0, "last_write_ms": 4000},
+        "faults": [
+            {"id": 8, "kind": "compaction", "region": 0, "partition": 1, "key": None, "time_ms": None},
+            {
+                "id": 4,
+                "kind": "dropped",
+                "region": 2,
+                "partition": 1,
+                "key": K1.hex(),
+                "rt_offset": 7,
+                "time_ms": 2500,
+                "detail": {"dropped_in": [0, 1]},
+            },
+        ],
+    }
+    held = {2: {(1, K1): ("PUT", b"v", 2500, 2, 7)}, 1: {}, 0: {}}
+
+    def state_at(x, at_ms):
+        return held[x] if at_ms >= 2500 else {}
+
+    at_ms, fault = choose_cut(truth, state_at)
+    assert at_ms == 2500 + AFTER_FAULT_MS and (fault.faulted, fault.spared) == (1, 2)
+    assert choose_fault(truth, 2000, lambda x: state_at(x, 2000)) is None  # not written yet at the midpoint
