@@ -48,7 +48,7 @@ EPILOG = textwrap.dedent("""\
         tidegauge cut --store sim_store --version 1 --source 0=kafka://dc0:9092 --source 1=kafka://dc1:9092 \\
             --rt 0=kafka://dc0:9092 --rt 1=kafka://dc1:9092 --at 2026-11-29T02:00+02:00 --snapshot 1 --out out/cut
       then resume a cache at that time: every change after the cut, each once (region 1's VT)
-        tidegauge changes --source 1=kafka://dc1:9092 --from-cut out/cut/cut.json --state state/cache-1 \
+        tidegauge changes --source 1=kafka://dc1:9092 --from-cut out/cut/cut.json --state state/cache-1 \\
             --out out/changes-after-cut
       on Spark, one task per partition read
         tidegauge cut --source 0=s3://archive/dc-0 --source 1=s3://archive/dc-1 --at 1764374400000 \\

@@ -3,8 +3,8 @@
 It simulates a three-region store on embedded Kafka clusters (or, with `--kafka real`, on an Apache Kafka broker
 per region started on loopback) with faults whose consequences are known
 (`sim`, which writes them to truth.json), runs every job on the archives in one process — `lag`, `leapfrog`,
-`div validate`, `div restore`, `report`, the Spark ones on one SparkSession — and then checks the jobs against
-the truth: every injected fault must be found by the finding truth.json names, and nothing else may be found.
+`div validate`, `div restore`, `report`, `cut`, the Spark ones on one SparkSession — and then checks the jobs
+against the truth: every injected fault must be found by the finding truth.json names, and nothing else may be found.
 That check is what makes the demo worth more than a screenshot: it is a small end-to-end acceptance test that
 anyone can run and read.
 
@@ -14,6 +14,8 @@ Layout of the output directory (the same as a nightly deployment would have, one
     OUT/lag/        `tidegauge lag`          OUT/leapfrog/   `tidegauge leapfrog`
     OUT/div/        `tidegauge div validate` OUT/restore/    `tidegauge div restore`
     OUT/report/     report.html, report.json OUT/history/    the report's history (kept across demo runs)
+    OUT/cut/        `tidegauge cut` at the middle of the run (region-<X>/: cut.json, snapshot/) and
+                    `tidegauge changes --from-cut` (changes-<X>/), checked against the simulator's truth
     OUT/demo.json   steps, timings and the fault check;      OUT/demo.log   everything the jobs logged
 """
 
@@ -659,7 +661,7 @@ def run_demo(opts: DemoOptions, emit: Callable[[str], None] | None = None, spark
     cfg = demo_config(
         str(out / "sim"), opts.seed, opts.records, opts.partitions, opts.kafka, opts.brokers_per_region
     )
-    progress = _Progress(12, emit)
+    progress = _Progress(13, emit)
     result = DemoResult(out=out, exit_code=EXIT_STEP_FAILED, elapsed_s=0.0)
     on = "embedded Kafka" if opts.kafka == "mock" else "Apache Kafka brokers"
     emit(f"tidegauge demo: 3 regions on {on}, {cfg.records:,} writes, seed {cfg.seed} -> {out}")
@@ -879,16 +881,32 @@ def _run_jobs(
             + f" of {vs['planned_keys']} planned keys"
         )
 
+    cut_checks = _cut_step(out, truth, progress)
+
     result.checks = check_faults(
         truth, read_leapfrog_findings(out / "leapfrog"), read_div_findings(out / "div")
     )
     result.checks += check_repair(truth, out / "repair")
     result.checks += restore_checks
     result.checks.append(check_report(truth, json.loads(report.json_path.read_text())))
+    result.checks += cut_checks
     if truth.get("faults_shortfall"):
         for kind, why in truth["faults_shortfall"].items():
             result.checks.append(Check(False, f"{kind} not injected as requested", why))
     result.exit_code = EXIT_MATCH if result.matched else EXIT_MISMATCH
+
+
+def _cut_step(out: Path, truth: dict, progress: _Progress) -> list[Check]:
+    """`tidegauge cut` in the middle of the run and `changes --from-cut`, checked against the simulator's truth
+    at that time (`pipelines.demo.cut_step`)."""
+    from pipelines.demo.cut_step import run_cut_step
+
+    with progress.step(
+        "cut", "what did two regions hold in the middle of the run? (snapshots, then the changes after)"
+    ) as res:
+        step = run_cut_step(out, truth)
+        res.append(step.result)
+    return [Check(ok, subject, detail) for ok, subject, detail in step.checks]
 
 
 def _final_block(result: DemoResult, emit: Callable[[str], None]) -> None:

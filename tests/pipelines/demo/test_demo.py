@@ -12,6 +12,16 @@ import json
 import pytest
 
 from pipelines.cli import main as cli_main
+from pipelines.demo.cut_step import (
+    AFTER_FAULT_MS,
+    CutFault,
+    apply_changes,
+    check_replay,
+    check_snapshot,
+    choose_cut,
+    choose_fault,
+    read_snapshot,
+)
 from pipelines.demo.job import (
     MARKER,
     DemoError,
@@ -201,6 +211,7 @@ def test_demo_finds_every_injected_fault_and_nothing_else(demo_run):
         "report",
         "leapfrog",
         "repair verify",
+        "cut",
     ], text
     assert all(s.ok for s in result.steps), text
     truth = json.loads((result.out / "sim" / "truth.json").read_text())
@@ -251,6 +262,23 @@ def test_demo_finds_every_injected_fault_and_nothing_else(demo_run):
         assert (result.out / name).exists(), name
     assert any((result.out / "history").iterdir())
 
+    # the cut: C, two regions' snapshots (the fault's key as the fault left it in each) and the changes after it,
+    # each checked against the simulator's truth
+    cut_lines = [c for c in checks if c.startswith("cut at ") or "snapshot" in c]
+    assert len(cut_lines) == 5, sorted(checks)
+    snapshots = [checks[c] for c in cut_lines if c.endswith("snapshot at the cut")]
+    assert any("lost here" in c.detail or "poisoned here" in c.detail for c in snapshots), snapshots
+    assert any("holds its write" in c.detail for c in snapshots), snapshots
+    regions = sorted(int(p.name.removeprefix("region-")) for p in (result.out / "cut").glob("region-*"))
+    assert len(regions) == 2
+    cut = json.loads((result.out / "cut" / f"region-{regions[0]}" / "cut.json").read_text())
+    assert cut["from"] == "rt" and cut["store"] == truth["run"]["store"]
+    assert truth["run"]["start_ms"] < cut["at_ms"] < truth["run"]["last_write_ms"]
+    for x in regions:
+        assert any((result.out / "cut" / f"region-{x}" / "snapshot").glob("*.parquet"))
+        changes = json.loads((result.out / "cut" / f"changes-{x}" / "summary.json").read_text())
+        assert changes["state"]["used"] == "cut" and changes["delivered"] > 0 and changes["bulk_load"] == 0
+
 
 @pytest.mark.spark
 @pytest.mark.slow
@@ -282,3 +310,87 @@ def test_demo_on_real_brokers_without_maven_says_what_to_install(tmp_path, monke
         assert cli_main([*argv, "--kafka", "real", "--out", str(out)]) == 2
         err = capsys.readouterr().err
         assert "--kafka real:" in err and "apt-get install -y maven" in err, err
+
+
+# -- the cut's checks -----------------------------------------------------------------------------------------
+
+K1, K2 = b"\x18key-00000001", b"\x18key-00000002"
+WRITTEN = ("PUT", b"v", 1_700_000_000_100, 0, 7)  # region 0's write at RT offset 7
+FAULT = CutFault(4, "dropped", 1, K1, (0, 7), faulted=2, spared=0, written=WRITTEN)
+
+
+def test_the_cut_check_passes_a_snapshot_equal_to_the_truth_and_shows_the_fault():
+    spared = {(1, K1): WRITTEN, (1, K2): ("PUT", b"bulk", 1_699_999_940_000, None, None)}
+    truth_spared = {**spared, (1, K2): ("PUT", b"bulk", None, None, None)}  # bulk rows: no DCR timestamp
+    ok, detail = check_snapshot(0, spared, truth_spared, 0, FAULT)
+    assert ok and "holds its write dc-0@7" in detail, detail
+    faulted = {(1, K1): ("PUT", b"old", 1_700_000_000_050, 1, 3)}
+    ok, detail = check_snapshot(2, faulted, dict(faulted), 0, FAULT)
+    assert ok and "'key-00000001': PUT from dc-1@3 (its write dc-0@7 lost here)" in detail, detail
+
+
+def test_the_cut_check_fails_a_snapshot_of_another_time_or_one_that_hides_the_fault():
+    truth = {(1, K1): WRITTEN}
+    earlier = {(1, K1): ("PUT", b"old", 1_700_000_000_050, 1, 3)}  # the key as it was before the cut
+    ok, detail = check_snapshot(0, earlier, truth, 0, FAULT)
+    assert not ok and "1 of 1 keys differ from the truth: 1:'key-00000001' is PUT from dc-1@3" in detail
+    assert "not its write dc-0@7" in detail
+    ok, detail = check_snapshot(2, truth, truth, 0, FAULT)  # the faulted region holding the write: no fault
+    assert not ok and "the fault is not seen" in detail
+    ok, detail = check_snapshot(0, truth, truth, 1, FAULT)
+    assert not ok and "1 rows not exact" in detail
+    ok, detail = check_replay(0, {}, truth, 0)
+    assert not ok and "differ from the final state" in detail
+
+
+@pytest.mark.spark
+@pytest.mark.kafka
+@pytest.mark.slow
+def test_the_demos_snapshot_against_the_truth_of_another_time_fails(demo_run):
+    """The check is sharp on a real run: the demo's own snapshot passes against the truth at its cut and fails
+    against the truth one second earlier; the snapshot without one change after the cut is not the final state."""
+    from sim.truth_at import RunTruth
+
+    result, _ = demo_run
+    truth = RunTruth.load(result.out / "sim")
+    x = min(int(p.name.removeprefix("region-")) for p in (result.out / "cut").glob("region-*"))
+    at_ms = json.loads((result.out / "cut" / f"region-{x}" / "cut.json").read_text())["at_ms"]
+    got, not_exact = read_snapshot(result.out / "cut" / f"region-{x}" / "snapshot")
+    assert check_snapshot(x, got, truth.state_at(x, at_ms), not_exact, None)[0]
+    ok, detail = check_snapshot(x, got, truth.state_at(x, at_ms - 1000), not_exact, None)
+    assert not ok and "differ from the truth" in detail, detail
+    final, n = apply_changes(got, result.out / "cut" / f"changes-{x}" / "changes")
+    assert check_replay(x, final, truth.final_state(x), n)[0]
+    some_key = next(k for k in final if k not in got or final[k] != got[k])
+    final[some_key] = got.get(some_key, ("DELETE", None, None, None, None))  # one change after the cut lost
+    assert not check_replay(x, final, truth.final_state(x), n)[0]
+
+
+def test_the_cut_shows_a_fault_outside_the_compacted_regions_and_waits_for_one_when_none_is_visible():
+    """A write dropped in regions 0 and 1, region 0 compacted: the faulted region is 1 (a snapshot of a compacted
+    region can show a record the cleaner superseded); before any fault is visible, the cut moves to just after
+    the first fault's write."""
+    truth = {
+        "run": {"start_ms": 0, "last_write_ms": 4000},
+        "faults": [
+            {"id": 8, "kind": "compaction", "region": 0, "partition": 1, "key": None, "time_ms": None},
+            {
+                "id": 4,
+                "kind": "dropped",
+                "region": 2,
+                "partition": 1,
+                "key": K1.hex(),
+                "rt_offset": 7,
+                "time_ms": 2500,
+                "detail": {"dropped_in": [0, 1]},
+            },
+        ],
+    }
+    held = {2: {(1, K1): ("PUT", b"v", 2500, 2, 7)}, 1: {}, 0: {}}
+
+    def state_at(x, at_ms):
+        return held[x] if at_ms >= 2500 else {}
+
+    at_ms, fault = choose_cut(truth, state_at)
+    assert at_ms == 2500 + AFTER_FAULT_MS and (fault.faulted, fault.spared) == (1, 2)
+    assert choose_fault(truth, 2000, lambda x: state_at(x, 2000)) is None  # not written yet at the midpoint
