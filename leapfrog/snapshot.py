@@ -13,6 +13,10 @@ coordinate and precedes every write) is that winner, provided nothing above C in
   that lost never reaches the VT and dropped nothing; records after ceil hold no write of the cut.)
 - A key that is not exact keeps the last record at or below C as its best knowledge, or **NONE** when no record of
   the key at or below C is known.
+- A VT whose log cleaner removed records (compaction: offsets missing before ceil) may have lost a key's later
+  record at or below C, or one above C, after the last record the reader sees: compaction keeps only a key's
+  newest record, and that may lie after ceil. So a key whose last record at or below C has missing offsets after it
+  (before ceil) is not exact either.
 - With the RT writes at or below C (`--rt`), a key that is not exact is resolved by folding them, from its bulk
   record, with Venice's own DCR (`leapfrog.repair.dcr_apply`, the rule `repair plan` uses): `dcr_fold`.
 
@@ -40,14 +44,20 @@ class KeyStates(NamedTuple):
     exact: np.ndarray
 
 
-def states_at_cut(key_codes: np.ndarray, above: np.ndarray) -> KeyStates:
+def states_at_cut(
+    key_codes: np.ndarray, above: np.ndarray, records_missing_after: np.ndarray | None = None
+) -> KeyStates:
     """The state at a cut of every key of one VT partition (module docstring). `key_codes`: each record's key
     code (non-negative integers); `above`: whether its coordinate lies above the cut (False for a bulk-load
-    record). Both cover the partition's change records before ceil, in VT order."""
+    record); `records_missing_after`: whether offsets are missing between the record and ceil (compaction; None:
+    the VT is whole). All cover the partition's change records before ceil, in VT order."""
     codes = np.asarray(key_codes, dtype=np.int64)
     hi = np.asarray(above, dtype=bool)
     if codes.shape != hi.shape or codes.ndim != 1:
         raise ValueError(f"{codes.shape} key codes but {hi.shape} above-the-cut flags")
+    missing = None if records_missing_after is None else np.asarray(records_missing_after, dtype=bool)
+    if missing is not None and missing.shape != codes.shape:
+        raise ValueError(f"{codes.shape} key codes but {missing.shape} missing-record flags")
     if not len(codes):
         empty = np.zeros(0, dtype=np.int64)
         return KeyStates(empty, empty.copy(), np.zeros(0, dtype=bool))
@@ -60,7 +70,11 @@ def states_at_cut(key_codes: np.ndarray, above: np.ndarray) -> KeyStates:
     touched_above = np.zeros(n_codes, dtype=bool)
     touched_above[codes[hi]] = True
     keys = np.flatnonzero(present)
-    return KeyStates(keys, last_below[keys], ~touched_above[keys])
+    rows = last_below[keys]
+    exact = ~touched_above[keys]
+    if missing is not None:
+        exact &= ~((rows >= 0) & missing[np.maximum(rows, 0)])
+    return KeyStates(keys, rows, exact)
 
 
 def dcr_fold(stored: Record | None, writes: Iterable[Record]) -> Record | None:

@@ -49,14 +49,15 @@ def key_codes(keys: pa.ChunkedArray | pa.Array) -> tuple[np.ndarray, pa.Array]:
     return np.asarray(enc.indices.to_numpy(zero_copy_only=False), dtype=np.int64), enc.dictionary
 
 
-def undecided_keys(events: pa.Table, cut: Sequence[int]) -> list[bytes]:
-    """The keys whose state at the cut the VT alone leaves unknown (a record above the cut before ceil): those
-    `--rt` must resolve, so only their RT writes are decoded."""
+def undecided_keys(events: pa.Table, cut: Sequence[int], last_gap: int = -1) -> list[bytes]:
+    """The keys whose state at the cut the VT alone leaves unknown (a record above the cut before ceil, or records
+    missing after the key's last one: `last_gap`, see `snapshot_table`): those `--rt` must resolve, so only their
+    RT writes are decoded."""
     if not events.num_rows:
         return []
     codes, dictionary = key_codes(events.column("key"))
     above = _above(events, cut)
-    states = states_at_cut(codes, above)
+    states = states_at_cut(codes, above, _missing_after(events, last_gap))
     return [dictionary[int(k)].as_py() for k in states.key[~states.exact]]
 
 
@@ -66,23 +67,32 @@ def _above(events: pa.Table, cut: Sequence[int]) -> np.ndarray:
     return above_many(_ints(region), _ints(events.column("upstream_offset")), cut) & has_coordinate
 
 
+def _missing_after(events: pa.Table, last_gap: int) -> np.ndarray | None:
+    if last_gap < 0:
+        return None
+    return _ints(events.column("vt_offset")) <= last_gap
+
+
 def snapshot_table(
     partition: int,
     events: pa.Table,
     cut: Sequence[int],
     rt_writes: Mapping[bytes, list[Record]] | None = None,
+    last_gap: int = -1,
 ) -> pa.Table:
     """The snapshot rows of one partition (SNAPSHOT_SCHEMA, ordered by key code: first appearance in the VT).
 
     `events`: the change events (`heartbeat.change_events.CHANGES_SCHEMA`) of region X's VT partition from its
     first offset to ceil, bulk load included, in VT order; `cut`: C as a vector by region. `rt_writes` (with
     `--rt`): for each key that is not exact (`undecided_keys`), the RT writes of the key at or below the cut, from
-    every region; those keys are then folded with DCR from their bulk record and are exact."""
+    every region; those keys are then folded with DCR from their bulk record and are exact. `last_gap`: the highest
+    VT offset after which offsets are missing before ceil (a compacted range; -1: none), so that a key whose last
+    record lies at or before it is not exact (`leapfrog.snapshot`)."""
     if not events.num_rows:
         return SNAPSHOT_SCHEMA.empty_table()
     codes, dictionary = key_codes(events.column("key"))
     above = _above(events, cut)
-    states = states_at_cut(codes, above)
+    states = states_at_cut(codes, above, _missing_after(events, last_gap))
     rows, exact = states.row.copy(), states.exact.copy()
     keys_out = dictionary.take(pa.array(states.key))
     taken = events.take(pa.array(np.where(rows >= 0, rows, 0)))

@@ -164,8 +164,11 @@ def _snapshot(task: Task, kafka_conf: dict[int, dict[str, Any]], read: Reader) -
     changes = PartitionChanges(task.partition, PartitionState.fresh(task.n_regions))
     parts: list[pa.Table] = []
     records = 0
+    topic, _, start, end = _range(task)
+    gaps = GapTracker(start)
     for batch in read(task.uri, kafka_conf.get(task.region), *_range(task)):
         records += batch.num_rows
+        gaps.feed(batch.column("offset"))
         events = changes.feed(batch)
         if events:
             parts.append(events_table(events))
@@ -175,9 +178,9 @@ def _snapshot(task: Task, kafka_conf: dict[int, dict[str, Any]], read: Reader) -
     wanted: list[bytes] = []
     rt_bad: list[list[int]] = []
     if task.rts:
-        wanted = undecided_keys(events, task.cut)
+        wanted = undecided_keys(events, task.cut, gaps.last_gap(end))
         rt, rt_records, rt_bad = _rt_writes(task, wanted, kafka_conf, read)
-    table = snapshot_table(task.partition, events, task.cut, rt)
+    table = snapshot_table(task.partition, events, task.cut, rt, gaps.last_gap(end))
     writer = ParquetFileWriter(part_file(locate(task.out), task.partition), SNAPSHOT_SCHEMA)
     try:
         writer.write(table)
@@ -197,6 +200,30 @@ def _snapshot(task: Task, kafka_conf: dict[int, dict[str, Any]], read: Reader) -
         "none": ops.count("NONE"),
         "bulk_load": sum(1 for e in events.column("upstream_region").is_null().to_pylist() if e),
     }
+
+
+class GapTracker:
+    """The highest offset after which a VT range misses offsets (a log cleaner's work), fed the range's offset
+    column batch by batch: records missing there may have been a key's newer state (`leapfrog.snapshot`)."""
+
+    def __init__(self, start: int) -> None:
+        self.previous = start - 1  # a range that starts later than planned lost nothing a key's state needs
+        self.gap = -1
+
+    def feed(self, offsets: pa.Array | pa.ChunkedArray) -> None:
+        off = np.asarray(offsets.to_numpy(zero_copy_only=False) if len(offsets) else [], dtype=np.int64)
+        if not len(off):
+            return
+        if off[0] > self.previous + 1 and self.previous >= 0:
+            self.gap = max(self.gap, int(self.previous))
+        steps = np.flatnonzero(off[1:] > off[:-1] + 1)
+        if len(steps):
+            self.gap = max(self.gap, int(off[steps[-1]]))
+        self.previous = int(off[-1])
+
+    def last_gap(self, end: int) -> int:
+        """`gap`, or the last offset read when the range ends before `end` (records missing up to it)."""
+        return max(self.gap, self.previous) if 0 <= self.previous < end - 1 else self.gap
 
 
 def _rt_writes(

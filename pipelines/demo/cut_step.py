@@ -95,9 +95,9 @@ def _candidates(truth: Mapping[str, Any], at_ms: int) -> list[CutFault]:
 
 
 def compacted_regions(truth: Mapping[str, Any]) -> set[int]:
-    """The regions whose VT a compaction fault shortened. `tidegauge cut --snapshot` cannot yet see the holes a
-    compaction leaves: a key whose record at the cut the cleaner removed (a later record of the key superseded
-    it) shows its older record, marked exact. The demo snapshots other regions until cut reads those holes."""
+    """The regions whose VT a compaction fault shortened. There `tidegauge cut --snapshot` resolves every key whose
+    newer record the cleaner may have removed from the RT writes (the store's state at the cut, not this region's:
+    a write the region dropped would be back in its snapshot), so the demo shows a fault in other regions."""
     return {int(f["region"]) for f in truth.get("faults", []) if f.get("kind") == "compaction"}
 
 

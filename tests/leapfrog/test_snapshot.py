@@ -32,3 +32,15 @@ def test_the_dcr_fold_is_venice_s_merge_from_the_bulk_record():
     assert dcr_fold(bulk, writes) == Record("DELETE", None, 5, 1, 3)  # a DELETE wins a tie
     assert dcr_fold(bulk, []) == bulk
     assert dcr_fold(None, []) is None
+
+
+def test_a_key_with_records_missing_after_its_last_one_at_or_below_the_cut_is_not_exact() -> None:
+    # key 0: its last record at or below the cut is row 1; a compaction removed offsets after it (maybe its newer
+    # record at or below the cut): not exact. Key 1's last record (row 2) has nothing missing after it.
+    codes = np.array([0, 0, 1])
+    above = np.array([False, False, False])
+    whole = states_at_cut(codes, above)
+    assert whole.exact.tolist() == [True, True]
+    holed = states_at_cut(codes, above, np.array([True, True, False]))
+    assert holed.row.tolist() == [1, 2]
+    assert holed.exact.tolist() == [False, True]

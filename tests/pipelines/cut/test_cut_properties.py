@@ -197,8 +197,8 @@ def test_without_rt_every_row_marked_exact_is_the_truth(cut_of, monkeypatch):
 
     real = snap.states_at_cut
 
-    def ignoring_above(codes, above):  # broken: exactness ignores the records above the cut
-        s = real(codes, above)
+    def ignoring_above(codes, above, missing=None):  # broken: exactness ignores the records above the cut
+        s = real(codes, above, missing)
         return s._replace(exact=s.exact | True)
 
     monkeypatch.setattr(snap, "states_at_cut", ignoring_above)
