@@ -391,6 +391,10 @@ class WatchSink:
         self.pending: dict[tuple[int, int, int], int] = {}  # (partition, region_a, region_b) → its last count
         self.unverified: dict[tuple[int, int], int] = {}  # (partition, region) → its last count
 
+    def _finding_id(self, r: dict) -> str:
+        o = self.opts
+        return finding_id(o.store, o.version, r["partition"], r["region_a"], r["region_b"], r["key"])
+
     def __call__(self, df: DataFrame, batch_id: int) -> None:
         table = df.toArrow()
         kind = table.column("row").to_numpy(zero_copy_only=False) if table.num_rows else np.array([])
@@ -400,14 +404,7 @@ class WatchSink:
             out = pa.Table.from_pylist(
                 [
                     {
-                        "finding_id": finding_id(
-                            self.opts.store,
-                            self.opts.version,
-                            r["partition"],
-                            r["region_a"],
-                            r["region_b"],
-                            r["key"],
-                        ),
+                        "finding_id": self._finding_id(r),
                         "store": self.opts.store,
                         "version": self.opts.version,
                         **{c: r[c] for c in _STEP_COLUMNS},
@@ -426,14 +423,7 @@ class WatchSink:
         if changed is not None and changed.num_rows:
             rows = [
                 {
-                    "finding_id": finding_id(
-                        self.opts.store,
-                        self.opts.version,
-                        r["partition"],
-                        r["region_a"],
-                        r["region_b"],
-                        r["key"],
-                    ),
+                    "finding_id": self._finding_id(r),
                     **{c: r[c] for c in ("partition", "region_a", "region_b", "key", "status")},
                     "changed_at": r["detected_ms"],
                 }
