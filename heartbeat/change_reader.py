@@ -35,10 +35,12 @@ exactly the changes it has *applied*, not the records the consumer has fetched.
       cut = Cut.from_json(open("cut.json").read())
       with ChangeReader("store", 3, config, cut=cut, region=1) as reader:   # region 1's cluster
           for change in reader.events(to_end=True):
-              apply(change)
+              apply_with_dcr(change)          # onto the snapshot: the higher logical_ts wins (docs/cut.md)
               store(reader.state())                                       # resumes as usual from here
 
-  Each partition is read from the version's start and the records up to where the first change above the cut
+  Onto a snapshot at the cut, a change is applied with Venice's conflict resolution (`leapfrog.repair.dcr_apply`),
+  not by replacing the row: a write of the cut may follow a write above it in the VT (it beat it at the leader),
+  and the stream rightly does not deliver it again. Each partition is read from the version's start and the records up to where the first change above the cut
   may lie are folded without delivering anything (`heartbeat.changes.from_cut`, the rule every reader shares);
   a state stored meanwhile resumes that fold. No Spark, no archive: only the region's cluster.
 - **A state belongs to one region's VT.** It records the VT it was read from (per partition the first record after

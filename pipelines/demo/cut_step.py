@@ -159,21 +159,27 @@ def read_snapshot(snapshot_dir: Path) -> tuple[dict[tuple[int, bytes], Row], int
 
 
 def apply_changes(state: States, changes_dir: Path) -> tuple[dict[tuple[int, bytes], Row], int]:
-    """`state` with the change events of a `changes` output applied in VT order (per partition); and how many."""
+    """`state` with the change events of a `changes --from-cut` output applied in VT order (per partition) with
+    Venice's DCR, as a client applies them onto a snapshot (docs/cut.md); and how many. Not by replacing the row: a
+    write of the cut that beat one above it which reached the leader first is in the snapshot, but comes after that
+    one in the VT, where the stream (W = C) drops it."""
     import pyarrow.parquet as pq
+
+    from leapfrog.repair import Record, dcr_apply
 
     out = dict(state)
     files = sorted(changes_dir.glob("*.parquet"))
     events = [r for f in files for r in pq.read_table(f).to_pylist()]
     events.sort(key=lambda r: (r["partition"], r["vt_offset"]))
     for e in events:
-        out[(e["partition"], e["key"])] = (
-            e["op"],
-            e["value"] if e["op"] == "PUT" else None,
-            e["logical_ts"],
-            e["upstream_region"],
-            e["upstream_offset"],
+        k = (e["partition"], e["key"])
+        row = out.get(k)
+        stored = (
+            None if row is None else Record(row[0], row[1], row[2] if row[2] is not None else -1, *row[3:])
         )
+        incoming = Record(e["op"], e["value"], e["logical_ts"], e["upstream_region"], e["upstream_offset"])
+        won = dcr_apply(stored, incoming)
+        out[k] = (won.op, won.value if won.op == "PUT" else None, won.logical_ts, won.region, won.offset)
     return out, len(events)
 
 

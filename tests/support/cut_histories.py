@@ -128,8 +128,10 @@ class _Values:
         return v
 
 
-def _rt(region: int, rng: random.Random, keys: list[bytes], values: _Values, quiet: bool) -> list[RtEntry]:
-    skew = rng.randint(-3, 3)
+def _rt(
+    region: int, rng: random.Random, keys: list[bytes], values: _Values, quiet: bool, skew_ms: int = 3
+) -> list[RtEntry]:
+    skew = rng.randint(-skew_ms, skew_ms)
     # heartbeats go on past the last write, so that every leader's vectors come to cover every write
     end = DURATION_MS + 5 * HEARTBEAT_MS
     events: list[tuple[int, bytes | None]] = [(t, None) for t in range(region * 7, end, HEARTBEAT_MS)]
@@ -207,14 +209,16 @@ def _leader(h: CutHistory, x: int, rng: random.Random, lags: list[int], fail_p: 
     h.vts.append(vt)
 
 
-def generate(seed: int, *, faults: bool = True) -> CutHistory:
+def generate(seed: int, *, faults: bool = True, skew_ms: int = 3) -> CutHistory:
+    """A history of `seed`. `skew_ms`: the regions' clocks (logical timestamps) differ by up to that much; a skew
+    of hundreds of ms lets a write just below the cut beat one just above it that reached a leader first."""
     rng = random.Random(seed)
     n = rng.choice([2, 3])
     keys = [b"k%d" % i for i in range(rng.randint(4, 10))]
     values = _Values()
     bulk = {k: Record(PUT, values.new(f"bulk:{k.decode()}"), -1) for k in keys if rng.random() < 0.6}
     quiet = rng.randrange(n) if rng.random() < 0.2 else None
-    h = CutHistory(seed, n, bulk, [_rt(r, rng, keys, values, r == quiet) for r in range(n)])
+    h = CutHistory(seed, n, bulk, [_rt(r, rng, keys, values, r == quiet, skew_ms) for r in range(n)])
     if faults and rng.random() < 0.3:
         h.behind = rng.randrange(n)
     for x in range(n):
