@@ -132,7 +132,8 @@ def test_the_watch_on_a_subset_names_the_full_runs_findings_of_its_pairs(store, 
                 for r in result.findings.to_pylist()
             }
             state = result.state
-    assert found == {r[:5] for r in _inside(full, set(s))}, s
+    named = [FINDING_FIELDS.index(c) for c in ("partition", "region_a", "region_b", "type", "key")]
+    assert found == {tuple(r[i] for i in named) for r in _inside(full, set(s))}, s
 
 
 @pytest.mark.parametrize("store", [3], indirect=True)  # the rule does not depend on the count: one is enough
