@@ -94,9 +94,23 @@ class _OncePerKind(logging.Filter):
         return True
 
 
+class _RetriedFailures(logging.Filter):
+    """librdkafka's FAIL lines (a connection or a request that failed, which it retries by itself) as DEBUG: a job
+    that gives up says so in its own error line, with librdkafka's reason (`ClientErrors`), so they are for
+    --verbose. They reach Python only when a client is polled, as a metadata wait does to serve the error callback."""
+
+    def filter(self, record: logging.LogRecord) -> bool:
+        if record.levelno > logging.DEBUG and record.getMessage().startswith("FAIL "):
+            record.levelno, record.levelname = logging.DEBUG, "DEBUG"
+            return logging.getLogger(record.name).isEnabledFor(logging.DEBUG)
+        return True
+
+
 def client_logger() -> logging.Logger:
     """The logger librdkafka's own lines go to (through Python logging, rate-limited), instead of stderr."""
     logger = logging.getLogger("tidegauge.kafka.client")
+    if not any(isinstance(f, _RetriedFailures) for f in logger.filters):
+        logger.addFilter(_RetriedFailures())
     if not any(isinstance(f, _OncePerKind) for f in logger.filters):
         logger.addFilter(_OncePerKind())
     return logger
