@@ -17,7 +17,6 @@ here (`run_local`) or as Spark tasks (`pipelines.cut.spark`); the driver plans t
 from __future__ import annotations
 
 import logging
-import re
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
 from typing import Any
@@ -25,6 +24,7 @@ from typing import Any
 import numpy as np
 import pyarrow as pa
 
+from div.batch import is_realtime_topic
 from heartbeat.cuts import (
     FROM_HEARTBEATS,
     FROM_RT,
@@ -41,6 +41,7 @@ from pipelines.core.evidence import PartitionEvidence, describe_short, summary_f
 from pipelines.core.output import OutputDir, guard, source_inputs
 from pipelines.core.progress import Progress
 from pipelines.core.sources import Source, SourceError, SourceSpec, open_source, read_range
+from pipelines.core.topics import VT_TOPIC, select_version_topic, store_and_version
 from pipelines.cut.tasks import Task, run_task
 
 log = logging.getLogger("tidegauge.cut")
@@ -48,7 +49,6 @@ log = logging.getLogger("tidegauge.cut")
 COMMAND = "cut"
 SNAPSHOT_DIR = "snapshot"
 READ, TIME_INDEX = "read", "offsets_for_times"
-_VT_TOPIC = re.compile(r"^(?P<store>.+)_v(?P<version>\d+)$")
 
 
 @dataclass
@@ -69,33 +69,17 @@ class CutOptions:
 
 
 def select_topic(opened: list[Source], store: str | None, version: int | None) -> str:
-    """The VT `<store>_v<version>`, completed from the sources when only one store version is there."""
-    if store is not None and version is not None:
-        topic = f"{store}_v{version}"
-        for src in opened:
-            if topic not in src.topics():
-                vts = sorted(t for t in src.topics() if _VT_TOPIC.match(t) and not t.endswith("_rt"))
-                raise UsageError(
-                    f"--source {src.region}={src.uri} has no topic {topic!r} (it has {', '.join(vts) or 'none'}): "
-                    "a cut is of one store version, present in every source"
-                )
-        return topic
-    found = set()
+    """The VT `<store>_v<version>` (completed from the sources when they hold one store version:
+    `pipelines.core.topics`, the rule `lag` and `leapfrog` use), which every source must hold."""
+    topic = select_version_topic(opened, store, version, "a cut is of one store version")
     for src in opened:
-        for t in src.topics():
-            m = _VT_TOPIC.match(t)
-            if (
-                m
-                and (store is None or m["store"] == store)
-                and (version is None or int(m["version"]) == version)
-            ):
-                found.add(t)
-    if len(found) != 1:
-        what = ", ".join(sorted(found)) if found else "none"
-        raise UsageError(
-            f"give --store and --version: the sources hold {len(found)} matching version topics ({what})"
-        )
-    return found.pop()
+        if topic not in src.topics():
+            vts = sorted(t for t in src.topics() if VT_TOPIC.match(t) and not is_realtime_topic(t))
+            raise UsageError(
+                f"--source {src.region}={src.uri} has no topic {topic!r} (it has {', '.join(vts) or 'none'}): "
+                "a cut is of one store version, present in every source"
+            )
+    return topic
 
 
 @dataclass
@@ -128,7 +112,7 @@ def plan(opts: CutOptions) -> Plan:
         for s in opts.sources:
             vt[s.region] = open_source(s, opts.kafka_conf.get(s.region, {}))
         topic = select_topic(list(vt.values()), opts.store, opts.version)
-        rt_topic = f"{_VT_TOPIC.match(topic)['store']}_rt"
+        rt_topic = f"{store_and_version(topic)[0]}_rt"
         for s in opts.rts:
             rt[s.region] = open_source(s, opts.kafka_conf.get(s.region, {}))
             if rt_topic not in rt[s.region].topics():
@@ -217,7 +201,7 @@ def tie(
                 finder.feed_batch(a["offsets"], matrix)
             regions[x] = finder.positions
         parts[q] = CutPartition(q, dict(enumerate(c)), regions)
-    store, version = _VT_TOPIC.match(p.topic)["store"], int(_VT_TOPIC.match(p.topic)["version"])
+    store, version = store_and_version(p.topic)
     return Cut(store, version, opts.at_ms, FROM_RT if opts.rts else FROM_HEARTBEATS, parts)
 
 

@@ -217,6 +217,17 @@ def test_bad_input_exits_2_with_a_clear_message_and_writes_nothing(sim, tmp_path
     assert not out.exists()
 
 
+def test_an_empty_source_is_named_when_the_store_version_is_inferred(sim, tmp_path, capsys):
+    # the other sources name the store version; the empty one cannot place the cut, and must not pass unseen
+    (tmp_path / "empty").mkdir()
+    out = tmp_path / "out"
+    argv = ["--source", f"0={tmp_path / 'empty'}", *sources(sim, regions=(1, 2)), "--at", sim.at_ms]
+    assert cut(*argv, "--out", out) == 2
+    err = capsys.readouterr().err
+    assert f"--source 0={tmp_path / 'empty'} has no topic {sim.topic!r}" in err
+    assert not out.exists()
+
+
 def renamed_archive(sim, region: int, directory: Path, stores: list[str]) -> Path:
     """Region's VT and RT archived under other store names (what the same region's topics would be in a cluster
     holding several stores)."""
