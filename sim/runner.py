@@ -69,6 +69,8 @@ log = logging.getLogger(__name__)
 PUSH_LEAD_MS = 60_000  # the push job runs this long before the first online write
 MAX_STEPS_AHEAD = 2
 _FAR = 1 << 62  # a time no run reaches
+# how long past a broker outage the simulator keeps looking for the new partition leader (metadata under load)
+ELECTION_WATCH_S = 20.0
 
 
 class SimulationError(RuntimeError):
@@ -149,6 +151,7 @@ class _Simulation:
         self.producers: list[RegionProducer] = []
         self.workers: list[Any] = []
         self.timers: dict[int, threading.Timer] = {}
+        self.election_watchers: list[threading.Thread] = []
         self.broker_up: dict[int, Callable[[], None]] = {}
         self.t_wall0 = time.monotonic()
         self.started_at = _dt.datetime.now(_dt.UTC).isoformat(timespec="seconds")
@@ -973,16 +976,20 @@ class _Simulation:
             f.detail["nodes"] = len(cluster.broker_ids)
             f.detail["led"] = f"{self.cfg.vt_topic}[0]"
             f.detail["elected"] = None
-            threading.Thread(
+            watcher = threading.Thread(
                 target=self._note_election, args=(f, cluster, node, time.monotonic(), down_s), daemon=True
-            ).start()
+            )
+            watcher.start()
+            self.election_watchers.append(watcher)
         self._started(f, f"dc-{f.region}'s broker {node} killed; back in {down_s:g} s")
 
     def _note_election(self, f: F.Fault, cluster: Any, killed: int, t0: float, down_s: float) -> None:
         """Which node the partition's leadership moved to, and how long that took, as the cluster's metadata
         says (truth.json's fault detail `elected`, `election_s`): the evidence that the run wrote on through an
-        election, not through a node that was never needed."""
-        deadline = t0 + max(down_s, 1.0)
+        election, not through a node that was never needed. Watched past the outage (`ELECTION_WATCH_S` more):
+        on a loaded host the controller may fence the dead node late, and leadership only returns to it by a
+        preferred-leader election minutes later, so a leader other than the killed node is still the evidence."""
+        deadline = t0 + max(down_s, 1.0) + ELECTION_WATCH_S
         while time.monotonic() < deadline:
             try:
                 leader = cluster.partitions(self.cfg.vt_topic, timeout_s=2)[0]["leader"]
@@ -1159,6 +1166,8 @@ class _Simulation:
         self.timings["wait_for_workers_s"] += time.perf_counter() - t
         for timer in self.timers.values():
             timer.join()
+        for watcher in self.election_watchers:  # truth.json names the elected node: each watch ends by its deadline
+            watcher.join()
         cfg = self.cfg
         self.ends = {
             x: {

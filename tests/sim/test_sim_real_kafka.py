@@ -33,6 +33,7 @@ from confluent_kafka.admin import AdminClient
 from pipelines.core.sources import SourceSpec
 from pipelines.demo.job import read_leapfrog_findings
 from sim.brokers import STARTED_LINE, kafka_version
+from sim.runner import ELECTION_WATCH_S
 
 pytestmark = [pytest.mark.kafka_real, pytest.mark.slow]
 
@@ -163,10 +164,11 @@ def test_the_partition_leader_was_killed_another_elected_and_it_came_back(run, c
         for x in range(REGIONS)
         for n in range(1, NODES + 1)
     }
-    # the killed node led the partition: another took it over while it was down (the cluster's metadata, read
-    # by the simulator as it happened)
+    # the killed node led the partition: another took it over (the cluster's metadata, read by the simulator as
+    # it happened; on a loaded host the metadata may say so only after the outage, as leadership goes back to
+    # the killed node by a preferred-leader election minutes later at the earliest)
     assert detail["elected"] in set(range(1, NODES + 1)) - {killed}, detail
-    assert 0 < detail["election_s"] < detail["down_wall_s"]
+    assert 0 < detail["election_s"] < detail["down_wall_s"] + ELECTION_WATCH_S
     with capsys.disabled():
         print(
             f"\n[simulate --brokers real, {NODES} nodes a region] dc-{fault['region']}: node {killed} (leading "
