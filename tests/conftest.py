@@ -70,12 +70,31 @@ REAL_KAFKA_FIXTURES = {
 }
 
 
+# The servers some session fixtures start: the tests that use one run on the same xdist worker, so each starts
+# once a run (the first fixture a test uses names its group).
+SERVER_GROUPS = {
+    "real_kafka": "kafka-brokers",
+    "real_kafka_three_session": "kafka-brokers",
+    "secured_kafka": "kafka-brokers",
+    "spark_cluster": "spark-cluster",
+    "demo_run": "demo-run",
+}
+
+
+@pytest.hookimpl(tryfirst=True)  # before pytest-xdist reads the groups (--dist loadgroup)
 def pytest_collection_modifyitems(items):
     """A test that uses a real Kafka cluster is marked `kafka_real` whether or not it says so (-m 'not kafka_real'
-    then leaves out every test that starts JVM brokers)."""
+    then leaves out every test that starts JVM brokers).
+
+    The suite runs on two pytest-xdist workers (the README's command: `-n 2 --dist loadgroup`), which hand out
+    work by `xdist_group`: each test gets its module's group, so a module's own fixtures start once, or the group
+    of the session server it uses (SERVER_GROUPS), so that server starts once."""
     for item in items:
-        if REAL_KAFKA_FIXTURES & set(getattr(item, "fixturenames", ())):
+        names = set(getattr(item, "fixturenames", ()))
+        if REAL_KAFKA_FIXTURES & names:
             item.add_marker(pytest.mark.kafka_real)
+        group = next((g for f, g in SERVER_GROUPS.items() if f in names), item.nodeid.split("::", 1)[0])
+        item.add_marker(pytest.mark.xdist_group(group))
 
 
 def _install_maven() -> None:
@@ -85,16 +104,19 @@ def _install_maven() -> None:
     import shutil
     import subprocess
 
+    from machine_lock import installs_lock
+
     if shutil.which("mvn") or os.name != "posix" or os.geteuid() != 0 or not shutil.which("apt-get"):
         return
     env = {**os.environ, "DEBIAN_FRONTEND": "noninteractive"}
-    for cmd in (["apt-get", "install", "-y", "-qq", "maven"], ["apt-get", "update", "-qq"]) * 2:
-        try:
-            subprocess.run(cmd, env=env, capture_output=True, timeout=900)
-        except subprocess.TimeoutExpired:
-            continue
-        if shutil.which("mvn"):
-            return
+    with installs_lock():  # the other worker may be installing it (or something else) right now
+        for cmd in (["apt-get", "install", "-y", "-qq", "maven"], ["apt-get", "update", "-qq"]) * 2:
+            if shutil.which("mvn"):
+                return
+            try:
+                subprocess.run(cmd, env=env, capture_output=True, timeout=900)
+            except subprocess.TimeoutExpired:
+                continue
 
 
 @pytest.fixture(scope="session")
@@ -196,10 +218,12 @@ def prometheus_binaries(request, tmp_path_factory):
     from Debian's `prometheus` package into pytest's cache (`.pytest_cache/d/prometheus`; a temporary directory when
     the cache is off) on first use, as the browser test installs Chromium with apt. A test that needs one skips,
     saying why, when it could not be had (`Binaries.why_missing`)."""
+    from machine_lock import installs_lock
     from prometheus_server import find_binaries
 
     cache = getattr(request.config, "cache", None)  # None under -p no:cacheprovider
     where = (
         tmp_path_factory.mktemp("prometheus") if cache is None else pathlib.Path(cache.mkdir("prometheus"))
     )
-    return find_binaries(where, where)
+    with installs_lock():  # both workers may want them: one unpacks, the other finds them there
+        return find_binaries(where, where)

@@ -20,6 +20,7 @@ import subprocess
 
 import pytest
 from devtools_pipe import Browser, Tab
+from machine_lock import installs_lock
 from report_fixtures import build_outputs
 
 from pipelines.report.job import run_report
@@ -82,15 +83,18 @@ def chromium() -> str:
         ["apt-get", "install", "-y", "-qq", "chromium"],
     ]
     errors = []
-    for cmd in attempts:
-        try:
-            proc = subprocess.run(cmd, env=env, capture_output=True, text=True, timeout=1200)
-        except subprocess.TimeoutExpired:
-            errors.append(f"{' '.join(cmd)} timed out")
-            continue
-        if proc.returncode != 0:
-            errors.append(f"{' '.join(cmd)}: {proc.stderr.strip()[-300:]}")
-        if cmd[1] == "install" and proc.returncode == 0 and _find_chromium():
+    with installs_lock():  # apt allows one client at a time, and the other xdist worker may be one
+        for cmd in attempts:
+            if _find_chromium():
+                return _find_chromium()
+            try:
+                proc = subprocess.run(cmd, env=env, capture_output=True, text=True, timeout=1200)
+            except subprocess.TimeoutExpired:
+                errors.append(f"{' '.join(cmd)} timed out")
+                continue
+            if proc.returncode != 0:
+                errors.append(f"{' '.join(cmd)}: {proc.stderr.strip()[-300:]}")
+        if _find_chromium():
             return _find_chromium()
     pytest.skip("headless Chromium could not be installed with apt-get: " + "; ".join(errors))
 
