@@ -70,31 +70,38 @@ REAL_KAFKA_FIXTURES = {
 }
 
 
-# The servers some session fixtures start: the tests that use one run on the same xdist worker, so each starts
-# once a run (the first fixture a test uses names its group).
-SERVER_GROUPS = {
-    "real_kafka": "kafka-brokers",
-    "real_kafka_three_session": "kafka-brokers",
-    "secured_kafka": "kafka-brokers",
-    "spark_cluster": "spark-cluster",
-    "demo_run": "demo-run",
-}
-
-
-@pytest.hookimpl(tryfirst=True)  # before pytest-xdist reads the groups (--dist loadgroup)
 def pytest_collection_modifyitems(items):
     """A test that uses a real Kafka cluster is marked `kafka_real` whether or not it says so (-m 'not kafka_real'
-    then leaves out every test that starts JVM brokers).
-
-    The suite runs on two pytest-xdist workers (the README's command: `-n 2 --dist loadgroup`), which hand out
-    work by `xdist_group`: each test gets its module's group, so a module's own fixtures start once, or the group
-    of the session server it uses (SERVER_GROUPS), so that server starts once."""
+    then leaves out every test that starts JVM brokers). A module that uses the standalone Spark cluster must be
+    one of ONE_WORKER's."""
     for item in items:
         names = set(getattr(item, "fixturenames", ()))
         if REAL_KAFKA_FIXTURES & names:
             item.add_marker(pytest.mark.kafka_real)
-        group = next((g for f, g in SERVER_GROUPS.items() if f in names), item.nodeid.split("::", 1)[0])
-        item.add_marker(pytest.mark.xdist_group(group))
+        module = item.nodeid.split("::", 1)[0]
+        if "spark_cluster" in names and ONE_WORKER.get(module) != "spark-cluster":
+            raise pytest.UsageError(f"{module} uses spark_cluster: add it to ONE_WORKER in tests/conftest.py")
+
+
+# The suite runs on two pytest-xdist workers (the README's command: `pytest -n 2`), each given whole modules, so
+# a module's own fixtures start once. Session servers start once a worker that uses them (one Kafka broker, the
+# demo's run: seconds), except the standalone Spark cluster, too heavy to run twice at once: its modules share a
+# worker.
+ONE_WORKER = {"tests/test_cluster.py": "spark-cluster", "tests/test_cluster_kafka.py": "spark-cluster"}
+
+
+@pytest.hookimpl(optionalhook=True)
+def pytest_xdist_make_scheduler(config, log):
+    """Whole modules (or ONE_WORKER's groups of them) to each worker, the largest first (pytest-xdist's loadscope,
+    by module instead of by class)."""
+    from xdist.scheduler import LoadScopeScheduling
+
+    class ByModule(LoadScopeScheduling):
+        def _split_scope(self, nodeid: str) -> str:
+            module = nodeid.split("::", 1)[0]
+            return ONE_WORKER.get(module, module)
+
+    return ByModule(config, log)
 
 
 def _install_maven() -> None:
