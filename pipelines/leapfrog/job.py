@@ -94,7 +94,7 @@ class LeapfrogOptions:
     )
     # how records of a key meet: "shuffle" (the fused or two-phase job) or "one-pass" (one task per partition
     # reads it in every region and compares: pipelines.leapfrog.onepass)
-    plan: str = "shuffle"
+    plan: str = "one-pass"
     task_memory_mb: float | None = (
         None  # one-pass: a task's budget for its rows before it spills (default 1024)
     )

@@ -83,6 +83,25 @@ def _local_dir() -> str:
     return tempfile.gettempdir()
 
 
+def in_reduce_order(table: pa.Table) -> pa.Table:
+    """Rows in the reduce side's order (`rows.REDUCE_ORDER`: sortkey, key, region, offset), but for keys that share
+    a sortkey (a crc32 collision), which come one whole key after the other in no particular order: that is all the
+    key stages need. Sorted with numpy on integers (each key's number in a dictionary of the keys), several times
+    faster than Arrow's sort on the binary key column."""
+    if table.num_rows == 0:
+        return table
+    key_ids = pc.dictionary_encode(table.column("key").combine_chunks()).indices.to_numpy()
+    order = np.lexsort(
+        (
+            table.column("offset").to_numpy(),
+            table.column("region").to_numpy(),
+            key_ids,
+            table.column("sortkey").to_numpy(),
+        )
+    )
+    return table.take(pa.array(order))
+
+
 class SortedRows:
     """A task's rows (the shuffle's columns with sortkeys), given in any order, handed back in reduce order.
 
@@ -128,7 +147,7 @@ class SortedRows:
         try:
             if self.ranges == 1:
                 if self.held:
-                    whole = pa.concat_tables(self.held).sort_by(R.REDUCE_ORDER)
+                    whole = in_reduce_order(pa.concat_tables(self.held))
                     self.held = []
                     yield from whole.to_batches(max_chunksize=BATCH_ROWS)
                 return
@@ -137,7 +156,7 @@ class SortedRows:
             for k in sorted(self.writers):
                 path = os.path.join(self.dir, f"{k[0]}-{k[1]}.arrows")
                 with pa.memory_map(path) as f:
-                    part = ipc.open_stream(f).read_all().sort_by(R.REDUCE_ORDER)
+                    part = in_reduce_order(ipc.open_stream(f).read_all())
                 os.remove(path)
                 yield from part.to_batches(max_chunksize=BATCH_ROWS)
         finally:
