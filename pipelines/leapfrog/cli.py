@@ -38,7 +38,7 @@ EPILOG = textwrap.dedent("""\
       tidegauge leapfrog --store sim_store --version 1 --source 0=kafka://dc0:9092 --source 1=kafka://dc1:9092 \\
           --pairs 0-1 --mode footer --out out/lilypad
       tidegauge leapfrog --source 0=out/sim/archive/dc-0 --source 1=out/sim/archive/dc-1 \\
-          --plan one-pass --out out/leapfrog     # no shuffle: one task per partition of every region
+          --plan shuffle --out out/leapfrog     # the shuffle job instead of one pass per partition
       tidegauge leapfrog --store sim_store --version 1 --source 0=out/sim/archive/dc-0 \\
           --source 1=out/sim/archive/dc-1 --source 2=out/sim/archive/dc-2 --out out/leapfrog \\
           --state state/leapfrog     # nightly: each run reads only what came after the previous one
@@ -103,9 +103,9 @@ def register(sub) -> None:
     p.add_argument(
         "--plan",
         choices=["shuffle", "one-pass"],
-        help="how the records of a key meet: shuffle (default) sends them to a task by key; one-pass reads "
-        "each partition of every region in one task and compares there, without a shuffle (heartbeat, footer "
-        "and rmd modes; chunked values take the shuffle). A one-pass task holds its rows within "
+        help="how the records of a key meet: one-pass (default) reads each partition of every region in one "
+        "task and compares there, without a shuffle; shuffle sends them to a task by key (the job before "
+        "one-pass). Chunked values always take the shuffle. A one-pass task holds its rows within "
         "`leapfrog: task_memory_mb:` in --conf (default 1024) and spills to local disk past it",
     )
     p.add_argument(

@@ -1,6 +1,10 @@
 """`tidegauge leapfrog`: Leap Frog divergence checks between every pair of regions, on Spark.
 
-The job, stage by stage (no stage gathers a partition's history into one Python process):
+By default (`--plan one-pass`) one task per VT partition reads that partition of every region and does every
+stage below in one Python process, without a shuffle (`pipelines.leapfrog.onepass`); it runs stage 3's reduce side
+as the fused job does. `--plan shuffle` runs the job below, which a chunked version always takes.
+
+The shuffle job, stage by stage (no stage gathers a partition's history into one Python process):
 
 1. read each region's VT (`<store>_v<N>`) from an archive or a live cluster, one Spark task per split (a region's
    partition or an offset range of it); each task decodes its records in Arrow batches (`pipelines.leapfrog.decode`)
