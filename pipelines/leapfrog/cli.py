@@ -106,7 +106,7 @@ def register(sub) -> None:
         help="how the records of a key meet: one-pass (default) reads each partition of every region in one "
         "task and compares there, without a shuffle; shuffle sends them to a task by key (the job before "
         "one-pass). Chunked values always take the shuffle. A one-pass task holds its rows within "
-        "`leapfrog: task_memory_mb:` in --conf (default 1024) and spills to local disk past it",
+        "`leapfrog: task_memory_mb:` in --conf (default 256) and spills to local disk past it",
     )
     p.add_argument(
         "--master", metavar="URL", help="Spark master (default local[*], or what spark-submit set)"

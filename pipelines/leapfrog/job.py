@@ -100,7 +100,7 @@ class LeapfrogOptions:
     # reads it in every region and compares: pipelines.leapfrog.onepass)
     plan: str = "one-pass"
     task_memory_mb: float | None = (
-        None  # one-pass: a task's budget for its rows before it spills (default 1024)
+        None  # one-pass: a task's budget for its rows before it spills (default 256)
     )
 
     def __post_init__(self) -> None:

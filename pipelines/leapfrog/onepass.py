@@ -45,7 +45,7 @@ from pipelines.leapfrog.source import VtSplit, split_batches
 # bytes a narrow row costs a task while its rows are held and sorted (the row, its sorted copy, the unpacked
 # batch in the key stage), for turning `task_memory_mb` into rows
 ROW_BYTES = 200
-DEFAULT_TASK_MEMORY_MB = 1024.0
+DEFAULT_TASK_MEMORY_MB = 256.0
 # records per task past which partitions are not grouped further, however few the cores
 GROUP_RECORDS = 4_000_000
 BATCH_ROWS = 1 << 16  # rows per batch handed to the key stage
