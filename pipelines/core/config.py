@@ -38,6 +38,13 @@ class SparkSettings(_Strict):
     conf: dict[str, str | int | float | bool] = {}
 
 
+class LeapfrogSettings(_Strict):
+    """`tidegauge leapfrog`'s settings (`leapfrog:` in the file)."""
+
+    plan: Literal["shuffle", "one-pass"] | None = None  # how a key's records meet (--plan)
+    task_memory_mb: float | None = Field(default=None, gt=0)  # one-pass: a task's rows before it spills
+
+
 class JobConfig(_Strict):
     """Every key a job configuration file may hold."""
 
@@ -56,6 +63,7 @@ class JobConfig(_Strict):
     kafka: dict[str, Any] = {}
     kafka_by_region: dict[int, dict[str, Any]] = {}
     spark: SparkSettings = SparkSettings()
+    leapfrog: LeapfrogSettings = LeapfrogSettings()
     validators: list[str | dict[str, Any]] = []  # div validate's record validators (docs/validators.md)
     simulate: dict[str, Any] | None = None  # checked by sim.config (tidegauge simulate)
 

@@ -11,7 +11,6 @@ instead (`job._Job._carried_rows`).
 
 from __future__ import annotations
 
-import zlib
 from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
 
 import numpy as np
@@ -44,8 +43,49 @@ _SORT = [("sortkey", "ascending"), ("key", "ascending"), ("region", "ascending")
 
 def sortkeys(partition: pa.Array, key: pa.Array) -> pa.Array:
     """`pipelines.leapfrog.rows.sortkey_column` in Python: (partition << 32) | crc32(key)."""
-    crc = np.fromiter((zlib.crc32(k) for k in key.to_pylist()), np.int64, count=len(key))
+    crc = crc32_column(key).astype(np.int64)
     return pa.array((partition.to_numpy(zero_copy_only=False).astype(np.int64) << 32) + crc)
+
+
+def _crc_table() -> np.ndarray:
+    table = np.arange(256, dtype=np.uint32)
+    for _ in range(8):
+        table = np.where(table & 1, (table >> 1) ^ np.uint32(0xEDB88320), table >> 1).astype(np.uint32)
+    return table
+
+
+_CRC_TABLE = _crc_table()
+
+
+def crc32_column(key: pa.Array | pa.ChunkedArray) -> np.ndarray:
+    """`zlib.crc32` (Spark's `crc32`, java.util.zip.CRC32) of every value of a binary array, as uint32, a byte
+    position at a time over all rows still that long: about 20 times faster than a `zlib.crc32` call per row
+    (the call and its bytes object cost more than the checksum). Nulls count as empty."""
+    if isinstance(key, pa.ChunkedArray):
+        key = key.combine_chunks() if key.num_chunks != 1 else key.chunk(0)
+    key = key.cast(pa.large_binary()).fill_null(b"")
+    m = len(key)
+    offsets = np.frombuffer(key.buffers()[1], np.int64, count=m + 1, offset=key.offset * 8)
+    data = np.frombuffer(key.buffers()[2] or b"", np.uint8)
+    lengths = np.diff(offsets)
+    order = np.argsort(-lengths, kind="stable")  # longest first: the rows a position reaches are a prefix
+    longest = lengths[order]
+    width = int(longest[0]) if m else 0
+    # byte j of every row as one contiguous row of a (width, rows) matrix: each step reads its bytes in order
+    padded = np.concatenate([data, np.zeros(width, np.uint8)])
+    step = padded.strides[0]
+    windows = np.lib.stride_tricks.as_strided(padded, shape=(len(data) + 1, width), strides=(step, step))
+    columns = np.ascontiguousarray(windows[offsets[:-1][order]].T)
+    crc = np.full(m, 0xFFFFFFFF, np.uint32)
+    shorter = -longest  # ascending: how many rows are longer than j is a binary search
+    for j in range(width):
+        k = int(np.searchsorted(shorter, -j, side="left"))
+        c = crc[:k]
+        crc[:k] = np.take(_CRC_TABLE, (c ^ columns[j, :k]) & 0xFF) ^ (c >> 8)
+    crc ^= np.uint32(0xFFFFFFFF)
+    out = np.empty(m, np.uint32)
+    out[order] = crc
+    return out
 
 
 def buckets_tag(buckets: Iterable[int]) -> dict[bytes, bytes]:

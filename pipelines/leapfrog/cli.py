@@ -37,6 +37,8 @@ EPILOG = textwrap.dedent("""\
           --source 2=out/sim/archive/dc-2 --out out/leapfrog     # the one store version the sources hold
       tidegauge leapfrog --store sim_store --version 1 --source 0=kafka://dc0:9092 --source 1=kafka://dc1:9092 \\
           --pairs 0-1 --mode footer --out out/lilypad
+      tidegauge leapfrog --source 0=out/sim/archive/dc-0 --source 1=out/sim/archive/dc-1 \\
+          --plan shuffle --out out/leapfrog     # the shuffle job instead of one pass per partition
       tidegauge leapfrog --store sim_store --version 1 --source 0=out/sim/archive/dc-0 \\
           --source 1=out/sim/archive/dc-1 --source 2=out/sim/archive/dc-2 --out out/leapfrog \\
           --state state/leapfrog     # nightly: each run reads only what came after the previous one
@@ -99,6 +101,14 @@ def register(sub) -> None:
         "only newer records, publish the new state whole (findings equal a full rescan)",
     )
     p.add_argument(
+        "--plan",
+        choices=["shuffle", "one-pass"],
+        help="how the records of a key meet: one-pass (default) reads each partition of every region in one "
+        "task and compares there, without a shuffle; shuffle sends them to a task by key (the job before "
+        "one-pass). Chunked values always take the shuffle. A one-pass task holds its rows within "
+        "`leapfrog: task_memory_mb:` in --conf (default 256) and spills to local disk past it",
+    )
+    p.add_argument(
         "--master", metavar="URL", help="Spark master (default local[*], or what spark-submit set)"
     )
     p.add_argument(
@@ -132,5 +142,7 @@ def run(args: argparse.Namespace) -> int:
         kafka_conf={s.region: cfg.kafka_conf(conf, s.region) for s in specs},
         regions=args.regions if args.regions is not None else conf.get("regions"),
         print_digest=True,
+        plan=args.plan or (conf.get("leapfrog") or {}).get("plan") or LeapfrogOptions.plan,
+        task_memory_mb=(conf.get("leapfrog") or {}).get("task_memory_mb"),
     )
     return run_job(opts)

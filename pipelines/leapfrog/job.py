@@ -1,6 +1,10 @@
 """`tidegauge leapfrog`: Leap Frog divergence checks between every pair of regions, on Spark.
 
-The job, stage by stage (no stage gathers a partition's history into one Python process):
+By default (`--plan one-pass`) one task per VT partition reads that partition of every region and does every
+stage below in one Python process, without a shuffle (`pipelines.leapfrog.onepass`); it runs stage 3's reduce side
+as the fused job does. `--plan shuffle` runs the job below, which a chunked version always takes.
+
+The shuffle job, stage by stage (no stage gathers a partition's history into one Python process):
 
 1. read each region's VT (`<store>_v<N>`) from an archive or a live cluster, one Spark task per split (a region's
    partition or an offset range of it); each task decodes its records in Arrow batches (`pipelines.leapfrog.decode`)
@@ -91,6 +95,12 @@ class LeapfrogOptions:
     regions: int | None = None  # the store's region count; None: learned (pipelines.leapfrog.regions)
     print_digest: bool = (
         False  # the command prints the findings' digest on stdout (pipelines.leapfrog.digest)
+    )
+    # how records of a key meet: "shuffle" (the fused or two-phase job) or "one-pass" (one task per partition
+    # reads it in every region and compares: pipelines.leapfrog.onepass)
+    plan: str = "one-pass"
+    task_memory_mb: float | None = (
+        None  # one-pass: a task's budget for its rows before it spills (default 256)
     )
 
     def __post_init__(self) -> None:
@@ -309,21 +319,23 @@ def _run(opts: LeapfrogOptions, spark: SparkSession | None, learned: int | None 
     )
     with OutputDir(opts.out, "leapfrog") as out, progress:
         # (with very many splits the probe would cost a read per region partition, and the splits are small)
+        one_pass = opts.plan == "one-pass"
         few = len(splits) * buckets <= FUSED_MAX_SUMMARY_ROWS
-        chunked = few and chunked_version(splits, opts.topic, opts.kafka_conf)
-        fused = few and not chunked
-        if fused:
-            result, _ = job.fused()
+        chunked = (few or one_pass) and chunked_version(splits, opts.topic, opts.kafka_conf)
+        path = "two-phase" if chunked else "one-pass" if one_pass else "fused" if few else "two-phase"
+        if path != "two-phase":
+            result, _ = job.one_pass() if path == "one-pass" else job.fused()
             counter_rows, facts, read_errors = _counters(result)
             if facts is None:
                 facts, _ = plan_marks([], ends, n, carried)
             if any(rp.chunk_rows for rp in facts.values()):  # chunked values without a StartOfPush in view
                 result.unpersist()
-                fused, chunked = False, True
+                path, chunked = "two-phase", True
                 if stage is not None:  # the two-phase run writes the carried records again, with other names
                     (stage / "carried").remove()
                     (stage / "carried").makedirs()
-        if not fused:
+        fused = path == "fused"
+        if path == "two-phase":
             result, facts = job.two_phase(chunked)
             counter_rows, _, _ = _counters(result)
             read_errors = job.read_errors
@@ -387,6 +399,7 @@ def _run(opts: LeapfrogOptions, spark: SparkSession | None, learned: int | None 
             next_state.publish()
         timings["output_s"] = round(time.time() - t0 - sum(timings.values()), 3)
         timings["fused"] = fused
+        timings["plan"] = path
         if findings is not None:
             findings.unpersist()
         result.unpersist()
@@ -561,6 +574,47 @@ class _Job:
         )
         return result, None  # facts come with the counters (one collect)
 
+    def one_pass(self):
+        """One Spark job, no shuffle: each task reads its partitions of every region, plans from their summaries
+        and compares (`pipelines.leapfrog.onepass`)."""
+        from pipelines.leapfrog.onepass import DEFAULT_TASK_MEMORY_MB, PartitionPass, partition_groups
+
+        opts = self.opts
+        self._stage("reading and comparing each partition of every region (one pass per partition)")
+        groups = partition_groups(self.splits, self.carried, self.spark.sparkContext.defaultParallelism)
+        files = (
+            tuple(f.name for f in self.state.carried_dir.files(".parquet")) if self._state_carries() else ()
+        )
+        task = PartitionPass(
+            groups,
+            self.splits,
+            opts.topic,
+            opts.kafka_conf,
+            opts.mode,
+            self.n,
+            {
+                "mode": opts.mode,
+                "pairs": self.pairs,
+                "n_regions": self.n,
+                "ends": self.ends,
+                "state_out": self.state_out,
+                "deadlines": self.deadlines,
+                "watched": self.watched,
+            },
+            carried=self.carried,
+            carried_dir=self.state.carried_dir.uri if files else None,
+            carried_files=files,
+            task_memory_mb=opts.task_memory_mb or DEFAULT_TASK_MEMORY_MB,
+            records=self._records(),
+        )
+        count = max(len(groups), 1)
+        result = (
+            self.spark.range(0, len(groups), 1, count)
+            .mapInArrow(task, OUT_DDL)
+            .persist(StorageLevel.MEMORY_AND_DISK)
+        )
+        return result, None  # facts come with the counters (one collect)
+
     def two_phase(self, chunked: bool):
         """Scan (persisted) → plan on the driver → chunked values resolved in Spark → shuffle → per-key stage."""
         opts, n = self.opts, self.n
@@ -635,15 +689,13 @@ def _counters(result: DataFrame) -> tuple[list[dict], dict | None, dict[tuple[in
     read_errors: dict[tuple[int, int], str] = {}
     for r in t.to_pylist():
         if r["row"] == "S":
-            if facts is None:
-                facts = {}
-                info = json.loads(r["info"])
-                read_errors.update(
-                    {(f["region"], f["partition"]): f["error"] for f in info.get("failed", [])}
-                )
-                for d in info["facts"]:
-                    rp = RegionPartition.from_json(d)
-                    facts[(rp.region, rp.partition)] = rp
+            # the fused job's reduce tasks each report every region partition, the one-pass tasks their own
+            facts = facts if facts is not None else {}
+            info = json.loads(r["info"])
+            read_errors.update({(f["region"], f["partition"]): f["error"] for f in info.get("failed", [])})
+            for d in info["facts"]:
+                rp = RegionPartition.from_json(d)
+                facts[(rp.region, rp.partition)] = rp
             continue
         k = (r["partition"], r["region_a"], r["region_b"])
         acc = sums.setdefault(k, _pair_counters(k))

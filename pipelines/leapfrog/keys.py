@@ -713,15 +713,19 @@ class ScanReduce:
         carried_files: tuple[str, dict[str, list[int]]] | None = None,
         sink: MemorySink | None = None,
         watched: dict[tuple[int, int, int], tuple[bytes, ...]] | None = None,
+        always_plan: bool = False,
     ) -> None:
         """`carried_files`: (directory, file name → buckets) of the previous state's carried records when each
         task reads its own (`pipelines.leapfrog.carried`) instead of receiving them through the shuffle.
-        `sink`: receives the records the next run needs, instead of files in `state_out`."""
+        `sink`: receives the records the next run needs, instead of files in `state_out`. `always_plan`: report
+        the plan's facts (of `carried`) even without any row (`pipelines.leapfrog.onepass`: a task's partitions
+        may have nothing new, and no other task reports their facts)."""
         self.mode, self.pairs, self.n, self.ends = mode, pairs, n_regions, ends
         self.carried, self.state_out, self.deadlines = carried or {}, state_out, deadlines or {}
         self.carried_files = carried_files
         self.sink = sink
         self.watched = watched or {}
+        self.always_plan = always_plan
 
     def __call__(self, batches: Iterator[pa.RecordBatch]) -> Iterator[pa.RecordBatch]:
         from pipelines.leapfrog import rows as R
@@ -737,7 +741,7 @@ class ScanReduce:
             if k < batch.num_rows:
                 first_data = batch.slice(k)
                 break
-        if not summaries and first_data is None:
+        if not summaries and first_data is None and not (self.always_plan and self.carried):
             return  # this task received nothing (its buckets are empty): it has nothing to plan or report
         facts, prefixes = plan_marks(list(summaries.values()), self.ends, self.n, self.carried)
         # the shuffle is a barrier: every split has been read by now

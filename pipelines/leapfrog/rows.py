@@ -350,3 +350,62 @@ def summaries(batch: pa.RecordBatch) -> tuple[list[dict], set[int], int]:
     k = int(np.count_nonzero(batch.column("sortkey").to_numpy() == -1))
     texts = batch.column("rec").slice(0, k).to_pylist()
     return [json.loads(t) for t in texts], set(batch.column("bucket").slice(0, k).to_pylist()), k
+
+
+REDUCE_ORDER = [
+    ("sortkey", "ascending"),
+    ("key", "ascending"),
+    ("region", "ascending"),
+    ("offset", "ascending"),
+]
+
+
+def is_summary(table: pa.Table | pa.RecordBatch) -> np.ndarray:
+    """A scan row is a split summary when it has a bucket (`summary_batch`)."""
+    return table.column("bucket").is_valid().to_numpy(zero_copy_only=False)
+
+
+def with_sortkeys(batches: list[pa.RecordBatch], carried_sortkeys: pa.ChunkedArray | None = None) -> pa.Table:
+    """Scan rows (`SCAN_SCHEMA`) in the shuffle's columns, unsorted: summaries with sortkey -1, the others with
+    their (partition, key)'s sortkey (`sortkey_column`). `carried_sortkeys`: the sortkeys of the last rows, the
+    carried records, as the state keeps them (computed when they were new rows); a crc32 per row in Python is
+    computed only for the others (and for a carried record without one)."""
+    from pipelines.leapfrog.carried import sortkeys
+
+    table = pa.Table.from_batches(batches, SCAN_SCHEMA) if batches else SCAN_SCHEMA.empty_table()
+    summary = is_summary(table)
+    kept = 0 if carried_sortkeys is None else len(carried_sortkeys)
+    fresh = table.num_rows - kept
+    keys = sortkeys(
+        table.column("partition").slice(0, fresh), table.column("key").slice(0, fresh).fill_null(b"")
+    )
+    sortkey = keys.to_numpy()
+    if kept:
+        known = carried_sortkeys.combine_chunks()
+        if known.null_count:
+            missing = known.is_null().to_numpy(zero_copy_only=False)
+            computed = sortkeys(
+                table.column("partition").slice(fresh), table.column("key").slice(fresh)
+            ).to_numpy()
+            old = np.where(missing, computed, known.fill_null(0).to_numpy())
+        else:
+            old = known.to_numpy()
+        sortkey = np.concatenate([sortkey, old.astype(np.int64)])
+    sortkey = np.where(summary, -1, sortkey)
+    bucket = np.full(table.num_rows, bucket_labels(1)[0], np.int32)
+    return pa.table(
+        {
+            "bucket": bucket,
+            "sortkey": sortkey,
+            "key": table.column("key"),
+            "region": table.column("region"),
+            "offset": table.column("offset"),
+            "rec": table.column("rec"),
+        }
+    )
+
+
+def reduce_order(batches: list[pa.RecordBatch], carried_sortkeys: pa.ChunkedArray | None = None) -> pa.Table:
+    """The rows as the fused job's reduce task receives them, from one Python process's scan rows: summaries
+    first, then by (sortkey, key, region, offset) (`keyed`), in the shuffle's columns (`with_sortkeys`)."""
+    return with_sortkeys(batches, carried_sortkeys).sort_by(REDUCE_ORDER)

@@ -48,7 +48,7 @@ from leapfrog.plan import failed_reads, plan_marks
 from pipelines.leapfrog import chunks as C
 from pipelines.leapfrog import decode as V
 from pipelines.leapfrog import rows as R
-from pipelines.leapfrog.carried import CARRIED_SCHEMA, sortkeys
+from pipelines.leapfrog.carried import CARRIED_SCHEMA
 from pipelines.leapfrog.keys import OUT_SCHEMA, MemorySink, ScanReduce
 from pipelines.leapfrog.scan import SCAN_SCHEMA, SplitScan
 from pipelines.leapfrog.state import region_rows
@@ -251,7 +251,7 @@ class LeapfrogStep:
         if state.carried is not None and state.carried.num_rows:
             rows.extend(R.carried_batches(self.n)(iter(state.carried.to_batches())))
             carried_sortkeys = state.carried.column("sortkey")
-        sorted_rows = _shuffle_order(rows, carried_sortkeys)
+        sorted_rows = R.reduce_order(rows, carried_sortkeys)
         sink = MemorySink()
         watched: dict[tuple[int, int, int], list[bytes]] = {}
         for a, b, key in state.reported:
@@ -446,51 +446,3 @@ def _vt_batches(table: pa.Table, region: int, partition: int):
         cols.append(table.column("headers"))
         fields.append(pa.field("headers", table.schema.field("headers").type))
     return pa.Table.from_arrays(cols, schema=pa.schema(fields)).to_batches()
-
-
-def _is_summary(table: pa.Table | pa.RecordBatch) -> np.ndarray:
-    """A scan row is a split summary when it has a bucket (`pipelines.leapfrog.rows.summary_batch`)."""
-    return table.column("bucket").is_valid().to_numpy(zero_copy_only=False)
-
-
-def _shuffle_order(
-    batches: list[pa.RecordBatch], carried_sortkeys: pa.ChunkedArray | None = None
-) -> pa.Table:
-    """The rows as the fused job's reduce task receives them: summaries first, then by (sortkey, key, region,
-    offset) (`pipelines.leapfrog.rows.keyed`), in the shuffle's columns. `carried_sortkeys`: the sortkeys of the
-    last rows, the carried records, as the state keeps them (computed when they were new rows); a crc32 per row
-    in Python is computed only for the others (and for a carried record without one)."""
-    table = pa.Table.from_batches(batches, R.SCAN_SCHEMA) if batches else R.SCAN_SCHEMA.empty_table()
-    is_summary = _is_summary(table)
-    kept = 0 if carried_sortkeys is None else len(carried_sortkeys)
-    fresh = table.num_rows - kept
-    keys = sortkeys(
-        table.column("partition").slice(0, fresh), table.column("key").slice(0, fresh).fill_null(b"")
-    )
-    sortkey = keys.to_numpy()
-    if kept:
-        known = carried_sortkeys.combine_chunks()
-        if known.null_count:
-            missing = known.is_null().to_numpy(zero_copy_only=False)
-            computed = sortkeys(
-                table.column("partition").slice(fresh), table.column("key").slice(fresh)
-            ).to_numpy()
-            old = np.where(missing, computed, known.fill_null(0).to_numpy())
-        else:
-            old = known.to_numpy()
-        sortkey = np.concatenate([sortkey, old.astype(np.int64)])
-    sortkey = np.where(is_summary, -1, sortkey)
-    bucket = np.full(table.num_rows, R.bucket_labels(1)[0], np.int32)
-    shuffled = pa.table(
-        {
-            "bucket": bucket,
-            "sortkey": sortkey,
-            "key": table.column("key"),
-            "region": table.column("region"),
-            "offset": table.column("offset"),
-            "rec": table.column("rec"),
-        }
-    )
-    return shuffled.sort_by(
-        [("sortkey", "ascending"), ("key", "ascending"), ("region", "ascending"), ("offset", "ascending")]
-    )

@@ -46,7 +46,7 @@ def _findings(out):
     )
 
 
-def _run(spark, dirs, out, state=None):
+def _run(spark, dirs, out, state=None, plan=LeapfrogOptions.plan):
     return run(
         LeapfrogOptions(
             store=STORE,
@@ -54,6 +54,7 @@ def _run(spark, dirs, out, state=None):
             out=str(out),
             state_dir=str(state) if state else None,
             sources=[SourceSpec(x, d) for x, d in dirs.items()],
+            plan=plan,
         ),
         spark=spark,
     )
@@ -179,7 +180,8 @@ def test_what_a_vtp_header_taught_on_day_1_decodes_day_2(spark, tmp_path):
 def test_carried_records_are_read_by_each_task_or_shuffled_in(spark, tmp_path, monkeypatch, change):
     """With day 1's bucket count, day 2's reduce tasks read their carried records from their own files
     (pipelines.leapfrog.carried); with another, or from a state whose files were tagged before the buckets got
-    their labels (rows.bucket_labels), the state goes through the shuffle. Same findings either way."""
+    their labels (rows.bucket_labels), the state goes through the shuffle. Same findings either way. (The shuffle
+    job's own mechanics: the one-pass job reads each partition's carried records, tests/.../test_leapfrog_one_pass.py.)"""
     from pipelines.leapfrog import job as leapfrog_job
     from pipelines.leapfrog.rows import bucket_labels
 
@@ -188,7 +190,7 @@ def test_carried_records_are_read_by_each_task_or_shuffled_in(spark, tmp_path, m
     state = tmp_path / "state"
     buckets = int(spark.conf.get("spark.sql.shuffle.partitions"))
     day2_buckets = buckets + (change if change != "older-state" else 0)
-    _run(spark, day1, tmp_path / "out-day1", state)
+    _run(spark, day1, tmp_path / "out-day1", state, plan="shuffle")
     doc = json.loads((state / "state.json").read_text())
     assert doc["meta"]["reduce_buckets"] == buckets
     if change == "older-state":
@@ -201,7 +203,7 @@ def test_carried_records_are_read_by_each_task_or_shuffled_in(spark, tmp_path, m
     )
     spark.conf.set("spark.sql.shuffle.partitions", str(day2_buckets))
     try:
-        _run(spark, day2, tmp_path / "out-day2", state)
+        _run(spark, day2, tmp_path / "out-day2", state, plan="shuffle")
     finally:
         spark.conf.set("spark.sql.shuffle.partitions", str(buckets))
     assert _findings(tmp_path / "out-day2") == expected
