@@ -1166,7 +1166,9 @@ class _Simulation:
         self.timings["wait_for_workers_s"] += time.perf_counter() - t
         for timer in self.timers.values():
             timer.join()
-        for watcher in self.election_watchers:  # truth.json names the elected node: each watch ends by its deadline
+        for (
+            watcher
+        ) in self.election_watchers:  # truth.json names the elected node: each watch ends by its deadline
             watcher.join()
         cfg = self.cfg
         self.ends = {

@@ -15,7 +15,9 @@ import pytest
 REPO = Path(__file__).resolve().parent.parent
 README = REPO / "README.md"
 DEMO_COMMAND = "python3 -m venv .venv && .venv/bin/pip install -e . && .venv/bin/tidegauge demo"
-TEST_COMMAND = "python3 -m venv .venv && .venv/bin/pip install -e '.[test]' && .venv/bin/python -m pytest -n 2"
+TEST_COMMAND = (
+    "python3 -m venv .venv && .venv/bin/pip install -e '.[test]' && .venv/bin/python -m pytest -n 2"
+)
 
 
 def _blocks(text: str, language: str) -> list[str]:
