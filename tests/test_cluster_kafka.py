@@ -12,8 +12,9 @@ That the records were read by the executors, each task its own offset range, is 
   exactly that many records;
 - the executors' own record (`executor_reads`, their PySpark daemon): every Kafka read ran in an executor process
   (its working directory lies in a worker's), on both workers, and each stage that read the sources read exactly
-  the planned ranges, each once, whole. Leap Frog's splits are one Spark task each; `div validate` spreads its
-  partitions over 4 Spark tasks per core, so a Spark task may read several ranges, one after another.
+  the planned ranges, each once, whole. Leap Frog reads in one pass per partition: a Spark task reads its VT
+  partition (or a group of small ones) in every region; `div validate` spreads its partitions over 4 Spark tasks
+  per core, so a Spark task may read several ranges, one after another.
 
 The daemon also appends records to every partition before each of its Python workers serves a task (a producer
 that keeps writing once the driver has planned): a task that fixed its own end offset instead of the plan's would
@@ -286,7 +287,15 @@ def test_leapfrog_reads_live_kafka_on_the_executors_like_the_archives(runs):
     assert _coverage(got) == {k: ([0, run.live.held[k]], run.live.held[k]) for k in planned}
     assert got["evidence"]["read_records"] == want["evidence"]["read_records"]
     by_task = _check_executor_reads(runs["spark_root"], run, planned)
-    assert all(len(ranges) == 1 for ranges in by_task.values()), by_task  # a split is a task
+    # one pass per partition: a task reads the partitions it was given (one, or a group of small ones) in every
+    # region, and no other task reads them
+    regions = set(run.live.clusters)
+    partitions_of = defaultdict(set)
+    for task, ranges in by_task.items():
+        for p in {p for _, _, p, _, _ in ranges}:
+            assert {r for r, _, q, _, _ in ranges if q == p} == regions, (task, ranges)
+            partitions_of[p].add(task)
+    assert all(len(tasks) == 1 for tasks in partitions_of.values()), partitions_of
 
 
 def test_div_validate_reads_live_kafka_on_the_executors_like_the_archives(runs):
