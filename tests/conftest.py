@@ -73,12 +73,7 @@ REAL_KAFKA_FIXTURES = {
 def pytest_collection_modifyitems(items):
     """A test that uses a real Kafka cluster is marked `kafka_real` whether or not it says so (-m 'not kafka_real'
     then leaves out every test that starts JVM brokers). A module that uses the standalone Spark cluster must be
-    one of ONE_WORKER's. On an xdist worker, the LONGEST modules come first (see there)."""
-    import os
-
-    if os.environ.get("PYTEST_XDIST_WORKER"):  # each worker collects alike, so both sort alike
-        rank = {m: i for i, m in enumerate(LONGEST)}
-        items.sort(key=lambda it: rank.get(it.nodeid.split("::", 1)[0], len(LONGEST)))
+    one of ONE_WORKER's."""
     for item in items:
         names = set(getattr(item, "fixturenames", ()))
         if REAL_KAFKA_FIXTURES & names:
@@ -93,29 +88,13 @@ def pytest_collection_modifyitems(items):
 # demo's run: seconds), except the standalone Spark cluster, too heavy to run twice at once: its modules share a
 # worker.
 ONE_WORKER = {"tests/test_cluster.py": "spark-cluster", "tests/test_cluster_kafka.py": "spark-cluster"}
-# The modules that take longest (minutes each, mostly one live test: `--durations`), handed out first so that the
-# two workers end together instead of one running the last of them alone; the others follow in collection order.
-LONGEST = (  # the live ones (real time: brokers, a watch, a simulation) alternate with ones that only compute
-    "tests/test_cluster.py",
-    "tests/test_cluster_kafka.py",
-    "tests/pipelines/demo/test_watch_demo_real.py",
-    "tests/pipelines/watch/test_watch_job.py",
-    "tests/test_wheel_install.py",
-    "tests/test_alerts_prometheus.py",
-    "tests/pipelines/watch/test_watch_s3a.py",
-    "tests/sim/test_sim_real_kafka.py",
-    "tests/pipelines/watch/test_watch_changes.py",
-    "tests/test_secured_kafka.py",
-)
 
 
 @pytest.hookimpl(optionalhook=True)
 def pytest_xdist_make_scheduler(config, log):
-    """Whole modules (or ONE_WORKER's groups of them) to each worker, in the workers' collection order (pytest-xdist's
-    loadscope, by module instead of by class)."""
+    """Whole modules (or ONE_WORKER's groups of them) to each worker, the largest first (pytest-xdist's loadscope,
+    by module instead of by class)."""
     from xdist.scheduler import LoadScopeScheduling
-
-    config.option.loadscopereorder = False  # the workers' order (LONGEST first), not the most tests first
 
     class ByModule(LoadScopeScheduling):
         def _split_scope(self, nodeid: str) -> str:
