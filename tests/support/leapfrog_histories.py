@@ -396,3 +396,15 @@ def subsets(n: int, rng: random.Random, count: int = 2) -> list[tuple[int, ...]]
     """Up to `count` random proper subsets of a store's `n` regions, each of at least two regions."""
     every = [s for k in range(2, n) for s in itertools.combinations(range(n), k)]
     return rng.sample(every, min(count, len(every)))
+
+
+def day_cuts(histories: list[History], rng: random.Random) -> dict[tuple[int, int], int]:
+    """Where day 1 ends in each (partition = history index, region): a random VT offset at or after the scan start,
+    for tests that split a history into two nights."""
+    cuts = {}
+    for p, h in enumerate(histories):
+        for x in range(h.n_regions):
+            offsets = [e.vt_offset for e in h.vt[x]]
+            start = h.start_heartbeat[x].vt_offset if h.start_heartbeat[x] is not None else 0
+            cuts[(p, x)] = rng.randint(start, max(offsets)) if offsets else 0
+    return cuts

@@ -10,7 +10,7 @@ import shutil
 
 import pyarrow.parquet as pq
 import pytest
-from leapfrog_histories import generated
+from leapfrog_histories import day_cuts, generated
 from vt_fixtures import STORE, write_archives
 
 from pipelines.core.sources import SourceSpec
@@ -57,21 +57,10 @@ def test_one_pass_equals_shuffle(spark, tmp_path, histories):
     assert _run(spark, dirs, tmp_path / "spilled", "one-pass", memory_mb=0.02) == one
 
 
-def _cut(histories, seed):
-    rng = random.Random(seed)
-    cuts = {}
-    for p, h in enumerate(histories):
-        for x in range(h.n_regions):
-            offsets = [e.vt_offset for e in h.vt[x]]
-            start = h.start_heartbeat[x].vt_offset if h.start_heartbeat[x] is not None else 0
-            cuts[(p, x)] = rng.randint(start, max(offsets)) if offsets else 0
-    return cuts
-
-
 def test_one_pass_incremental_night(spark, tmp_path, histories):
     """Day 2 in one pass (spilling), from a state day 1 wrote with either job, names what day 2 of the shuffle
     job names."""
-    cuts = _cut(histories, 3)
+    cuts = day_cuts(histories, random.Random(3))
     day1 = write_archives(histories, tmp_path / "day1", keep=lambda p, x, off: off <= cuts[(p, x)])
     day2 = write_archives(histories, tmp_path / "day2", keep=lambda p, x, off: off > cuts[(p, x)])
     shuffled, one_pass = tmp_path / "state-shuffle", tmp_path / "state-one-pass"

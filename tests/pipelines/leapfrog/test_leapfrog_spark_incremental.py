@@ -17,7 +17,7 @@ import time
 
 import pyarrow.parquet as pq
 import pytest
-from leapfrog_histories import generated
+from leapfrog_histories import day_cuts, generated
 from vt_fixtures import STORE, write_archives
 
 from leapfrog.reference import FromState, RegionLog, carry_state, check_partition
@@ -60,23 +60,13 @@ def _run(spark, dirs, out, state=None, plan=LeapfrogOptions.plan):
     )
 
 
-def _cuts(histories, rng):
-    cuts = {}
-    for p, h in enumerate(histories):
-        for x in range(h.n_regions):
-            offsets = [e.vt_offset for e in h.vt[x]]
-            start = h.start_heartbeat[x].vt_offset if h.start_heartbeat[x] is not None else 0
-            cuts[(p, x)] = rng.randint(start, max(offsets)) if offsets else 0
-    return cuts
-
-
 _FULL_RESCANS: dict[tuple, list] = {}
 
 
 def _two_days(spark, histories, seed: int, tmp_path):
     """Cut each region's log at a random offset into day 1 and day 2 archives; also run the full rescan.
     Returns (cuts, day 1, day 2, the full rescan's findings)."""
-    cuts = _cuts(histories, random.Random(seed))
+    cuts = day_cuts(histories, random.Random(seed))
     day1 = write_archives(histories, tmp_path / "day1", keep=lambda p, x, off: off <= cuts[(p, x)])
     day2 = write_archives(histories, tmp_path / "day2", keep=lambda p, x, off: off > cuts[(p, x)])
     # the full rescan depends on the histories only: tests that cut the same histories share one run
@@ -285,7 +275,7 @@ def test_three_days_equal_one_rescan_and_untouched_settled_keys_carry_over(spark
     still finds what a full rescan finds."""
     histories = [h for h in generated(60) if h.n_regions == 2][:80:2]
     rng = random.Random(13)
-    first, second = _cuts(histories, rng), {}
+    first, second = day_cuts(histories, rng), {}
     for (p, x), c in first.items():
         offsets = [e.vt_offset for e in histories[p].vt[x]]
         second[(p, x)] = rng.randint(c, max(offsets)) if offsets and max(offsets) > c else c
