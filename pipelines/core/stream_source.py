@@ -3,10 +3,10 @@
 The nightly jobs read a finished range; the watch reads the same topics forever on Spark Structured Streaming.
 This is the streaming twin of the batch sources and shares their code: the driver plans with
 `pipelines.core.sources.open_source` (topics, partitions, bounds of an archive or a Kafka cluster) and each Spark
-task reads one planned range with `pipelines.core.sources.read_range`, the one reading function every job uses.
+task reads planned ranges with `pipelines.core.sources.read_range`, the one reading function every job uses.
 Rows are the archive's columns plus `region`: `region int, topic string, partition int, offset long, key binary,
 value binary, headers array<struct<key string, value binary>>, timestamp timestamp`; a task yields one range of
-one partition in offset order.
+one partition in offset order, or several small ranges one after the other, each whole and in order.
 
 **What a checkpoint holds.** The source's offset is a flat JSON object `{"REGION/TOPIC/PARTITION": next offset
 to read}` (topic names cannot hold '/'), e.g. `{"0/store_v1/3": 1234}`. Spark writes the end offset of every
@@ -68,7 +68,7 @@ region), `kafka_secret_conf` (JSON `{region: {librdkafka settings}}`; Spark reda
 `secret`, so `explain()` shows them as `*********(redacted)`; the query's progress reports hold no options), `starting` (`earliest`, the default, `latest`, or a
 JSON object of offsets in the checkpoint's form, -2 earliest and -1 latest allowed, partitions not named from
 earliest), `max_records_per_trigger`, `max_records_per_split` (a cut within a partition's range),
-`status_file`, `plan_timeout_s`, `packed` (`true`: rows of `PACKED_SCHEMA`, a batch of records each).
+`min_records_per_task` (default 50,000: smaller ranges are read together by one task, `group_ranges`), `status_file`, `plan_timeout_s`, `packed` (`true`: rows of `PACKED_SCHEMA`, a batch of records each).
 """
 
 from __future__ import annotations
@@ -116,6 +116,8 @@ SHORT_NAME = "tidegauge_stream"
 EARLIEST = -2
 LATEST = -1
 DEFAULT_PLAN_TIMEOUT_S = 10.0
+# ranges smaller than this are read together by one task (`group_ranges`)
+DEFAULT_MIN_RECORDS_PER_TASK = 50_000
 
 SCHEMA = StructType(
     [
@@ -186,9 +188,9 @@ def parse_offset_key(key: str) -> tuple[int, str, int]:
         raise ValueError(f"offset key {key!r}: region and partition must be integers") from None
 
 
-@dataclass
-class StreamSplit(InputPartition):
-    """Offsets [start, end) of one partition of one region's topic: what one Spark task reads."""
+@dataclass(frozen=True)
+class StreamRange:
+    """Offsets [start, end) of one partition of one region's topic."""
 
     region: int
     uri: str
@@ -197,8 +199,38 @@ class StreamSplit(InputPartition):
     start: int
     end: int
 
-    def __post_init__(self) -> None:
-        InputPartition.__init__(self, (self.region, self.topic, self.partition, self.start))
+
+class StreamSplit(InputPartition):
+    """What one Spark task reads: one range, or several small ones read one after the other, each whole and in
+    offset order (see `group_ranges`)."""
+
+    def __init__(self, ranges: Sequence[StreamRange]) -> None:
+        self.ranges = tuple(ranges)
+        first = self.ranges[0]
+        InputPartition.__init__(self, (first.region, first.topic, first.partition, first.start))
+
+    def __repr__(self) -> str:
+        return f"StreamSplit({list(self.ranges)!r})"
+
+
+def group_ranges(ranges: Sequence[StreamRange], min_records: int) -> list[StreamSplit]:
+    """The ranges as tasks, in the order given: consecutive ranges are read by one task until it has at least
+    `min_records` offsets. A task costs a few tenths of a second whatever it reads (its Python worker, its
+    scheduling), about what reading 100 k records costs: a micro-batch of a store with hundreds of partitions,
+    each with a few new records, was hundreds of tasks doing almost nothing. A range of `min_records` or more is
+    a task of its own, so a large backlog keeps its parallelism."""
+    splits: list[StreamSplit] = []
+    group: list[StreamRange] = []
+    size = 0
+    for r in ranges:
+        group.append(r)
+        size += r.end - r.start
+        if size >= min_records:
+            splits.append(StreamSplit(group))
+            group, size = [], 0
+    if group:
+        splits.append(StreamSplit(group))
+    return splits
 
 
 def fair_shares(available: Mapping[str, int], budget: int) -> dict[str, int]:
@@ -308,6 +340,9 @@ class _Options:
         self.starting = _parse_starting(opts.get("starting"))
         self.max_records_per_trigger = _positive_int(opts, "max_records_per_trigger")
         self.max_records_per_split = _positive_int(opts, "max_records_per_split")
+        self.min_records_per_task = (
+            _positive_int(opts, "min_records_per_task") or DEFAULT_MIN_RECORDS_PER_TASK
+        )
         self.batch_size = _positive_int(opts, "batch_size") or 65536
         self.packed = _flag(opts, "packed")
         if self.packed:
@@ -508,7 +543,7 @@ class TidegaugeStreamReader(DataSourceStreamReader, SupportsTriggerAvailableNow)
 
     def partitions(self, start: dict, end: dict) -> Sequence[InputPartition]:
         o = self.options
-        splits: list[StreamSplit] = []
+        ranges: list[StreamRange] = []
         for key in sorted(end, key=parse_offset_key):
             first, stop = int(start.get(key, end[key])), int(end[key])
             if stop <= first:
@@ -521,18 +556,22 @@ class TidegaugeStreamReader(DataSourceStreamReader, SupportsTriggerAvailableNow)
                     "checkpoint but is not among the sources any more"
                 )
             step = o.max_records_per_split or stop - first
-            splits.extend(
-                StreamSplit(region, uri, topic, partition, s, min(s + step, stop))
+            ranges.extend(
+                StreamRange(region, uri, topic, partition, s, min(s + step, stop))
                 for s in range(first, stop, step)
             )
-        return splits
+        return group_ranges(ranges, o.min_records_per_task)
 
     # ------------------------------------------------------------------------------------------- reading
 
     def read(self, partition: InputPartition) -> Iterator[pa.RecordBatch]:
         """The split's records in offset order, with the region column. Raises StreamReadError when the range
         cannot be read: the micro-batch fails rather than lose the range (see the module docstring)."""
-        s: StreamSplit = partition  # type: ignore[assignment]
+        split: StreamSplit = partition  # type: ignore[assignment]
+        for s in split.ranges:
+            yield from self._read_range(s)
+
+    def _read_range(self, s: StreamRange) -> Iterator[pa.RecordBatch]:
         conf = self.options.kafka_conf.get(s.region)
         try:
             for b in read_range(
@@ -637,6 +676,7 @@ def read_stream(
     max_records_per_trigger: int | None = None,
     *,
     max_records_per_split: int | None = None,
+    min_records_per_task: int | None = None,
     status_file: str | os.PathLike | None = None,
     plan_timeout_s: float | None = None,
     packed: bool = False,
@@ -659,6 +699,8 @@ def read_stream(
         reader = reader.option("max_records_per_trigger", str(int(max_records_per_trigger)))
     if max_records_per_split:
         reader = reader.option("max_records_per_split", str(int(max_records_per_split)))
+    if min_records_per_task:
+        reader = reader.option("min_records_per_task", str(int(min_records_per_task)))
     if status_file is not None:
         reader = reader.option("status_file", os.path.abspath(os.fspath(status_file)))
     if plan_timeout_s is not None:

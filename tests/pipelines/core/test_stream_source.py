@@ -24,6 +24,7 @@ from div.archive import ArchiveWriter
 from pipelines.core import stream_source
 from pipelines.core.stream_source import (
     SCHEMA,
+    StreamRange,
     StreamReadError,
     StreamSplit,
     TidegaugeStreamReader,
@@ -118,6 +119,7 @@ def test_fair_shares_never_exceed_the_budget_and_leave_no_partition_behind():
         ({"sources": '{"0": "/a"}', "topics": VT, "starting": '{"0/t": 5}'}, "0/t"),
         ({"sources": '{"0": "/a"}', "topics": VT, "max_records_per_trigger": "0"}, "max_records_per_trigger"),
         ({"sources": '{"0": "/a"}', "topics": VT, "max_records_per_split": "x"}, "max_records_per_split"),
+        ({"sources": '{"0": "/a"}', "topics": VT, "min_records_per_task": "0"}, "min_records_per_task"),
         ({"sources": '{"0": "/a"}', "topics": VT, "plan_timeout_s": "-1"}, "plan_timeout_s"),
         ({"sources": '{"0": "/a"}', "topics": VT, "packed": "yes"}, "'packed'"),
     ],
@@ -178,9 +180,13 @@ def test_starting_latest_and_explicit_offsets(tmp_path):
 
 def test_reads_yield_the_archive_records_with_the_region_in_the_spark_schema(tmp_path):
     _write(tmp_path, VT, 3, range(100, 130))
-    reader = _reader({4: tmp_path}, max_records_per_split="12")
+    reader = _reader({4: tmp_path}, max_records_per_split="12", min_records_per_task="1")
     splits = reader.partitions({"4/store_v1/3": 105}, {"4/store_v1/3": 130})
-    assert [(s.start, s.end) for s in splits] == [(105, 117), (117, 129), (129, 130)]
+    assert [[(r.start, r.end) for r in s.ranges] for s in splits] == [
+        [(105, 117)],
+        [(117, 129)],
+        [(129, 130)],
+    ]
     batches = [b for s in splits for b in reader.read(s)]
     assert all(b.schema.names == SCHEMA.fieldNames() for b in batches)
     got = pa.Table.from_batches(batches)
@@ -191,11 +197,30 @@ def test_reads_yield_the_archive_records_with_the_region_in_the_spark_schema(tmp
         assert got.column(name).to_pylist() == want.column(name).to_pylist(), name
 
 
+def test_small_ranges_are_read_together_and_large_ones_alone(tmp_path):
+    """A task reads consecutive ranges until it holds min_records_per_task offsets; a range that large is a task
+    of its own. What the tasks read together is exactly what one task per range reads, each range in order."""
+    sizes = {0: 3, 1: 4, 2: 40, 3: 2, 4: 5, 5: 1}
+    for p, n in sizes.items():
+        _write(tmp_path, VT, p, range(n))
+    end = {f"0/{VT}/{p}": n for p, n in sizes.items()}
+    start = dict.fromkeys(end, 0)
+    splits = _reader({0: tmp_path}, topics=(VT,), min_records_per_task="6").partitions(start, end)
+    assert [[r.partition for r in s.ranges] for s in splits] == [[0, 1], [2], [3, 4], [5]]
+    one_each = _reader({0: tmp_path}, topics=(VT,), min_records_per_task="1")
+    assert len(one_each.partitions(start, end)) == len(sizes)
+    grouped = _reader({0: tmp_path}, topics=(VT,), min_records_per_task="6")
+    assert _read_all(grouped, start, end) == _read_all(one_each, start, end)
+    assert len(_read_all(grouped, start, end)) == sum(sizes.values())
+    # the default: a micro-batch of a few records a partition is one task
+    assert len(_reader({0: tmp_path}, topics=(VT,)).partitions(start, end)) == 1
+
+
 def test_packed_rows_hold_the_same_records_in_batches_of_at_most_pack_records(tmp_path, monkeypatch):
     monkeypatch.setattr(stream_source, "PACK_RECORDS", 7)
     _write(tmp_path, VT, 3, range(100, 130))
     _write(tmp_path, RT, 0, range(0, 3))
-    reader = _reader({4: tmp_path}, max_records_per_split="12", packed="true")
+    reader = _reader({4: tmp_path}, max_records_per_split="12", packed="true", min_records_per_task="1")
     end = {"4/store_v1/3": 130, "4/store_rt/0": 3}
     splits = reader.partitions({"4/store_v1/3": 105, "4/store_rt/0": 0}, end)
     rows = pa.Table.from_batches([b for s in splits for b in reader.read(s)])
@@ -338,7 +363,7 @@ def test_kafka_errors_never_show_the_settings(tmp_path, caplog):
     )
     caplog.set_level(logging.INFO)
     assert reader.initialOffset() == {}
-    split = StreamSplit(0, reader.options.sources[0], VT, 0, 0, 5)
+    split = StreamSplit([StreamRange(0, reader.options.sources[0], VT, 0, 0, 5)])
     with pytest.raises(StreamReadError) as e:
         list(reader.read(split))
     assert "security.protocol" in str(e.value)

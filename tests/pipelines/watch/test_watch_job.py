@@ -131,9 +131,9 @@ def test_kill_9_at_random_moments_then_restart_loses_and_repeats_nothing(spark, 
     evidence at the price of a JVM start, about 100 s of CI.)
 
     Small on purpose (two JVM starts are the price of the property): ten partitions of every mix's histories
-    (each micro-batch reads every region partition with records left as a Spark task of its own; thirty made
-    each micro-batch of a run ~90 tasks a query), a cap of 30 offsets a micro-batch (9 micro-batches: some left
-    for each run, given a trigger every 3 s), two state partitions."""
+    (the step runs once per VT partition with records, so partitions cost time in every micro-batch), a cap of 30
+    offsets a micro-batch (9 micro-batches: some left for each run, given a trigger every 3 s), two state
+    partitions."""
     import os
     import signal
     import subprocess
