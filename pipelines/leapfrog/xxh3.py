@@ -2,15 +2,15 @@
 
 Why this exists: Leap Frog keeps a 64-bit hash of every value it compares (`value_hash` in its carried state and
 in the watch's), and that hash is xxh3-64 (`pipelines.leapfrog.decode.value_hash`). Called once per Put through
-the `xxhash` binding, it cost about a third of a microsecond a record, nearly all of it the Python call and the
-slice, not the hash. No library here hashes an Arrow array with xxh3 (pyarrow's hash kernels are internal,
-polars' and DuckDB's hashes are other functions whose output their authors may change), and a different function
-would make every stored state wrong. So this module computes XXH3 itself, column-wise: each step of the
-algorithm is one numpy operation over every slice of the same length class, and the result is the same 64-bit
-value `xxhash.xxh3_64_intdigest` gives, to the bit (tests/pipelines/leapfrog/test_xxh3.py checks every length to
-past 240 bytes on random data against the binding). The algorithm is XXH3's short-input paths as the xxHash
-specification states them (lengths 0, 1-3, 4-8, 9-16, 17-128, 129-240); longer slices, whose time goes in the
-bytes rather than the call, are still hashed by the binding one at a time.
+the `xxhash` binding, most of its time went in the Python call and the slice, not in the hash. No library here
+hashes an Arrow array with xxh3 (pyarrow's hash kernels are internal, polars' and DuckDB's hashes are other
+functions whose output their authors may change), and a different function would make every stored state wrong.
+So this module computes XXH3 itself, column-wise: each step of the algorithm is one numpy operation over every
+slice of the same length class, and the result is the same 64-bit value `xxhash.xxh3_64_intdigest` gives, to the
+bit (tests/pipelines/leapfrog/test_xxh3.py checks every length to past 240 bytes on random data against the
+binding). The algorithm is XXH3's short-input paths as the xxHash specification states them (lengths 0, 1-3,
+4-8, 9-16, 17-128, 129-240); longer slices, whose time goes in the bytes rather than the call, are still hashed by
+the binding one at a time.
 """
 
 from __future__ import annotations
