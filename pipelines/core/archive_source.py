@@ -16,7 +16,7 @@ from pyspark.sql import DataFrame, SparkSession
 from pyspark.sql import functions as F
 
 from div.archive import KAFKA_ARROW_SCHEMA, ArchiveError, conform
-from pipelines.core.kafka_source import KAFKA_SPARK_SCHEMA
+from pipelines.core import record_reader
 from pipelines.core.spark_files import read_parquet
 from pipelines.core.storage import locate
 
@@ -47,7 +47,7 @@ def read_archive(
         keep = same if keep is None else keep & same
     df = read_parquet(spark, where, KAFKA_ARROW_SCHEMA, convert=conform, where=keep)
     if df is None:
-        df = spark.createDataFrame([], KAFKA_SPARK_SCHEMA)
+        df = spark.createDataFrame([], record_reader.KAFKA.spark)
     if wanted is not None:
         df = df.where(F.col("topic").isin(wanted))
     if partition is not None:

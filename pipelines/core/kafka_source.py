@@ -25,39 +25,17 @@ from dataclasses import dataclass
 import pyarrow as pa
 from pyspark.sql import DataFrame, SparkSession
 from pyspark.sql.datasource import DataSource, DataSourceReader, InputPartition
-from pyspark.sql.types import (
-    ArrayType,
-    BinaryType,
-    IntegerType,
-    LongType,
-    StringType,
-    StructField,
-    StructType,
-    TimestampType,
-)
+from pyspark.sql.types import StructType
 
 from div import kafka_log
+from pipelines.core import record_reader
 
 SHORT_NAME = "tidegauge_kafka"
 EARLIEST = -2
 LATEST = -1
 
 # Spark's Kafka source schema (with includeHeaders=true); div.archive.KAFKA_ARROW_SCHEMA is its Arrow twin.
-KAFKA_SPARK_SCHEMA = StructType(
-    [
-        StructField("key", BinaryType()),
-        StructField("value", BinaryType()),
-        StructField("topic", StringType()),
-        StructField("partition", IntegerType()),
-        StructField("offset", LongType()),
-        StructField("timestamp", TimestampType()),
-        StructField("timestampType", IntegerType()),
-        StructField(
-            "headers",
-            ArrayType(StructType([StructField("key", StringType()), StructField("value", BinaryType())])),
-        ),
-    ]
-)
+KAFKA_SPARK_SCHEMA = record_reader.KAFKA.spark
 
 OffsetSpec = Mapping[str, Mapping[int | str, int]]
 
@@ -83,6 +61,7 @@ class _Options:
         if not opts.get("bootstrap"):
             raise ValueError(f"{SHORT_NAME}: option 'bootstrap' (host:port list or kafka:// URI) is required")
         self.bootstrap = kafka_log.bootstrap_of(opts["bootstrap"])
+        self.uri = f"kafka://{self.bootstrap}"  # how `record_reader` names a cluster
         self.topics = [t.strip() for t in (opts.get("topics") or "").split(",") if t.strip()]
         if not self.topics:
             raise ValueError(f"{SHORT_NAME}: option 'topics' (comma-separated topic names) is required")
@@ -188,8 +167,8 @@ class TidegaugeKafkaReader(DataSourceReader):
         if split.end <= split.start:
             return
         o = self.options
-        yield from kafka_log.iter_partition(
-            o.bootstrap, o.conf, split.topic, split.partition, split.start, split.end, batch_size=o.batch_size
+        yield from record_reader.KAFKA.read(
+            o.uri, o.conf, split.topic, split.partition, split.start, split.end, batch_size=o.batch_size
         )
 
 

@@ -3,7 +3,7 @@
 The nightly jobs read a finished range; the watch reads the same topics forever on Spark Structured Streaming.
 This is the streaming twin of the batch sources and shares their code: the driver plans with
 `pipelines.core.sources.open_source` (topics, partitions, bounds of an archive or a Kafka cluster) and each Spark
-task reads planned ranges with `pipelines.core.sources.read_range`, the one reading function every job uses.
+task reads planned ranges with `pipelines.core.record_reader`, the reader every data source uses.
 Rows are the archive's columns plus `region`: `region int, topic string, partition int, offset long, key binary,
 value binary, headers array<struct<key string, value binary>>, timestamp timestamp`; a task yields one range of
 one partition in offset order, or several small ranges one after the other, each whole and in order.
@@ -95,20 +95,11 @@ from pyspark.sql.streaming.datasource import (
     ReadMaxRows,
     SupportsTriggerAvailableNow,
 )
-from pyspark.sql.types import (
-    ArrayType,
-    BinaryType,
-    IntegerType,
-    LongType,
-    StringType,
-    StructField,
-    StructType,
-    TimestampType,
-)
+from pyspark.sql.types import BinaryType, IntegerType, StringType, StructField, StructType
 
-from div import archive, kafka_log
 from div.checkpoint import atomic_write
-from pipelines.core.sources import SourceError, SourceSpec, open_source, read_range
+from pipelines.core import record_reader
+from pipelines.core.sources import SourceError, SourceSpec, open_source
 
 log = logging.getLogger(__name__)
 
@@ -119,26 +110,11 @@ DEFAULT_PLAN_TIMEOUT_S = 10.0
 # ranges smaller than this are read together by one task (`group_ranges`)
 DEFAULT_MIN_RECORDS_PER_TASK = 50_000
 
-SCHEMA = StructType(
-    [
-        StructField("region", IntegerType()),
-        StructField("topic", StringType()),
-        StructField("partition", IntegerType()),
-        StructField("offset", LongType()),
-        StructField("key", BinaryType()),
-        StructField("value", BinaryType()),
-        StructField(
-            "headers",
-            ArrayType(StructType([StructField("key", StringType()), StructField("value", BinaryType())])),
-        ),
-        StructField("timestamp", TimestampType()),
-    ]
-)
-_READ_COLUMNS = ["offset", "key", "value", "headers", "timestamp"]
+SCHEMA = record_reader.STREAM.spark
 # Packed rows (option `packed`): one row per batch of records read, the records an Arrow IPC stream of
-# `_READ_COLUMNS` in offset order. Spark then moves, shuffles and hands to Python a few rows per partition instead
-# of one per record: `transformWithStateInPandas` turns its input into pandas one row at a time, which cost the
-# watch more than its rules did. `unpack` gives the records back.
+# `record_reader.STREAM_RECORDS` in offset order. Spark then moves, shuffles and hands to Python a few rows per
+# partition instead of one per record: `transformWithStateInPandas` turns its input into pandas one row at a
+# time, which cost the watch more than its rules did. `unpack` gives the records back.
 PACKED_SCHEMA = StructType(
     [
         StructField("region", IntegerType()),
@@ -153,7 +129,7 @@ PACK_RECORDS = 16384
 # binary value holds at most 2 GB (a row always holds at least one record)
 PACK_BYTES = 32 << 20
 # What reading or listing a source raises when the source, not our code, is at fault.
-_SOURCE_ERRORS = (SourceError, archive.ArchiveError, kafka_log.KafkaLogError, OSError, pa.ArrowException)
+_SOURCE_ERRORS = (SourceError, *record_reader.READ_ERRORS)
 
 Offsets = dict[str, int]
 
@@ -573,31 +549,30 @@ class TidegaugeStreamReader(DataSourceStreamReader, SupportsTriggerAvailableNow)
 
     def _read_range(self, s: StreamRange) -> Iterator[pa.RecordBatch]:
         conf = self.options.kafka_conf.get(s.region)
+        layout = record_reader.STREAM_RECORDS if self.options.packed else record_reader.STREAM
         try:
-            for b in read_range(
-                s.uri, conf, s.topic, s.partition, s.start, s.end, _READ_COLUMNS, self.options.batch_size
+            for b in layout.read(
+                s.uri,
+                conf,
+                s.topic,
+                s.partition,
+                s.start,
+                s.end,
+                region=s.region,
+                batch_size=self.options.batch_size,
             ):
-                n = b.num_rows
-                if self.options.packed:
-                    packs = list(_packs(b))
-                    yield pa.RecordBatch.from_arrays(
-                        [
-                            pa.repeat(pa.scalar(s.region, pa.int32()), len(packs)),
-                            pa.repeat(pa.scalar(s.topic, pa.string()), len(packs)),
-                            pa.repeat(pa.scalar(s.partition, pa.int32()), len(packs)),
-                            pa.array(packs, pa.binary()),
-                        ],
-                        names=PACKED_SCHEMA.fieldNames(),
-                    )
+                if not self.options.packed:
+                    yield b
                     continue
+                packs = list(_packs(b))
                 yield pa.RecordBatch.from_arrays(
                     [
-                        pa.repeat(pa.scalar(s.region, pa.int32()), n),
-                        pa.repeat(pa.scalar(s.topic, pa.string()), n),
-                        pa.repeat(pa.scalar(s.partition, pa.int32()), n),
-                        *b.columns,
+                        pa.repeat(pa.scalar(s.region, pa.int32()), len(packs)),
+                        pa.repeat(pa.scalar(s.topic, pa.string()), len(packs)),
+                        pa.repeat(pa.scalar(s.partition, pa.int32()), len(packs)),
+                        pa.array(packs, pa.binary()),
                     ],
-                    names=SCHEMA.fieldNames(),
+                    names=PACKED_SCHEMA.fieldNames(),
                 )
         except _SOURCE_ERRORS as exc:
             raise StreamReadError(

@@ -175,7 +175,9 @@ class SplitScan:
             src = d.column("src").fill_null(-1).to_numpy().astype(np.int64)
             src_off = d.column("src_offset").fill_null(-1).to_numpy()
             hbw_col = d.column("hbw")
-            hbw = hbw_col.to_pylist()
+            # the vectors of heartbeats only (the only rows that have one), not a Python list of every row's
+            beats = np.flatnonzero(kind == V.HEARTBEAT)
+            hbw = dict(zip(beats.tolist(), hbw_col.take(pa.array(beats)).to_pylist(), strict=True))
             if hbw_col.null_count < len(hbw_col):
                 widest_hbw = max(widest_hbw, pc.max(pc.list_value_length(hbw_col)).as_py() or 0)
             if first_offset is None:

@@ -2,7 +2,7 @@
 
 Leap Frog's running high-water marks follow VT order. Spark's Parquet reader packs files into tasks in no
 particular order, so archives and live clusters are both read here: a split is one (region, partition, offset
-range), read in offset order (`div.archive.iter_partition` or `div.kafka_log.iter_partition`), and every row
+range), read in offset order (`pipelines.core.record_reader`, as every data source reads), and every row
 carries its split id so the decoding stage can keep per-split running state. End offsets are fixed when the job
 is planned. The job reads each split inside the task that scans it (`scan_splits`), so only the scan's narrow
 rows reach the JVM. The data source (`read_vt`) gives the records themselves as a DataFrame; no command uses it
@@ -23,41 +23,19 @@ import json
 from collections.abc import Iterator, Mapping
 from dataclasses import dataclass
 
-import numpy as np
 import pyarrow as pa
 from pyspark.sql import DataFrame, SparkSession
 from pyspark.sql.datasource import DataSource, DataSourceReader, InputPartition
-from pyspark.sql.types import (
-    ArrayType,
-    BinaryType,
-    IntegerType,
-    LongType,
-    StringType,
-    StructField,
-    StructType,
-)
+from pyspark.sql.types import StructType
 
-from div import archive, kafka_log
+from div import kafka_log
+from pipelines.core import record_reader
 from pipelines.core.sources import SourceError, SourceSpec, is_kafka, open_source, read_range
 from pipelines.leapfrog.scan import READ_ERROR_OFFSET
 
 SHORT_NAME = "tidegauge_vt"
-_READ_ERRORS = (archive.ArchiveError, kafka_log.KafkaLogError, OSError, pa.ArrowException)
-SCHEMA = StructType(
-    [
-        StructField("split", IntegerType()),
-        StructField("region", IntegerType()),
-        StructField("partition", IntegerType()),
-        StructField("offset", LongType()),
-        StructField("key", BinaryType()),
-        StructField("value", BinaryType()),
-        StructField(
-            "headers",
-            ArrayType(StructType([StructField("key", StringType()), StructField("value", BinaryType())])),
-        ),
-    ]
-)
-_COLUMNS = ["partition", "offset", "key", "value", "headers"]
+_READ_ERRORS = record_reader.READ_ERRORS
+SCHEMA = record_reader.VT.spark
 
 
 @dataclass
@@ -124,25 +102,19 @@ def split_batches(s: VtSplit, topic: str, kafka_conf: Mapping[int, Mapping]) -> 
     if s.end <= s.start:
         return
     try:
-        conf = kafka_conf.get(s.region)
         # from_start: a range that retention cut after planning is a read error (a partial verdict), not a
         # shorter range read as if whole
-        for b in read_range(
-            s.uri, conf, topic, s.partition, s.start, s.end, columns=_COLUMNS, from_start=True
-        ):
-            n = b.num_rows
-            yield pa.RecordBatch.from_arrays(
-                [
-                    pa.array(np.full(n, s.split, np.int32)),
-                    pa.array(np.full(n, s.region, np.int32)),
-                    b.column("partition").cast(pa.int32()),
-                    b.column("offset"),
-                    b.column("key"),
-                    b.column("value"),
-                    b.column("headers"),
-                ],
-                names=[f.name for f in SCHEMA.fields],
-            )
+        yield from record_reader.VT.read(
+            s.uri,
+            kafka_conf.get(s.region),
+            topic,
+            s.partition,
+            s.start,
+            s.end,
+            region=s.region,
+            split=s.split,
+            from_start=True,
+        )
     except _READ_ERRORS as exc:
         yield read_error_batch(s, f"region {s.region} partition {s.partition}: {exc}")
 
@@ -181,17 +153,16 @@ def scan_splits(
 
 def read_error_batch(s: VtSplit, message: str) -> pa.RecordBatch:
     """The one row that tells the scan split `s` could not be read to its end."""
+    row = {
+        "split": s.split,
+        "region": s.region,
+        "partition": s.partition,
+        "offset": READ_ERROR_OFFSET,
+        "value": message.encode(),
+    }
+    schema = record_reader.VT.arrow
     return pa.RecordBatch.from_arrays(
-        [
-            pa.array([s.split], pa.int32()),
-            pa.array([s.region], pa.int32()),
-            pa.array([s.partition], pa.int32()),
-            pa.array([READ_ERROR_OFFSET], pa.int64()),
-            pa.nulls(1, pa.binary()),
-            pa.array([message.encode()]),
-            pa.nulls(1, archive.KAFKA_ARROW_SCHEMA.field("headers").type),
-        ],
-        names=[f.name for f in SCHEMA.fields],
+        [pa.array([row.get(f.name)], f.type) for f in schema], names=schema.names
     )
 
 

@@ -16,8 +16,8 @@ decoded by `VtDecoder`'s own loop, in order, so the rules stay stated once (`div
 test_vector_decode.py checks both give the same columns, row for row, on every kind of archive the tests have and
 on fuzzed and damaged ones.
 
-Only the value hash is still one call per Put (xxh3 on a slice of the batch's buffer, no copy): no vectorised
-xxh3 exists here, and the hashes are kept in Leap Frog's state across runs, so the function cannot change.
+The value hash is xxh3 of each Put's value, kept in Leap Frog's state across runs, so the function cannot change;
+`pipelines.leapfrog.xxh3` computes it for the whole batch with numpy (the same values as the `xxhash` binding).
 """
 
 from __future__ import annotations
@@ -26,7 +26,6 @@ from dataclasses import dataclass
 
 import numpy as np
 import pyarrow as pa
-import xxhash
 
 from div import envelope as E
 from div import keys as K
@@ -34,6 +33,7 @@ from div import positions as P
 from div.envelope_columns import Cursors, EnvelopeReader, Heads
 from div.records import Kind, data_kinds
 from leapfrog.vectorized import inside
+from pipelines.leapfrog import xxh3
 
 _PUT, _DELETE, _CHUNK, _MANIFEST = int(Kind.PUT), int(Kind.DELETE), int(Kind.CHUNK), int(Kind.MANIFEST)
 _UNDECODABLE, _OTHER = int(Kind.UNDECODABLE), int(Kind.OTHER)
@@ -151,12 +151,7 @@ def _empty_rmd_vector(data: np.ndarray, start: np.ndarray, end: np.ndarray) -> n
 
 def _hashes(data: np.ndarray, start: np.ndarray, end: np.ndarray) -> np.ndarray:
     """`decode.value_hash` of each slice: xxh3-64 as a signed long."""
-    mv = memoryview(data)
-    h = xxhash.xxh3_64_intdigest
-    out = np.fromiter(
-        (h(mv[s:e]) for s, e in zip(start.tolist(), end.tolist(), strict=True)), np.uint64, len(start)
-    )
-    return out.view(np.int64)
+    return xxh3.hashes(data, start, end).view(np.int64)
 
 
 def _gather(data: np.ndarray, start: np.ndarray, end: np.ndarray, rows: np.ndarray) -> pa.Array:
