@@ -45,12 +45,13 @@ def _micro_batches(
 
 def _watched(
     dirs: dict,
-    partitions: int,
+    partitions: int | range,
     cuts: int,
     rng: random.Random,
     strict: bool = True,
     statuses: dict | None = None,
     split: bool = False,
+    split_from: int = 0,
 ) -> list[dict]:
     """The findings of the watch's step over every partition's records cut into `cuts` micro-batches, the state
     round-tripped through bytes between them (`strict`: no region may fail, no partition turn chunked late).
@@ -58,10 +59,12 @@ def _watched(
 
     `split`: the state kept as the watch keeps it (`settled.PartitionStore`: the small value, the settled keys'
     base and log, the worker's cache), with now and then a micro-batch run twice (a failed attempt, then Spark's
-    re-run from the state before it) or a worker that forgot its cache (a restart, another worker)."""
+    re-run from the state before it) or a worker that forgot its cache (a restart, another worker); from
+    micro-batch `split_from` on, the micro-batches before it keeping the state as one value, as the watch did
+    before issue 42 (the split layout goes on from such a value)."""
     step = LeapfrogStep(((0, 1), (0, 2), (1, 2)), 3)
     found = []
-    for p in range(partitions):
+    for p in range(partitions) if isinstance(partitions, int) else partitions:
         per_region = {
             x: _micro_batches(
                 pa.Table.from_batches(list(archive.iter_partition(d, TOPIC, p, columns=RECORD_COLUMNS))),
@@ -74,7 +77,9 @@ def _watched(
         backend = MemoryBackend()
         for i in range(cuts):
             records = {x: batches[i] for x, batches in per_region.items()}
-            if split:
+            if split and i >= split_from:
+                if i == split_from and state_bytes is not None:
+                    backend.small = state_bytes
                 if rng.random() < 0.2:
                     PartitionStore(backend.copy(), p).run(step, p, records)  # an attempt that failed
                 if rng.random() < 0.2:
@@ -116,14 +121,15 @@ def test_micro_batches_name_what_a_nightly_run_names(world, seed, cuts):
 def test_settled_keys_kept_apart_give_the_nightly_findings_and_status(world, nightly_status, monkeypatch):
     """With the settled keys' records apart from the small value (only the touched keys' taken into a
     micro-batch), through cached and rebuilt records, re-run micro-batches and compactions of the base (a low
-    threshold makes them frequent), the findings and their statuses are the nightly run's (over the first 16
-    partitions, to keep the test short)."""
+    threshold makes them frequent), the findings and their statuses are the nightly run's (over 24 of the
+    partitions, to keep the test short) — also when it goes on from a value written before the split."""
     monkeypatch.setattr(settled, "MIN_COMPACTION_ROWS", 40)
     _, dirs, expected = world
     statuses: dict = {}
-    found = _watched(dirs, 16, 12, random.Random(4), statuses=statuses, split=True)
-    assert named(found) == [f for f in expected if f[0] < 16]
-    assert statuses == {k: v for k, v in nightly_status.items() if k[0] < 16}
+    some = range(16, 40)
+    found = _watched(dirs, some, 10, random.Random(4), statuses=statuses, split=True, split_from=3)
+    assert named(found) == [f for f in expected if f[0] in some]
+    assert statuses == {k: v for k, v in nightly_status.items() if k[0] in some}
     assert "healed" in statuses.values() and "open" in statuses.values()
 
 
@@ -160,6 +166,59 @@ def test_a_micro_batch_writes_what_its_keys_touch_not_what_the_partition_holds(w
     assert large[2] == small[2] > 0  # the same log entry: the touched keys
     assert large[0] <= small[0] * 1.1 and large[1] <= small[1] * 1.1, written
     assert len(settled.ipc_bytes(_settled_rows(50_000, 3))) > 20 * large[1]  # what a whole value would write
+
+
+def test_split_state_is_the_whole_state_micro_batch_by_micro_batch(tmp_path):
+    """bench's workload (last-writer-wins leaders with hot keys, so settled keys are written again and again),
+    cut into micro-batches: with the settled records apart, every micro-batch gives the whole value's findings,
+    counters and status changes, and its records in play plus the settled ones — from the worker's memory, and
+    rebuilt from the base and the log — are the whole value's carried records."""
+    import sys
+    from pathlib import Path
+
+    sys.path.insert(0, str(Path(__file__).resolve().parents[3] / "bench"))
+    from leapfrog_workload import Workload, generate
+
+    w = Workload(regions=3, partitions=1, vt_records=3000, keys=200, hot_keys=20, heartbeat_every=100)
+    generate(w, str(tmp_path))
+    step = LeapfrogStep(((0, 1), (0, 2), (1, 2)), 3)
+    cut = {
+        x: _micro_batches(
+            pa.Table.from_batches(
+                list(
+                    archive.iter_partition(
+                        str(tmp_path / "full" / f"dc-{x}"), "bench_v1", 0, columns=RECORD_COLUMNS
+                    )
+                )
+            ),
+            8,
+            random.Random(x),
+        )
+        for x in range(3)
+    }
+    order = ["key", "region", "offset"]
+    backend, whole_bytes, taken = MemoryBackend(), None, 0
+    for i in range(8):
+        records = {x: batches[i] for x, batches in cut.items()}
+        whole = step(0, records, PartitionState.from_bytes(whole_bytes) if whole_bytes else None)
+        whole_bytes = whole.state.to_bytes()
+        store = PartitionStore(backend, "whole-vs-split")
+        split = store.run(step, 0, records)
+        taken += store.stats.taken_rows
+        assert split.findings.equals(whole.findings)
+        assert split.counters.equals(whole.counters)
+        assert split.status_changes == whole.status_changes
+        held = settled._CACHE["whole-vs-split"][1].table()
+        state = PartitionState.from_bytes(backend.small)
+        rebuilt = PartitionStore(backend.copy(), "other")._settled(state, settled.StoreStats())[0].table()
+        in_play = (
+            split.state.carried if split.state.carried is not None else settled.CARRIED_SCHEMA.empty_table()
+        )
+        expected = whole.state.carried.select(order).sort_by([(c, "ascending") for c in order])
+        for kept in (held, rebuilt):
+            both = pa.concat_tables([in_play, kept]).select(order).sort_by([(c, "ascending") for c in order])
+            assert both.equals(expected), i
+    assert taken > 100, "too few settled keys written again for the comparison to mean anything"
 
 
 def _settled_rows(keys: int, n: int) -> pa.Table:
