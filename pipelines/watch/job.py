@@ -10,7 +10,9 @@ Three rooms, as in the batch job:
   handed to `WatchProcessor`, a `StatefulProcessor` for `transformWithStateInPandas` whose only job is to keep the
   partition's state in Spark's state store (RocksDB) and run the steps: Leap Frog
   (`pipelines.watch.leapfrog_step.LeapfrogStep`, the nightly incremental job's own code) over the VT records of
-  every region, its `PartitionState` in the value state `partition_state`; and DIV
+  every region, its `PartitionState` in the value state `partition_state` and its settled keys' records apart, in
+  `settled_base` and the list state `settled_log` (`pipelines.watch.settled`: a micro-batch reads and writes the
+  records of the keys it touches, not of every key); and DIV
   (`pipelines.watch.div_step.DivStep`, `div validate`'s own run, resumed) over each (region, topic) of the
   partition on its own, its `DivPartitionState` in the map state `div_state` keyed by (region, topic). Leap Frog
   reads only the VTs; an RT partition is judged by DIV with RT rules, as `div validate` judges it;
@@ -309,8 +311,8 @@ class WatchOptions:
     # DIV also validates this real-time topic of every region (`--rt`, `--rt-topic`); None: the VTs only (Leap Frog
     # reads the VTs only either way)
     rt_topic: str | None = None
-    # micro-batches whose state versions and offset logs the checkpoint keeps, not Spark's default 100: each
-    # micro-batch writes every touched partition's whole value again, and a restart needs only the last one
+    # micro-batches whose state versions and offset logs the checkpoint keeps, not Spark's default 100: a restart
+    # needs only the last one
     batches_to_retain: int = 10
     regions: int | None = (
         None  # the store's region count (--regions); None: learned (pipelines.leapfrog.regions)
