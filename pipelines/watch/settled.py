@@ -50,8 +50,9 @@ TOMBSTONE_REGION = -1
 MIN_COMPACTION_ROWS = 100_000
 # segments of records added since the last merge, before they are merged into one (a lookup searches each)
 MAX_SEGMENTS = 8
-# partitions whose records one Python worker keeps (the least recently used go first)
-CACHED_PARTITIONS = 32
+# what one Python worker keeps of the partitions it ran last (the least recently used go first; the last one is
+# always kept): about 100 bytes a settled record, so some 5 M records
+CACHE_BYTES = 512 << 20
 
 _IPC_OPTIONS = pa.ipc.IpcWriteOptions(compression="lz4")
 
@@ -114,6 +115,10 @@ class SettledRecords:
     @property
     def rows(self) -> int:
         return sum(s.live for s in self.segments)
+
+    @property
+    def nbytes(self) -> int:
+        return sum(s.table.nbytes + s.sortkey.nbytes + s.dead.nbytes for s in self.segments)
 
     def take(self, keys: pa.Array, partition: int) -> pa.Table:
         """The records of `keys` (distinct), taken out: their keys are in play again."""
@@ -334,7 +339,7 @@ class PartitionStore:
         self.backend.update(small)
         _CACHE[self.cache_key] = (token, settled)
         _CACHE.move_to_end(self.cache_key)
-        while len(_CACHE) > CACHED_PARTITIONS:
+        while len(_CACHE) > 1 and sum(r.nbytes for _, r in _CACHE.values()) > CACHE_BYTES:
             _CACHE.popitem(last=False)
         stats.value_bytes, stats.settled_rows = len(small), settled.rows
         stats.step_s, stats.write_s = t2 - t1, time.perf_counter() - t2
