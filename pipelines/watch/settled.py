@@ -94,9 +94,12 @@ class _Segment:
 
     @classmethod
     def of(cls, rows: pa.Table) -> _Segment:
-        rows = with_sortkeys(rows.cast(CARRIED_SCHEMA))
-        rows = rows.take(pc.sort_indices(rows.column("sortkey"))).combine_chunks()
-        return cls(rows, rows.column("sortkey").to_numpy(), np.zeros(rows.num_rows, bool), rows.num_rows)
+        rows = with_sortkeys(rows.cast(CARRIED_SCHEMA)).combine_chunks()
+        sortkey = rows.column("sortkey").to_numpy()
+        if len(sortkey) > 1 and (np.diff(sortkey) < 0).any():  # a base is written sorted already
+            rows = rows.take(pc.sort_indices(rows.column("sortkey"))).combine_chunks()
+            sortkey = rows.column("sortkey").to_numpy()
+        return cls(rows, sortkey, np.zeros(rows.num_rows, bool), rows.num_rows)
 
     def live_rows(self) -> pa.Table:
         return self.table.filter(pa.array(~self.dead)) if self.dead.any() else self.table
