@@ -21,9 +21,11 @@ measured in the same run (`--queries decode,watch`; `decode` alone or `watch` al
 watch's. `records_per_s_per_region_wall` is the records per region over the wall time from its start to its end,
 start-up included.
 
-State. The watch's Leap Frog keeps one value per VT partition in RocksDB (beside it DIV keeps a small map of
+State. The watch's Leap Frog keeps one small value per VT partition in RocksDB (beside it DIV keeps a small map of
 producer states per (region, topic)): `PartitionState.to_bytes()`, the region
-partitions' facts, the (pair, key) already reported and the carried records. Which records are carried is
+partitions' facts, the (pair, key) already reported and the records of keys in play; the settled keys' records are
+apart (`pipelines.watch.settled`: a base value, `settled_base_bytes_total`, and a log whose entries count in
+`on_disk`). Which records are carried is
 `leapfrog --state`'s rule (pipelines/leapfrog/state.py, carried.py, `leapfrog.settle`): per key and region only
 the records that can still take part in a comparison; once every pair's current records are comparable a key is
 *settled* and each region keeps only its current record (flagged settled) until a new record touches it. So a
@@ -314,8 +316,19 @@ def partition_states(spark, checkpoint: Path, batch_id: int) -> dict:
                 )
             )
         reported += len(s.reported)
+    # the settled keys' records, apart since issue 42 (`pipelines.watch.settled`): their base values (the log's
+    # entries since the base was written are in `on_disk`)
+    base = (
+        spark.read.format("statestore")
+        .option("operatorId", 0)
+        .option("stateVarName", "settled_base")
+        .option("batchId", batch_id)
+        .load(str(checkpoint))
+    )
+    base_sizes = [len(bytes(row[0])) for row in base.select("value.state").toLocalIterator()]
     return {
         "partitions": len(sizes),
+        "settled_base_bytes_total": sum(base_sizes),
         "to_bytes_max": max(sizes, default=0),
         "to_bytes_mean": round(statistics.mean(sizes)) if sizes else 0,
         "to_bytes_total": sum(sizes),

@@ -10,7 +10,9 @@ Three rooms, as in the batch job:
   handed to `WatchProcessor`, a `StatefulProcessor` for `transformWithStateInPandas` whose only job is to keep the
   partition's state in Spark's state store (RocksDB) and run the steps: Leap Frog
   (`pipelines.watch.leapfrog_step.LeapfrogStep`, the nightly incremental job's own code) over the VT records of
-  every region, its `PartitionState` in the value state `partition_state`; and DIV
+  every region, its `PartitionState` in the value state `partition_state` and its settled keys' records apart, in
+  `settled_base` and the list state `settled_log` (`pipelines.watch.settled`: a micro-batch reads and writes the
+  records of the keys it touches, not of every key); and DIV
   (`pipelines.watch.div_step.DivStep`, `div validate`'s own run, resumed) over each (region, topic) of the
   partition on its own, its `DivPartitionState` in the map state `div_state` keyed by (region, topic). Leap Frog
   reads only the VTs; an RT partition is judged by DIV with RT rules, as `div validate` judges it;
@@ -55,9 +57,10 @@ from pipelines.leapfrog.source import check_sources
 from pipelines.watch.checkpoint import check_checkpoint, check_session
 from pipelines.watch.div_step import FINDING_SCHEMA as DIV_SCHEMA
 from pipelines.watch.heartbeats import newest_heartbeats
-from pipelines.watch.leapfrog_step import RECORD_COLUMNS, LeapfrogStep, PartitionState
+from pipelines.watch.leapfrog_step import RECORD_COLUMNS, LeapfrogStep
 from pipelines.watch.metrics import QUERY_NAMES
 from pipelines.watch.rows import DDL, parquet_bytes, records, unpacked
+from pipelines.watch.settled import PartitionStore
 
 log = logging.getLogger("tidegauge.watch")
 
@@ -129,6 +132,9 @@ class WatchProcessor(StatefulProcessor):
         from pipelines.watch.div_step import DivStep
 
         self.state = handle.getValueState("partition_state", _STATE_SCHEMA)
+        # the settled keys' records, apart from the small value (`pipelines.watch.settled`)
+        self.settled_base = handle.getValueState("settled_base", _STATE_SCHEMA)
+        self.settled_log = handle.getListState("settled_log", _STATE_SCHEMA)
         self.div_state = handle.getMapState("div_state", _DIV_KEY_SCHEMA, _STATE_SCHEMA)
         self.step = LeapfrogStep(self.pairs, self.n)
         self.div_step = DivStep()
@@ -170,9 +176,10 @@ class WatchProcessor(StatefulProcessor):
             records[region] = mine.select(RECORD_COLUMNS)
             out.extend({"row": "H", **h} for h in newest_heartbeats(region, partition, mine))
             out.append({"row": "N", "partition": partition, "region": region, "records": mine.num_rows})
-        before = PartitionState.from_bytes(self.state.get()[0]) if self.state.exists() else None
-        result = self.step(partition, records, before, envelopes)
-        self.state.update((result.state.to_bytes(),))
+        store = PartitionStore(
+            _SparkBackend(self.state, self.settled_base, self.settled_log), (self.vt_topic, partition)
+        )
+        result = store.run(self.step, partition, records, envelopes)
         now_ms = int(time.time() * 1000)
         for f in result.findings.select(_STEP_COLUMNS).to_pylist():
             out.append({"row": "F", **f, "detected_ms": now_ms})
@@ -247,6 +254,34 @@ class WatchProcessor(StatefulProcessor):
         pass
 
 
+class _SparkBackend:
+    """A partition's Leap Frog state in the processor's state variables (`settled.Backend`)."""
+
+    def __init__(self, value, base, log) -> None:
+        self._value, self._base, self._log = value, base, log
+
+    def value(self) -> bytes | None:
+        return self._value.get()[0] if self._value.exists() else None
+
+    def update(self, value: bytes) -> None:
+        self._value.update((value,))
+
+    def base(self) -> bytes | None:
+        return self._base.get()[0] if self._base.exists() else None
+
+    def log(self) -> Iterator[bytes]:
+        if self._log.exists():
+            for row in self._log.get():
+                yield row[0]
+
+    def append(self, entry: bytes) -> None:
+        self._log.appendValue((entry,))
+
+    def rewrite(self, base: bytes) -> None:
+        self._base.update((base,))
+        self._log.clear()
+
+
 def _div_rows(findings: pa.Table) -> pa.Table:
     """DIV's findings as the processor's "D" rows: their columns, the other columns of OUTPUT_SCHEMA null."""
     n = findings.num_rows
@@ -276,8 +311,8 @@ class WatchOptions:
     # DIV also validates this real-time topic of every region (`--rt`, `--rt-topic`); None: the VTs only (Leap Frog
     # reads the VTs only either way)
     rt_topic: str | None = None
-    # micro-batches whose state versions and offset logs the checkpoint keeps, not Spark's default 100: each
-    # micro-batch writes every touched partition's whole value again, and a restart needs only the last one
+    # micro-batches whose state versions and offset logs the checkpoint keeps, not Spark's default 100: a restart
+    # needs only the last one
     batches_to_retain: int = 10
     regions: int | None = (
         None  # the store's region count (--regions); None: learned (pipelines.leapfrog.regions)

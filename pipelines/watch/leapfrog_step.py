@@ -34,6 +34,7 @@ keys.
 from __future__ import annotations
 
 import json
+from collections.abc import Callable
 from dataclasses import dataclass, field
 
 import numpy as np
@@ -96,6 +97,9 @@ class PartitionState:
     waiting: pa.Table | None = None  # WAITING_SCHEMA: records held until every region has sent some
     chunked: bool = False  # the records in view showed a chunked version (`chunks.chunked_version`)
     chunks: pa.Table | None = None  # CHUNKS_SCHEMA: chunks whose manifest has not arrived yet
+    # with the settled records kept apart (`pipelines.watch.settled`): the size of their base and log, and the
+    # token of this update; None: `carried` holds the settled records too
+    settled: dict | None = None
 
     def to_bytes(self) -> bytes:
         """One self-contained value for a state store: JSON facts and findings, then the carried, the waiting
@@ -106,6 +110,7 @@ class PartitionState:
                 "reported": [[a, b, k.hex()] for a, b, k in sorted(self.reported)],
                 "healed": [[a, b, k.hex()] for a, b, k in sorted(self.healed)],
                 "chunked": self.chunked,
+                **({"settled": self.settled} if self.settled is not None else {}),
             }
         ).encode()
         parts = [
@@ -134,6 +139,7 @@ class PartitionState:
             waiting=waiting if waiting.num_rows else None,
             chunked=bool(head.get("chunked")),
             chunks=chunks[0] if chunks and chunks[0].num_rows else None,
+            settled=head.get("settled"),
         )
 
 
@@ -181,10 +187,16 @@ class LeapfrogStep:
         records: dict[int, pa.Table],
         state: PartitionState | None = None,
         envelopes: dict[int, Heads] | None = None,
+        settled: Callable[[pa.Array], pa.Table] | None = None,
     ) -> PartitionStep:
         """`records`: region → that region's new records of `partition` (RECORD_COLUMNS, any order; a region
         may be missing or empty). `envelopes`: region → `div.envelope_columns.read_envelopes` of its records, when
-        a reader before this step read them (the watch reads each record once for Leap Frog and DIV)."""
+        a reader before this step read them (the watch reads each record once for Leap Frog and DIV).
+
+        `settled`: when the settled keys' records are kept apart from `state.carried` (`pipelines.watch.settled`),
+        gives the carried records (CARRIED_SCHEMA) of the settled keys among the distinct keys it is given: the
+        keys of this micro-batch's values. Only those take part in the comparison; the per-key stage would pass
+        the others on unchanged (`keys.pass_untouched`), so the findings are the same."""
         state = state or PartitionState()
         envelopes = dict(envelopes or {})
         if not state.facts:
@@ -248,9 +260,20 @@ class LeapfrogStep:
         rows = [R.summary_batch(sm, 1) for sm in summaries]
         rows.extend(_narrow(t, self.n, x, partition) for x, t in scanned.items() if t.num_rows)
         carried_sortkeys = None
-        if state.carried is not None and state.carried.num_rows:
-            rows.extend(R.carried_batches(self.n)(iter(state.carried.to_batches())))
-            carried_sortkeys = state.carried.column("sortkey")
+        carried = state.carried
+        if settled is not None:
+            touched = [
+                t.column("key").combine_chunks().cast(pa.binary()) for t in scanned.values() if t.num_rows
+            ]
+            found = settled(pc.unique(pa.concat_arrays(touched))) if touched else None
+            if found is not None and found.num_rows:
+                found = found.cast(CARRIED_SCHEMA)
+                carried = (
+                    found if carried is None else pa.concat_tables([carried.cast(CARRIED_SCHEMA), found])
+                )
+        if carried is not None and carried.num_rows:
+            rows.extend(R.carried_batches(self.n)(iter(carried.to_batches())))
+            carried_sortkeys = carried.column("sortkey")
         sorted_rows = R.reduce_order(rows, carried_sortkeys)
         sink = MemorySink()
         watched: dict[tuple[int, int, int], list[bytes]] = {}

@@ -26,7 +26,9 @@ from vt_fixtures import TOPIC, write_archives
 
 from div import archive
 from div.envelope_columns import read_envelopes
+from pipelines.watch import settled
 from pipelines.watch.leapfrog_step import RECORD_COLUMNS, LeapfrogStep, PartitionState
+from pipelines.watch.settled import MemoryBackend, PartitionStore, forget_cached
 
 pytestmark = [pytest.mark.spark, pytest.mark.slow]
 
@@ -43,18 +45,26 @@ def _micro_batches(
 
 def _watched(
     dirs: dict,
-    partitions: int,
+    partitions: int | range,
     cuts: int,
     rng: random.Random,
     strict: bool = True,
     statuses: dict | None = None,
+    split: bool = False,
+    split_from: int = 0,
 ) -> list[dict]:
     """The findings of the watch's step over every partition's records cut into `cuts` micro-batches, the state
     round-tripped through bytes between them (`strict`: no region may fail, no partition turn chunked late).
-    `statuses` receives each finding's latest status: the one it was found with, then its changes."""
+    `statuses` receives each finding's latest status: the one it was found with, then its changes.
+
+    `split`: the state kept as the watch keeps it (`settled.PartitionStore`: the small value, the settled keys'
+    base and log, the worker's cache), with now and then a micro-batch run twice (a failed attempt, then Spark's
+    re-run from the state before it) or a worker that forgot its cache (a restart, another worker); from
+    micro-batch `split_from` on, the micro-batches before it keeping the state as one value, as the watch did
+    before issue 42 (the split layout goes on from such a value)."""
     step = LeapfrogStep(((0, 1), (0, 2), (1, 2)), 3)
     found = []
-    for p in range(partitions):
+    for p in range(partitions) if isinstance(partitions, int) else partitions:
         per_region = {
             x: _micro_batches(
                 pa.Table.from_batches(list(archive.iter_partition(d, TOPIC, p, columns=RECORD_COLUMNS))),
@@ -64,9 +74,20 @@ def _watched(
             for x, d in dirs.items()
         }
         state_bytes = None
+        backend = MemoryBackend()
         for i in range(cuts):
-            state = PartitionState.from_bytes(state_bytes) if state_bytes is not None else None
-            result = step(p, {x: batches[i] for x, batches in per_region.items()}, state)
+            records = {x: batches[i] for x, batches in per_region.items()}
+            if split and i >= split_from:
+                if i == split_from and state_bytes is not None:
+                    backend.small = state_bytes
+                if rng.random() < 0.2:
+                    PartitionStore(backend.copy(), p).run(step, p, records)  # an attempt that failed
+                if rng.random() < 0.2:
+                    forget_cached()
+                result = PartitionStore(backend, p).run(step, p, records)
+            else:
+                state = PartitionState.from_bytes(state_bytes) if state_bytes is not None else None
+                result = step(p, records, state)
             if strict:
                 assert not result.failed and not result.chunked_late
             found.extend(result.findings.to_pylist())
@@ -95,6 +116,135 @@ def test_micro_batches_name_what_a_nightly_run_names(world, seed, cuts):
     histories, dirs, expected = world
     found = _watched(dirs, len(histories), cuts, random.Random(seed))
     assert named(found) == expected
+
+
+def test_settled_keys_kept_apart_give_the_nightly_findings_and_status(world, nightly_status, monkeypatch):
+    """With the settled keys' records apart from the small value (only the touched keys' taken into a
+    micro-batch), through cached and rebuilt records, re-run micro-batches and compactions of the base (a low
+    threshold makes them frequent), the findings and their statuses are the nightly run's (over 24 of the
+    partitions, to keep the test short) — also when it goes on from a value written before the split."""
+    monkeypatch.setattr(settled, "MIN_COMPACTION_ROWS", 40)
+    _, dirs, expected = world
+    statuses: dict = {}
+    some = range(16, 40)
+    found = _watched(dirs, some, 10, random.Random(4), statuses=statuses, split=True, split_from=3)
+    assert named(found) == [f for f in expected if f[0] in some]
+    assert statuses == {k: v for k, v in nightly_status.items() if k[0] in some}
+    assert "healed" in statuses.values() and "open" in statuses.values()
+
+
+def test_a_micro_batch_writes_what_its_keys_touch_not_what_the_partition_holds(world):
+    """A partition whose state holds many settled keys: a micro-batch reads the small value only (its worker
+    holds the settled records) and writes the small value and a log entry of the keys it touched, of the same
+    size as on a partition holding few; the base is not rewritten."""
+    histories, dirs, _ = world
+    step = LeapfrogStep(((0, 1), (0, 2), (1, 2)), 3)
+    written = {}
+    for extra in (0, 50_000):
+        forget_cached()
+        tables = {
+            x: pa.Table.from_batches(list(archive.iter_partition(d, TOPIC, 0, columns=RECORD_COLUMNS)))
+            for x, d in dirs.items()
+        }
+        half = {x: t.slice(0, t.num_rows // 2) for x, t in tables.items()}
+        rest = {x: t.slice(t.num_rows // 2) for x, t in tables.items()}
+        backend = MemoryBackend()
+        PartitionStore(backend, "p0").run(step, 0, half)
+        if extra:  # keys no record touches, settled in every region, as `leapfrog.settle` leaves them
+            backend.rewrite(settled.ipc_bytes(_settled_rows(extra, 3)))
+            settled._CACHE["p0"] = (
+                PartitionState.from_bytes(backend.small).settled["token"],
+                settled.SettledRecords(settled.ipc_table(backend.base_value)),
+            )
+        backend.read_bytes = backend.written_bytes = 0
+        store = PartitionStore(backend, "p0")
+        store.run(step, 0, rest)
+        assert store.stats.cached and store.stats.base_bytes == 0
+        assert store.stats.settled_rows >= 3 * extra
+        written[extra] = (backend.read_bytes, backend.written_bytes, store.stats.entry_rows)
+    small, large = written[0], written[50_000]
+    assert large[2] == small[2] > 0  # the same log entry: the touched keys
+    assert large[0] <= small[0] * 1.1 and large[1] <= small[1] * 1.1, written
+    assert len(settled.ipc_bytes(_settled_rows(50_000, 3))) > 20 * large[1]  # what a whole value would write
+
+
+def test_split_state_is_the_whole_state_micro_batch_by_micro_batch(tmp_path):
+    """bench's workload (last-writer-wins leaders with hot keys, so settled keys are written again and again),
+    cut into micro-batches: with the settled records apart, every micro-batch gives the whole value's findings,
+    counters and status changes, and its records in play plus the settled ones — from the worker's memory, and
+    rebuilt from the base and the log — are the whole value's carried records."""
+    import sys
+    from pathlib import Path
+
+    sys.path.insert(0, str(Path(__file__).resolve().parents[3] / "bench"))
+    from leapfrog_workload import Workload, generate
+
+    w = Workload(regions=3, partitions=1, vt_records=3000, keys=200, hot_keys=20, heartbeat_every=100)
+    generate(w, str(tmp_path))
+    step = LeapfrogStep(((0, 1), (0, 2), (1, 2)), 3)
+    cut = {
+        x: _micro_batches(
+            pa.Table.from_batches(
+                list(
+                    archive.iter_partition(
+                        str(tmp_path / "full" / f"dc-{x}"), "bench_v1", 0, columns=RECORD_COLUMNS
+                    )
+                )
+            ),
+            8,
+            random.Random(x),
+        )
+        for x in range(3)
+    }
+    order = ["key", "region", "offset"]
+    backend, whole_bytes, taken = MemoryBackend(), None, 0
+    for i in range(8):
+        records = {x: batches[i] for x, batches in cut.items()}
+        whole = step(0, records, PartitionState.from_bytes(whole_bytes) if whole_bytes else None)
+        whole_bytes = whole.state.to_bytes()
+        store = PartitionStore(backend, "whole-vs-split")
+        split = store.run(step, 0, records)
+        taken += store.stats.taken_rows
+        assert split.findings.equals(whole.findings)
+        assert split.counters.equals(whole.counters)
+        assert split.status_changes == whole.status_changes
+        held = settled._CACHE["whole-vs-split"][1].table()
+        state = PartitionState.from_bytes(backend.small)
+        rebuilt = PartitionStore(backend.copy(), "other")._settled(state, settled.StoreStats())[0].table()
+        in_play = (
+            split.state.carried if split.state.carried is not None else settled.CARRIED_SCHEMA.empty_table()
+        )
+        expected = whole.state.carried.select(order).sort_by([(c, "ascending") for c in order])
+        for kept in (held, rebuilt):
+            both = pa.concat_tables([in_play, kept]).select(order).sort_by([(c, "ascending") for c in order])
+            assert both.equals(expected), i
+    assert taken > 100, "too few settled keys written again for the comparison to mean anything"
+
+
+def _settled_rows(keys: int, n: int) -> pa.Table:
+    import numpy as np
+
+    from pipelines.leapfrog.carried import CARRIED_SCHEMA, sortkeys
+    from pipelines.leapfrog.state import pack_carry_array
+
+    m = keys * n
+    key = pa.array([b"settled-%08d" % i for i in range(keys) for _ in range(n)], pa.binary())
+    part = pa.array(np.zeros(m, np.int32))
+    zero = np.zeros(m, bool)
+    marks = np.arange(m * n, dtype=np.int64).reshape(m, n)
+    return pa.table(
+        {
+            "partition": part,
+            "key": key,
+            "region": pa.array(np.tile(np.arange(n, dtype=np.int32), keys)),
+            "offset": pa.array(np.arange(m, dtype=np.int64)),
+            "value_hash": pa.array(np.arange(m, dtype=np.int64)),
+            "carry": pack_carry_array(zero, zero, marks, marks, np.ones(m, bool)),
+            "bucket": pa.array(np.full(m, -1, np.int32)),
+            "sortkey": sortkeys(part, key),
+        },
+        schema=CARRIED_SCHEMA,
+    )
 
 
 @pytest.fixture(scope="module")
@@ -137,8 +287,18 @@ def _cut_at(table: pa.Table, offsets: list[int]) -> list[pa.Table]:
     return [table.slice(a, b - a) for a, b in zip(bounds[:-1], bounds[1:], strict=True)]
 
 
-@pytest.mark.parametrize("seed,cuts", [(0, 1), (5, 3), (7, 10), ("manifests", 4)])
-def test_chunked_micro_batches_name_what_a_nightly_run_names(chunked_world, seed, cuts):
+@pytest.mark.parametrize(
+    "seed,cuts,split",
+    [
+        (0, 1, False),
+        (5, 3, False),
+        (7, 10, False),
+        ("manifests", 4, False),
+        ("manifests", 4, True),
+    ],
+)
+def test_chunked_micro_batches_name_what_a_nightly_run_names(chunked_world, seed, cuts, split):
+    """`split`: with the state kept as the watch keeps it (see `_watched`)."""
     histories, dirs, manifests, expected = chunked_world
     rng = random.Random(seed)
     step = LeapfrogStep(((0, 1), (0, 2), (1, 2)), 3)
@@ -165,9 +325,18 @@ def test_chunked_micro_batches_name_what_a_nightly_run_names(chunked_world, seed
             # of chunked values, which these cuts leave out.
             per_region = {x: _micro_batches(t, cuts, rng, not_at=0) for x, t in tables.items()}
         state_bytes = None
+        backend = MemoryBackend()
         for i in range(cuts):
-            state = PartitionState.from_bytes(state_bytes) if state_bytes is not None else None
-            result = step(p, {x: batches[i] for x, batches in per_region.items()}, state)
+            records = {x: batches[i] for x, batches in per_region.items()}
+            if split:
+                if rng.random() < 0.2:
+                    PartitionStore(backend.copy(), p).run(step, p, records)  # an attempt that failed
+                if rng.random() < 0.2:
+                    forget_cached()
+                result = PartitionStore(backend, p).run(step, p, records)
+            else:
+                state = PartitionState.from_bytes(state_bytes) if state_bytes is not None else None
+                result = step(p, records, state)
             assert not result.failed and not result.chunked_late
             found.extend(result.findings.to_pylist())
             if result.state.chunks is not None:
