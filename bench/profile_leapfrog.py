@@ -32,8 +32,11 @@ from leapfrog_workload import LAYOUT, Workload, generate  # noqa: E402
 from pipelines.core.spark_session import get_session  # noqa: E402
 
 
+PLAN = "one-pass"  # --plan
+
+
 def _job(spark, dirs: dict[int, str], out: str, store: str, state: str | None = None) -> float:
-    return job(spark, dirs, out, store, state)[0]
+    return job(spark, dirs, out, store, state, plan=PLAN)[0]
 
 
 def _rest(spark, path: str):
@@ -119,7 +122,15 @@ def main() -> None:
         help="profile an incremental run over day 2 from day 1's state instead of the full job",
     )
     ap.add_argument("--pstats", help="keep the workers' pstats files in this directory (for pstats/snakeviz)")
+    ap.add_argument(
+        "--plan",
+        choices=("one-pass", "shuffle"),
+        default="one-pass",
+        help="the job's plan (`tidegauge leapfrog --plan`; default one-pass, the job's default)",
+    )
     args = ap.parse_args()
+    global PLAN
+    PLAN = args.plan
     w = Workload(vt_records=args.records)
     root = os.path.join(args.dir, f"w{args.records}-l{LAYOUT}")
     layout = "day1" if args.incremental else "full"
@@ -166,6 +177,7 @@ def main() -> None:
         "vt_records": records,
         "python_profiler": args.python,
         "incremental": args.incremental,
+        "plan": args.plan,
         "wall_s": round(wall, 2),
         "stages": _stages(spark, after, records),
         "plan_nodes": _sql_metrics(spark, after_execution),
