@@ -31,7 +31,6 @@ from leapfrog_workload import LAYOUT, Workload, generate  # noqa: E402
 
 from pipelines.core.spark_session import get_session  # noqa: E402
 
-
 PLAN = "one-pass"  # --plan
 
 
