@@ -43,6 +43,22 @@ def _micro_batches(
     return [table.slice(a, b - a) for a, b in zip(bounds[:-1], bounds[1:], strict=True)]
 
 
+def _step_once(
+    step, p: int, records: dict, state_bytes, backend: MemoryBackend, rng: random.Random, split: bool
+):
+    """One micro-batch of the step. `split`: the state kept as the watch keeps it (`settled.PartitionStore` over
+    `backend`), now and then after an attempt that failed (Spark runs it again from the state before it) or with a
+    worker that forgot its cache (a restart, another worker); else the state as one value, `state_bytes`."""
+    if split:
+        if rng.random() < 0.2:
+            PartitionStore(backend.copy(), p).run(step, p, records)  # an attempt that failed
+        if rng.random() < 0.2:
+            forget_cached()
+        return PartitionStore(backend, p).run(step, p, records)
+    state = PartitionState.from_bytes(state_bytes) if state_bytes is not None else None
+    return step(p, records, state)
+
+
 def _watched(
     dirs: dict,
     partitions: int | range,
@@ -77,17 +93,9 @@ def _watched(
         backend = MemoryBackend()
         for i in range(cuts):
             records = {x: batches[i] for x, batches in per_region.items()}
-            if split and i >= split_from:
-                if i == split_from and state_bytes is not None:
-                    backend.small = state_bytes
-                if rng.random() < 0.2:
-                    PartitionStore(backend.copy(), p).run(step, p, records)  # an attempt that failed
-                if rng.random() < 0.2:
-                    forget_cached()
-                result = PartitionStore(backend, p).run(step, p, records)
-            else:
-                state = PartitionState.from_bytes(state_bytes) if state_bytes is not None else None
-                result = step(p, records, state)
+            if split and i == split_from and state_bytes is not None:
+                backend.small = state_bytes
+            result = _step_once(step, p, records, state_bytes, backend, rng, split and i >= split_from)
             if strict:
                 assert not result.failed and not result.chunked_late
             found.extend(result.findings.to_pylist())
@@ -328,15 +336,7 @@ def test_chunked_micro_batches_name_what_a_nightly_run_names(chunked_world, seed
         backend = MemoryBackend()
         for i in range(cuts):
             records = {x: batches[i] for x, batches in per_region.items()}
-            if split:
-                if rng.random() < 0.2:
-                    PartitionStore(backend.copy(), p).run(step, p, records)  # an attempt that failed
-                if rng.random() < 0.2:
-                    forget_cached()
-                result = PartitionStore(backend, p).run(step, p, records)
-            else:
-                state = PartitionState.from_bytes(state_bytes) if state_bytes is not None else None
-                result = step(p, records, state)
+            result = _step_once(step, p, records, state_bytes, backend, rng, split)
             assert not result.failed and not result.chunked_late
             found.extend(result.findings.to_pylist())
             if result.state.chunks is not None:
