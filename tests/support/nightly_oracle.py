@@ -3,10 +3,8 @@
 from __future__ import annotations
 
 import pyarrow.parquet as pq
+from leapfrog_run import run_leapfrog
 from vt_fixtures import STORE
-
-from pipelines.core.sources import SourceSpec
-from pipelines.leapfrog.job import LeapfrogOptions, run
 
 
 def named(rows) -> list[tuple]:
@@ -16,10 +14,5 @@ def named(rows) -> list[tuple]:
 
 def nightly(spark, dirs: dict[int, str], out) -> list[tuple]:
     """`named` findings of the batch job over the archives `dirs` (region → directory), written to `out`."""
-    run(
-        LeapfrogOptions(
-            store=STORE, version=1, out=str(out), sources=[SourceSpec(x, d) for x, d in dirs.items()]
-        ),
-        spark=spark,
-    )
+    run_leapfrog(spark, STORE, dirs, out)
     return named(pq.read_table(out / "inconsistencies").to_pylist())

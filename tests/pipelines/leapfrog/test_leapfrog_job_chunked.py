@@ -28,27 +28,17 @@ from chunked_scenario import (
     big,
     scenario,
 )
+from leapfrog_run import run_leapfrog
 from vt_builder import NON_CHUNK_SUFFIX, value_hash
 
 from div.keys import fnv1a_64
-from pipelines.core.sources import SourceSpec
-from pipelines.leapfrog.job import LeapfrogOptions, run
 from pipelines.leapfrog.source import chunked_version, plan
 
 pytestmark = [pytest.mark.spark, pytest.mark.slow]
 
 
 def _run(spark, dirs, out, mode="heartbeat") -> tuple[int, dict, list[dict]]:
-    code = run(
-        LeapfrogOptions(
-            store=STORE,
-            version=1,
-            out=str(out),
-            mode=mode,
-            sources=[SourceSpec(x, d) for x, d in dirs.items()],
-        ),
-        spark=spark,
-    )
+    code = run_leapfrog(spark, STORE, dirs, out, mode=mode)
     summary = json.loads((out / "summary.json").read_text())
     return code, summary, pq.read_table(out / "inconsistencies").to_pylist()
 

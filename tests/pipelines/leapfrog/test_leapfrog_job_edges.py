@@ -14,28 +14,18 @@ import os
 
 import pyarrow.parquet as pq
 import pytest
+from leapfrog_run import run_leapfrog
 from vt_builder import CODEC, TS, RegionVt, write_archive
 
 from div import envelope as E
 from div import keys as K
 from pipelines.cli import main
-from pipelines.core.sources import SourceSpec
-from pipelines.leapfrog.job import LeapfrogOptions, run
 
 STORE, TOPIC = "edge", "edge_v1"
 
 
 def _run(spark, dirs, out, mode="heartbeat"):
-    code = run(
-        LeapfrogOptions(
-            store=STORE,
-            version=1,
-            out=str(out),
-            mode=mode,
-            sources=[SourceSpec(x, d) for x, d in dirs.items()],
-        ),
-        spark=spark,
-    )
+    code = run_leapfrog(spark, STORE, dirs, out, mode=mode)
     summary = json.loads((out / "summary.json").read_text())
     return code, summary, pq.read_table(out / "inconsistencies").to_pylist()
 

@@ -18,11 +18,10 @@ import pyarrow.parquet as pq
 import pytest
 from chunked_scenario import Store, scenario
 from leapfrog_histories import generated
+from leapfrog_run import run_leapfrog
 from vt_builder import RegionVt, produce, write_archive
 from vt_fixtures import record_of
 
-from pipelines.core.sources import SourceSpec
-from pipelines.leapfrog.job import LeapfrogOptions, run
 from sim.embedded_kafka import EmbeddedKafka
 
 pytestmark = [pytest.mark.spark, pytest.mark.kafka, pytest.mark.slow]
@@ -81,16 +80,7 @@ def _publish(clusters, logs: dict[int, list[RegionVt]], root, topic: str, transa
 
 
 def _run(spark, store: str, sources: dict[int, str], out, mode: str = "heartbeat"):
-    code = run(
-        LeapfrogOptions(
-            store=store,
-            version=1,
-            out=str(out),
-            mode=mode,
-            sources=[SourceSpec(x, u) for x, u in sources.items()],
-        ),
-        spark=spark,
-    )
+    code = run_leapfrog(spark, store, sources, out, mode=mode)
     summary = json.loads((out / "summary.json").read_text())
     return code, summary, pq.read_table(out / "inconsistencies")
 

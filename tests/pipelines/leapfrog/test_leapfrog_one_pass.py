@@ -11,27 +11,22 @@ import shutil
 import pyarrow.parquet as pq
 import pytest
 from leapfrog_histories import day_cuts, generated
+from leapfrog_run import run_leapfrog
 from vt_fixtures import STORE, write_archives
-
-from pipelines.core.sources import SourceSpec
-from pipelines.leapfrog.job import LeapfrogOptions, run
 
 pytestmark = [pytest.mark.spark, pytest.mark.slow]
 
 
 def _run(spark, dirs, out, plan, state=None, mode="heartbeat", memory_mb=None):
-    code = run(
-        LeapfrogOptions(
-            store=STORE,
-            version=1,
-            out=str(out),
-            mode=mode,
-            state_dir=str(state) if state else None,
-            sources=[SourceSpec(x, d) for x, d in dirs.items()],
-            plan=plan,
-            task_memory_mb=memory_mb,
-        ),
-        spark=spark,
+    code = run_leapfrog(
+        spark,
+        STORE,
+        dirs,
+        out,
+        mode=mode,
+        state_dir=str(state) if state else None,
+        plan=plan,
+        task_memory_mb=memory_mb,
     )
     summary = json.loads((out / "summary.json").read_text())
     findings = sorted(

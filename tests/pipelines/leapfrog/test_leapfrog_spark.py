@@ -12,11 +12,10 @@ import json
 import pyarrow.parquet as pq
 import pytest
 from leapfrog_histories import generated
+from leapfrog_run import run_leapfrog
 from vt_fixtures import STORE, spark_value_hash, write_archives
 
 from leapfrog.reference import RegionLog, check_partition
-from pipelines.core.sources import SourceSpec
-from pipelines.leapfrog.job import LeapfrogOptions, run
 
 pytestmark = [pytest.mark.spark, pytest.mark.slow]
 
@@ -87,16 +86,7 @@ def test_job_equals_reference(spark, tmp_path, n_regions, mode):
     assert histories, "the generator produced no history with this many regions"
     dirs = write_archives(histories, tmp_path / "archives")
     out = tmp_path / "out"
-    code = run(
-        LeapfrogOptions(
-            store=STORE,
-            version=1,
-            out=str(out),
-            mode=mode,
-            sources=[SourceSpec(x, d) for x, d in dirs.items()],
-        ),
-        spark=spark,
-    )
+    code = run_leapfrog(spark, STORE, dirs, out, mode=mode)
     expected = _ref_rows(histories, mode)
     got = _job_rows(out)
     assert got == expected
